@@ -1,0 +1,71 @@
+// CPU copy (strided, converting dtype) and fill.
+#include <cstring>
+
+#include "tensor/cpu/parallel.h"
+#include "tensor/kernels.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace seqlab::cpu {
+
+int64_t omp_threads() {
+#ifdef _OPENMP
+  return omp_get_num_threads();
+#else
+  return 1;
+#endif
+}
+
+int64_t omp_thread() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+namespace {
+
+// dst[i] = convert(src[i]) for every index i of dst's shape.
+void copy_cpu(const Tensor& dst, const Tensor& src) {
+  const int64_t n = dst.numel();
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+    std::memcpy(dst.raw_data(), src.raw_data(), dst.nbytes());
+    return;
+  }
+  dispatch_any(dst.dtype(), [&](auto dst_tag) {
+    using D = decltype(dst_tag);
+    dispatch_any(src.dtype(), [&](auto src_tag) {
+      using S = decltype(src_tag);
+      D* out = static_cast<D*>(dst.raw_data());
+      const S* in = static_cast<const S*>(src.raw_data());
+      parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) {
+        StridedWalker<2> walk(dst.shape(), {&dst.strides(), &src.strides()}, begin);
+        for (int64_t i = begin; i < end; ++i, walk.next()) {
+          out[walk.offset(0)] = convert_scalar<D>(in[walk.offset(1)]);
+        }
+      });
+    });
+  });
+}
+
+void fill_cpu(const Tensor& dst, double value) {
+  dispatch_any(dst.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* out = static_cast<T*>(dst.raw_data());
+    const T v = convert_scalar<T>(value);
+    parallel_for(dst.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = v;
+    });
+  });
+}
+
+}  // namespace
+}  // namespace seqlab::cpu
+
+namespace seqlab::kernel {
+SEQLAB_REGISTER_KERNEL(copy_kernel, DeviceType::CPU, &cpu::copy_cpu);
+SEQLAB_REGISTER_KERNEL(fill_kernel, DeviceType::CPU, &cpu::fill_cpu);
+}  // namespace seqlab::kernel

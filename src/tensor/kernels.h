@@ -1,0 +1,179 @@
+// The kernel layer: raw tensor operations with no autograd recording.
+//
+// Each entry point below checks its arguments (shapes, dtypes, devices), allocates its outputs on
+// the input's device, and calls a kernel slot that the CPU backend (src/tensor/cpu/) and the CUDA
+// backend (src/cuda/) fill with the same signature. Slot implementations receive contiguous inputs
+// unless their comment says otherwise, and write every element of their outputs.
+//
+// Differentiable versions of these operations, with their backward passes, are in
+// src/autograd/ops.h. Gradients of one operation are computed here by its *_backward kernel.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "tensor/dispatch.h"
+#include "tensor/tensor.h"
+
+namespace seqlab::kernel {
+
+// ------------------------------------------------------------------------------------------------
+// Shapes and views (no data movement). Dimensions may be negative (counted from the end).
+int64_t normalize_dim(int64_t dim, int64_t ndim, const char* op);
+Shape broadcast_shapes(const Shape& a, const Shape& b);  // NumPy rules; throws naming both shapes
+Shape infer_reshape(const Shape& from, Shape to);        // resolves one -1
+Tensor view(const Tensor& x, const Shape& shape);        // x must be contiguous
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+Tensor transpose(const Tensor& x, int64_t a, int64_t b);
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
+Tensor expand(const Tensor& x, const Shape& shape);      // broadcast view, stride 0 where expanded
+Tensor unsqueeze(const Tensor& x, int64_t dim);
+Tensor squeeze(const Tensor& x, int64_t dim);
+
+// ------------------------------------------------------------------------------------------------
+// Copies and conversions.
+void copy_(const Tensor& dst, const Tensor& src);  // strided, converting dtype, across devices
+void fill_(const Tensor& dst, double value);
+Tensor contiguous(const Tensor& x);                // x itself when already contiguous
+Tensor reshape(const Tensor& x, const Shape& shape);  // a view when possible, else a copy
+Tensor clone(const Tensor& x);
+Tensor to_dtype(const Tensor& x, DType dtype);
+Tensor to_device(const Tensor& x, Device device);
+
+// Same-device strided copy with dtype conversion: dst[i] = src[i] over dst's shape.
+SEQLAB_DECLARE_KERNEL(copy_kernel, void (*)(const Tensor& dst, const Tensor& src));
+// dst[i] = value for every element of a contiguous dst.
+SEQLAB_DECLARE_KERNEL(fill_kernel, void (*)(const Tensor& dst, double value));
+
+// ------------------------------------------------------------------------------------------------
+// Elementwise. `alpha` is the op's parameter where it has one (elu's α); unused otherwise.
+enum class UnaryOp { neg, exp, log, sqrt, rsqrt, square, tanh, sigmoid, silu, gelu, relu, elu, softplus };
+const char* unary_name(UnaryOp op);
+Tensor unary(UnaryOp op, const Tensor& x, double alpha = 1.0);
+// dx = dy ⊙ f'(x), using whichever of x and y = f(x) gives f' most cheaply.
+Tensor unary_backward(UnaryOp op, const Tensor& dy, const Tensor& x, const Tensor& y, double alpha = 1.0);
+
+enum class BinaryOp { add, sub, mul, div };
+const char* binary_name(BinaryOp op);
+// out = a op b with NumPy broadcasting; a and b share a dtype and a device.
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
+
+enum class ScalarOp { add, mul, pow, rsub, rdiv };  // x + s, x * s, x ^ s, s - x, s / x
+Tensor scalar_op(ScalarOp op, const Tensor& x, double s);
+
+// out = cond ≠ 0 ? a : b, broadcasting all three.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+
+// Sums x over its broadcast dimensions so the result has `shape` (the backward of broadcasting).
+Tensor sum_to(const Tensor& x, const Shape& shape);
+
+SEQLAB_DECLARE_KERNEL(unary_kernel, void (*)(UnaryOp op, const Tensor& x, double alpha, const Tensor& out));
+SEQLAB_DECLARE_KERNEL(unary_backward_kernel, void (*)(UnaryOp op, const Tensor& dy, const Tensor& x,
+                                                      const Tensor& y, double alpha, const Tensor& dx));
+// a and b may be strided broadcast views (stride 0) of out's shape; out is contiguous.
+SEQLAB_DECLARE_KERNEL(binary_kernel, void (*)(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out));
+SEQLAB_DECLARE_KERNEL(scalar_kernel, void (*)(ScalarOp op, const Tensor& x, double s, const Tensor& out));
+// cond, a and b are strided broadcast views of out's shape; out is contiguous.
+SEQLAB_DECLARE_KERNEL(where_kernel, void (*)(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out));
+
+// ------------------------------------------------------------------------------------------------
+// Reductions over a set of dimensions (all when `dims` is empty).
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim);
+// Max over `dims`; also returns, per output element, the flat index of the winner inside the
+// reduced block (row-major over the reduced dims in their original order), as i64.
+std::pair<Tensor, Tensor> max(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim);
+// Inclusive cumulative sum along `dim`, or from the end when `reverse`.
+Tensor cumsum(const Tensor& x, int64_t dim, bool reverse = false);
+
+// x viewed as [outer, inner]: out[o] = Σ_i x[o, i].
+SEQLAB_DECLARE_KERNEL(sum_rows_kernel, void (*)(const Tensor& x2d, const Tensor& out));
+// x viewed as [outer, inner]: out[o] = max_i x[o, i], index[o] = first argmax.
+SEQLAB_DECLARE_KERNEL(max_rows_kernel, void (*)(const Tensor& x2d, const Tensor& out, const Tensor& index));
+// dx viewed as [outer, inner], zero-filled by the caller: dx[o, index[o]] = dy[o].
+SEQLAB_DECLARE_KERNEL(scatter_rows_kernel, void (*)(const Tensor& dy, const Tensor& index, const Tensor& dx2d));
+// x viewed as [outer, n, inner]: out[o, j, i] = Σ_{j' ≤ j} x[o, j', i] (j' ≥ j when reverse).
+SEQLAB_DECLARE_KERNEL(cumsum_kernel, void (*)(const Tensor& x3d, bool reverse, const Tensor& out));
+
+// ------------------------------------------------------------------------------------------------
+// Matrix products. a: [..., M, K], b: [..., K, N] with broadcast batch dimensions (b may be 2-D).
+// trans_a / trans_b use the transpose of the last two dimensions without copying.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
+// C[b] = alpha · op(A[b]) · op(B[b]) + beta · C[b] for b < batch, row-major, with element strides
+// between batch entries (0 to reuse one matrix) and leading dimensions lda, ldb, ldc.
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  double alpha = 1.0, beta = 0.0;
+  const void* a = nullptr;
+  int64_t lda = 0, stride_a = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0, stride_b = 0;
+  void* c = nullptr;
+  int64_t ldc = 0, stride_c = 0;
+  int64_t batch = 1;
+  DType dtype = DType::f32;
+};
+SEQLAB_DECLARE_KERNEL(gemm_kernel, void (*)(const GemmArgs& args, Device device));
+
+// ------------------------------------------------------------------------------------------------
+// Softmax and log-softmax over the last dimension of a contiguous x.
+Tensor softmax(const Tensor& x);
+Tensor softmax_backward(const Tensor& dy, const Tensor& y);       // dx = y ⊙ (dy − Σ dy ⊙ y)
+Tensor log_softmax(const Tensor& x);
+Tensor log_softmax_backward(const Tensor& dy, const Tensor& y);   // dx = dy − exp(y) Σ dy
+SEQLAB_DECLARE_KERNEL(softmax_kernel, void (*)(const Tensor& x, bool log, const Tensor& y));
+SEQLAB_DECLARE_KERNEL(softmax_backward_kernel, void (*)(const Tensor& dy, const Tensor& y, bool log, const Tensor& dx));
+
+// ------------------------------------------------------------------------------------------------
+// Normalisation over the last dimension C of x [..., C]; weight and bias are [C] (bias may be
+// undefined). Statistics (mean, rstd) are [rows] and saved for the backward.
+struct NormOutput {
+  Tensor y, mean, rstd;
+};
+struct NormGrads {
+  Tensor dx, dweight, dbias;
+};
+NormOutput layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd, bool need_dx, bool need_dweight, bool need_dbias);
+NormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps);  // mean is undefined
+NormGrads rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                            bool need_dx, bool need_dweight);
+SEQLAB_DECLARE_KERNEL(layer_norm_kernel, void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                                  double eps, const NormOutput& out));
+SEQLAB_DECLARE_KERNEL(layer_norm_backward_kernel,
+                      void (*)(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                               const Tensor& rstd, const NormGrads& grads));  // undefined grads are skipped
+SEQLAB_DECLARE_KERNEL(rms_norm_kernel, void (*)(const Tensor& x, const Tensor& weight, double eps, const NormOutput& out));
+SEQLAB_DECLARE_KERNEL(rms_norm_backward_kernel, void (*)(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                                         const Tensor& rstd, const NormGrads& grads));
+
+// ------------------------------------------------------------------------------------------------
+// Embedding: out[..., :] = weight[index[...], :]; backward scatter-adds rows into a [V, C] gradient.
+Tensor embedding(const Tensor& weight, const Tensor& index);
+Tensor embedding_backward(const Tensor& dy, const Tensor& index, int64_t num_embeddings);
+SEQLAB_DECLARE_KERNEL(embedding_kernel, void (*)(const Tensor& weight, const Tensor& index, const Tensor& out));
+SEQLAB_DECLARE_KERNEL(embedding_backward_kernel, void (*)(const Tensor& dy, const Tensor& index, const Tensor& dweight));
+
+// ------------------------------------------------------------------------------------------------
+// Cross-entropy of logits [N, V] against targets [N] (i32/i64), averaged over targets that are not
+// `ignore_index`. Fused with log-softmax: the forward saves lse[N] = log Σ_v exp(logits[n, v]); the
+// backward computes dlogits = dloss / count · (softmax(logits) − onehot(target)) row by row.
+struct CrossEntropyOutput {
+  Tensor loss;  // scalar
+  Tensor lse;   // [N]
+  int64_t count = 0;  // targets that count
+};
+CrossEntropyOutput cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index);
+Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                              int64_t ignore_index, int64_t count);
+// losses[n] = lse[n] − logits[n, target[n]] (0 where ignored)
+SEQLAB_DECLARE_KERNEL(cross_entropy_kernel, void (*)(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                                     const Tensor& losses, const Tensor& lse));
+SEQLAB_DECLARE_KERNEL(cross_entropy_backward_kernel,
+                      void (*)(double scale, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                               int64_t ignore_index, const Tensor& dlogits));
+
+}  // namespace seqlab::kernel
