@@ -29,7 +29,7 @@ struct MemoryStats {
   int64_t live_bytes = 0;
   int64_t peak_bytes = 0;
   int64_t allocations = 0;    // calls to allocate since start
-  int64_t reserved_bytes = 0; // bytes held from the system (cache included); equals live on the CPU
+  int64_t reserved_bytes = 0; // bytes held from the system: live plus what the allocator caches
 };
 
 class Allocator {
@@ -54,6 +54,7 @@ class MemoryCounter {
 };
 
 Allocator& cpu_allocator();
+void cpu_empty_cache();  // returns cached host blocks to the system
 
 // What a device backend provides to the tensor layer. The CPU backend is built in; the CUDA
 // backend registers itself at load time when the library was compiled with CUDA.

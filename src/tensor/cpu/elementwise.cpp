@@ -1,4 +1,6 @@
 // CPU elementwise kernels: one loop each, the per-element formula from elementwise_math.h.
+#include <algorithm>
+
 #include "tensor/cpu/parallel.h"
 #include "tensor/elementwise_math.h"
 #include "tensor/kernels.h"
@@ -10,60 +12,121 @@ using kernel::BinaryOp;
 using kernel::ScalarOp;
 using kernel::UnaryOp;
 
-void unary_cpu(UnaryOp op, const Tensor& x, double alpha, const Tensor& out) {
-  dispatch_float(x.dtype(), kernel::unary_name(op), [&](auto tag) {
-    using T = decltype(tag);
-    const T* in = x.data<T>();
-    T* o = out.data<T>();
-    const T a = static_cast<T>(alpha);
-    parallel_for(x.numel(), kParallelGrain / 8, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) o[i] = math::unary_forward(op, in[i], a);
-    });
-  });
+// Calls fn(std::integral_constant<Enum, op>) so that the per-element switch in elementwise_math.h
+// folds away at compile time and each op gets its own tight (vectorisable) loop.
+template <class Enum, Enum... Ops, class Fn>
+void with_constant(Enum op, Fn&& fn) {
+  bool matched = ((op == Ops ? (fn(std::integral_constant<Enum, Ops>{}), true) : false) || ...);
+  (void)matched;
 }
 
-void unary_backward_cpu(UnaryOp op, const Tensor& dy, const Tensor& x, const Tensor& y, double alpha,
-                        const Tensor& dx) {
-  dispatch_float(x.dtype(), kernel::unary_name(op), [&](auto tag) {
-    using T = decltype(tag);
-    const T *g = dy.data<T>(), *in = x.data<T>(), *out = y.data<T>();
-    T* d = dx.data<T>();
-    const T a = static_cast<T>(alpha);
-    parallel_for(x.numel(), kParallelGrain / 8, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) d[i] = math::unary_backward(op, g[i], in[i], out[i], a);
-    });
-  });
+template <class Fn>
+void with_unary(UnaryOp op, Fn&& fn) {
+  with_constant<UnaryOp, UnaryOp::neg, UnaryOp::exp, UnaryOp::log, UnaryOp::sqrt, UnaryOp::rsqrt, UnaryOp::square,
+                UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::silu, UnaryOp::gelu, UnaryOp::relu, UnaryOp::elu,
+                UnaryOp::softplus>(op, fn);
 }
 
-void binary_cpu(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
-  dispatch_float(out.dtype(), kernel::binary_name(op), [&](auto tag) {
-    using T = decltype(tag);
-    const T *pa = a.data<T>(), *pb = b.data<T>();
-    T* o = out.data<T>();
-    const int64_t n = out.numel();
-    if (a.is_contiguous() && b.is_contiguous()) {
-      parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) o[i] = math::binary(op, pa[i], pb[i]);
+template <class Fn>
+void with_binary(BinaryOp op, Fn&& fn) {
+  with_constant<BinaryOp, BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div>(op, fn);
+}
+
+template <class Fn>
+void with_scalar(ScalarOp op, Fn&& fn) {
+  with_constant<ScalarOp, ScalarOp::add, ScalarOp::mul, ScalarOp::pow, ScalarOp::rsub, ScalarOp::rdiv>(op, fn);
+}
+
+void unary_cpu(UnaryOp op_value, const Tensor& x, double alpha, const Tensor& out) {
+  with_unary(op_value, [&](auto op) {
+    dispatch_float(x.dtype(), kernel::unary_name(op), [&](auto tag) {
+      using T = decltype(tag);
+      const T* in = x.data<T>();
+      T* o = out.data<T>();
+      const T a = static_cast<T>(alpha);
+      parallel_for(x.numel(), kParallelGrain / 8, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) o[i] = math::unary_forward(op(), in[i], a);
       });
-      return;
-    }
-    parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) {
-      StridedWalker<2> walk(out.shape(), {&a.strides(), &b.strides()}, begin);
-      for (int64_t i = begin; i < end; ++i, walk.next()) {
-        o[i] = math::binary(op, pa[walk.offset(0)], pb[walk.offset(1)]);
-      }
     });
   });
 }
 
-void scalar_cpu(ScalarOp op, const Tensor& x, double s, const Tensor& out) {
-  dispatch_float(x.dtype(), "scalar op", [&](auto tag) {
-    using T = decltype(tag);
-    const T* in = x.data<T>();
-    T* o = out.data<T>();
-    const T sv = static_cast<T>(s);
-    parallel_for(x.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) o[i] = math::scalar(op, in[i], sv);
+void unary_backward_cpu(UnaryOp op_value, const Tensor& dy, const Tensor& x, const Tensor& y, double alpha,
+                        const Tensor& dx) {
+  with_unary(op_value, [&](auto op) {
+    dispatch_float(x.dtype(), kernel::unary_name(op), [&](auto tag) {
+      using T = decltype(tag);
+      const T *g = dy.data<T>(), *in = x.data<T>(), *out = y.data<T>();
+      T* d = dx.data<T>();
+      const T a = static_cast<T>(alpha);
+      parallel_for(x.numel(), kParallelGrain / 8, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) d[i] = math::unary_backward(op(), g[i], in[i], out[i], a);
+      });
+    });
+  });
+}
+
+// out = a op b where a and b are broadcast views of out's (contiguous) shape. When the last
+// dimension of both operands has stride 0 or 1, rows are processed by a tight inner loop.
+void binary_cpu(BinaryOp op_value, const Tensor& a, const Tensor& b, const Tensor& out) {
+  with_binary(op_value, [&](auto op) {
+    dispatch_float(out.dtype(), kernel::binary_name(op), [&](auto tag) {
+      using T = decltype(tag);
+      const T *pa = a.data<T>(), *pb = b.data<T>();
+      T* o = out.data<T>();
+      const int64_t n = out.numel();
+      if (a.is_contiguous() && b.is_contiguous()) {
+        parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) o[i] = math::binary(op(), pa[i], pb[i]);
+        });
+        return;
+      }
+      const int64_t inner = out.dim() > 0 ? out.size(-1) : 1;
+      const int64_t sa = out.dim() > 0 ? a.strides().back() : 0, sb = out.dim() > 0 ? b.strides().back() : 0;
+      if (out.dim() > 0 && inner > 1 && (sa == 0 || sa == 1) && (sb == 0 || sb == 1)) {
+        Shape rows(out.shape().begin(), out.shape().end() - 1);
+        Shape ra(a.strides().begin(), a.strides().end() - 1), rb(b.strides().begin(), b.strides().end() - 1);
+        parallel_for(shape_numel(rows), std::max<int64_t>(1, kParallelGrain / inner), [&](int64_t begin, int64_t end) {
+          StridedWalker<2> walk(rows, {&ra, &rb}, begin);
+          for (int64_t r = begin; r < end; ++r, walk.next()) {
+            const T *ra_ptr = pa + walk.offset(0), *rb_ptr = pb + walk.offset(1);
+            T* orow = o + r * inner;
+            if (sa == 1 && sb == 1) {
+              for (int64_t i = 0; i < inner; ++i) orow[i] = math::binary(op(), ra_ptr[i], rb_ptr[i]);
+            } else if (sa == 1) {
+              const T bv = rb_ptr[0];
+              for (int64_t i = 0; i < inner; ++i) orow[i] = math::binary(op(), ra_ptr[i], bv);
+            } else if (sb == 1) {
+              const T av = ra_ptr[0];
+              for (int64_t i = 0; i < inner; ++i) orow[i] = math::binary(op(), av, rb_ptr[i]);
+            } else {
+              const T v = math::binary(op(), ra_ptr[0], rb_ptr[0]);
+              for (int64_t i = 0; i < inner; ++i) orow[i] = v;
+            }
+          }
+        });
+        return;
+      }
+      parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) {
+        StridedWalker<2> walk(out.shape(), {&a.strides(), &b.strides()}, begin);
+        for (int64_t i = begin; i < end; ++i, walk.next()) {
+          o[i] = math::binary(op(), pa[walk.offset(0)], pb[walk.offset(1)]);
+        }
+      });
+    });
+  });
+}
+
+void scalar_cpu(ScalarOp op_value, const Tensor& x, double s, const Tensor& out) {
+  with_scalar(op_value, [&](auto op) {
+    dispatch_float(x.dtype(), "scalar op", [&](auto tag) {
+      using T = decltype(tag);
+      const T* in = x.data<T>();
+      T* o = out.data<T>();
+      const T sv = static_cast<T>(s);
+      parallel_for(x.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) o[i] = math::scalar(op(), in[i], sv);
+      });
     });
   });
 }

@@ -1,0 +1,63 @@
+# Shared set-up for ./train and ./test.sh: Debian packages, then a configured and up-to-date build/.
+# Sourced, not run. Every step is a no-op when already done.
+
+SEQLAB_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SEQLAB_BUILD="${SEQLAB_BUILD:-$SEQLAB_ROOT/build}"
+
+# Debian packages the build, the tests and the default corpus need.
+SEQLAB_PACKAGES=(cmake ninja-build g++ git libabsl-dev googletest libgtest-dev libtomlplusplus-dev
+                 libopenblas-dev python3)
+
+seqlab_say() { printf 'seqlab: %s\n' "$*" >&2; }
+
+seqlab_install_packages() {
+  local missing=() pkg
+  for pkg in "${SEQLAB_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    seqlab_say "missing Debian packages; install them with:"
+    printf '  sudo apt-get update && sudo apt-get install -y %s\n' "${missing[*]}" >&2
+    return 1
+  fi
+  seqlab_say "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null && apt-get install -y -qq "${missing[@]}" >/dev/null || {
+    seqlab_say "apt-get install failed for: ${missing[*]}"
+    return 1
+  }
+}
+
+# Configures build/ on first use (or when its configuration is gone) and rebuilds what changed.
+# Extra arguments name targets; by default everything is built.
+seqlab_build() {
+  local log="$SEQLAB_BUILD/build.log"
+  if [ ! -f "$SEQLAB_BUILD/build.ninja" ]; then
+    seqlab_say "configuring $SEQLAB_BUILD"
+    mkdir -p "$SEQLAB_BUILD"
+    if ! cmake -S "$SEQLAB_ROOT" -B "$SEQLAB_BUILD" -G Ninja ${SEQLAB_CMAKE_ARGS:-} >"$SEQLAB_BUILD/configure.log" 2>&1; then
+      tail -n 30 "$SEQLAB_BUILD/configure.log" >&2
+      seqlab_say "configuration failed (full log: $SEQLAB_BUILD/configure.log)"
+      rm -f "$SEQLAB_BUILD/build.ninja"
+      return 1
+    fi
+  fi
+  if ninja -C "$SEQLAB_BUILD" -n "$@" 2>/dev/null | grep -q '^\['; then
+    seqlab_say "building in $SEQLAB_BUILD (log: $log)"
+  fi
+  if ! ninja -C "$SEQLAB_BUILD" "$@" >"$log" 2>&1; then
+    grep -E 'error|FAILED' -A 5 "$log" | head -n 40 >&2
+    seqlab_say "build failed (full log: $log)"
+    return 1
+  fi
+}
+
+seqlab_ensure_numpy() {
+  python3 -c 'import numpy' 2>/dev/null && return 0
+  seqlab_say "installing numpy for the op-runner tests"
+  python3 -m pip install -q numpy >/dev/null 2>&1 || {
+    seqlab_say "could not install numpy: run  python3 -m pip install numpy"
+    return 1
+  }
+}
