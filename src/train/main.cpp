@@ -1,8 +1,34 @@
+// seqlab: dispatches on the first argument to a subcommand (src/train/cli*.{h,cpp}).
+#include <absl/strings/match.h>
+
 #include <iostream>
+#include <string>
+#include <vector>
 
-#include "autograd/op_registry.h"
+#include "train/cli.h"
 
-int main() {
-  for (const auto& op : seqlab::registered_ops()) std::cout << seqlab::op_spec_json(op) << "\n";
-  return 0;
+int main(int argc, char** argv) {
+  using namespace seqlab::cli;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::cerr << usage_text();
+    return kUsageError;
+  }
+  const std::string& command = args[0];
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::cout << usage_text();
+    return 0;
+  }
+  if (command == "--version") {
+    std::cout << version_text();
+    return 0;
+  }
+  if (command == "op") return op_command(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (absl::EndsWith(command, ".toml")) {
+    std::cerr << "seqlab: training from a recipe (" << command
+              << ") arrives with the training stack; this build runs `seqlab op` only\n";
+    return kUsageError;
+  }
+  std::cerr << "seqlab: unknown command '" << command << "' (see seqlab --help)\n";
+  return kUsageError;
 }

@@ -1,0 +1,20 @@
+// The `seqlab` command line: main.cpp dispatches on the first argument to the subcommands declared
+// here. Every subcommand reports a user error as one line on stderr and exit code 2 (kUsageError).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace seqlab::cli {
+
+constexpr int kUsageError = 2;
+
+// `seqlab --help`: the subcommands, the implemented ones and the planned ones.
+std::string usage_text();
+// `seqlab --version`: version, git commit and the backends compiled in (BLAS, OpenMP, CUDA).
+std::string version_text();
+
+// `seqlab op ...` with the arguments after "op": runs one registered op on .npy files.
+int op_command(const std::vector<std::string>& args);
+
+}  // namespace seqlab::cli

@@ -1,0 +1,60 @@
+// `seqlab --help` and `seqlab --version`. The version names the backends this binary was built
+// with, so a bug report says which BLAS, how many threads and which CUDA toolkit produced a number.
+#include <absl/strings/ascii.h>
+#include <absl/strings/str_cat.h>
+#include <cblas.h>
+#include <omp.h>
+
+#include "build_info.h"
+#include "tensor/device.h"
+#include "train/cli.h"
+
+namespace seqlab::cli {
+
+std::string usage_text() {
+  return "usage: seqlab COMMAND [ARGS]\n"
+         "\n"
+         "commands:\n"
+         "  op NAME --in DIR --out DIR [--attr key=value]... [--dtype f32|f64]\n"
+         "                      run one registered op on DIR/<input>.npy files (seqlab op --help)\n"
+         "  op --list           the registered ops, one JSON object per line\n"
+         "  --version           version, git commit and the compiled backends\n"
+         "  --help              this text\n"
+         "\n"
+         "planned (arrive with the training stack):\n"
+         "  RECIPE.toml [--set key=value]...   train a model from a TOML recipe\n";
+}
+
+namespace {
+
+std::string blas_line() {
+#ifdef OPENBLAS_VERSION
+  // openblas_get_config() names the version, the kernel core picked at run time and the thread cap.
+  std::string config(absl::StripAsciiWhitespace(openblas_get_config()));
+  return absl::StrCat("CPU BLAS: ", config, " (", SEQLAB_BLAS, ")");
+#else
+  return absl::StrCat("CPU BLAS: ", SEQLAB_BLAS);
+#endif
+}
+
+std::string cuda_line() {
+#if SEQLAB_BUILT_WITH_CUDA
+  std::string line = absl::StrCat("CUDA: toolkit ", SEQLAB_CUDA_TOOLKIT, ", architectures ", SEQLAB_CUDA_ARCHS);
+  // The backend registers itself when the library loads; it describes the runtime, arch and NCCL.
+  DeviceBackend* backend = cuda_backend();
+  if (!backend) return absl::StrCat(line, "; backend not registered");
+  std::string gpus = backend->available() ? absl::StrCat(backend->device_count(), " GPU(s) usable") : "no usable GPU";
+  return absl::StrCat(line, "; ", backend->describe(), "; ", gpus);
+#else
+  return "CUDA: not built";
+#endif
+}
+
+}  // namespace
+
+std::string version_text() {
+  return absl::StrCat("seqlab ", SEQLAB_VERSION, " (git ", SEQLAB_GIT_COMMIT, ")\n", blas_line(), "\n",
+                      "OpenMP: ", omp_get_max_threads(), " threads (OpenMP ", _OPENMP, ")\n", cuda_line(), "\n");
+}
+
+}  // namespace seqlab::cli
