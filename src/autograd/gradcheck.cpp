@@ -11,11 +11,12 @@ namespace seqlab {
 
 namespace {
 
-// L = Σ_o ⟨r_o, y_o⟩
-double project(const std::vector<Tensor>& outputs, const std::vector<std::vector<double>>& cotangents) {
+// L = Σ_o ⟨r_o, y_o⟩ over the differentiable outputs
+double project(const std::vector<Tensor>& outputs, const std::vector<std::vector<double>>& cotangents,
+               const std::vector<bool>& differentiable) {
   double total = 0;
   for (size_t o = 0; o < outputs.size(); ++o) {
-    if (!outputs[o].defined() || !is_floating(outputs[o].dtype())) continue;
+    if (!differentiable[o]) continue;
     std::vector<double> y = outputs[o].to_doubles();
     for (size_t i = 0; i < y.size(); ++i) total += y[i] * cotangents[o][i];
   }
@@ -47,7 +48,9 @@ GradcheckResult gradcheck(const TensorFn& fn, const std::vector<Tensor>& inputs,
   Generator gen(options.seed);
   std::vector<std::vector<double>> cotangents;
   std::vector<Tensor> roots, seeds;
+  std::vector<bool> differentiable;
   for (const Tensor& y : outputs) {
+    differentiable.push_back(y.defined() && y.requires_grad());
     std::vector<double> r(static_cast<size_t>(y.defined() ? y.numel() : 0));
     for (double& v : r) v = gen.normal();
     if (y.defined() && y.requires_grad()) {
@@ -75,9 +78,9 @@ GradcheckResult gradcheck(const TensorFn& fn, const std::vector<Tensor>& inputs,
     for (int64_t e = 0; e < xs[i].numel(); ++e) {
       const double saved = p[e];
       p[e] = saved + options.eps;
-      double plus = project(fn(xs), cotangents);
+      double plus = project(fn(xs), cotangents, differentiable);
       p[e] = saved - options.eps;
-      double minus = project(fn(xs), cotangents);
+      double minus = project(fn(xs), cotangents, differentiable);
       p[e] = saved;
       double numeric = (plus - minus) / (2 * options.eps);
       double a = analytic[i][static_cast<size_t>(e)];
