@@ -149,6 +149,17 @@ def matmul_ref(xs, a):
                                 unbroadcast(np.swapaxes(A, -1, -2) @ gs[0], B.shape)]
 
 
+def linear_ref(xs, a):
+    x, w, b = xs
+    y = x @ w.T + (b if b is not None else 0.0)
+
+    def back(gs):
+        g = gs[0]
+        rows_g, rows_x = g.reshape(-1, w.shape[0]), x.reshape(-1, w.shape[1])
+        return [g @ w, rows_g.T @ rows_x, rows_g.sum(axis=0) if b is not None else None]
+    return [y], back
+
+
 # ---- reductions ----
 def reduce_axes(x, a):
     return tuple(d % x.ndim for d in a["dims"]) if a["dims"] else tuple(range(x.ndim))
@@ -344,6 +355,8 @@ def cases_for(name):
         "where": lambda: [Case([mask(3, 5), randn(3, 5), randn(5)], where_ref)],
         "masked_fill": lambda: [Case([randn(2, 3, 5), mask(3, 5)], masked_fill_ref, {"value": -2.5})],
         "matmul": lambda: [Case([randn(2, 1, 3, 5), randn(3, 5, 4)], matmul_ref), Case([randn(3, 2, 5), randn(5, 4)], matmul_ref)],
+        "linear": lambda: [Case([randn(2, 3, 5), randn(4, 5), randn(4)], linear_ref),
+                           Case([randn(3, 5), randn(2, 5), None], linear_ref)],
         "cumsum": lambda: [Case([randn(3, 7, 2)], cumsum_ref, {"dim": 1}), Case([randn(5, 3)], cumsum_ref, {"dim": -1})],
         "reshape": lambda: [Case([randn(3, 4, 5)], reshape_ref, {"shape": [5, -1]})],
         "permute": lambda: [Case([randn(2, 3, 5)], permute_ref, {"dims": [2, 0, 1]})],

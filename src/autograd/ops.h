@@ -70,6 +70,8 @@ Tensor cumsum(const Tensor& x, int64_t dim);
 // ---- products (ops_matmul.cpp) ----
 // a [..., M, K] @ b [..., K, N] with broadcast batch dimensions; b may be 2-D.
 Tensor matmul(const Tensor& a, const Tensor& b);
+// y = x Wᵀ + b for x [..., in], weight [out, in] (PyTorch's layout), bias [out] or undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- softmax and losses (ops_softmax.cpp) ----
 Tensor softmax(const Tensor& x, int64_t dim = -1);

@@ -30,7 +30,51 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return y;
 }
 
+// y = x Wᵀ + b over rows x_r = x[..., :];  dx = dy W,  dW = Σ_r dy_rᵀ x_r,  db = Σ_r dy_r
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (weight.dim() != 2 || x.dim() < 1 || x.size(-1) != weight.size(1)) {
+    throw std::invalid_argument("linear: input " + shape_str(x.shape()) + " does not match weight " +
+                                shape_str(weight.shape()) + " ([out, in])");
+  }
+  if (bias.defined() && (bias.dim() != 1 || bias.size(0) != weight.size(0))) {
+    throw std::invalid_argument("linear: bias " + shape_str(bias.shape()) + " for weight " + shape_str(weight.shape()));
+  }
+  const int64_t in = weight.size(1), out = weight.size(0);
+  Shape out_shape = x.shape();
+  out_shape.back() = out;
+  Tensor rows = kernel::reshape(x, {-1, in});
+  Tensor y = kernel::matmul(rows, weight, false, true);
+  if (bias.defined()) y = kernel::binary(kernel::BinaryOp::add, y, bias);
+  y = kernel::view(y, out_shape);
+  record("linear", {x, weight, bias}, {&y}, {rows, weight}, [in, out](const Grads& g, const Grads& s, const Needs& need) {
+    const Tensor dy = kernel::reshape(g[0], {-1, out});
+    Tensor dx, dw, db;
+    if (need[0]) {
+      Shape x_shape = g[0].shape();
+      x_shape.back() = in;
+      dx = kernel::view(kernel::matmul(dy, s[1]), x_shape);
+    }
+    if (need[1]) dw = kernel::matmul(dy, s[0], true, false);
+    if (need[2]) db = kernel::sum(dy, {0}, false);
+    return Grads{dx, dw, db};
+  });
+  return y;
+}
+
 namespace {
+
+SEQLAB_REGISTER_OP(([] {
+  OpSpec s;
+  s.name = "linear";
+  s.summary = "y = x Wᵀ + b, weight [out, in], bias [out] (optional)";
+  s.inputs = {{"x"}, {"weight"}, {"bias", OpInputKind::floating, true}};
+  s.outputs = {"y"};
+  s.forward = [](const std::vector<Tensor>& in, const OpAttrs&) { return Grads{linear(in[0], in[1], in[2])}; };
+  s.example = [](Generator& gen, DType dtype) {
+    return Grads{Tensor::randn({2, 3, 5}, gen, dtype), Tensor::randn({4, 5}, gen, dtype), Tensor::randn({4}, gen, dtype)};
+  };
+  return s;
+}()));
 
 SEQLAB_REGISTER_OP(([] {
   OpSpec s;
