@@ -16,5 +16,7 @@ std::string version_text();
 
 // `seqlab op ...` with the arguments after "op": runs one registered op on .npy files.
 int op_command(const std::vector<std::string>& args);
+// `seqlab recipe ...` with the arguments after "recipe": `check FILE [--set k=v]...` and `--doc`.
+int recipe_command(const std::vector<std::string>& args);
 
 }  // namespace seqlab::cli

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (command == "op") return op_command(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (command == "recipe") return recipe_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (absl::EndsWith(command, ".toml")) {
     std::cerr << "seqlab: training from a recipe (" << command
               << ") arrives with the training stack; this build runs `seqlab op` only\n";

@@ -1,0 +1,114 @@
+// Recipes: one TOML file describes a whole run (docs/recipes.md is the reference for every key).
+//
+// The structs below are plain data, one per section. Their defaults, ranges, choices and docs live in
+// a single schema table in recipe.cpp, which loading, validation, the resolved-recipe writer and the
+// markdown reference all read, so a key added there is checked, written and documented at once.
+// Nothing below src/train sees these structs: the trainer turns them into the layers' own configs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+
+namespace seqlab {
+
+// The values of a default-constructed section are placeholders; a Recipe's constructor fills in the
+// schema's defaults, so take sections from a Recipe.
+struct RecipeModel {
+  std::string arch;
+  int64_t vocab_size = 0;  // 0: from the tokenizer
+  int64_t d_model = 0, n_layers = 0, n_heads = 0;
+  int64_t n_kv_heads = 0;  // 0: n_heads
+  int64_t d_ff = 0;        // 0: derived from d_model and mlp
+  std::string mlp, norm;
+  double norm_eps = 0;
+  std::string positions;
+  double rope_base = 0;
+  bool bias = false, tie_embeddings = false;
+  double dropout = 0, init_std = 0;
+
+  int64_t resolved_n_kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  // 4·d_model for gelu; for swiglu the multiple of 64 nearest 8/3·d_model, which keeps the parameter
+  // count of a 4·d_model gelu MLP with three matrices instead of two.
+  int64_t resolved_d_ff() const;
+};
+
+struct RecipeData {
+  std::string source, path, format, jsonl_field, tokenizer, tokenizer_path;
+  double val_fraction = 0;
+  std::string cache_dir;
+  int64_t task_vocab = 0, task_num_pairs = 0, task_copy_len = 0;
+};
+
+struct RecipeTrain {
+  int64_t steps = 0, batch_size = 0, seq_len = 0, seed = 0, grad_accum = 0;
+  std::string device, dtype;
+};
+
+struct RecipeOptim {
+  std::string name;
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, momentum = 0;
+  bool nesterov = false;
+  double grad_clip = 0;  // 0: off
+  std::string schedule;
+  int64_t warmup_steps = 0;
+  double min_lr_ratio = 0;
+  bool decay_norms = false, decay_biases = false, decay_embeddings = false;
+};
+
+struct RecipeParallel {
+  int64_t threads = 0;  // 0: all cores
+};
+
+struct RecipeLog {
+  int64_t every = 0, eval_every = 0, eval_batches = 0;
+  int64_t sample_every = 0;  // 0: never
+  int64_t sample_tokens = 0;
+  std::string sample_prompt;
+  double sample_temperature = 0;
+  std::string progress;
+  std::string out_dir;  // "": runs/<recipe name>; see Recipe::run_dir
+};
+
+struct RecipeCheckpoint {
+  int64_t every = 0;  // 0: only at the end
+  int64_t keep = 0;
+  bool save_on_signal = false;
+};
+
+struct Recipe {
+  Recipe();  // every key at its schema default
+
+  std::string name;         // the recipe file's stem: runs/<name> is the default run directory
+  std::string source_path;  // the file it was loaded from ("" for a default recipe)
+  RecipeModel model;
+  RecipeData data;
+  RecipeTrain train;
+  RecipeOptim optim;
+  RecipeParallel parallel;
+  RecipeLog log;
+  RecipeCheckpoint checkpoint;
+
+  std::string run_dir() const { return log.out_dir.empty() ? "runs/" + name : log.out_dir; }
+};
+
+// Reads, validates and resolves a recipe; `overrides` are "section.key=value" strings (the text after
+// each --set), applied in order after the file. An error is InvalidArgument (NotFound for a missing
+// file) whose message is one line starting with "FILE:LINE:" or "--set ...:" and naming the key and
+// what it allows.
+absl::StatusOr<Recipe> load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Every key with its final value, by section, each with its doc as a comment; log.out_dir is written
+// as the run directory itself, so loading the text from anywhere reproduces the run.
+std::string resolved_recipe_toml(const Recipe& recipe);
+
+// Writes resolved_recipe_toml into DIR/recipe.toml atomically (temporary name, flush, rename).
+absl::Status write_resolved_recipe(const Recipe& recipe, const std::string& dir);
+
+// docs/recipes.md: how recipes, overrides and errors work, then a table of every key per section.
+std::string recipe_reference_markdown();
+
+}  // namespace seqlab

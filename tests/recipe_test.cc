@@ -1,0 +1,406 @@
+// Recipes: the defaults, each kind of error with its exact message (line, key, what is allowed,
+// did-you-mean), --set overrides, the rules between keys, the resolved recipe loading back to the
+// same run, and docs/recipes.md matching the schema it is generated from.
+#include "train/recipe.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace seqlab {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+class RecipeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::path(::testing::TempDir()) / ("recipe_test_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Writes TEXT as DIR/NAME and returns its path.
+  std::string put(const std::string& text, const std::string& name = "x.toml") const {
+    std::string path = (dir_ / name).string();
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  }
+  Recipe load_ok(const std::string& text, const std::vector<std::string>& overrides = {}) const {
+    absl::StatusOr<Recipe> r = load_recipe(put(text), overrides);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : Recipe();
+  }
+  // The message of loading TEXT, with the file's path replaced by "FILE"; it must be one line.
+  std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) const {
+    std::string path = put(text);
+    absl::StatusOr<Recipe> r = load_recipe(path, overrides);
+    if (r.ok()) return "(loaded without error)";
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    std::string message(r.status().message());
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    if (message.rfind(path, 0) == 0) message = "FILE" + message.substr(path.size());
+    return message;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(RecipeTest, DefaultsAreTheDocumentedOnes) {
+  Recipe r;
+  EXPECT_EQ(r.model.arch, "gpt");
+  EXPECT_EQ(r.model.vocab_size, 0);
+  EXPECT_EQ(r.model.d_model, 256);
+  EXPECT_EQ(r.model.n_layers, 4);
+  EXPECT_EQ(r.model.n_heads, 4);
+  EXPECT_EQ(r.model.n_kv_heads, 0);
+  EXPECT_EQ(r.model.d_ff, 0);
+  EXPECT_EQ(r.model.mlp, "gelu");
+  EXPECT_EQ(r.model.norm, "layernorm");
+  EXPECT_EQ(r.model.norm_eps, 1e-5);
+  EXPECT_EQ(r.model.positions, "learned");
+  EXPECT_EQ(r.model.rope_base, 10000.0);
+  EXPECT_TRUE(r.model.bias);
+  EXPECT_TRUE(r.model.tie_embeddings);
+  EXPECT_EQ(r.model.dropout, 0.0);
+  EXPECT_EQ(r.model.init_std, 0.02);
+
+  EXPECT_EQ(r.data.source, "text");
+  EXPECT_EQ(r.data.path, "/usr/share/games/fortunes");
+  EXPECT_EQ(r.data.format, "auto");
+  EXPECT_EQ(r.data.jsonl_field, "text");
+  EXPECT_EQ(r.data.tokenizer, "byte");
+  EXPECT_EQ(r.data.tokenizer_path, "");
+  EXPECT_EQ(r.data.val_fraction, 0.05);
+  EXPECT_EQ(r.data.cache_dir, "data/cache");
+  EXPECT_EQ(r.data.task_vocab, 64);
+  EXPECT_EQ(r.data.task_num_pairs, 8);
+  EXPECT_EQ(r.data.task_copy_len, 16);
+
+  EXPECT_EQ(r.train.steps, 1000);
+  EXPECT_EQ(r.train.batch_size, 8);
+  EXPECT_EQ(r.train.seq_len, 256);
+  EXPECT_EQ(r.train.seed, 1337);
+  EXPECT_EQ(r.train.grad_accum, 1);
+  EXPECT_EQ(r.train.device, "auto");
+  EXPECT_EQ(r.train.dtype, "f32");
+
+  EXPECT_EQ(r.optim.name, "adamw");
+  EXPECT_EQ(r.optim.lr, 1e-3);
+  EXPECT_EQ(r.optim.beta1, 0.9);
+  EXPECT_EQ(r.optim.beta2, 0.95);
+  EXPECT_EQ(r.optim.eps, 1e-8);
+  EXPECT_EQ(r.optim.weight_decay, 0.1);
+  EXPECT_EQ(r.optim.momentum, 0.9);
+  EXPECT_FALSE(r.optim.nesterov);
+  EXPECT_EQ(r.optim.grad_clip, 1.0);
+  EXPECT_EQ(r.optim.schedule, "cosine");
+  EXPECT_EQ(r.optim.warmup_steps, 30);
+  EXPECT_EQ(r.optim.min_lr_ratio, 0.1);
+  EXPECT_FALSE(r.optim.decay_norms);
+  EXPECT_FALSE(r.optim.decay_biases);
+  EXPECT_FALSE(r.optim.decay_embeddings);
+
+  EXPECT_EQ(r.parallel.threads, 0);
+
+  EXPECT_EQ(r.log.every, 10);
+  EXPECT_EQ(r.log.eval_every, 100);
+  EXPECT_EQ(r.log.eval_batches, 20);
+  EXPECT_EQ(r.log.sample_every, 200);
+  EXPECT_EQ(r.log.sample_tokens, 128);
+  EXPECT_EQ(r.log.sample_prompt, "");
+  EXPECT_EQ(r.log.sample_temperature, 0.8);
+  EXPECT_EQ(r.log.progress, "auto");
+  EXPECT_EQ(r.log.out_dir, "");
+
+  EXPECT_EQ(r.checkpoint.every, 200);
+  EXPECT_EQ(r.checkpoint.keep, 3);
+  EXPECT_TRUE(r.checkpoint.save_on_signal);
+}
+
+TEST_F(RecipeTest, EmptyFileIsAllDefaultsAndNamedAfterItsStem) {
+  absl::StatusOr<Recipe> r = load_recipe(put("# nothing here\n", "tiny_run.toml"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->name, "tiny_run");
+  EXPECT_EQ(r->source_path, (dir_ / "tiny_run.toml").string());
+  EXPECT_EQ(r->run_dir(), "runs/tiny_run");
+  Recipe defaults;
+  defaults.name = r->name;
+  defaults.source_path = r->source_path;
+  EXPECT_EQ(resolved_recipe_toml(*r), resolved_recipe_toml(defaults));
+}
+
+TEST_F(RecipeTest, DerivedSizes) {
+  Recipe r;
+  EXPECT_EQ(r.model.resolved_d_ff(), 1024);  // 4 · 256
+  EXPECT_EQ(r.model.resolved_n_kv_heads(), 4);
+  r.model.mlp = "swiglu";
+  EXPECT_EQ(r.model.resolved_d_ff(), 704);  // 8/3 · 256 = 682.7 → 11 · 64
+  r.model.d_model = 768;
+  EXPECT_EQ(r.model.resolved_d_ff(), 2048);
+  r.model.d_ff = 100;
+  r.model.n_kv_heads = 2;
+  EXPECT_EQ(r.model.resolved_d_ff(), 100);
+  EXPECT_EQ(r.model.resolved_n_kv_heads(), 2);
+}
+
+TEST_F(RecipeTest, GptSmallRecipeLoads) {
+  absl::StatusOr<Recipe> r = load_recipe(std::string(SEQLAB_SOURCE_DIR) + "/recipes/gpt_small.toml");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->name, "gpt_small");
+  EXPECT_EQ(r->model.d_model, 256);
+  EXPECT_EQ(r->model.n_layers, 4);
+  EXPECT_EQ(r->model.n_heads, 4);
+  EXPECT_EQ(r->model.positions, "learned");
+  EXPECT_EQ(r->model.norm, "layernorm");
+  EXPECT_EQ(r->model.mlp, "gelu");
+  EXPECT_EQ(r->data.tokenizer, "byte");
+  EXPECT_EQ(r->data.path, "/usr/share/games/fortunes");
+  EXPECT_EQ(r->data.format, "fortune");
+  EXPECT_EQ(r->train.seq_len, 256);
+  EXPECT_EQ(r->train.batch_size, 8);
+  EXPECT_EQ(r->train.steps, 1000);
+  EXPECT_EQ(r->optim.name, "adamw");
+  EXPECT_EQ(r->optim.lr, 1e-3);
+  EXPECT_EQ(r->optim.beta1, 0.9);
+  EXPECT_EQ(r->optim.beta2, 0.95);
+  EXPECT_EQ(r->optim.weight_decay, 0.1);
+  EXPECT_EQ(r->optim.warmup_steps, 30);
+  EXPECT_EQ(r->optim.schedule, "cosine");
+  EXPECT_EQ(r->optim.min_lr_ratio, 0.1);
+  EXPECT_EQ(r->optim.grad_clip, 1.0);
+  EXPECT_EQ(r->log.eval_every, 100);
+  EXPECT_EQ(r->checkpoint.every, 200);
+}
+
+TEST_F(RecipeTest, ValuesOfEveryType) {
+  Recipe r = load_ok(
+      "[model]\nbias = false\nmlp = \"swiglu\"\nnorm_eps = 1e-6\n"
+      "[optim]\nlr = 1\n"  // an integer where a number is expected
+      "[data]\npath = \"corpus/a b.txt\"\n"
+      "[train]\nseed = 0\n");
+  EXPECT_FALSE(r.model.bias);
+  EXPECT_EQ(r.model.mlp, "swiglu");
+  EXPECT_EQ(r.model.norm_eps, 1e-6);
+  EXPECT_EQ(r.optim.lr, 1.0);
+  EXPECT_EQ(r.data.path, "corpus/a b.txt");
+  EXPECT_EQ(r.train.seed, 0);
+}
+
+TEST_F(RecipeTest, DottedKeysAndInlineTablesAreTheSameSections) {
+  Recipe r = load_ok("train.steps = 50\noptim = { lr = 0.5, warmup_steps = 5 }\n");
+  EXPECT_EQ(r.train.steps, 50);
+  EXPECT_EQ(r.optim.lr, 0.5);
+  EXPECT_EQ(r.optim.warmup_steps, 5);
+}
+
+TEST_F(RecipeTest, WrongTypeNamesLineKeyAllowedAndGot) {
+  EXPECT_EQ(error_of("# steps\n\n[train]\nbatch_size = 4\n\n\nsteps = \"ten\"\n"),
+            "FILE:7: train.steps must be an integer ≥ 1, got a string \"ten\"");
+  EXPECT_EQ(error_of("[train]\nsteps = 10.5\n"), "FILE:2: train.steps must be an integer ≥ 1, got a floating-point number 10.5");
+  EXPECT_EQ(error_of("[model]\nbias = \"yes\"\n"), "FILE:2: model.bias must be true or false, got a string \"yes\"");
+  EXPECT_EQ(error_of("[optim]\nlr = true\n"), "FILE:2: optim.lr must be a number > 0, got a boolean true");
+  EXPECT_EQ(error_of("[data]\npath = 3\n"), "FILE:2: data.path must be a string, got an integer 3");
+  EXPECT_EQ(error_of("[data]\npath = [\"a\"]\n"), "FILE:2: data.path must be a string, got an array");
+  EXPECT_EQ(error_of("[train]\nseed = 1979-05-27\n"), "FILE:2: train.seed must be an integer ≥ 0, got a date or time");
+}
+
+TEST_F(RecipeTest, OutOfRange) {
+  EXPECT_EQ(error_of("[train]\nsteps = -5\n"), "FILE:2: train.steps must be an integer ≥ 1, got -5");
+  EXPECT_EQ(error_of("[model]\ndropout = 1.0\n"), "FILE:2: model.dropout must be a number in [0, 1), got 1.0");
+  EXPECT_EQ(error_of("[data]\nval_fraction = 0\n"), "FILE:2: data.val_fraction must be a number in (0, 0.5], got 0.0");
+  EXPECT_EQ(error_of("[optim]\nlr = inf\n"), "FILE:2: optim.lr must be a number > 0, got inf");
+  EXPECT_EQ(error_of("[optim]\nlr = nan\n"), "FILE:2: optim.lr must be a number > 0, got nan");
+  EXPECT_EQ(error_of("[optim]\nmin_lr_ratio = 1.5\n"), "FILE:2: optim.min_lr_ratio must be a number in [0, 1], got 1.5");
+  EXPECT_EQ(error_of("[checkpoint]\nkeep = 0\n"), "FILE:2: checkpoint.keep must be an integer ≥ 1, got 0");
+  // The bounds themselves are allowed where closed.
+  Recipe r = load_ok("[data]\nval_fraction = 0.5\n[optim]\nmin_lr_ratio = 0\ngrad_clip = 0\n[checkpoint]\nevery = 0\n");
+  EXPECT_EQ(r.data.val_fraction, 0.5);
+  EXPECT_EQ(r.checkpoint.every, 0);
+}
+
+TEST_F(RecipeTest, BadChoiceListsTheChoices) {
+  EXPECT_EQ(error_of("[optim]\nschedule = \"cosin\"\n"),
+            "FILE:2: optim.schedule must be one of \"cosine\", \"linear\", \"constant\", got \"cosin\" "
+            "(did you mean \"cosine\"?)");
+  EXPECT_EQ(error_of("[model]\nmlp = \"relu\"\n"),
+            "FILE:2: model.mlp must be one of \"gelu\", \"swiglu\", got \"relu\" (did you mean \"gelu\"?)");
+  EXPECT_EQ(error_of("[model]\nmlp = \"moe\"\n"), "FILE:2: model.mlp must be one of \"gelu\", \"swiglu\", got \"moe\"");
+  EXPECT_EQ(error_of("[model]\narch = \"bert\"\n"), "FILE:2: model.arch must be one of \"gpt\", got \"bert\"");
+}
+
+TEST_F(RecipeTest, UnknownKeysSuggestNearMisses) {
+  EXPECT_EQ(error_of("[train]\nstep = 5\n"), "FILE:2: unknown key train.step (did you mean train.steps?)");
+  EXPECT_EQ(error_of("[train]\nbatchsize = 5\n"), "FILE:2: unknown key train.batchsize (did you mean train.batch_size?)");
+  // A key in the wrong section points to the right one.
+  EXPECT_EQ(error_of("[optim]\nsteps = 5\n"), "FILE:2: unknown key optim.steps (did you mean train.steps?)");
+  // Same distance in two sections: the key's own section wins (log.every, not checkpoint.every).
+  EXPECT_EQ(error_of("[log]\nevry = 5\n"), "FILE:2: unknown key log.evry (did you mean log.every?)");
+  EXPECT_EQ(error_of("[checkpoint]\nevry = 5\n"), "FILE:2: unknown key checkpoint.evry (did you mean checkpoint.every?)");
+  // Nothing near: the section's keys.
+  EXPECT_EQ(error_of("[parallel]\nfrobnicate = 1\n"), "FILE:2: unknown key parallel.frobnicate ([parallel] has threads)");
+  EXPECT_EQ(error_of("[train]\n[train.sub]\nx = 1\n"),
+            "FILE:2: unknown key train.sub ([train] has steps, batch_size, seq_len, seed, grad_accum, device, dtype)");
+}
+
+TEST_F(RecipeTest, UnknownSectionsAndKeysOutsideSections) {
+  EXPECT_EQ(error_of("[trian]\nsteps = 5\n"), "FILE:1: unknown section [trian] (did you mean [train]?)");
+  EXPECT_EQ(error_of("\n[hardware]\n"),
+            "FILE:2: unknown section [hardware] (sections: model, data, train, optim, parallel, log, checkpoint)");
+  EXPECT_EQ(error_of("steps = 5\n"), "FILE:1: steps is outside any section (did you mean train.steps under [train]?)");
+  EXPECT_EQ(error_of("train = 5\n"), "FILE:1: train must be a section [train], got an integer 5");
+  EXPECT_EQ(error_of("[[train]]\nsteps = 5\n"), "FILE:1: train must be a section [train], got an array");
+}
+
+TEST_F(RecipeTest, TheFirstErrorInTheFileIsReported) {
+  // toml++ keeps keys sorted; the report must still follow the file's order.
+  EXPECT_EQ(error_of("[train]\nzzz = 1\nsteps = 0\n"), "FILE:2: unknown key train.zzz ([train] has steps, batch_size, "
+                                                      "seq_len, seed, grad_accum, device, dtype)");
+  EXPECT_EQ(error_of("[train]\nsteps = 0\nbatch_size = 0\n[model]\nd_model = 0\n"),
+            "FILE:2: train.steps must be an integer ≥ 1, got 0");
+}
+
+TEST_F(RecipeTest, SyntaxErrorNamesLineAndColumn) {
+  std::string message = error_of("[train]\nsteps = = 3\n");
+  EXPECT_EQ(message.rfind("FILE:2:", 0), 0u) << message;
+  EXPECT_NE(message.find("TOML syntax error: "), std::string::npos) << message;
+  message = error_of("[train]\nsteps = 1\nsteps = 2\n");  // a key defined twice is a TOML error
+  EXPECT_EQ(message.rfind("FILE:3:", 0), 0u) << message;
+}
+
+TEST_F(RecipeTest, MissingFile) {
+  absl::StatusOr<Recipe> r = load_recipe((dir_ / "nope.toml").string());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r.status().message(), "recipe not found: " + (dir_ / "nope.toml").string());
+  r = load_recipe(dir_.string());  // a folder is not a recipe either
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(RecipeTest, OverridesParseTomlValuesAndBareStrings) {
+  Recipe r = load_ok("[train]\nsteps = 100\n",
+                     {"optim.lr=3e-4", "train.steps=2000", "model.bias=false", "optim.schedule=linear",
+                      "data.path=/data/my corpus.txt", "log.sample_prompt=\"Once upon\"", "log.out_dir=42",
+                      "model.norm_eps=1", " train.seed = 7", "train.batch_size=3", "train.batch_size=4"});
+  EXPECT_EQ(r.optim.lr, 3e-4);
+  EXPECT_EQ(r.train.steps, 2000);
+  EXPECT_FALSE(r.model.bias);
+  EXPECT_EQ(r.optim.schedule, "linear");
+  EXPECT_EQ(r.data.path, "/data/my corpus.txt");
+  EXPECT_EQ(r.log.sample_prompt, "Once upon");
+  EXPECT_EQ(r.log.out_dir, "42");  // a string key takes a non-string value as text
+  EXPECT_EQ(r.model.norm_eps, 1.0);
+  EXPECT_EQ(r.train.seed, 7);
+  EXPECT_EQ(r.train.batch_size, 4);  // the last one wins
+}
+
+TEST_F(RecipeTest, MalformedOverrides) {
+  const std::string file = "[train]\nsteps = 100\n";
+  EXPECT_EQ(error_of(file, {"train.steps=abc"}), "--set train.steps=abc: train.steps must be an integer ≥ 1, got abc");
+  EXPECT_EQ(error_of(file, {"train.steps=\"10\""}),
+            "--set train.steps=\"10\": train.steps must be an integer ≥ 1, got a string \"10\"");
+  EXPECT_EQ(error_of(file, {"train.steps=0"}), "--set train.steps=0: train.steps must be an integer ≥ 1, got 0");
+  EXPECT_EQ(error_of(file, {"train.steps="}), "--set train.steps=: train.steps must be an integer ≥ 1, got nothing");
+  EXPECT_EQ(error_of(file, {"train.steps"}), "--set train.steps: expected section.key=value");
+  EXPECT_EQ(error_of(file, {"steps=10"}), "--set steps=10: expected section.key=value (did you mean train.steps?)");
+  EXPECT_EQ(error_of(file, {"train.step=5"}), "--set train.step=5: unknown key train.step (did you mean train.steps?)");
+  EXPECT_EQ(error_of(file, {"trian.steps=5"}), "--set trian.steps=5: unknown section [trian] (did you mean [train]?)");
+  EXPECT_EQ(error_of(file, {"optim.schedule=cosin"}),
+            "--set optim.schedule=cosin: optim.schedule must be one of \"cosine\", \"linear\", \"constant\", "
+            "got \"cosin\" (did you mean \"cosine\"?)");
+  // A value smuggling a second key is not one TOML value; the message stays on one line.
+  std::string message = error_of(file, {"train.steps=1\nlr=2"});
+  EXPECT_EQ(message.rfind("--set train.steps=1 lr=2: train.steps must be", 0), 0u) << message;
+  // The first bad override is reported, after the file was found good.
+  EXPECT_EQ(error_of(file, {"train.steps=5", "model.d_model=-1", "train.steps=x"}),
+            "--set model.d_model=-1: model.d_model must be an integer ≥ 1, got -1");
+  // A bad file is reported before any override.
+  EXPECT_EQ(error_of("[train]\nsteps = 0\n", {"train.steps=x"}), "FILE:2: train.steps must be an integer ≥ 1, got 0");
+}
+
+TEST_F(RecipeTest, RulesBetweenKeysNameBothKeys) {
+  EXPECT_EQ(error_of("[model]\nd_model = 256\nn_heads = 3\n"), "FILE:3: model.n_heads = 3 must divide model.d_model = 256");
+  EXPECT_EQ(error_of("[model]\nn_heads = 4\nn_kv_heads = 3\n"),
+            "FILE:3: model.n_kv_heads = 3 must divide model.n_heads = 4");
+  EXPECT_EQ(error_of("[model]\npositions = \"rope\"\nd_model = 12\n"),
+            "FILE:2: model.positions = \"rope\" needs an even head size, but model.d_model / model.n_heads = 12 / 4 = 3");
+  EXPECT_EQ(error_of("[data]\n\ntokenizer = \"bpe\"\n"),
+            "FILE:3: data.tokenizer = \"bpe\" needs data.tokenizer_path (the BPE merges file)");
+  EXPECT_EQ(error_of("[model]\nvocab_size = 100\n"),
+            "FILE:2: model.vocab_size = 100 is too small for data.tokenizer = \"byte\" (256 tokens); 0 takes the "
+            "tokenizer's");
+  EXPECT_EQ(error_of("[train]\ndevice = \"cpu\"\ndtype = \"bf16\"\n"),
+            "FILE:3: train.dtype = \"bf16\" needs train.device = \"cuda\" or \"auto\" (the CPU computes in f32)");
+  // The message starts where a key of the rule was set: the file, or the override that broke it.
+  EXPECT_EQ(error_of("[optim]\nwarmup_steps = 30\n", {"train.steps=10"}),
+            "FILE:2: optim.warmup_steps = 30 must be ≤ train.steps = 10");
+  EXPECT_EQ(error_of("", {"train.steps=10"}), "--set train.steps=10: optim.warmup_steps = 30 must be ≤ train.steps = 10");
+  // The same rules pass when they hold.
+  Recipe r = load_ok("[model]\nd_model = 96\nn_heads = 6\nn_kv_heads = 2\npositions = \"rope\"\nvocab_size = 300\n"
+                     "[data]\ntokenizer = \"bpe\"\ntokenizer_path = \"merges.txt\"\n"
+                     "[optim]\nwarmup_steps = 1000\n[train]\ndtype = \"bf16\"\n");
+  EXPECT_EQ(r.model.resolved_n_kv_heads(), 2);
+}
+
+TEST_F(RecipeTest, ResolvedRecipeReproducesTheRun) {
+  absl::StatusOr<Recipe> first = load_recipe(
+      std::string(SEQLAB_SOURCE_DIR) + "/recipes/gpt_small.toml",
+      {"optim.lr=3e-4", "optim.eps=1.5e-9", "model.norm_eps=0.1", "log.sample_prompt=Say \"hi\"\n\tbye\\ é",
+       "data.path=/tmp/a b", "model.mlp=swiglu", "train.seed=123456789012"});
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::string text = resolved_recipe_toml(*first);
+  // Every key is written, with its doc as a comment.
+  EXPECT_NE(text.find("\n[train]\nsteps = 1000 "), std::string::npos) << text;
+  size_t lr = text.find("\nlr = 3e-4 ");
+  ASSERT_NE(lr, std::string::npos) << text;
+  EXPECT_EQ(text.substr(lr, text.find('\n', lr + 1) - lr).rfind("  # peak learning rate"), text.find('\n', lr + 1) - lr - 22);
+  EXPECT_NE(text.find("\nout_dir = \"runs/gpt_small\" "), std::string::npos) << text;
+
+  // Loaded from a file of another name, it is the same run: same values, same run directory.
+  ASSERT_TRUE(write_resolved_recipe(*first, dir_.string()).ok());
+  EXPECT_EQ(slurp((dir_ / "recipe.toml").string()), text);
+  absl::StatusOr<Recipe> second = load_recipe((dir_ / "recipe.toml").string());
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->name, "recipe");
+  EXPECT_EQ(second->run_dir(), "runs/gpt_small");
+  EXPECT_EQ(second->optim.lr, 3e-4);
+  EXPECT_EQ(second->optim.eps, 1.5e-9);
+  EXPECT_EQ(second->model.norm_eps, 0.1);
+  EXPECT_EQ(second->log.sample_prompt, "Say \"hi\"\n\tbye\\ é");
+  EXPECT_EQ(second->data.path, "/tmp/a b");
+  EXPECT_EQ(second->model.mlp, "swiglu");
+  EXPECT_EQ(second->train.seed, 123456789012);
+  Recipe renamed = *second;
+  renamed.name = first->name;
+  renamed.source_path = first->source_path;
+  EXPECT_EQ(resolved_recipe_toml(renamed), text);
+}
+
+TEST_F(RecipeTest, DocsMatchTheSchema) {
+  std::string doc = recipe_reference_markdown();
+  EXPECT_EQ(slurp(std::string(SEQLAB_SOURCE_DIR) + "/docs/recipes.md"), doc)
+      << "docs/recipes.md is stale: regenerate it with `seqlab recipe --doc > docs/recipes.md`";
+  // A key's row: type, default, allowed range, meaning.
+  EXPECT_NE(doc.find("| `steps` | integer | `1000` | ≥ 1 | optimizer steps |"), std::string::npos);
+  EXPECT_NE(doc.find("| `schedule` | string | `\"cosine\"` | `\"cosine\"`, `\"linear\"`, `\"constant\"` |"),
+            std::string::npos);
+  EXPECT_NE(doc.find("| `val_fraction` | number | `0.05` | (0, 0.5] |"), std::string::npos);
+  for (const char* section : {"model", "data", "train", "optim", "parallel", "log", "checkpoint"}) {
+    EXPECT_NE(doc.find(std::string("\n## [") + section + "]\n"), std::string::npos) << section;
+  }
+  EXPECT_NE(doc.find("- model.n_heads divides model.d_model\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace seqlab
