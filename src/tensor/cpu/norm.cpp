@@ -1,0 +1,130 @@
+// CPU layer norm and RMS norm over rows of contiguous x [N, C], one row per loop iteration.
+// Row statistics accumulate in double (an f32 sum over C terms would lose digits to the running
+// total); dweight and dbias are column sums over all rows, computed column-parallel so every
+// column is summed in row order and the result does not depend on the thread count.
+//
+// With x̂ = (x − μ)·rstd (layer) or x̂ = x·rstd (rms) and g = dy ⊙ w, the backward is
+//   layer:  dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂))
+//   rms:    dx = rstd · (g − x̂ · mean(g ⊙ x̂))
+//   dw = Σ_rows dy ⊙ x̂,  db = Σ_rows dy
+// (differentiate x̂ through μ and rstd: ∂rstd/∂x_c = −rstd³ (x_c − μ) / C, ∂μ/∂x_c = 1 / C).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "tensor/cpu/parallel.h"
+#include "tensor/kernels.h"
+
+namespace seqlab::cpu {
+namespace {
+
+using kernel::NormGrads;
+using kernel::NormOutput;
+
+int64_t grain(int64_t work_per_item) {
+  return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(work_per_item, 1));
+}
+
+// layer (centered): μ = mean_c x_c,  rstd = 1 / √(mean_c (x_c − μ)² + eps),  y = x̂ ⊙ w + b
+// rms:              μ = 0,           rstd = 1 / √(mean_c x_c² + eps),         y = x̂ ⊙ w
+// The variance is taken around μ in a second pass: mean(x²) − μ² cancels badly when |μ| ≫ σ.
+void norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, bool centered,
+                  const NormOutput& out) {
+  dispatch_float(x.dtype(), centered ? "layer_norm" : "rms_norm", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t n = x.size(0), c = x.size(1);
+    const T *in = x.data<T>(), *w = weight.data<T>(), *b = bias.defined() ? bias.data<T>() : nullptr;
+    T *y = out.y.data<T>(), *mean = centered ? out.mean.data<T>() : nullptr, *rstd = out.rstd.data<T>();
+    parallel_for(n, grain(c), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* xr = in + r * c;
+        double mu = 0, var = 0;
+        if (centered) {
+          for (int64_t i = 0; i < c; ++i) mu += xr[i];
+          mu /= static_cast<double>(c);
+        }
+        for (int64_t i = 0; i < c; ++i) var += (xr[i] - mu) * (xr[i] - mu);
+        const double rs = 1.0 / std::sqrt(var / static_cast<double>(c) + eps);
+        if (centered) mean[r] = static_cast<T>(mu);
+        rstd[r] = static_cast<T>(rs);
+        for (int64_t i = 0; i < c; ++i) {
+          y[r * c + i] = static_cast<T>((xr[i] - mu) * rs * w[i] + (b ? static_cast<double>(b[i]) : 0.0));
+        }
+      }
+    });
+  });
+}
+
+void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                   bool centered, const NormGrads& grads) {
+  dispatch_float(x.dtype(), centered ? "layer_norm backward" : "rms_norm backward", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t n = x.size(0), c = x.size(1);
+    const T *g = dy.data<T>(), *in = x.data<T>(), *w = weight.data<T>(), *rs = rstd.data<T>();
+    const T* mu = centered ? mean.data<T>() : nullptr;
+    auto xhat = [&](int64_t r, int64_t i) { return (in[r * c + i] - (mu ? double(mu[r]) : 0.0)) * double(rs[r]); };
+
+    if (grads.dx.defined()) {
+      T* dx = grads.dx.data<T>();
+      parallel_for(n, grain(c), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          double mean_g = 0, mean_gx = 0;  // mean(g), mean(g ⊙ x̂)
+          for (int64_t i = 0; i < c; ++i) {
+            const double gi = double(g[r * c + i]) * w[i];
+            mean_g += gi;
+            mean_gx += gi * xhat(r, i);
+          }
+          mean_g = centered ? mean_g / static_cast<double>(c) : 0.0;
+          mean_gx /= static_cast<double>(c);
+          for (int64_t i = 0; i < c; ++i) {
+            const double gi = double(g[r * c + i]) * w[i];
+            dx[r * c + i] = static_cast<T>(rs[r] * (gi - mean_g - xhat(r, i) * mean_gx));
+          }
+        }
+      });
+    }
+
+    if (grads.dweight.defined() || grads.dbias.defined()) {
+      T* dw = grads.dweight.defined() ? grads.dweight.data<T>() : nullptr;
+      T* db = grads.dbias.defined() ? grads.dbias.data<T>() : nullptr;
+      parallel_for(c, grain(n), [&](int64_t c0, int64_t c1) {
+        std::vector<double> acc_w(static_cast<size_t>(c1 - c0), 0.0), acc_b(acc_w.size(), 0.0);
+        for (int64_t r = 0; r < n; ++r) {
+          for (int64_t i = c0; i < c1; ++i) {
+            acc_w[static_cast<size_t>(i - c0)] += g[r * c + i] * xhat(r, i);
+            acc_b[static_cast<size_t>(i - c0)] += g[r * c + i];
+          }
+        }
+        for (int64_t i = c0; i < c1; ++i) {
+          if (dw) dw[i] = static_cast<T>(acc_w[static_cast<size_t>(i - c0)]);
+          if (db) db[i] = static_cast<T>(acc_b[static_cast<size_t>(i - c0)]);
+        }
+      });
+    }
+  });
+}
+
+void layer_norm_cpu(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const NormOutput& out) {
+  norm_forward(x, w, b, eps, true, out);
+}
+void rms_norm_cpu(const Tensor& x, const Tensor& w, double eps, const NormOutput& out) {
+  norm_forward(x, w, Tensor(), eps, false, out);
+}
+void layer_norm_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                             const NormGrads& grads) {
+  norm_backward(dy, x, w, mean, rstd, true, grads);
+}
+void rms_norm_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                           const NormGrads& grads) {
+  norm_backward(dy, x, w, Tensor(), rstd, false, grads);
+}
+
+}  // namespace
+}  // namespace seqlab::cpu
+
+namespace seqlab::kernel {
+SEQLAB_REGISTER_KERNEL(layer_norm_kernel, DeviceType::CPU, &cpu::layer_norm_cpu);
+SEQLAB_REGISTER_KERNEL(layer_norm_backward_kernel, DeviceType::CPU, &cpu::layer_norm_backward_cpu);
+SEQLAB_REGISTER_KERNEL(rms_norm_kernel, DeviceType::CPU, &cpu::rms_norm_cpu);
+SEQLAB_REGISTER_KERNEL(rms_norm_backward_kernel, DeviceType::CPU, &cpu::rms_norm_backward_cpu);
+}  // namespace seqlab::kernel
