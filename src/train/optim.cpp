@@ -1,0 +1,343 @@
+#include "train/optim.h"
+
+#include <absl/strings/match.h>
+#include <absl/strings/str_cat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <stdexcept>
+#include <type_traits>
+
+#include "tensor/cpu/parallel.h"
+#include "tensor/kernels.h"
+
+namespace seqlab {
+
+SEQLAB_DEFINE_KERNEL(adamw_step_kernel);
+SEQLAB_DEFINE_KERNEL(sgd_step_kernel);
+SEQLAB_DEFINE_KERNEL(sum_squares_kernel);
+SEQLAB_DEFINE_KERNEL(scale_inplace_kernel);
+
+namespace {
+
+std::string describe(const Tensor& t) {
+  return absl::StrCat(shape_str(t.shape()), " ", dtype_name(t.dtype()), " on ", t.device().str());
+}
+
+// Optimizer state is kept in f64 for f64 parameters and in f32 otherwise.
+DType state_dtype(DType param) { return param == DType::f64 ? DType::f64 : DType::f32; }
+
+}  // namespace
+
+absl::Status validate(const OptimConfig& c) {
+  auto bad = [](const std::string& what) { return absl::InvalidArgumentError("optim: " + what); };
+  if (c.name != "adamw" && c.name != "sgd") return bad("unknown optimizer '" + c.name + "' (choices: adamw, sgd)");
+  if (!(c.lr >= 0) || !std::isfinite(c.lr)) return bad(absl::StrCat("lr must be a finite number >= 0, got ", c.lr));
+  if (!(c.beta1 >= 0 && c.beta1 < 1)) return bad(absl::StrCat("beta1 must be in [0, 1), got ", c.beta1));
+  if (!(c.beta2 >= 0 && c.beta2 < 1)) return bad(absl::StrCat("beta2 must be in [0, 1), got ", c.beta2));
+  if (!(c.eps > 0)) return bad(absl::StrCat("eps must be > 0, got ", c.eps));
+  if (!(c.weight_decay >= 0)) return bad(absl::StrCat("weight_decay must be >= 0, got ", c.weight_decay));
+  if (!(c.momentum >= 0 && c.momentum < 1)) return bad(absl::StrCat("momentum must be in [0, 1), got ", c.momentum));
+  if (c.nesterov && c.momentum == 0) return bad("nesterov needs momentum > 0");
+  if (!(c.grad_clip >= 0)) return bad(absl::StrCat("grad_clip must be >= 0 (0: off), got ", c.grad_clip));
+  return absl::OkStatus();
+}
+
+std::vector<ParamGroup> default_param_groups(const std::vector<Parameter>& params, const OptimConfig& config) {
+  ParamGroup decay{"decay", 1.0, config.weight_decay, {}};
+  ParamGroup no_decay{"no_decay", 1.0, 0.0, {}};
+  for (const Parameter& p : params) {
+    bool decayed = p.role == ParamRole::matrix || (p.role == ParamRole::bias && config.decay_biases) ||
+                   (p.role == ParamRole::norm && config.decay_norms) ||
+                   (p.role == ParamRole::embedding && config.decay_embeddings);
+    (decayed ? decay : no_decay).params.push_back(p);
+  }
+  return {decay, no_decay};
+}
+
+// ------------------------------------------------------------------------------------------------
+// Optimizer
+
+Optimizer::Optimizer(const OptimConfig& config, const std::vector<Parameter>& params)
+    : Optimizer(config, default_param_groups(params, config)) {}
+
+Optimizer::Optimizer(const OptimConfig& config, std::vector<ParamGroup> groups)
+    : config_(config), groups_(std::move(groups)) {
+  absl::Status ok = validate(config_);
+  if (!ok.ok()) throw std::invalid_argument(std::string(ok.message()));
+  std::set<std::string> names;
+  std::set<const Tensor*> tensors;
+  for (const ParamGroup& group : groups_) {
+    if (!(group.lr_scale >= 0) || !(group.weight_decay >= 0)) {
+      throw std::invalid_argument("optimizer: group '" + group.name + "' needs lr_scale >= 0 and weight_decay >= 0");
+    }
+    for (const Parameter& p : group.params) {
+      const Tensor& t = *p.tensor;
+      if (!names.insert(p.name).second || !tensors.insert(p.tensor).second) {
+        throw std::invalid_argument("optimizer: parameter '" + p.name + "' is listed twice");
+      }
+      if (!t.defined() || !is_floating(t.dtype()) || !t.is_contiguous()) {
+        throw std::invalid_argument("optimizer: parameter '" + p.name +
+                                    "' must be a defined, contiguous floating tensor");
+      }
+      Slot s{p, group.lr_scale, group.weight_decay, Tensor(), Tensor(), 0};
+      DType sd = state_dtype(t.dtype());
+      if (adamw()) {
+        s.m = Tensor::zeros(t.shape(), sd, t.device());
+        s.v = Tensor::zeros(t.shape(), sd, t.device());
+      } else if (config_.momentum > 0) {
+        s.m = Tensor::zeros(t.shape(), sd, t.device());
+      }
+      slots_.push_back(std::move(s));
+    }
+  }
+}
+
+void Optimizer::step(double lr) {
+  for (Slot& s : slots_) {
+    const Tensor& p = *s.param.tensor;
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (g.shape() != p.shape() || g.dtype() != p.dtype() || g.device() != p.device()) {
+      throw std::invalid_argument("optimizer: gradient of '" + s.param.name + "' is " + describe(g) +
+                                  " but the parameter is " + describe(p));
+    }
+    if (!p.is_contiguous() || (s.m.defined() && (s.m.device() != p.device() ||
+                                                  s.m.dtype() != state_dtype(p.dtype())))) {
+      throw std::logic_error("optimizer: parameter '" + s.param.name + "' changed layout, device or dtype (" +
+                             describe(p) + ") after the optimizer was built");
+    }
+    g = kernel::contiguous(g);
+    const double group_lr = lr * s.lr_scale;
+    if (adamw()) {
+      ++s.updates;
+      const double t = static_cast<double>(s.updates);
+      AdamWStep a{group_lr, s.weight_decay, config_.beta1, config_.beta2, config_.eps,
+                  1.0 - std::pow(config_.beta1, t), 1.0 - std::pow(config_.beta2, t)};
+      adamw_step_kernel(p.device(), a, p, g, s.m, s.v);
+    } else {
+      SgdStep a{group_lr, s.weight_decay, config_.momentum, config_.nesterov};
+      sgd_step_kernel(p.device(), a, p, g, s.m);
+    }
+  }
+  ++steps_;
+}
+
+void Optimizer::zero_grad() {
+  for (Slot& s : slots_) s.param.tensor->zero_grad();
+}
+
+std::vector<std::pair<std::string, Tensor>> Optimizer::state_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  out.emplace_back("optim.step", Tensor::scalar(static_cast<double>(steps_), DType::i64));
+  for (const Slot& s : slots_) {
+    if (adamw()) {
+      out.emplace_back("optim.exp_avg." + s.param.name, s.m);
+      out.emplace_back("optim.exp_avg_sq." + s.param.name, s.v);
+      out.emplace_back("optim.step." + s.param.name, Tensor::scalar(static_cast<double>(s.updates), DType::i64));
+    } else if (s.m.defined()) {
+      out.emplace_back("optim.momentum_buffer." + s.param.name, s.m);
+    }
+  }
+  return out;
+}
+
+absl::Status Optimizer::load_state(const std::map<std::string, Tensor>& state) {
+  const std::vector<std::pair<std::string, Tensor>> expected = state_tensors();
+  std::set<std::string> known;
+  for (const auto& [name, mine] : expected) {
+    known.insert(name);
+    auto it = state.find(name);
+    if (it == state.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state: '", name, "' is missing (was it saved by a ",
+                                                     "different optimizer or model? this one is ", config_.name, ")"));
+    }
+    const Tensor& t = it->second;
+    if (!t.defined() || t.shape() != mine.shape() || t.dtype() != mine.dtype()) {
+      std::string found = t.defined() ? shape_str(t.shape()) + " " + dtype_name(t.dtype()) : "undefined";
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state: '", name, "' is ", found, " but ",
+                                                     shape_str(mine.shape()), " ", dtype_name(mine.dtype()),
+                                                     " is expected"));
+    }
+    if (mine.dtype() == DType::i64 && t.item() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state: '", name, "' is negative (", t.item(), ")"));
+    }
+  }
+  for (const auto& [name, t] : state) {
+    if (absl::StartsWith(name, "optim.") && !known.count(name)) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state: unexpected '", name, "' (no such state in this ",
+                                                     config_.name, " optimizer and model)"));
+    }
+  }
+  // Everything matches: now restore.
+  steps_ = state.at("optim.step").to_indices()[0];
+  for (Slot& s : slots_) {
+    if (adamw()) {
+      kernel::copy_(s.m, state.at("optim.exp_avg." + s.param.name));
+      kernel::copy_(s.v, state.at("optim.exp_avg_sq." + s.param.name));
+      s.updates = state.at("optim.step." + s.param.name).to_indices()[0];
+    } else if (s.m.defined()) {
+      kernel::copy_(s.m, state.at("optim.momentum_buffer." + s.param.name));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Gradient clipping and scaling
+
+namespace {
+
+// Each parameter's gradient once, even if a tensor is listed under two names.
+std::vector<Tensor*> unique_with_grad(const std::vector<Parameter>& params) {
+  std::set<Tensor*> seen;
+  std::vector<Tensor*> out;
+  for (const Parameter& p : params) {
+    if (p.tensor->grad().defined() && seen.insert(p.tensor).second) out.push_back(p.tensor);
+  }
+  return out;
+}
+
+}  // namespace
+
+double clip_grad_norm(const std::vector<Parameter>& params, double max_norm) {
+  double total = 0.0;
+  for (Tensor* p : unique_with_grad(params)) {
+    Tensor g = kernel::contiguous(p->grad());
+    total += sum_squares_kernel(g.device(), g);
+  }
+  const double norm = std::sqrt(total);
+  if (!std::isfinite(norm) || !(max_norm > 0)) return norm;
+  const double scale = max_norm / (norm + 1e-6);
+  if (scale < 1.0) scale_grads(params, scale);
+  return norm;
+}
+
+void scale_grads(const std::vector<Parameter>& params, double s) {
+  for (Tensor* p : unique_with_grad(params)) {
+    Tensor g = p->grad();
+    if (!g.is_contiguous()) {
+      g = kernel::contiguous(g);
+      p->set_grad(g);
+    }
+    scale_inplace_kernel(g.device(), g, s);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// CPU kernels. Elementwise, so the result does not depend on the number of threads.
+
+namespace {
+
+// Calls fn(P{}) for a floating parameter type: float, double or bf16 (computed in float).
+template <class Fn>
+void dispatch_param(DType d, const char* op, Fn&& fn) {
+  switch (d) {
+    case DType::f32: return fn(float{});
+    case DType::f64: return fn(double{});
+    case DType::bf16: return fn(bf16{});
+    default: throw std::invalid_argument(std::string(op) + ": expected a floating tensor, got " + dtype_name(d));
+  }
+}
+
+template <class P>
+using Compute = std::conditional_t<std::is_same_v<P, double>, double, float>;
+
+void adamw_step_cpu(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v) {
+  dispatch_param(p.dtype(), "adamw_step", [&](auto tag) {
+    using P = decltype(tag);
+    using S = Compute<P>;
+    P* pp = p.data<P>();
+    const P* gp = g.data<P>();
+    S* mp = m.data<S>();
+    S* vp = v.data<S>();
+    const S lr = S(s.lr), lr_wd = S(s.lr * s.weight_decay), eps = S(s.eps);
+    const S b1 = S(s.beta1), c1 = S(1.0 - s.beta1), b2 = S(s.beta2), c2 = S(1.0 - s.beta2);
+    const S inv_bc1 = S(1.0 / s.bias_correction1), inv_bc2 = S(1.0 / s.bias_correction2);
+    cpu::parallel_for(p.numel(), cpu::kParallelGrain / 4, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const S gi = convert_scalar<S>(gp[i]);
+        S pi = convert_scalar<S>(pp[i]);
+        pi -= lr_wd * pi;
+        const S mi = b1 * mp[i] + c1 * gi;
+        const S vi = b2 * vp[i] + c2 * gi * gi;
+        mp[i] = mi;
+        vp[i] = vi;
+        pi -= lr * (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps);
+        pp[i] = convert_scalar<P>(pi);
+      }
+    });
+  });
+}
+
+void sgd_step_cpu(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b) {
+  dispatch_param(p.dtype(), "sgd_step", [&](auto tag) {
+    using P = decltype(tag);
+    using S = Compute<P>;
+    P* pp = p.data<P>();
+    const P* gp = g.data<P>();
+    S* bp = b.defined() ? b.data<S>() : nullptr;
+    const S lr = S(s.lr), lr_wd = S(s.lr * s.weight_decay), mu = S(s.momentum);
+    const bool nesterov = s.nesterov;
+    cpu::parallel_for(p.numel(), cpu::kParallelGrain / 4, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const S gi = convert_scalar<S>(gp[i]);
+        S pi = convert_scalar<S>(pp[i]);
+        pi -= lr_wd * pi;
+        S d = gi;
+        if (bp) {
+          const S bi = mu * bp[i] + gi;
+          bp[i] = bi;
+          d = nesterov ? gi + mu * bi : bi;
+        }
+        pi -= lr * d;
+        pp[i] = convert_scalar<P>(pi);
+      }
+    });
+  });
+}
+
+// Fixed blocks summed in order: the same bits whatever the thread count.
+double sum_squares_cpu(const Tensor& x) {
+  constexpr int64_t kBlock = 1 << 15;
+  const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
+  dispatch_param(x.dtype(), "sum_squares", [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = x.data<T>();
+#pragma omp parallel for schedule(static) if (blocks > 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+      double acc = 0.0;
+      const int64_t end = std::min(n, (b + 1) * kBlock);
+      for (int64_t i = b * kBlock; i < end; ++i) {
+        const double e = convert_scalar<double>(p[i]);
+        acc += e * e;
+      }
+      partial[static_cast<size_t>(b)] = acc;
+    }
+  });
+  double total = 0.0;
+  for (double v : partial) total += v;
+  return total;
+}
+
+void scale_inplace_cpu(const Tensor& x, double s) {
+  dispatch_param(x.dtype(), "scale_inplace", [&](auto tag) {
+    using T = decltype(tag);
+    using S = Compute<T>;
+    T* p = x.data<T>();
+    const S k = S(s);
+    cpu::parallel_for(x.numel(), cpu::kParallelGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) p[i] = convert_scalar<T>(k * convert_scalar<S>(p[i]));
+    });
+  });
+}
+
+SEQLAB_REGISTER_KERNEL(adamw_step_kernel, DeviceType::CPU, adamw_step_cpu);
+SEQLAB_REGISTER_KERNEL(sgd_step_kernel, DeviceType::CPU, sgd_step_cpu);
+SEQLAB_REGISTER_KERNEL(sum_squares_kernel, DeviceType::CPU, sum_squares_cpu);
+SEQLAB_REGISTER_KERNEL(scale_inplace_kernel, DeviceType::CPU, scale_inplace_cpu);
+
+}  // namespace
+}  // namespace seqlab

@@ -1,0 +1,128 @@
+// Optimizers (AdamW, SGD with momentum) over a model's named parameters, global gradient-norm
+// clipping, and the optimizer state that checkpoints save and restore.
+//
+// Parameters are split into groups, each with its own lr scale and weight decay. By default matrices
+// are decayed and biases, norm gains and embeddings are not (OptimConfig's decay_* flags move them
+// into the decayed group). Weight decay is decoupled from the gradient: p ← p − lr·wd·p, then the
+// optimizer's own update.
+//
+// Each parameter is updated by one fused in-place kernel that reads and writes p, g, m (and v) once.
+// The kernels are dispatch slots (declared below) so a CUDA backend can register its own; the CPU
+// implementation is in optim.cpp.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <absl/status/status.h>
+
+#include "layers/module.h"
+#include "tensor/dispatch.h"
+#include "tensor/tensor.h"
+
+namespace seqlab {
+
+struct OptimConfig {
+  std::string name = "adamw";  // adamw | sgd
+  double lr = 3e-4;            // the schedule's peak; step() takes the scheduled value
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;  // adamw
+  double weight_decay = 0.1;   // for the decayed group
+  double momentum = 0.9;       // sgd; 0: plain SGD without a momentum buffer
+  bool nesterov = false;       // sgd
+  double grad_clip = 1.0;      // max global gradient norm, for the loop's clip_grad_norm; 0: off
+  bool decay_biases = false, decay_norms = false, decay_embeddings = false;
+};
+
+// OK, or InvalidArgument naming the first bad field (unknown name, negative lr, beta outside [0, 1), ...).
+absl::Status validate(const OptimConfig& config);
+
+struct ParamGroup {
+  std::string name;
+  double lr_scale = 1.0;     // the group's lr is step()'s lr times this
+  double weight_decay = 0.0;
+  std::vector<Parameter> params;
+};
+
+// Two groups, "decay" (weight_decay = config.weight_decay) and "no_decay" (0), in that order, each
+// keeping the parameters' order: matrices decay; biases, norms and embeddings decay only when flagged.
+std::vector<ParamGroup> default_param_groups(const std::vector<Parameter>& params, const OptimConfig& config);
+
+class Optimizer {
+ public:
+  // Throws std::invalid_argument when validate(config) fails or a parameter name repeats.
+  // State (zeros) is allocated here, on each parameter's device: build the optimizer after the
+  // model has been moved to its device and dtype.
+  Optimizer(const OptimConfig& config, const std::vector<Parameter>& params);
+  Optimizer(const OptimConfig& config, std::vector<ParamGroup> groups);
+
+  // One update of every parameter that has a gradient, with learning rate lr·group.lr_scale.
+  // Parameters without a gradient are skipped and their state is left untouched.
+  void step(double lr);
+  void zero_grad();  // drops every parameter's gradient
+
+  int64_t steps() const { return steps_; }  // calls to step() so far (restored by load_state)
+  const OptimConfig& config() const { return config_; }
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+
+  // The state under stable names: "optim.step" (i64 scalar), and per parameter NAME
+  //   adamw: "optim.exp_avg.NAME", "optim.exp_avg_sq.NAME", "optim.step.NAME" (its own update count,
+  //          which drives its bias correction, since a parameter without a gradient is not updated);
+  //   sgd:   "optim.momentum_buffer.NAME" (when momentum > 0).
+  // The moment tensors are views of the live state (no copy): write them out before the next step.
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const;
+  // Restores the state from a map that may also hold other entries (model weights): every name
+  // above must be present with the same shape and dtype, and no other "optim." name may appear.
+  // Nothing is changed unless everything matches; the error names the first mismatch.
+  absl::Status load_state(const std::map<std::string, Tensor>& state);
+
+ private:
+  struct Slot {
+    Parameter param;
+    double lr_scale, weight_decay;
+    Tensor m, v;         // adamw: exp_avg, exp_avg_sq; sgd: m is the momentum buffer (or undefined)
+    int64_t updates = 0; // adamw: times this parameter was updated
+  };
+  bool adamw() const { return config_.name == "adamw"; }
+
+  OptimConfig config_;
+  std::vector<ParamGroup> groups_;
+  std::vector<Slot> slots_;
+  int64_t steps_ = 0;
+};
+
+// Global gradient norm √Σ‖g‖² over every parameter with a gradient (accumulated in double). When it
+// is finite and max_norm > 0, scales every gradient in place by min(1, max_norm / (norm + 1e-6)).
+// Returns the norm before scaling; a non-finite norm is returned with the gradients untouched.
+double clip_grad_norm(const std::vector<Parameter>& params, double max_norm);
+// g ← s·g in place for every parameter with a gradient (averaging over accumulated micro-steps).
+void scale_grads(const std::vector<Parameter>& params, double s);
+
+// ---- kernel slots: contiguous tensors of one device; g has p's dtype; m, v are f64 for f64
+// parameters and f32 otherwise (bf16 parameters are computed in f32) ----
+
+struct AdamWStep {
+  double lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0;
+  double bias_correction1 = 1, bias_correction2 = 1;  // 1 − β1^t, 1 − β2^t for this update's t
+};
+// p ← p − lr·wd·p;  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;
+// p ← p − lr · (m / bc1) / (√(v / bc2) + ε).
+SEQLAB_DECLARE_KERNEL(adamw_step_kernel, void (*)(const AdamWStep& s, const Tensor& p, const Tensor& g,
+                                                  const Tensor& m, const Tensor& v));
+
+struct SgdStep {
+  double lr = 0, weight_decay = 0, momentum = 0;
+  bool nesterov = false;
+};
+// p ← p − lr·wd·p;  b ← μ·b + g;  d = nesterov ? g + μ·b : b  (d = g when b is undefined);
+// p ← p − lr·d.
+SEQLAB_DECLARE_KERNEL(sgd_step_kernel, void (*)(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b));
+
+// Σ x² over a contiguous floating tensor, accumulated in double in an order independent of threads.
+SEQLAB_DECLARE_KERNEL(sum_squares_kernel, double (*)(const Tensor& x));
+// x ← s·x over a contiguous floating tensor.
+SEQLAB_DECLARE_KERNEL(scale_inplace_kernel, void (*)(const Tensor& x, double s));
+
+}  // namespace seqlab
