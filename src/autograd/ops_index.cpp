@@ -33,10 +33,15 @@ Tensor dropout(const Tensor& x, double p, Generator& gen, bool training) {
     record("dropout", {x}, {&y}, {}, [](const Grads& g, const Grads&, const Needs&) { return Grads{g[0]}; });
     return y;
   }
+  // Drawn on the host, one uniform per element, so a seed gives the same mask on every device.
   const double scale = 1.0 / (1.0 - p);
-  std::vector<double> m(static_cast<size_t>(x.numel()));
-  for (double& e : m) e = gen.uniform() < p ? 0.0 : scale;
-  Tensor mask = Tensor::from_vector(m, x.shape(), x.dtype(), x.device());
+  Tensor mask = Tensor::empty(x.shape(), x.dtype(), cpu_device());
+  dispatch_any(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* m = mask.data<T>();
+    for (int64_t i = 0; i < mask.numel(); ++i) m[i] = convert_scalar<T>(gen.uniform() < p ? 0.0 : scale);
+  });
+  mask = kernel::to_device(mask, x.device());
   Tensor y = kernel::binary(kernel::BinaryOp::mul, x, mask);
   record("dropout", {x}, {&y}, {mask}, [](const Grads& g, const Grads& s, const Needs&) {
     return Grads{kernel::binary(kernel::BinaryOp::mul, g[0], s[0])};
@@ -101,8 +106,9 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t dim) {
   record("concat", xs, {&y}, {}, [d, sizes](const Grads& g, const Grads&, const Needs& need) {
     Grads dx(sizes.size());
     int64_t offset = 0;
-    for (size_t i = 0; i < sizes.size(); offset += sizes[i], ++i) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
       if (need[i]) dx[i] = kernel::contiguous(kernel::narrow(g[0], d, offset, sizes[i]));
+      offset += sizes[i];
     }
     return dx;
   });
