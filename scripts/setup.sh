@@ -6,7 +6,7 @@ SEQLAB_BUILD="${SEQLAB_BUILD:-$SEQLAB_ROOT/build}"
 
 # Debian packages the build, the tests and the default corpus need.
 SEQLAB_PACKAGES=(cmake ninja-build g++ git libabsl-dev googletest libgtest-dev libtomlplusplus-dev
-                 libopenblas-dev python3)
+                 libopenblas-dev python3 fortunes fortunes-min)
 
 seqlab_say() { printf 'seqlab: %s\n' "$*" >&2; }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "train/cli.h"
+#include "train/cli_data.h"
 
 int main(int argc, char** argv) {
   using namespace seqlab::cli;
@@ -24,6 +25,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (command == "op") return op_command(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (command == "tokenizer") return tokenizer_command(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (command == "prepare") return prepare_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (command == "recipe") return recipe_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (absl::EndsWith(command, ".toml")) {
     std::cerr << "seqlab: training from a recipe (" << command
