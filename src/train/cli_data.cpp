@@ -24,10 +24,6 @@
 namespace seqlab::cli {
 namespace {
 
-struct UserError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 constexpr char kTokenizerUsage[] =
     "usage: seqlab tokenizer train [--input PATH] [--format auto|text|fortune|jsonl] [--field NAME] --vocab N --out FILE\n"
     "       seqlab tokenizer encode [--tokenizer FILE|byte] --text TEXT\n"

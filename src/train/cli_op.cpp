@@ -21,16 +21,12 @@
 #include "tensor/kernels.h"
 #include "tensor/npy.h"
 #include "train/cli.h"
+#include "train/edit_distance.h"
 
 namespace seqlab::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A problem with the command line or the files; reported as one line with exit code 2.
-struct UserError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 constexpr char kOpUsage[] =
     "usage: seqlab op NAME --in DIR --out DIR [--attr key=value]... [--dtype f32|f64]\n"
@@ -94,21 +90,6 @@ OpArgs parse_args(const std::vector<std::string>& args) {
     }
   }
   return a;
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
 }
 
 const OpSpec& find_op_or_suggest(const std::string& name) {

@@ -2,6 +2,7 @@
 // type, default, allowed values, doc and the struct member that stores it. Loading, the resolved
 // recipe and docs/recipes.md all walk it, so they cannot disagree with one another.
 #include "train/recipe.h"
+#include "train/edit_distance.h"
 
 #include <absl/strings/ascii.h>
 #include <absl/strings/str_cat.h>
@@ -392,21 +393,6 @@ std::string describe_node(const toml::node& n) {
 }
 
 // ---- did you mean ----
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
 
 // A near miss: at most two edits, and fewer than the word has letters (so "x" suggests nothing).
 bool near(const std::string& typed, const std::string& known, size_t* distance) {
