@@ -1,0 +1,135 @@
+#include "layers/gpt.h"
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "autograd/ops.h"
+#include "layers/attention.h"
+
+namespace seqlab {
+namespace {
+
+GptConfig resolved(GptConfig cfg) {
+  if (cfg.n_kv_heads == 0) cfg.n_kv_heads = cfg.n_heads;
+  if (cfg.d_ff == 0) cfg.d_ff = 4 * cfg.d_model;
+  if (cfg.vocab_size <= 0 || cfg.d_model <= 0 || cfg.n_layers < 0 || cfg.n_heads <= 0 || cfg.n_kv_heads <= 0 ||
+      cfg.d_ff <= 0 || cfg.max_seq_len <= 0) {
+    throw std::invalid_argument("GptConfig: sizes must be positive");
+  }
+  if (cfg.d_model % cfg.n_heads != 0) {
+    throw std::invalid_argument("GptConfig: d_model " + std::to_string(cfg.d_model) + " not divisible by n_heads " +
+                                std::to_string(cfg.n_heads));
+  }
+  if (cfg.n_heads % cfg.n_kv_heads != 0) {
+    throw std::invalid_argument("GptConfig: n_heads " + std::to_string(cfg.n_heads) +
+                                " not divisible by n_kv_heads " + std::to_string(cfg.n_kv_heads));
+  }
+  return cfg;
+}
+
+}  // namespace
+
+GptAttention::GptAttention(const GptConfig& cfg, Generator& gen)
+    : heads_(cfg.n_heads),
+      kv_heads_(cfg.n_kv_heads),
+      head_dim_(cfg.d_model / cfg.n_heads),
+      qkv_(add_module("qkv", std::make_unique<Linear>(cfg.d_model, (heads_ + 2 * kv_heads_) * head_dim_, cfg.bias,
+                                                      gen, cfg.init_std))),
+      proj_(add_module("proj", std::make_unique<Linear>(heads_ * head_dim_, cfg.d_model, cfg.bias, gen, cfg.init_std))) {}
+
+Tensor GptAttention::forward(const Tensor& x, Tensor* cache_k, Tensor* cache_v) const {
+  const int64_t B = x.shape()[0], T = x.shape()[1];
+  // [q | k | v] = x W_qkvᵀ + b, split along the feature dimension into H, Hk, Hk heads of D.
+  Tensor qkv = qkv_.forward(x);
+  Tensor q = reshape(narrow(qkv, 2, 0, heads_ * head_dim_), {B, T, heads_, head_dim_});
+  Tensor k = reshape(narrow(qkv, 2, heads_ * head_dim_, kv_heads_ * head_dim_), {B, T, kv_heads_, head_dim_});
+  Tensor v =
+      reshape(narrow(qkv, 2, (heads_ + kv_heads_) * head_dim_, kv_heads_ * head_dim_), {B, T, kv_heads_, head_dim_});
+  if (cache_k != nullptr) {
+    // K = [K_cache; k] along the sequence; the T new queries sit at the last T key positions.
+    if (cache_k->defined()) {
+      k = concat({*cache_k, k}, 1);
+      v = concat({*cache_v, v}, 1);
+    }
+    *cache_k = k;
+    *cache_v = v;
+  }
+  AttentionOptions opts;
+  opts.causal = true;
+  Tensor o = attention(q, k, v, opts);  // [B, T, H, D]
+  return proj_.forward(reshape(o, {B, T, heads_ * head_dim_}));
+}
+
+GptMlp::GptMlp(const GptConfig& cfg, Generator& gen)
+    : fc_(add_module("fc", std::make_unique<Linear>(cfg.d_model, cfg.d_ff, cfg.bias, gen, cfg.init_std))),
+      gate_(cfg.swiglu
+                ? &add_module("gate", std::make_unique<Linear>(cfg.d_model, cfg.d_ff, cfg.bias, gen, cfg.init_std))
+                : nullptr),
+      proj_(add_module("proj", std::make_unique<Linear>(cfg.d_ff, cfg.d_model, cfg.bias, gen, cfg.init_std))) {}
+
+Tensor GptMlp::forward(const Tensor& x) const {
+  // GELU: proj(gelu(fc x));  SwiGLU: proj(silu(fc x) ⊙ gate x).
+  Tensor h = gate_ != nullptr ? mul(silu(fc_.forward(x)), gate_->forward(x)) : gelu(fc_.forward(x));
+  return proj_.forward(h);
+}
+
+GptBlock::GptBlock(const GptConfig& cfg, Generator& gen)
+    : ln1_(add_module("ln1", std::make_unique<Norm>(cfg.norm, cfg.d_model, cfg.norm_eps))),
+      attn_(add_module("attn", std::make_unique<GptAttention>(cfg, gen))),
+      ln2_(add_module("ln2", std::make_unique<Norm>(cfg.norm, cfg.d_model, cfg.norm_eps))),
+      mlp_(add_module("mlp", std::make_unique<GptMlp>(cfg, gen))) {}
+
+Tensor GptBlock::forward(const Tensor& x, Tensor* cache_k, Tensor* cache_v) const {
+  // Pre-norm residual: x + attn(ln1 x), then + mlp(ln2 ·).
+  Tensor h = add(x, attn_.forward(ln1_.forward(x), cache_k, cache_v));
+  return add(h, mlp_.forward(ln2_.forward(h)));
+}
+
+Gpt::Gpt(const GptConfig& cfg, Generator& gen)
+    : cfg_(resolved(cfg)),
+      wte_(add_module("wte", std::make_unique<Embedding>(cfg_.vocab_size, cfg_.d_model, gen, cfg_.init_std))),
+      wpe_(cfg_.learned_positions
+               ? &add_module("wpe", std::make_unique<Embedding>(cfg_.max_seq_len, cfg_.d_model, gen, cfg_.init_std))
+               : nullptr),
+      blocks_() {
+  for (int64_t i = 0; i < cfg_.n_layers; ++i) {
+    blocks_.push_back(&add_module("blocks." + std::to_string(i), std::make_unique<GptBlock>(cfg_, gen)));
+  }
+  ln_f_ = &add_module("ln_f", std::make_unique<Norm>(cfg_.norm, cfg_.d_model, cfg_.norm_eps));
+}
+
+Tensor Gpt::run(const Tensor& tokens, GptCache* cache) {
+  if (tokens.dim() != 2) throw std::invalid_argument("Gpt: tokens must be [B, T], got " + shape_str(tokens.shape()));
+  const int64_t T = tokens.shape()[1];
+  const int64_t start = cache != nullptr ? cache->position : 0;
+  if (start + T > cfg_.max_seq_len) {
+    throw std::invalid_argument("Gpt: positions up to " + std::to_string(start + T) + " exceed max_seq_len " +
+                                std::to_string(cfg_.max_seq_len));
+  }
+  Tensor x = wte_.forward(tokens);  // [B, T, C]
+  if (wpe_ != nullptr) {
+    std::vector<int64_t> pos(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = start + t;
+    Tensor positions = Tensor::from_indices(pos, {T}, DType::i64, tokens.device());
+    x = add(x, wpe_->forward(positions));  // [T, C] broadcast over B
+  }
+  if (cache != nullptr) {
+    cache->k.resize(blocks_.size());
+    cache->v.resize(blocks_.size());
+  }
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    x = cache != nullptr ? blocks_[i]->forward(x, &cache->k[i], &cache->v[i]) : blocks_[i]->forward(x);
+  }
+  if (cache != nullptr) cache->position = start + T;
+  // Tied output: logits = ln_f(x) · wteᵀ.
+  return linear(ln_f_->forward(x), wte_.weight());
+}
+
+Tensor Gpt::forward(const Tensor& tokens) { return run(tokens, nullptr); }
+
+Tensor Gpt::forward_incremental(const Tensor& tokens, GptCache& cache) { return run(tokens, &cache); }
+
+Tensor Gpt::loss(const Tensor& tokens, const Tensor& targets) { return cross_entropy(forward(tokens), targets, -100); }
+
+}  // namespace seqlab
