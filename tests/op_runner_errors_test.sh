@@ -121,7 +121,7 @@ else
 fi
 
 # The top-level command reports its misuse the same way.
-for args in "recipes/gpt_small.toml --set train.steps=1" "frobnicate"; do
+for args in "no_such_recipe.toml --set train.steps=1" "frobnicate"; do
   # shellcheck disable=SC2086
   "$SEQLAB" $args > /dev/null 2> "$WORK/stderr"
   rc=$?

@@ -26,11 +26,12 @@ std::string usage_text() {
          "  recipe check FILE [--set section.key=value]...\n"
          "                      validate a recipe and print it resolved (every key, final values)\n"
          "  recipe --doc        every recipe key with its type, default and meaning (docs/recipes.md)\n"
+         "  RECIPE.toml [--set section.key=value]... [--out DIR] [--resume RUN_DIR]\n"
+         "                      train a GPT on text or token shards (metrics.jsonl, checkpoints in the run dir)\n"
          "  --version           version, git commit and the compiled backends\n"
          "  --help              this text\n"
          "\n"
-         "planned (arrive with the training stack):\n"
-         "  RECIPE.toml [--set key=value]...   train a model from a TOML recipe\n";
+         "planned: sample RUN (decoding), plot RUN, --nproc N (data and sequence parallelism)\n";
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "train/cli.h"
+#include "train/trainer.h"
 #include "train/cli_data.h"
 
 int main(int argc, char** argv) {
@@ -28,11 +29,7 @@ int main(int argc, char** argv) {
   if (command == "tokenizer") return tokenizer_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (command == "prepare") return prepare_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (command == "recipe") return recipe_command(std::vector<std::string>(args.begin() + 1, args.end()));
-  if (absl::EndsWith(command, ".toml")) {
-    std::cerr << "seqlab: training from a recipe (" << command
-              << ") arrives with the training stack; this build runs `seqlab op` only\n";
-    return kUsageError;
-  }
+  if (absl::EndsWith(command, ".toml")) return train_command(command, std::vector<std::string>(args.begin() + 1, args.end()));
   std::cerr << "seqlab: unknown command '" << command << "' (see seqlab --help)\n";
   return kUsageError;
 }
