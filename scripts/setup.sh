@@ -34,7 +34,7 @@ seqlab_install_packages() {
 seqlab_build() {
   local log="$SEQLAB_BUILD/build.log"
   if [ ! -f "$SEQLAB_BUILD/build.ninja" ]; then
-    seqlab_say "configuring $SEQLAB_BUILD"
+    seqlab_say "configuring and building $SEQLAB_BUILD (the first build takes a few minutes; log: $log)"
     mkdir -p "$SEQLAB_BUILD"
     if ! cmake -S "$SEQLAB_ROOT" -B "$SEQLAB_BUILD" -G Ninja ${SEQLAB_CMAKE_ARGS:-} >"$SEQLAB_BUILD/configure.log" 2>&1; then
       tail -n 30 "$SEQLAB_BUILD/configure.log" >&2
@@ -42,9 +42,6 @@ seqlab_build() {
       rm -f "$SEQLAB_BUILD/build.ninja"
       return 1
     fi
-  fi
-  if ninja -C "$SEQLAB_BUILD" -n "$@" 2>/dev/null | grep -q '^\['; then
-    seqlab_say "building in $SEQLAB_BUILD (log: $log)"
   fi
   if ! ninja -C "$SEQLAB_BUILD" "$@" >"$log" 2>&1; then
     grep -E 'error|FAILED' -A 5 "$log" | head -n 40 >&2
