@@ -12,31 +12,15 @@
 #include <string>
 
 #include "tensor/kernels.h"
+#include "test_util.h"
 
 namespace seqlab {
 namespace {
 
 namespace fs = std::filesystem;
 
-class Npy : public ::testing::Test {
+class Npy : public testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) / ("npy_test_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  std::string put(const std::string& name, const std::string& bytes) const {
-    std::ofstream(path(name), std::ios::binary) << bytes;
-    return path(name);
-  }
-  std::string slurp(const std::string& name) const {
-    std::ifstream in(path(name), std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
   // The error message of reading `bytes` as a .npy file; it must name the file.
   std::string read_error(const std::string& bytes) const {
     std::string p = put("bad.npy", bytes);
@@ -46,8 +30,6 @@ class Npy : public ::testing::Test {
     EXPECT_NE(msg.find(p), std::string::npos) << msg;
     return msg;
   }
-
-  fs::path dir_;
 };
 
 // A version 1.0 file as NumPy lays it out: header padded with spaces to a 64-byte boundary.

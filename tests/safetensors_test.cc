@@ -14,6 +14,7 @@
 #include <string>
 
 #include "tensor/kernels.h"
+#include "test_util.h"
 
 namespace seqlab {
 namespace {
@@ -39,25 +40,8 @@ const std::string kF32_m2("\x00\x00\x00\xc0", 4);     // -2.0f
 const std::string kI64_300("\x2c\x01\0\0\0\0\0\0", 8);  // 300
 const std::string kBf16_1("\x80\x3f", 2);             // 1.0 in bfloat16
 
-class Safetensors : public ::testing::Test {
+class Safetensors : public testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) / ("st_test_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  std::string put(const std::string& name, const std::string& bytes) const {
-    std::ofstream(path(name), std::ios::binary) << bytes;
-    return path(name);
-  }
-  std::string slurp(const std::string& name) const {
-    std::ifstream in(path(name), std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
   // The error of reading `bytes`; it must be an InvalidArgument naming the file.
   std::string read_error(const std::string& bytes) {
     std::string p = put("bad.safetensors", bytes);
@@ -69,8 +53,6 @@ class Safetensors : public ::testing::Test {
     EXPECT_TRUE(contains(message, p)) << message;
     return message;
   }
-
-  fs::path dir_;
 };
 
 bool same_bits(const Tensor& a, const Tensor& b) {
