@@ -4,9 +4,9 @@
 SEQLAB_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SEQLAB_BUILD="${SEQLAB_BUILD:-$SEQLAB_ROOT/build}"
 
-# Debian packages the build, the tests and the default corpus need.
+# Debian packages the build, the tests, the default corpus and `seqlab plot` need.
 SEQLAB_PACKAGES=(cmake ninja-build g++ git libabsl-dev googletest libgtest-dev libtomlplusplus-dev
-                 libopenblas-dev python3 fortunes fortunes-min)
+                 libopenblas-dev python3 fortunes fortunes-min gnuplot-nox)
 
 seqlab_say() { printf 'seqlab: %s\n' "$*" >&2; }
 

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# A short GPT run straight through and the same run resumed from its middle checkpoint log identical
-# losses at every step; bad arguments to the trainer exit with code 2 and one line.
+# Exact resume, at the command line: a short GPT run straight through, the same run resumed from a
+# middle checkpoint, one killed with SIGKILL between checkpoints and one stopped with SIGTERM must log
+# identical losses at every step. A truncated checkpoint and bad arguments are refused with exit code 2
+# and one line.
+# Usage: train_resume_test.sh /path/to/seqlab
 set -u
 SEQLAB="$1"
 WORK="$(mktemp -d)"
@@ -33,33 +36,96 @@ warmup_steps = 2
 every = 1
 eval_every = 3
 eval_batches = 2
+sample_every = 3
+sample_tokens = 8
 [checkpoint]
 every = 3
 TOML
 failures=0
+pass() { echo "ok   $1"; }
+fail() { echo "FAIL $1"; failures=$((failures + 1)); }
+# The metrics without the fields that measure time.
+losses() { sed -E 's/, "(tokens_per_s|mfu|elapsed_s)": [0-9.e+-]+//g' "$1/metrics.jsonl"; }
+same_losses() {  # NAME RUN_A RUN_B
+  if [ "$(wc -l < "$2/metrics.jsonl")" -eq "$(wc -l < "$3/metrics.jsonl")" ] && diff <(losses "$2") <(losses "$3") > /dev/null; then
+    pass "$1: identical losses at every step"
+  else
+    fail "$1: metrics differ"; diff <(losses "$2") <(losses "$3") | head -5
+  fi
+}
+
+# 1. Resume from the middle checkpoint.
 "$SEQLAB" "$WORK/tiny.toml" --out "$WORK/a" > /dev/null || { echo "FAIL straight run"; exit 1; }
 cp -r "$WORK/a" "$WORK/b"
 rm "$WORK/b/ckpt_0000006.safetensors"
-"$SEQLAB" "$WORK/tiny.toml" --resume "$WORK/b" > /dev/null || { echo "FAIL resumed run"; exit 1; }
-if [ "$(wc -l < "$WORK/a/metrics.jsonl")" -eq 6 ] && \
-   diff <(sed 's/"tokens_per_s": [0-9.]*//' "$WORK/a/metrics.jsonl") \
-        <(sed 's/"tokens_per_s": [0-9.]*//' "$WORK/b/metrics.jsonl"); then
-  echo "ok   resumed run logs the same losses at every step"
+"$SEQLAB" --resume "$WORK/b" > /dev/null || { echo "FAIL resumed run"; exit 1; }
+[ "$(wc -l < "$WORK/a/metrics.jsonl")" -eq 6 ] || fail "straight run logged $(wc -l < "$WORK/a/metrics.jsonl") lines, not 6"
+same_losses "resume from step 3 (recipe taken from the run directory)" "$WORK/a" "$WORK/b"
+cmp -s "$WORK/a/samples.txt" "$WORK/b/samples.txt" && pass "resumed run writes the same samples" || fail "samples differ"
+grep -q '"val_loss"' "$WORK/a/metrics.jsonl" && pass "evaluation logged" || fail "no val_loss"
+grep -q '^### step 6' "$WORK/a/samples.txt" && pass "sample written" || fail "no sample at step 6"
+[ -f "$WORK/a/recipe.toml" ] && pass "resolved recipe written" || fail "no recipe.toml"
+"$SEQLAB" --resume "$WORK/a" | grep -q "already complete" && pass "resuming a finished run does nothing" || fail "finished run"
+
+# 2. Killed with SIGKILL between checkpoints, then resumed.
+LONG=(--set train.steps=2000 --set checkpoint.every=10 --set log.eval_every=500 --set log.sample_every=0)
+"$SEQLAB" "$WORK/tiny.toml" "${LONG[@]}" --out "$WORK/long" > /dev/null || { echo "FAIL long run"; exit 1; }
+# kill_after SIGNAL RUN: starts the long run into RUN and sends SIGNAL once its step-20 checkpoint exists.
+kill_after() {
+  "$SEQLAB" "$WORK/tiny.toml" "${LONG[@]}" --out "$2" > "$2.log" 2>&1 &
+  local pid=$! i
+  for i in $(seq 1 3000); do
+    [ -f "$2/ckpt_0000020.safetensors" ] && break
+    sleep 0.01
+  done
+  kill "-$1" "$pid" 2> /dev/null
+  wait "$pid" 2> /dev/null
+}
+kill_after KILL "$WORK/killed"
+rc=$?
+if [ "$rc" -eq 137 ] && [ ! -f "$WORK/killed/ckpt_0002000.safetensors" ]; then
+  pass "SIGKILL ended the run at $(tail -n 1 "$WORK/killed/metrics.jsonl" | cut -d, -f1) }"
+  "$SEQLAB" --resume "$WORK/killed" > /dev/null || fail "resume after SIGKILL"
+  same_losses "killed with SIGKILL and resumed" "$WORK/long" "$WORK/killed"
 else
-  echo "FAIL resumed metrics differ"; failures=$((failures + 1))
+  fail "SIGKILL: exit code $rc (the run may have finished before the kill)"
 fi
-grep -q '"val_loss"' "$WORK/a/metrics.jsonl" && echo "ok   evaluation logged" || { echo "FAIL no val_loss"; failures=$((failures + 1)); }
-[ -f "$WORK/a/recipe.toml" ] && echo "ok   resolved recipe written" || { echo "FAIL no recipe.toml"; failures=$((failures + 1)); }
-for args in "--set train.steps=-1" "--frobnicate" "--resume $WORK/empty"; do
-  mkdir -p "$WORK/empty"
-  # shellcheck disable=SC2086
-  "$SEQLAB" "$WORK/tiny.toml" $args > /dev/null 2> "$WORK/stderr"
-  rc=$?
-  if [ "$rc" -eq 2 ] && [ "$(wc -l < "$WORK/stderr")" -eq 1 ]; then
-    echo "ok   $args: $(cat "$WORK/stderr")"
+
+# 3. Stopped with SIGTERM: a checkpoint at the step it stopped, exit code 128 + 15.
+kill_after TERM "$WORK/stopped"
+rc=$?
+last=$(ls "$WORK/stopped" | grep -c '^ckpt_')
+if [ "$rc" -eq 143 ] && grep -q "continue with --resume" "$WORK/stopped.log" && \
+   [ "$(tail -n 1 "$WORK/stopped/metrics.jsonl" | sed -E 's/^\{"step": ([0-9]+),.*/\1/')" = \
+     "$(ls "$WORK/stopped" | grep '^ckpt_' | tail -n 1 | sed -E 's/ckpt_0*([0-9]+)\.safetensors/\1/')" ]; then
+  pass "SIGTERM saved a checkpoint at the last step and exited with 143 ($last checkpoints kept)"
+  "$SEQLAB" --resume "$WORK/stopped" > /dev/null || fail "resume after SIGTERM"
+  same_losses "stopped with SIGTERM and resumed" "$WORK/long" "$WORK/stopped"
+else
+  fail "SIGTERM: exit code $rc"; cat "$WORK/stopped.log"
+fi
+
+# 4. A truncated checkpoint and bad arguments: exit code 2, one line.
+cp -r "$WORK/b" "$WORK/truncated"
+newest=$(ls "$WORK/truncated"/ckpt_* | tail -n 1)
+head -c 3000 "$newest" > "$WORK/part" && mv "$WORK/part" "$newest"
+mkdir -p "$WORK/empty"
+expect_usage_error() {  # NAME WANT ARGS...
+  local name=$1 want=$2
+  shift 2
+  "$SEQLAB" "$@" > /dev/null 2> "$WORK/stderr"
+  local rc=$?
+  if [ "$rc" -eq 2 ] && [ "$(wc -l < "$WORK/stderr")" -eq 1 ] && grep -qF -- "$want" "$WORK/stderr"; then
+    pass "$name: $(cat "$WORK/stderr")"
   else
-    echo "FAIL $args: exit $rc"; failures=$((failures + 1))
+    fail "$name: exit $rc: $(cat "$WORK/stderr")"
   fi
-done
+}
+expect_usage_error "truncated checkpoint" "ckpt_0000006.safetensors" --resume "$WORK/truncated"
+expect_usage_error "negative steps" "train.steps must be an integer ≥ 1" "$WORK/tiny.toml" --set train.steps=-1
+expect_usage_error "unknown flag" "unknown flag '--frobnicate' (see seqlab --help)" "$WORK/tiny.toml" --frobnicate
+expect_usage_error "no checkpoint" "not a run directory" --resume "$WORK/empty"
+expect_usage_error "fresh run over an old one" "already holds checkpoints" "$WORK/tiny.toml" --out "$WORK/a"
+expect_usage_error "--out with --resume" "give one" "$WORK/tiny.toml" --out "$WORK/x" --resume "$WORK/a"
 echo "failures: $failures"
 [ "$failures" -eq 0 ]

@@ -24,5 +24,9 @@ std::string version_text();
 int op_command(const std::vector<std::string>& args);
 // `seqlab recipe ...` with the arguments after "recipe": `check FILE [--set k=v]...` and `--doc`.
 int recipe_command(const std::vector<std::string>& args);
+// `seqlab sample RUN ...` with the arguments after "sample": text from a run's checkpoint.
+int sample_command(const std::vector<std::string>& args);
+// `seqlab plot RUN ...` with the arguments after "plot": the loss curves as a PNG.
+int plot_command(const std::vector<std::string>& args);
 
 }  // namespace seqlab::cli

@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "train/cli.h"
+#include "train/cli_util.h"
 #include "train/documents.h"
 #include "train/prepare.h"
 #include "train/tokenizer.h"
@@ -53,60 +54,11 @@ constexpr char kPrepareUsage[] =
     "  --seed N          picks the val documents (default 0)\n"
     "  --shard-tokens N  tokens per shard at most (default 100000000)\n";
 
-// `--flag value` and `--flag=value`; `valued` lists the flags taking a value, `switches` the others.
-std::map<std::string, std::string> parse_flags(const std::vector<std::string>& args, const std::set<std::string>& valued,
-                                               const std::set<std::string>& switches, const std::string& command) {
-  std::map<std::string, std::string> out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    size_t eq = arg.find('=');
-    std::string flag = absl::StartsWith(arg, "--") ? arg.substr(0, eq) : arg;
-    if (switches.count(flag)) {
-      if (eq != std::string::npos) throw UserError(flag + " takes no value");
-      out[flag] = "";
-    } else if (valued.count(flag)) {
-      if (eq == std::string::npos && i + 1 >= args.size()) throw UserError(flag + " needs a value");
-      if (out.count(flag)) throw UserError(flag + " given twice");
-      out[flag] = eq != std::string::npos ? arg.substr(eq + 1) : args[++i];
-    } else {
-      throw UserError(absl::StrCat(absl::StartsWith(arg, "-") ? "unknown flag '" : "unexpected argument '", arg,
-                                   "' (see seqlab ", command, " --help)"));
-    }
-  }
-  return out;
-}
-
-std::string get(const std::map<std::string, std::string>& f, const std::string& key, const std::string& fallback = "") {
-  auto it = f.find(key);
-  return it == f.end() ? fallback : it->second;
-}
-
-template <class T>
-T number(const std::map<std::string, std::string>& f, const std::string& key, T fallback) {
-  auto it = f.find(key);
-  if (it == f.end()) return fallback;
-  T v;
-  bool ok;
-  if constexpr (std::is_floating_point_v<T>) {
-    ok = absl::SimpleAtod(it->second, &v);
-  } else {
-    ok = absl::SimpleAtoi(it->second, &v);
-  }
-  if (!ok) throw UserError(key + " expects a number, got '" + it->second + "'");
-  return v;
-}
-
-template <class T>
-T ok_or_throw(absl::StatusOr<T> v) {
-  if (!v.ok()) throw UserError(std::string(v.status().message()));
-  return std::move(*v);
-}
-
-DocSource source_from(const std::map<std::string, std::string>& f) {
+DocSource source_from(const Flags& f) {
   DocSource s;
-  s.path = get(f, "--input", kDefaultCorpus);
-  s.format = ok_or_throw(parse_doc_format(get(f, "--format", "auto")));
-  s.json_field = get(f, "--field", "text");
+  s.path = f.get("--input", kDefaultCorpus);
+  s.format = value_or_throw(parse_doc_format(f.get("--format", "auto")));
+  s.json_field = f.get("--field", "text");
   return s;
 }
 
@@ -115,52 +67,52 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 void tokenizer_train(const std::vector<std::string>& args) {
-  auto f = parse_flags(args, {"--input", "--format", "--field", "--vocab", "--out"}, {}, "tokenizer");
-  if (!f.count("--vocab")) throw UserError("--vocab N is required (the vocabulary size, at least 275)");
-  if (!f.count("--out")) throw UserError("--out FILE is required (where the merges go)");
+  Flags f(args, "tokenizer", {"--input", "--format", "--field", "--vocab", "--out"});
+  if (!f.has("--vocab")) throw UserError("--vocab N is required (the vocabulary size, at least 275)");
+  if (!f.has("--out")) throw UserError("--out FILE is required (where the merges go)");
   auto t0 = std::chrono::steady_clock::now();
   DocSource source = source_from(f);
-  std::vector<std::string> docs = ok_or_throw(read_documents(source));
-  BpeTokenizer bpe = ok_or_throw(BpeTokenizer::train(docs, number<int32_t>(f, "--vocab", 0)));
-  absl::Status s = bpe.save(get(f, "--out"));
+  std::vector<std::string> docs = value_or_throw(read_documents(source));
+  BpeTokenizer bpe = value_or_throw(BpeTokenizer::train(docs, f.number<int32_t>("--vocab", 0)));
+  absl::Status s = bpe.save(f.get("--out"));
   if (!s.ok()) throw UserError(std::string(s.message()));
   std::cout << absl::StrFormat("learned %d merges (vocab %d) from %d documents of %s in %.2f s -> %s\n",
                                bpe.merges().size(), bpe.vocab_size(), docs.size(), source.path, seconds_since(t0),
-                               get(f, "--out"));
+                               f.get("--out"));
 }
 
 void tokenizer_encode(const std::vector<std::string>& args) {
-  auto f = parse_flags(args, {"--tokenizer", "--text"}, {}, "tokenizer");
-  if (!f.count("--text")) throw UserError("--text TEXT is required");
-  std::string which = get(f, "--tokenizer", "byte");
-  auto tok = which == "byte" ? ok_or_throw(make_tokenizer("byte")) : ok_or_throw(make_tokenizer("bpe", which));
-  std::vector<int32_t> ids = tok->encode(get(f, "--text"));
+  Flags f(args, "tokenizer", {"--tokenizer", "--text"});
+  if (!f.has("--text")) throw UserError("--text TEXT is required");
+  std::string which = f.get("--tokenizer", "byte");
+  auto tok = which == "byte" ? value_or_throw(make_tokenizer("byte")) : value_or_throw(make_tokenizer("bpe", which));
+  std::vector<int32_t> ids = tok->encode(f.get("--text"));
   std::vector<std::string> pieces;
   for (int32_t id : ids) pieces.push_back(json_quote(tok->token_text(id)));
   std::cout << absl::StrJoin(ids, " ") << "\n" << absl::StrJoin(pieces, " ") << "\n";
 }
 
 void prepare(const std::vector<std::string>& args) {
-  auto f = parse_flags(args,
-                       {"--input", "--out", "--format", "--field", "--tokenizer", "--tokenizer-path", "--val-fraction",
-                        "--seed", "--shard-tokens"},
-                       {"--help", "-h"}, "prepare");
-  if (f.count("--help") || f.count("-h")) {
+  Flags f(args, "prepare",
+          {"--input", "--out", "--format", "--field", "--tokenizer", "--tokenizer-path", "--val-fraction", "--seed",
+           "--shard-tokens"},
+          {"--help", "-h"});
+  if (f.has("--help") || f.has("-h")) {
     std::cout << kPrepareUsage;
     return;
   }
-  if (!f.count("--out")) throw UserError("--out DIR is required (the folder for the shards)");
+  if (!f.has("--out")) throw UserError("--out DIR is required (the folder for the shards)");
   PrepareOptions o;
   o.source = source_from(f);
-  o.tokenizer_path = get(f, "--tokenizer-path");
-  o.tokenizer = get(f, "--tokenizer", o.tokenizer_path.empty() ? "byte" : "bpe");
+  o.tokenizer_path = f.get("--tokenizer-path");
+  o.tokenizer = f.get("--tokenizer", o.tokenizer_path.empty() ? "byte" : "bpe");
   if (o.tokenizer == "bpe" && o.tokenizer_path.empty()) throw UserError("--tokenizer bpe needs --tokenizer-path FILE");
   if (o.tokenizer == "byte" && !o.tokenizer_path.empty()) throw UserError("--tokenizer-path goes with --tokenizer bpe");
-  o.val_fraction = number<double>(f, "--val-fraction", o.val_fraction);
-  o.seed = number<uint64_t>(f, "--seed", o.seed);
-  o.shard_tokens = number<int64_t>(f, "--shard-tokens", o.shard_tokens);
+  o.val_fraction = f.number<double>("--val-fraction", o.val_fraction);
+  o.seed = f.number<uint64_t>("--seed", o.seed);
+  o.shard_tokens = f.number<int64_t>("--shard-tokens", o.shard_tokens);
   auto t0 = std::chrono::steady_clock::now();
-  DatasetInfo info = ok_or_throw(prepare_dataset(o, get(f, "--out")));
+  DatasetInfo info = value_or_throw(prepare_dataset(o, f.get("--out")));
   std::cout << absl::StrFormat(
       "%s: train %d documents, %d tokens in %d shard(s); val %d documents, %d tokens in %d shard(s); "
       "%s tokenizer, vocab %d; %.2f s\n",
@@ -168,29 +120,13 @@ void prepare(const std::vector<std::string>& args) {
       info.val_shards, info.tokenizer, info.vocab_size, seconds_since(t0));
 }
 
-int guarded(const char* command, void (*fn)(const std::vector<std::string>&), const std::vector<std::string>& args) {
-  auto report = [&](const std::string& message) {
-    std::cerr << "seqlab " << command << ": " << absl::StrReplaceAll(message, {{"\n", " "}}) << "\n";
-  };
-  try {
-    fn(args);
-    return 0;
-  } catch (const UserError& e) {
-    report(e.what());
-    return kUsageError;
-  } catch (const std::exception& e) {  // a broken invariant inside seqlab, not the user's doing
-    report(std::string("internal error: ") + e.what());
-    return 1;
-  }
-}
-
 }  // namespace
 
 int tokenizer_command(const std::vector<std::string>& args) {
   std::string sub = args.empty() ? "" : args[0];
   std::vector<std::string> rest(args.begin() + (args.empty() ? 0 : 1), args.end());
-  if (sub == "train") return guarded("tokenizer train", tokenizer_train, rest);
-  if (sub == "encode") return guarded("tokenizer encode", tokenizer_encode, rest);
+  if (sub == "train") return run_guarded("tokenizer train", [&] { tokenizer_train(rest); });
+  if (sub == "encode") return run_guarded("tokenizer encode", [&] { tokenizer_encode(rest); });
   if (sub == "--help" || sub == "-h") {
     std::cout << kTokenizerUsage;
     return 0;
@@ -200,6 +136,6 @@ int tokenizer_command(const std::vector<std::string>& args) {
   return kUsageError;
 }
 
-int prepare_command(const std::vector<std::string>& args) { return guarded("prepare", prepare, args); }
+int prepare_command(const std::vector<std::string>& args) { return run_guarded("prepare", [&] { prepare(args); }); }
 
 }  // namespace seqlab::cli

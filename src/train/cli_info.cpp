@@ -26,12 +26,19 @@ std::string usage_text() {
          "  recipe check FILE [--set section.key=value]...\n"
          "                      validate a recipe and print it resolved (every key, final values)\n"
          "  recipe --doc        every recipe key with its type, default and meaning (docs/recipes.md)\n"
-         "  RECIPE.toml [--set section.key=value]... [--out DIR] [--resume RUN_DIR]\n"
-         "                      train a GPT on text or token shards (metrics.jsonl, checkpoints in the run dir)\n"
+         "  RECIPE.toml [--set section.key=value]... [--out DIR]\n"
+         "                      train: prepares the data, then logs metrics.jsonl, samples.txt and checkpoints\n"
+         "                      in the run directory (default runs/<recipe name>); Ctrl-C saves and stops\n"
+         "  --resume RUN [--set section.key=value]...\n"
+         "                      continue a run from its newest checkpoint, with the recipe it saved\n"
+         "  RECIPE.toml --resume RUN   continue RUN with the given recipe instead\n"
+         "  sample RUN [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+         "                      generate text from a run's newest checkpoint (seqlab sample --help)\n"
+         "  plot RUN [--out FILE]  draw the loss curves of a run into RUN/loss.png\n"
          "  --version           version, git commit and the compiled backends\n"
          "  --help              this text\n"
          "\n"
-         "planned: sample RUN (decoding), plot RUN, --nproc N (data and sequence parallelism)\n";
+         "planned: --nproc N (data and sequence parallelism)\n";
 }
 
 namespace {

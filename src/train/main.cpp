@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "train/cli.h"
-#include "train/trainer.h"
 #include "train/cli_data.h"
+#include "train/trainer.h"
 
 int main(int argc, char** argv) {
   using namespace seqlab::cli;
@@ -29,7 +29,9 @@ int main(int argc, char** argv) {
   if (command == "tokenizer") return tokenizer_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (command == "prepare") return prepare_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (command == "recipe") return recipe_command(std::vector<std::string>(args.begin() + 1, args.end()));
-  if (absl::EndsWith(command, ".toml")) return train_command(command, std::vector<std::string>(args.begin() + 1, args.end()));
+  if (command == "sample") return sample_command(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (command == "plot") return plot_command(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (absl::EndsWith(command, ".toml") || command == "--resume") return train_command(args);
   std::cerr << "seqlab: unknown command '" << command << "' (see seqlab --help)\n";
   return kUsageError;
 }

@@ -1,203 +1,108 @@
-// The training loop. One run directory holds recipe.toml (the resolved recipe), metrics.jsonl (one
-// JSON object per logged step: step, loss, lr, grad_norm, tokens_per_s; plus val_loss, val_ppl and
-// val_bpb on evaluation steps) and checkpoints (ckpt_NNNNNNN.safetensors: weights under their dotted
-// names, optimiser state under optim.*, the loader position and step in the metadata).
+// The training loop. Every step: grad_accum micro-batches forward and backward, gradient scaling and
+// clipping, one optimiser step at the schedule's learning rate. Around it, at their intervals: a
+// metrics line (metrics.jsonl), evaluation on held-out batches, a text sample (samples.txt), a
+// checkpoint. SIGINT and SIGTERM end the run after the current step with a checkpoint.
 #include "train/trainer.h"
 
-#include <absl/strings/match.h>
-#include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
+#include <absl/strings/str_replace.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 
+#include "autograd/ops.h"
 #include "autograd/variable.h"
-#include "layers/gpt.h"
-#include "tensor/kernels.h"
-#include "train/cli.h"
+#include "train/cli_util.h"
 #include "train/loader.h"
 #include "train/optim.h"
 #include "train/prepare.h"
+#include "train/progress.h"
 #include "train/recipe.h"
-#include "train/safetensors.h"
+#include "train/run.h"
+#include "train/sampling.h"
 #include "train/schedule.h"
+#include "train/synthetic.h"
+#include "train/tokenizer.h"
 
 namespace seqlab::cli {
 namespace {
 
 namespace fs = std::filesystem;
 
-template <class T>
-T value_or_throw(absl::StatusOr<T> v) {
-  if (!v.ok()) throw UserError(std::string(v.status().message()));
-  return std::move(*v);
+// ---- signals: the handler only records the signal; the loop checkpoints between steps ----
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void record_stop_signal(int signal) {
+  g_stop_signal = signal;
+  std::signal(signal, SIG_DFL);  // a second Ctrl-C ends the process at once
 }
 
-void ok_or_throw(const absl::Status& s) {
-  if (!s.ok()) throw UserError(std::string(s.message()));
-}
-
-GptConfig gpt_config(const Recipe& r, int64_t vocab_size) {
-  const RecipeModel& m = r.model;
-  if (m.positions == "rope") throw UserError(r.source_path + ": model.positions = \"rope\" is not supported by gpt yet");
-  if (!m.tie_embeddings) throw UserError(r.source_path + ": model.tie_embeddings = false is not supported by gpt yet");
-  if (m.dropout > 0) throw UserError(r.source_path + ": model.dropout > 0 is not supported by gpt yet");
-  GptConfig c;
-  c.vocab_size = m.vocab_size > 0 ? m.vocab_size : vocab_size;
-  c.d_model = m.d_model;
-  c.n_layers = m.n_layers;
-  c.n_heads = m.n_heads;
-  c.n_kv_heads = m.resolved_n_kv_heads();
-  c.d_ff = m.resolved_d_ff();
-  c.max_seq_len = r.train.seq_len;
-  c.learned_positions = m.positions == "learned";
-  c.norm = m.norm == "rmsnorm" ? NormKind::rms_norm : NormKind::layer_norm;
-  c.norm_eps = m.norm_eps;
-  c.swiglu = m.mlp == "swiglu";
-  c.bias = m.bias;
-  c.init_std = m.init_std;
-  return c;
-}
-
-OptimConfig optim_config(const RecipeOptim& o) {
-  OptimConfig c;
-  c.name = o.name;
-  c.lr = o.lr;
-  c.beta1 = o.beta1;
-  c.beta2 = o.beta2;
-  c.eps = o.eps;
-  c.weight_decay = o.weight_decay;
-  c.momentum = o.momentum;
-  c.nesterov = o.nesterov;
-  c.grad_clip = o.grad_clip;
-  c.decay_biases = o.decay_biases;
-  c.decay_norms = o.decay_norms;
-  c.decay_embeddings = o.decay_embeddings;
-  return c;
-}
-
-std::string checkpoint_name(int64_t step) { return absl::StrFormat("ckpt_%07d.safetensors", step); }
-
-// Checkpoints in the run directory, oldest first.
-std::vector<fs::path> checkpoints(const fs::path& dir) {
-  std::vector<fs::path> out;
-  if (!fs::exists(dir)) return out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    std::string n = e.path().filename().string();
-    if (absl::StartsWith(n, "ckpt_") && absl::EndsWith(n, ".safetensors")) out.push_back(e.path());
+// Installs the handler for SIGINT and SIGTERM while alive; restores the previous ones after.
+class StopSignals {
+ public:
+  explicit StopSignals(bool enabled) : enabled_(enabled) {
+    g_stop_signal = 0;
+    if (!enabled_) return;
+    previous_int_ = std::signal(SIGINT, record_stop_signal);
+    previous_term_ = std::signal(SIGTERM, record_stop_signal);
   }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-void save_checkpoint(const fs::path& dir, int64_t step, Gpt& model, const Optimizer& opt, const LoaderState& loader,
-                     int64_t keep) {
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const Parameter& p : model.parameters()) tensors.emplace_back(p.name, p.tensor->detach());
-  for (auto& entry : opt.state_tensors()) tensors.push_back(entry);
-  std::map<std::string, std::string> meta = {{"step", std::to_string(step)},
-                                             {"loader_epoch", std::to_string(loader.epoch)},
-                                             {"loader_position", std::to_string(loader.position)}};
-  ok_or_throw(write_safetensors((dir / checkpoint_name(step)).string(), tensors, meta));
-  std::vector<fs::path> all = checkpoints(dir);
-  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove(all[i]);
-}
-
-int64_t meta_int(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& file) {
-  int64_t v;
-  auto it = meta.find(key);
-  if (it == meta.end() || !absl::SimpleAtoi(it->second, &v)) {
-    throw UserError(file + ": checkpoint metadata lacks a valid '" + key + "'");
+  ~StopSignals() {
+    if (!enabled_) return;
+    std::signal(SIGINT, previous_int_);
+    std::signal(SIGTERM, previous_term_);
   }
-  return v;
-}
+  int received() const { return g_stop_signal; }
 
-// Restores weights, optimiser and loader from the newest checkpoint; returns the step it was taken at.
-int64_t load_checkpoint(const fs::path& run, Gpt& model, Optimizer& opt, BatchSource& loader) {
-  std::vector<fs::path> all = checkpoints(run);
-  if (all.empty()) throw UserError("--resume " + run.string() + ": no checkpoint in that folder");
-  const std::string file = all.back().string();
-  SafetensorsContents c = value_or_throw(read_safetensors(file));
-  for (const Parameter& p : model.parameters()) {
-    auto it = c.tensors.find(p.name);
-    if (it == c.tensors.end()) throw UserError(file + ": no weight named " + p.name);
-    if (it->second.shape() != p.tensor->shape() || it->second.dtype() != p.tensor->dtype()) {
-      throw UserError(file + ": " + p.name + " is " + shape_str(it->second.shape()) + ", the model expects " +
-                      shape_str(p.tensor->shape()));
-    }
-    kernel::copy_(*p.tensor, it->second);
-  }
-  ok_or_throw(opt.load_state(c.tensors));
-  LoaderState s{meta_int(c.metadata, "loader_epoch", file), meta_int(c.metadata, "loader_position", file)};
-  ok_or_throw(loader.restore(s));
-  return meta_int(c.metadata, "step", file);
-}
+ private:
+  bool enabled_;
+  void (*previous_int_)(int) = SIG_DFL;
+  void (*previous_term_)(int) = SIG_DFL;
+};
 
-// On resume: drops the metrics logged after the checkpoint, which the resumed run logs again.
-void keep_metrics_up_to(const fs::path& file, int64_t step) {
-  std::ifstream in(file);
-  std::string kept, line;
-  while (std::getline(in, line)) {
-    int64_t s = -1;
-    size_t at = line.find("\"step\": ");
-    if (at != std::string::npos) absl::SimpleAtoi(line.substr(at + 8, line.find(',', at) - at - 8), &s);
-    if (s >= 0 && s <= step) kept += line + "\n";
-  }
-  fs::path tmp = file;
-  tmp += ".tmp";
-  std::ofstream(tmp, std::ios::trunc) << kept;
-  fs::rename(tmp, file);
-}
+// ---- data: a prepared corpus or a synthetic task ----
 
-double evaluate(Gpt& model, const BatchSource& val, int64_t batches, int64_t batch_size) {
-  NoGradGuard no_grad;
-  double total = 0;
-  for (int64_t i = 0; i < batches; ++i) {
-    Batch b = val.eval_batch(i, batch_size);
-    total += model.loss(b.inputs, b.targets).item();
-  }
-  return total / static_cast<double>(batches);
-}
+struct Data {
+  std::unique_ptr<BatchSource> train;
+  std::unique_ptr<BatchSource> val;  // for synthetic tasks, the train source's own evaluation stream
+  int64_t vocab_size = 0;
+  int64_t eval_batches = 0;
+  std::unique_ptr<Tokenizer> tokenizer;  // text data only: decodes samples
+  bool synthetic = false;
+  std::string description;
+};
 
-int run(const std::string& recipe_path, const std::vector<std::string>& args) {
-  std::vector<std::string> overrides;
-  std::string out_dir, resume;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() {
-      if (i + 1 >= args.size()) throw UserError(a + " needs a value");
-      return args[++i];
-    };
-    if (a == "--set") {
-      overrides.push_back(value());
-    } else if (absl::StartsWith(a, "--set=")) {
-      overrides.push_back(a.substr(6));
-    } else if (a == "--out") {
-      out_dir = value();
-    } else if (a == "--resume") {
-      resume = value();
-    } else {
-      throw UserError("unknown argument '" + a + "' (expected --set, --out or --resume)");
-    }
-  }
-  Recipe r = value_or_throw(load_recipe(recipe_path, overrides));
-  if (r.model.arch != "gpt") throw UserError(recipe_path + ": model.arch = \"" + r.model.arch + "\" is not trainable yet");
+Data open_data(const Recipe& r) {
+  Data d;
   if (r.data.source != "text" && r.data.source != "shards") {
-    throw UserError(recipe_path + ": data.source = \"" + r.data.source + "\" is not supported by the trainer yet");
+    SyntheticConfig c;
+    c.task = value_or_throw(parse_synthetic_task(r.data.source));
+    c.seq_len = r.train.seq_len;
+    c.vocab_size = static_cast<int32_t>(r.data.task_vocab);
+    c.num_pairs = r.data.task_num_pairs;
+    c.copy_len = r.data.task_copy_len;
+    if (absl::Status s = validate(c); !s.ok()) throw UserError(absl::StrCat(r.source_path, ": data: ", s.message()));
+    auto source = std::make_unique<SyntheticSource>(
+        value_or_throw(SyntheticSource::create(c, static_cast<uint64_t>(r.train.seed))));
+    d.val = std::make_unique<SyntheticSource>(*source);
+    d.train = std::move(source);
+    d.vocab_size = c.vocab_size;
+    d.eval_batches = r.log.eval_batches;
+    d.synthetic = true;
+    d.description = absl::StrCat("synthetic task ", r.data.source);
+    return d;
   }
-  if (r.train.device == "cuda") throw UserError(recipe_path + ": train.device = \"cuda\" is not supported by the trainer yet");
-  if (r.parallel.threads > 0) omp_set_num_threads(static_cast<int>(r.parallel.threads));
-  fs::path run = !resume.empty() ? fs::path(resume) : fs::path(out_dir.empty() ? r.run_dir() : out_dir);
-
-  // Data: prepared shards (cached by content) or a folder of shards.
-  std::string data_dir = r.data.path;
-  int64_t vocab = 0;
+  std::string dir = r.data.path;
+  DatasetInfo info;
   if (r.data.source == "text") {
     PrepareOptions p;
     p.source.path = r.data.path;
@@ -207,54 +112,187 @@ int run(const std::string& recipe_path, const std::vector<std::string>& args) {
     p.tokenizer_path = r.data.tokenizer_path;
     p.val_fraction = r.data.val_fraction;
     p.seed = static_cast<uint64_t>(r.train.seed);
-    DatasetInfo info = value_or_throw(prepare_cached(p, r.data.cache_dir));
-    data_dir = info.dir;
-    vocab = info.vocab_size;
+    info = value_or_throw(prepare_cached(p, r.data.cache_dir));
+    dir = info.dir;
   } else {
-    vocab = value_or_throw(read_dataset_info(data_dir)).vocab_size;
+    info = value_or_throw(read_dataset_info(dir));
   }
+  d.vocab_size = info.vocab_size;
+  d.tokenizer = value_or_throw(make_tokenizer(info.tokenizer, info.tokenizer_path));
   LoaderOptions lo;
   lo.seq_len = r.train.seq_len;
   lo.seed = static_cast<uint64_t>(r.train.seed);
-  TokenLoader train = value_or_throw(TokenLoader::open_split(data_dir, "train", lo));
+  auto train = std::make_unique<TokenLoader>(value_or_throw(TokenLoader::open_split(dir, "train", lo)));
   lo.shuffle = false;
-  TokenLoader val = value_or_throw(TokenLoader::open_split(data_dir, "val", lo));
-  const int64_t eval_batches = std::min(r.log.eval_batches, val.eval_batches(r.train.batch_size));
-  if (eval_batches < 1) throw UserError(data_dir + ": the val split holds less than one batch");
+  auto val = std::make_unique<TokenLoader>(value_or_throw(TokenLoader::open_split(dir, "val", lo)));
+  d.eval_batches = std::min(r.log.eval_batches, val->eval_batches(r.train.batch_size));
+  if (d.eval_batches < 1) {
+    throw UserError(absl::StrFormat("%s: the val split holds fewer than %d sequences of %d tokens (one batch)", dir,
+                                    r.train.batch_size, r.train.seq_len + 1));
+  }
+  d.description = absl::StrFormat("%d train tokens in %s", train->num_tokens(), dir);
+  d.train = std::move(train);
+  d.val = std::move(val);
+  return d;
+}
 
-  Generator gen(static_cast<uint64_t>(r.train.seed));
-  Gpt model(gpt_config(r, vocab), gen);
-  OptimConfig oc = optim_config(r.optim);
+// ---- evaluation and sampling ----
+
+struct Evaluation {
+  double loss = 0;
+  std::optional<double> accuracy;  // synthetic tasks
+};
+
+Evaluation evaluate(Gpt& model, const Data& data, int64_t batch_size) {
+  NoGradGuard no_grad;
+  model.set_training(false);
+  double total = 0;
+  AccuracyCount count;
+  for (int64_t i = 0; i < data.eval_batches; ++i) {
+    Batch b = data.val->eval_batch(i, batch_size);
+    Tensor logits = model.forward(b.inputs);
+    total += cross_entropy(logits, b.targets, kIgnoreIndex).item();
+    if (data.synthetic) {
+      AccuracyCount c = count_correct(logits, b.targets);
+      count.correct += c.correct;
+      count.scored += c.scored;
+    }
+  }
+  model.set_training(true);
+  Evaluation e;
+  e.loss = total / static_cast<double>(data.eval_batches);
+  if (data.synthetic) e.accuracy = count.fraction();
+  return e;
+}
+
+// The text of one sample: the recipe's prompt (after end-of-text, as documents start) continued.
+std::string sample_text(Gpt& model, const Tokenizer& tokenizer, const RecipeLog& log, uint64_t seed) {
+  std::vector<int32_t> prompt = {tokenizer.eot()};
+  for (int32_t id : tokenizer.encode(log.sample_prompt)) prompt.push_back(id);
+  SamplingOptions o;
+  o.tokens = log.sample_tokens;
+  o.temperature = log.sample_temperature;
+  Generator gen(seed);
+  return log.sample_prompt + tokenizer.decode(generate(model, prompt, o, gen));
+}
+
+std::string one_line(const std::string& text, size_t max_chars) {
+  std::string flat = absl::StrReplaceAll(text, {{"\n", " ⏎ "}, {"\t", " "}});
+  return flat.size() > max_chars ? flat.substr(0, max_chars) + " …" : flat;
+}
+
+// ---- the command ----
+
+struct Invocation {
+  Recipe recipe;
+  fs::path run_dir;
+  bool resume = false;
+};
+
+Invocation parse_invocation(const std::vector<std::string>& args) {
+  Flags f(args, "", {"--set", "--out", "--resume"}, {}, {"--set"}, 1);
+  const std::vector<std::string> sets = f.all("--set");
+  Invocation inv;
+  inv.resume = f.has("--resume");
+  if (f.positional().empty() && !inv.resume) throw UserError("expected a recipe (RECIPE.toml) or --resume RUN_DIR");
+  if (inv.resume && f.has("--out")) throw UserError("--out and --resume both name the run directory: give one");
+  if (!f.positional().empty()) {
+    inv.recipe = value_or_throw(load_recipe(f.positional()[0], sets));
+  } else {
+    inv.recipe = load_run_recipe(f.get("--resume"), sets);
+  }
+  inv.run_dir = inv.resume ? fs::path(f.get("--resume")) : fs::path(f.get("--out", inv.recipe.run_dir()));
+  if (!inv.resume) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(inv.run_dir, ec)) {
+      if (e.path().extension() == ".safetensors") {
+        throw UserError(absl::StrCat(inv.run_dir.string(), " already holds checkpoints of an earlier run: continue it with --resume ",
+                                     inv.run_dir.string(), ", or train into another folder with --out DIR"));
+      }
+    }
+  }
+  return inv;
+}
+
+int train(const std::vector<std::string>& args) {
+  Invocation inv = parse_invocation(args);
+  const Recipe& r = inv.recipe;
+  if (r.train.device == "cuda") throw UserError(r.source_path + ": train.device = \"cuda\" is not supported by the trainer yet");
+  if (r.parallel.threads > 0) omp_set_num_threads(static_cast<int>(r.parallel.threads));
+  const std::string run = inv.run_dir.string();
+
+  Data data = open_data(r);
+  std::unique_ptr<Gpt> model = build_model(r, data.vocab_size);
+  OptimConfig oc;
+  oc.name = r.optim.name;
+  oc.lr = r.optim.lr;
+  oc.beta1 = r.optim.beta1;
+  oc.beta2 = r.optim.beta2;
+  oc.eps = r.optim.eps;
+  oc.weight_decay = r.optim.weight_decay;
+  oc.momentum = r.optim.momentum;
+  oc.nesterov = r.optim.nesterov;
+  oc.grad_clip = r.optim.grad_clip;
+  oc.decay_biases = r.optim.decay_biases;
+  oc.decay_norms = r.optim.decay_norms;
+  oc.decay_embeddings = r.optim.decay_embeddings;
   ok_or_throw(validate(oc));
-  Optimizer opt(oc, model.parameters());
-  LrSchedule schedule{value_or_throw(parse_schedule_kind(r.optim.schedule)), r.optim.lr, r.optim.warmup_steps,
-                      r.train.steps, r.optim.min_lr_ratio};
+  Optimizer opt(oc, model->parameters());
+  const LrSchedule schedule{value_or_throw(parse_schedule_kind(r.optim.schedule)), r.optim.lr,
+                            r.optim.warmup_steps, r.train.steps, r.optim.min_lr_ratio};
 
   int64_t start = 0;
-  fs::create_directories(run);
-  if (!resume.empty()) start = load_checkpoint(run, model, opt, train);
-  ok_or_throw(write_resolved_recipe(r, run.string()));
-  if (start > 0) keep_metrics_up_to(run / "metrics.jsonl", start);
-  std::ofstream metrics(run / "metrics.jsonl", start > 0 ? std::ios::app : std::ios::trunc);
-  std::cout << absl::StrFormat("seqlab: %s, %d parameters, %d train tokens, run directory %s%s\n", r.name,
-                               model.num_parameters(), train.num_tokens(), run.string(),
-                               start > 0 ? absl::StrFormat(" (resumed at step %d)", start) : "");
+  if (inv.resume) {
+    Checkpoint c = read_checkpoint(newest_checkpoint(run));
+    restore_weights(c, *model);
+    ok_or_throw(opt.load_state(c.contents.tensors));
+    ok_or_throw(data.train->restore(c.loader));
+    start = c.step;
+    if (start > r.train.steps) {
+      throw UserError(absl::StrFormat("%s: its checkpoint is at step %d, past train.steps = %d", c.file, start,
+                                      r.train.steps));
+    }
+  }
+  fs::create_directories(inv.run_dir);
+  ok_or_throw(write_resolved_recipe(r, run));
+  if (start > 0) truncate_logs_after(run, start);
+  std::ofstream metrics(inv.run_dir / "metrics.jsonl", start > 0 ? std::ios::app : std::ios::trunc);
+  std::ofstream samples;
+  const bool sampling = r.log.sample_every > 0 && data.tokenizer != nullptr;
+  if (sampling) samples.open(inv.run_dir / "samples.txt", start > 0 ? std::ios::app : std::ios::trunc);
 
-  const bool bytes = r.data.tokenizer == "byte";
-  auto t0 = std::chrono::steady_clock::now();
-  int64_t tokens_since = 0;
+  const bool bar = r.log.progress == "bar" || (r.log.progress == "auto" && ::isatty(STDOUT_FILENO));
+  const Device device = model->parameters().front().tensor->device();
+  const double flops_per_token =
+      6.0 * static_cast<double>(model->num_parameters()) +
+      6.0 * static_cast<double>(r.model.n_layers * r.train.seq_len * r.model.d_model);
+  Progress progress(bar, r.log.every, r.train.steps, flops_per_token, measured_peak_flops(device));
+  progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s", r.name,
+                                model->num_parameters(), data.description, run,
+                                start > 0 ? absl::StrFormat(" (resumed at step %d)", start) : ""));
+  if (start == r.train.steps) {
+    progress.line(absl::StrFormat("the run is already complete (train.steps = %d)", r.train.steps));
+    return 0;
+  }
+
+  StopSignals signals(r.checkpoint.save_on_signal);
+  model->set_training(true);
+  const int64_t tokens_per_step = r.train.grad_accum * r.train.batch_size * r.train.seq_len;
+  int64_t tokens_since_log = 0;
+  double seconds_since_log = 0;
+  Evaluation last_eval;
   for (int64_t step = start; step < r.train.steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
     for (int64_t micro = 0; micro < r.train.grad_accum; ++micro) {
-      Batch b = train.next_batch(r.train.batch_size);
-      Tensor loss = model.loss(b.inputs, b.targets);
+      Batch b = data.train->next_batch(r.train.batch_size);
+      Tensor loss = model->loss(b.inputs, b.targets);
       loss.backward();
       loss_sum += loss.item();
-      tokens_since += b.inputs.numel();
     }
-    std::vector<Parameter> params = model.parameters();
+    std::vector<Parameter> params = model->parameters();
     if (r.train.grad_accum > 1) scale_grads(params, 1.0 / static_cast<double>(r.train.grad_accum));
-    double norm = r.optim.grad_clip > 0 ? clip_grad_norm(params, r.optim.grad_clip) : 0.0;
+    const double norm = r.optim.grad_clip > 0 ? clip_grad_norm(params, r.optim.grad_clip) : 0.0;
     const double lr = schedule.lr_at(step);
     opt.step(lr);
     opt.zero_grad();
@@ -262,45 +300,66 @@ int run(const std::string& recipe_path, const std::vector<std::string>& args) {
     if (!std::isfinite(loss)) throw UserError(absl::StrFormat("training diverged: loss %g at step %d", loss, step + 1));
 
     const int64_t done = step + 1;
-    const bool log_now = done % r.log.every == 0 || done == r.train.steps;
-    const bool eval_now = done % r.log.eval_every == 0 || done == r.train.steps;
-    if (log_now || eval_now) {
-      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::string line = absl::StrFormat("{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.4f, "
-                                         "\"tokens_per_s\": %.1f",
-                                         done, loss, lr, norm, static_cast<double>(tokens_since) / secs);
-      std::string shown = absl::StrFormat("step %d/%d  loss %.4f  lr %.2e  %.0f tok/s", done, r.train.steps, loss,
-                                          lr, static_cast<double>(tokens_since) / secs);
+    tokens_since_log += tokens_per_step;
+    seconds_since_log += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    progress.step(done, loss, lr, tokens_per_step);
+    const bool last = done == r.train.steps;
+    const bool eval_now = done % r.log.eval_every == 0 || last;
+    if (done % r.log.every == 0 || eval_now) {
+      std::string line = absl::StrFormat(
+          "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.4f, \"tokens_per_s\": %.1f, \"mfu\": %.4f, "
+          "\"elapsed_s\": %.1f",
+          done, loss, lr, norm, static_cast<double>(tokens_since_log) / seconds_since_log, progress.mfu(),
+          progress.elapsed_s());
+      tokens_since_log = 0;
+      seconds_since_log = 0;
       if (eval_now) {
-        double v = evaluate(model, val, eval_batches, r.train.batch_size);
+        last_eval = evaluate(*model, data, r.train.batch_size);
+        const double v = last_eval.loss;
         line += absl::StrFormat(", \"val_loss\": %.6f, \"val_ppl\": %.4f", v, std::exp(v));
-        if (bytes) line += absl::StrFormat(", \"val_bpb\": %.5f", v / std::log(2.0));
-        shown += absl::StrFormat("  val_loss %.4f", v);
+        std::string shown = absl::StrFormat("step %d: val_loss %.4f  val_ppl %.2f", done, v, std::exp(v));
+        if (r.data.tokenizer == "byte" && !data.synthetic) {
+          line += absl::StrFormat(", \"val_bpb\": %.5f", v / std::log(2.0));
+          shown += absl::StrFormat("  bits/byte %.4f", v / std::log(2.0));
+        }
+        if (last_eval.accuracy) {
+          line += absl::StrFormat(", \"val_acc\": %.5f", *last_eval.accuracy);
+          shown += absl::StrFormat("  accuracy %.2f%%", 100.0 * *last_eval.accuracy);
+        }
+        progress.line(shown);
       }
       metrics << line << "}\n" << std::flush;
-      std::cout << shown << "\n" << std::flush;
-      t0 = std::chrono::steady_clock::now();
-      tokens_since = 0;
     }
-    if ((r.checkpoint.every > 0 && done % r.checkpoint.every == 0) || done == r.train.steps) {
-      save_checkpoint(run, done, model, opt, train.state(), r.checkpoint.keep);
+    if (sampling && (done % r.log.sample_every == 0 || last)) {
+      const std::string text = sample_text(*model, *data.tokenizer, r.log, static_cast<uint64_t>(r.train.seed) + done);
+      samples << absl::StrFormat("### step %d (temperature %g)\n%s\n\n", done, r.log.sample_temperature, text)
+              << std::flush;
+      progress.line(absl::StrFormat("step %d sample: %s", done, one_line(text, 160)));
+    }
+    const bool stopping = signals.received() != 0;
+    if ((r.checkpoint.every > 0 && done % r.checkpoint.every == 0) || last || stopping) {
+      save_checkpoint(run, done, *model, opt, data.train->state(), r, r.checkpoint.keep);
+    }
+    if (stopping) {
+      progress.line(absl::StrFormat("%s: stopped after step %d, checkpoint %s saved; continue with --resume %s",
+                                    strsignal(signals.received()), done, checkpoint_name(done), run));
+      return 128 + signals.received();
     }
   }
+  progress.finish();
+  std::string summary = absl::StrFormat("done: %d steps in %s; val_loss %.4f", r.train.steps,
+                                        format_duration(progress.elapsed_s()), last_eval.loss);
+  if (last_eval.accuracy) summary += absl::StrFormat(", accuracy %.2f%%", 100.0 * *last_eval.accuracy);
+  progress.line(summary + absl::StrFormat("; metrics, samples and checkpoints in %s", run));
   return 0;
 }
 
 }  // namespace
 
-int train_command(const std::string& recipe_path, const std::vector<std::string>& args) {
-  try {
-    return run(recipe_path, args);
-  } catch (const UserError& e) {
-    std::cerr << "seqlab: " << e.what() << "\n";
-    return kUsageError;
-  } catch (const std::invalid_argument& e) {
-    std::cerr << "seqlab: " << e.what() << "\n";
-    return kUsageError;
-  }
+int train_command(const std::vector<std::string>& args) {
+  int code = 0;
+  int guarded = run_guarded("train", [&] { code = train(args); });
+  return guarded != 0 ? guarded : code;
 }
 
 }  // namespace seqlab::cli

@@ -1,5 +1,6 @@
-// `seqlab RECIPE.toml`: the step loop for language models on token shards — prepare data, build the
-// model, train with the recipe's optimiser and schedule, log metrics, evaluate, checkpoint, resume.
+// `seqlab RECIPE.toml` and `seqlab --resume RUN`: the step loop for language models — prepare the
+// data, build the model, train with the recipe's optimiser and schedule, log, evaluate, sample,
+// checkpoint, resume (run.h describes the run directory it fills).
 #pragma once
 
 #include <string>
@@ -7,7 +8,8 @@
 
 namespace seqlab::cli {
 
-// Arguments after the recipe path: [--set section.key=value]... [--out DIR] [--resume RUN_DIR].
-int train_command(const std::string& recipe_path, const std::vector<std::string>& args);
+// `args` are everything after `seqlab`: [RECIPE.toml] [--set section.key=value]... [--out DIR]
+// [--resume RUN_DIR] (a recipe, a run to resume, or both).
+int train_command(const std::vector<std::string>& args);
 
 }  // namespace seqlab::cli

@@ -1,0 +1,56 @@
+// Training progress for a person: a live bar redrawn every step on a terminal, or plain lines (every
+// log.every steps) when the output is a file or a pipe. Both show the step, the loss, the learning
+// rate, tokens/s, the estimated model FLOPs utilisation (MFU) and the time left (ETA).
+//
+//   MFU = tokens/s · flops_per_token / peak FLOP/s,   flops_per_token = 6·N + 6·L·T·d
+// (N parameters: forward and backward through every weight; the second term is causal attention's
+// scores and mixing), the same count ../shared/bench/torch_gpt.py prints. On the CPU the peak is not a
+// datasheet figure but the f32 GEMM rate this machine reaches at start-up (measured_peak_flops), so
+// the MFU says how close training runs to the best matrix multiply here.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "tensor/tensor.h"
+
+namespace seqlab::cli {
+
+// f32 GEMM throughput on `device`, best of a few 512×512×512 products (about 10 ms on a laptop core).
+double measured_peak_flops(Device device);
+
+class Progress {
+ public:
+  // bar: redraw one status line in place every step; otherwise print it every `every` steps.
+  Progress(bool bar, int64_t every, int64_t total_steps, double flops_per_token, double peak_flops);
+
+  // After each optimiser step: `tokens` trained on in it.
+  void step(int64_t step, double loss, double lr, int64_t tokens);
+  // A permanent line (evaluation, samples, messages) printed above the bar.
+  void line(const std::string& text);
+  // Leaves the terminal on a fresh line.
+  void finish();
+
+  double tokens_per_s() const { return tokens_per_s_; }
+  double mfu() const { return peak_flops_ > 0 ? tokens_per_s_ * flops_per_token_ / peak_flops_ : 0.0; }
+  double seconds_left(int64_t step) const { return step_seconds_ * static_cast<double>(total_ - step); }
+  double elapsed_s() const;
+
+ private:
+  std::string status(int64_t step, double loss, double lr) const;
+
+  bool bar_;
+  int64_t every_, total_;
+  double flops_per_token_, peak_flops_;
+  std::chrono::steady_clock::time_point start_, last_;
+  // Smoothed over the last ~20 steps (exponential moving averages), seeded by the first step.
+  double step_seconds_ = 0, tokens_per_s_ = 0;
+  int64_t steps_seen_ = 0;
+  bool bar_drawn_ = false;
+};
+
+// "2h03m", "4m10s", "12s".
+std::string format_duration(double seconds);
+
+}  // namespace seqlab::cli

@@ -1,0 +1,158 @@
+// Decoding: the token rules (greedy, top-k, top-p, temperature) on fixed logits, the empirical
+// distribution of many draws against the renormalised softmax, and generate() with the KV cache
+// against decoding by full forwards, including past the model's window.
+#include "train/sampling.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include "autograd/variable.h"
+#include "tensor/kernels.h"
+
+namespace seqlab {
+namespace {
+
+const std::vector<double> kLogits = {0.5, 2.0, -1.0, 1.5, 2.0};  // ids 1 and 4 tie for the maximum
+
+TEST(SampleToken, GreedyTakesTheFirstMaximum) {
+  Generator gen(0);
+  SamplingOptions o;
+  o.temperature = 0;
+  EXPECT_EQ(sample_token(kLogits, o, gen), 1);
+  o.temperature = 1;
+  o.top_k = 1;
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(sample_token(kLogits, o, gen), 1);
+  o.top_k = 0;
+  o.top_p = 1e-6;  // the nucleus is the single most likely id
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(sample_token(kLogits, o, gen), 1);
+}
+
+// Draws many tokens and compares their frequencies with the expected probabilities: within 5
+// standard deviations of a binomial count, and never outside the allowed set.
+void expect_distribution(const SamplingOptions& o, const std::vector<double>& expected) {
+  Generator gen(42);
+  constexpr int kDraws = 20000;
+  std::vector<int> counts(kLogits.size(), 0);
+  for (int i = 0; i < kDraws; ++i) ++counts[static_cast<size_t>(sample_token(kLogits, o, gen))];
+  for (size_t id = 0; id < kLogits.size(); ++id) {
+    const double p = expected[id];
+    if (p == 0) {
+      EXPECT_EQ(counts[id], 0) << "id " << id << " is outside the allowed set";
+    } else {
+      const double sd = std::sqrt(kDraws * p * (1 - p));
+      EXPECT_NEAR(counts[id], kDraws * p, 5 * sd) << "id " << id;
+    }
+  }
+}
+
+std::vector<double> softmax_over(const std::vector<size_t>& allowed, double temperature) {
+  std::vector<double> p(kLogits.size(), 0.0);
+  double total = 0;
+  for (size_t id : allowed) total += p[id] = std::exp(kLogits[id] / temperature);
+  for (double& v : p) v /= total;
+  return p;
+}
+
+TEST(SampleToken, FullSoftmaxAtTemperature) {
+  SamplingOptions o;
+  o.temperature = 0.7;
+  expect_distribution(o, softmax_over({0, 1, 2, 3, 4}, 0.7));
+}
+
+TEST(SampleToken, TopKRenormalisesTheKMostLikely) {
+  SamplingOptions o;
+  o.temperature = 1;
+  o.top_k = 3;  // ids 1, 4 (tied, lower id first) and 3
+  expect_distribution(o, softmax_over({1, 3, 4}, 1));
+}
+
+TEST(SampleToken, TopPKeepsTheSmallestNucleus) {
+  // Full-softmax probabilities, descending: ids 1, 4 ≈ 0.34 each, 3 ≈ 0.21, 0 ≈ 0.08, 2 ≈ 0.02.
+  // p = 0.8 needs ids 1, 4 and 3 (0.68 is not enough; 0.89 is).
+  SamplingOptions o;
+  o.temperature = 1;
+  o.top_p = 0.8;
+  expect_distribution(o, softmax_over({1, 3, 4}, 1));
+}
+
+TEST(SampleToken, RejectsBadOptions) {
+  Generator gen(0);
+  SamplingOptions o;
+  o.top_p = 0;
+  EXPECT_THROW(sample_token(kLogits, o, gen), std::invalid_argument);
+  o.top_p = 1;
+  o.temperature = -1;
+  EXPECT_THROW(sample_token(kLogits, o, gen), std::invalid_argument);
+  EXPECT_THROW(sample_token({}, SamplingOptions(), gen), std::invalid_argument);
+}
+
+GptConfig tiny_config() {
+  GptConfig cfg;
+  cfg.vocab_size = 13;
+  cfg.d_model = 8;
+  cfg.n_layers = 2;
+  cfg.n_heads = 2;
+  cfg.max_seq_len = 8;
+  cfg.init_std = 0.3;  // large weights: the next token depends strongly on the context
+  return cfg;
+}
+
+// Decoding the slow way: a full forward over the context for every token, where the context is cut
+// to its last half window whenever it would overflow, exactly as generate() refills its cache.
+std::vector<int32_t> decode_by_full_forwards(Gpt& model, std::vector<int32_t> context, const SamplingOptions& o,
+                                             Generator& gen) {
+  NoGradGuard no_grad;
+  const size_t window = static_cast<size_t>(model.config().max_seq_len);
+  std::vector<int32_t> out;
+  size_t start = context.size() > window ? context.size() - window / 2 : 0;
+  for (int64_t i = 0; i < o.tokens; ++i) {
+    std::vector<int64_t> ids(context.begin() + static_cast<std::ptrdiff_t>(start), context.end());
+    Tensor logits = model.forward(Tensor::from_indices(ids, {1, static_cast<int64_t>(ids.size())}));
+    const int32_t next =
+        sample_token(kernel::narrow(logits, 1, static_cast<int64_t>(ids.size()) - 1, 1).to_doubles(), o, gen);
+    out.push_back(next);
+    context.push_back(next);
+    if (context.size() - start > window) start = context.size() - window / 2;
+  }
+  return out;
+}
+
+TEST(Generate, KvCacheMatchesFullForwardsAcrossTheWindow) {
+  Generator init(5);
+  Gpt model(tiny_config(), init);
+  SamplingOptions o;
+  o.temperature = 1.0;
+  o.tokens = 20;  // well past max_seq_len 8: the cache is rebuilt several times
+  for (std::vector<int32_t> prompt : {std::vector<int32_t>{3}, std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}}) {
+    Generator fast_gen(11), slow_gen(11);
+    std::vector<int32_t> fast = generate(model, prompt, o, fast_gen);
+    EXPECT_EQ(fast, decode_by_full_forwards(model, prompt, o, slow_gen)) << "prompt of " << prompt.size();
+    EXPECT_GT(std::set<int32_t>(fast.begin(), fast.end()).size(), 5u) << "a degenerate sequence would prove little";
+  }
+}
+
+TEST(Generate, SameSeedSameTextAndStopToken) {
+  Generator init(6);
+  Gpt model(tiny_config(), init);
+  model.set_training(true);
+  SamplingOptions o;
+  o.tokens = 12;
+  o.temperature = 1.0;
+  Generator a(9), b(9);
+  std::vector<int32_t> first = generate(model, {4}, o, a);
+  EXPECT_EQ(first, generate(model, {4}, o, b));
+  EXPECT_EQ(first.size(), 12u);
+  EXPECT_TRUE(model.training()) << "generate() restores the training flag";
+  o.stop_token = first[2];
+  Generator c(9);
+  std::vector<int32_t> stopped = generate(model, {4}, o, c);
+  const size_t first_stop = static_cast<size_t>(std::find(first.begin(), first.end(), first[2]) - first.begin());
+  EXPECT_EQ(stopped, std::vector<int32_t>(first.begin(), first.begin() + static_cast<std::ptrdiff_t>(first_stop) + 1));
+}
+
+}  // namespace
+}  // namespace seqlab
