@@ -20,6 +20,14 @@ inline double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Median of `runs` timed calls after `warmup` untimed ones.
+inline double time_median(const std::function<void()>& fn, int warmup, int runs) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> t;
+  for (int i = 0; i < runs; ++i) t.push_back(seconds_of(fn));
+  return median(t);
+}
+
 struct PairTiming {
   double a_seconds, b_seconds;  // medians
 };

@@ -1,30 +1,98 @@
-// CPU GEMM through OpenBLAS (cblas, row-major), one call per batch entry.
+// CPU GEMM through OpenBLAS (cblas, row-major): C_i = α op(A_i) op(B_i) + β C_i for each batch entry i.
+//
+// One thread pool, not two. Debian's OpenBLAS is a pthread build with its own worker threads,
+// which spin (sched_yield) for a while after every call; our elementwise and attention loops run
+// on OpenMP threads, which also spin after every region. With both pools alive, each steals the
+// cores the other needs (measured: a third of a GPT training step's CPU time went to spinning and
+// rescheduling on 2 cores). So OpenBLAS runs single-threaded and the GEMM is split across the
+// OpenMP team here: by batch entry when there are enough of them, otherwise by blocks of rows of
+// C (or of columns, when C is wider than tall), each block one independent single-threaded sgemm.
+// Called from inside a parallel region (e.g. per-tile GEMMs of a fused kernel), it runs on the
+// calling thread alone.
 #include <cblas.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <stdexcept>
+#include <type_traits>
 
 #include "tensor/kernels.h"
 
 namespace seqlab::cpu {
 namespace {
 
-void gemm_cpu(const kernel::GemmArgs& g, Device) {
-  const CBLAS_TRANSPOSE ta = g.trans_a ? CblasTrans : CblasNoTrans;
-  const CBLAS_TRANSPOSE tb = g.trans_b ? CblasTrans : CblasNoTrans;
-  const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
-  const int lda = static_cast<int>(g.lda), ldb = static_cast<int>(g.ldb), ldc = static_cast<int>(g.ldc);
+// Below this many multiply-adds a GEMM runs on one thread (about 10 µs of work here).
+constexpr int64_t kSplitMacs = int64_t{1} << 20;
+// Split points are multiples of this, so each block keeps whole micro-kernel tiles.
+constexpr int64_t kSplitAlign = 16;
+
+// One single-threaded call on raw pointers.
+template <class T>
+void gemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+              int64_t ldb, T beta, T* c, int64_t ldc) {
+  const CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  const int la = static_cast<int>(lda), lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, opa, opb, mi, ni, ki, alpha, a, la, b, lb, beta, c, lc);
+  } else {
+    cblas_dgemm(CblasRowMajor, opa, opb, mi, ni, ki, alpha, a, la, b, lb, beta, c, lc);
+  }
+}
+
+// Rows [m0, m1) of C need rows m0.. of op(A): row m0 of A, or column m0 when A is transposed.
+// Columns [n0, n1) of C need columns n0.. of op(B): column n0 of B, or row n0 when B is transposed.
+template <class T>
+void gemm_block(const kernel::GemmArgs& g, int64_t i, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  const T* a = static_cast<const T*>(g.a) + i * g.stride_a + (g.trans_a ? m0 : m0 * g.lda);
+  const T* b = static_cast<const T*>(g.b) + i * g.stride_b + (g.trans_b ? n0 * g.ldb : n0);
+  T* c = static_cast<T*>(g.c) + i * g.stride_c + m0 * g.ldc + n0;
+  gemm_one<T>(g.trans_a, g.trans_b, m1 - m0, n1 - n0, g.k, static_cast<T>(g.alpha), a, g.lda, b, g.ldb,
+              static_cast<T>(g.beta), c, g.ldc);
+}
+
+template <class T>
+void gemm_typed(const kernel::GemmArgs& g) {
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (threads == 1 || g.m * g.n * g.k * g.batch < kSplitMacs) {
+    for (int64_t i = 0; i < g.batch; ++i) gemm_block<T>(g, i, 0, g.m, 0, g.n);
+    return;
+  }
+  if (g.batch >= threads) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < g.batch; ++i) gemm_block<T>(g, i, 0, g.m, 0, g.n);
+    return;
+  }
+  // Few large products: split each one along its longer side of C.
+  const bool by_rows = g.m >= g.n;
+  const int64_t extent = by_rows ? g.m : g.n;
+  const int64_t chunk = std::max<int64_t>(
+      kSplitAlign, (extent + threads - 1) / threads + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+  const int64_t blocks = (extent + chunk - 1) / chunk;
   for (int64_t i = 0; i < g.batch; ++i) {
-    if (g.dtype == DType::f32) {
-      cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, static_cast<float>(g.alpha),
-                  static_cast<const float*>(g.a) + i * g.stride_a, lda, static_cast<const float*>(g.b) + i * g.stride_b,
-                  ldb, static_cast<float>(g.beta), static_cast<float*>(g.c) + i * g.stride_c, ldc);
-    } else if (g.dtype == DType::f64) {
-      cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, g.alpha, static_cast<const double*>(g.a) + i * g.stride_a, lda,
-                  static_cast<const double*>(g.b) + i * g.stride_b, ldb, g.beta,
-                  static_cast<double*>(g.c) + i * g.stride_c, ldc);
-    } else {
-      throw std::invalid_argument(std::string("matmul on the CPU supports f32 and f64, got ") + dtype_name(g.dtype));
+#pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t lo = blk * chunk, hi = std::min(extent, lo + chunk);
+      if (by_rows) {
+        gemm_block<T>(g, i, lo, hi, 0, g.n);
+      } else {
+        gemm_block<T>(g, i, 0, g.m, lo, hi);
+      }
     }
+  }
+}
+
+void gemm_cpu(const kernel::GemmArgs& g, Device) {
+  // Keep OpenBLAS single-threaded (see the top of the file). Someone else (a benchmark's peer)
+  // may have raised its thread count since the last call; setting it is only safe outside a
+  // parallel region.
+  if (!omp_in_parallel() && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  if (g.dtype == DType::f32) {
+    gemm_typed<float>(g);
+  } else if (g.dtype == DType::f64) {
+    gemm_typed<double>(g);
+  } else {
+    throw std::invalid_argument(std::string("matmul on the CPU supports f32 and f64, got ") + dtype_name(g.dtype));
   }
 }
 
