@@ -55,7 +55,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       dx = kernel::view(kernel::matmul(dy, s[1]), x_shape);
     }
     if (need[1]) dw = kernel::matmul(dy, s[0], true, false);
-    if (need[2]) db = kernel::sum(dy, {0}, false);
+    if (need[2]) {
+      // db = 1ᵀ dy as a GEMV: a column sum over dy's contiguous rows, where kernel::sum would first
+      // copy dy transposed.
+      const Tensor ones = Tensor::ones({1, dy.size(0)}, dy.dtype(), dy.device());
+      db = kernel::view(kernel::matmul(ones, dy), {out});
+    }
     return Grads{dx, dw, db};
   });
   return y;

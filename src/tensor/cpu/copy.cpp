@@ -1,4 +1,5 @@
 // CPU copy (strided, converting dtype) and fill.
+#include <algorithm>
 #include <cstring>
 
 #include "tensor/cpu/parallel.h"
@@ -41,6 +42,22 @@ void copy_cpu(const Tensor& dst, const Tensor& src) {
       using S = decltype(src_tag);
       D* out = static_cast<D*>(dst.raw_data());
       const S* in = static_cast<const S*>(src.raw_data());
+      const int64_t inner = dst.dim() > 0 ? dst.size(-1) : 1;
+      if (dst.dim() > 0 && inner > 1 && dst.strides().back() == 1 && src.strides().back() == 1) {
+        // Rows contiguous on both sides (a narrow or a head split of the last dimension): walk
+        // the rows and copy each with a tight loop, not element by element through the walker.
+        Shape rows(dst.shape().begin(), dst.shape().end() - 1);
+        Shape rd(dst.strides().begin(), dst.strides().end() - 1), rs(src.strides().begin(), src.strides().end() - 1);
+        parallel_for(shape_numel(rows), std::max<int64_t>(1, kParallelGrain / inner), [&](int64_t begin, int64_t end) {
+          StridedWalker<2> walk(rows, {&rd, &rs}, begin);
+          for (int64_t r = begin; r < end; ++r, walk.next()) {
+            D* o = out + walk.offset(0);
+            const S* i = in + walk.offset(1);
+            for (int64_t c = 0; c < inner; ++c) o[c] = convert_scalar<D>(i[c]);
+          }
+        });
+        return;
+      }
       parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) {
         StridedWalker<2> walk(dst.shape(), {&dst.strides(), &src.strides()}, begin);
         for (int64_t i = begin; i < end; ++i, walk.next()) {
