@@ -2,19 +2,19 @@
 // the autograd node, the naive materialised reference, and the registry entry.
 //
 // How the CPU kernels work (equations in docs/variants/attention.md):
-// - A task owns up to `block` query rows of one (batch, head). It walks the key blocks its rows can
-//   see and, inside each, its rows, so one K/V tile serves every row while it is in cache. Only one
-//   row × key-block tile of scores exists at a time (`block` values of scratch); a key block that
-//   no row of the task sees (beyond the causal limit) is never visited, and a row stops at its own
-//   limit inside the block.
-// - Forward: online softmax. Each row keeps a running max m and sum ℓ; its output row is the
-//   accumulator, rescaled by exp(m_old − m_new) whenever a block raises the max, divided by ℓ at
-//   the end. Saves lse = m + log ℓ.
-// - Backward: P is recomputed from lse, never stored. Two race-free passes: dQ over query tiles
-//   (a task writes only its own dQ rows) and dK/dV over (batch, kv head, key tile), where a task
-//   sums over every query head that shares its kv head, so no two tasks write the same row.
-// - Innermost loops run over the head dimension, contiguous in every tensor, as `omp simd` dots
-//   and axpys. Sums accumulate in the input type (f32 like flash attention, or f64).
+// - Work is cut into tiles of up to `block` query rows × `block` keys of one (batch, head). Each
+//   tile's products (scores Q Kᵀ, then P V in the forward; dP = dO Vᵀ, Pᵀ dO, dS K, dSᵀ Q in the
+//   backward) are GEMMs through the GEMM slot, single-threaded inside the parallel loop over tasks;
+//   only the softmax in between is elementwise (a vectorised exp). A key block that no row of a
+//   tile sees (beyond the causal limit) is never visited; inside a block, a row's future keys get
+//   probability 0. Scratch is one or two block × block tiles per thread, never T × S.
+// - Forward: online softmax. A task owns one query tile; each row keeps a running max m and sum ℓ;
+//   its output row is the accumulator, rescaled by exp(m_old − m_new) whenever a block raises the
+//   max, divided by ℓ at the end. Saves lse = m + log ℓ.
+// - Backward: P is recomputed from lse, never stored, once per tile. One race-free pass over
+//   (batch, kv head): a task walks every query head sharing its kv head and every tile they see, so
+//   it alone writes those dK/dV rows and those heads' dQ rows.
+// - Sums accumulate in the input type (f32 like flash attention, or f64).
 #include "layers/attention.h"
 
 #include <algorithm>
@@ -22,12 +22,14 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "autograd/function.h"
 #include "autograd/op_registry.h"
 #include "autograd/ops.h"
 #include "tensor/cpu/parallel.h"
+#include "tensor/elementwise_math.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -144,30 +146,45 @@ inline T dot(const T* a, const T* b, int64_t n) {
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-// y += a x
-template <class T>
-inline void axpy(T a, const T* x, T* y, int64_t n) {
-#pragma omp simd
-  for (int64_t d = 0; d < n; ++d) y[d] += a * x[d];
-}
-
 template <class T>
 inline void scal(T a, T* y, int64_t n) {
 #pragma omp simd
   for (int64_t d = 0; d < n; ++d) y[d] *= a;
 }
 
+// C = α op(A) op(B) + β C on row-major matrices with leading dimensions (row strides) lda, ldb,
+// ldc, through the GEMM slot; inside a parallel region it runs on the calling thread.
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const T* a, int64_t lda,
+          const T* b, int64_t ldb, double beta, T* c, int64_t ldc) {
+  kernel::GemmArgs g;
+  g.dtype = std::is_same_v<T, float> ? DType::f32 : DType::f64;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.alpha = alpha;
+  g.beta = beta;
+  g.a = a;
+  g.lda = lda;
+  g.b = b;
+  g.ldb = ldb;
+  g.c = c;
+  g.ldc = ldc;
+  kernel::gemm_kernel(cpu_device(), g, cpu_device());
+}
+
 // Geometry of one call: row numbers in the [B, T, H, ·] and [B, S, Hk, ·] layouts (times the head
-// dim gives the element offset) and the causal limits.
+// dim gives the element offset), row strides of a head's matrix in them, and the causal limits.
 struct Geometry {
   int64_t B, T, S, H, Hk, Dk, Dv, group, block;
   bool causal;
 
   int64_t q_row(int64_t b, int64_t i, int64_t h) const { return (b * T + i) * H + h; }
   int64_t kv_row(int64_t b, int64_t j, int64_t hk) const { return (b * S + j) * Hk + hk; }
-  // Query i sees keys [0, key_end(i)); key j is seen by queries [query_begin(j), T).
+  // Query i sees keys [0, key_end(i)).
   int64_t key_end(int64_t i) const { return causal ? i + S - T + 1 : S; }
-  int64_t query_begin(int64_t j) const { return causal ? std::max<int64_t>(0, j - (S - T)) : 0; }
   int64_t tiles(int64_t n) const { return (n + block - 1) / block; }
   // Whether the T×S work is worth a thread team.
   bool parallel(int64_t tasks) const { return tasks > 1 && T * S * (Dk + Dv) > kParallelGrain; }
@@ -179,12 +196,24 @@ Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
   return g;
 }
 
+// One (query tile, key block) tile of scores: s_rc = scale q_{i0+r}·k_{j0+c} for r < rows, c < nk,
+// leading dimension nk. Returns, per row, how many of the block's keys the row sees (may be ≤ 0).
+template <class T>
+void score_tile(const Geometry& g, const T* Q, const T* K, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                int64_t j0, int64_t nk, T scale, T* s) {
+  gemm<T>(false, true, rows, nk, g.Dk, scale, Q + g.q_row(b, i0, h) * g.Dk, g.H * g.Dk,
+          K + g.kv_row(b, j0, h / g.group) * g.Dk, g.Hk * g.Dk, 0.0, s, nk);
+}
+
 // Per (b, h) and query row i, over the visible keys j < key_end(i):
 //   s_ij = scale q_i·k_j,  m_i = max_j s_ij,  ℓ_i = Σ_j exp(s_ij − m_i),
 //   o_i = Σ_j exp(s_ij − m_i) v_j / ℓ_i,  lse_i = m_i + log ℓ_i,
-// with m, ℓ and o_i built key block by key block (online softmax).
-// Memory: reads q, k, v; writes o [B, T, H, Dv] and lse [B, T, H]; scratch per thread: `block`
-// scores and (m, ℓ) for `block` rows.
+// with m, ℓ and o_i built key block by key block (online softmax). A task owns `block` query rows
+// of one (b, h); for each key block it forms the rows × block score tile with one GEMM, turns it
+// into probabilities against the running max in place, and adds P V into the output rows with a
+// second GEMM (after rescaling them when the max rose).
+// Memory: reads q, k, v; writes o [B, T, H, Dv] and lse [B, T, H]; scratch per thread: one
+// block × block tile and (m, ℓ) for `block` rows.
 template <class T>
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, const Tensor& o,
              const Tensor& lse) {
@@ -195,46 +224,46 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
   const int64_t qtiles = g.tiles(g.T), tasks = g.B * g.H * qtiles;
 #pragma omp parallel if (g.parallel(tasks))
   {
-    std::vector<T> s(g.block), m(g.block), l(g.block);
+    std::vector<T> s(static_cast<size_t>(g.block * g.block)), m(g.block), l(g.block);
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / (g.H * qtiles), h = task / qtiles % g.H, hk = h / g.group;
-      const int64_t i0 = task % qtiles * g.block, i1 = std::min(g.T, i0 + g.block);
-      for (int64_t i = i0; i < i1; ++i) {
-        m[i - i0] = -std::numeric_limits<T>::infinity();
-        l[i - i0] = 0;
-        std::fill_n(O + g.q_row(b, i, h) * g.Dv, g.Dv, T(0));
+      const int64_t i0 = task % qtiles * g.block, i1 = std::min(g.T, i0 + g.block), rows = i1 - i0;
+      T* Ot = O + g.q_row(b, i0, h) * g.Dv;
+      const int64_t ldo = g.H * g.Dv;
+      for (int64_t r = 0; r < rows; ++r) {
+        m[r] = -std::numeric_limits<T>::infinity();
+        l[r] = 0;
+        std::fill_n(Ot + r * ldo, g.Dv, T(0));
       }
       const int64_t tile_key_end = g.key_end(i1 - 1);  // the tile's last row sees the most keys
       for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
-        const int64_t j1 = std::min(j0 + g.block, tile_key_end);
-        for (int64_t i = i0; i < i1; ++i) {
-          const int64_t jn = std::min(j1, g.key_end(i));
-          if (jn <= j0) continue;  // the whole block is in this row's future
-          const T* qi = Q + g.q_row(b, i, h) * g.Dk;
-          T* oi = O + g.q_row(b, i, h) * g.Dv;
+        const int64_t nk = std::min(j0 + g.block, tile_key_end) - j0;
+        score_tile(g, Q, K, b, h, i0, rows, j0, nk, scale, s.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          T* sr = s.data() + r * nk;
+          const int64_t seen = std::min(nk, g.key_end(i0 + r) - j0);  // keys of the block this row sees
           T block_max = -std::numeric_limits<T>::infinity();
-          for (int64_t j = j0; j < jn; ++j) {
-            s[j - j0] = scale * dot(qi, K + g.kv_row(b, j, hk) * g.Dk, g.Dk);
-            block_max = std::max(block_max, s[j - j0]);
+          for (int64_t c = 0; c < seen; ++c) block_max = sr[c] > block_max ? sr[c] : block_max;
+          if (block_max > m[r]) {  // rescale what was summed against the old max (0 on the first block)
+            const T rescale = math::exp_vec(m[r] - block_max);
+            l[r] *= rescale;
+            scal(rescale, Ot + r * ldo, g.Dv);
+            m[r] = block_max;
           }
-          T &mi = m[i - i0], &li = l[i - i0];
-          if (block_max > mi) {  // rescale what was summed against the old max (0 on the first block)
-            const T r = std::exp(mi - block_max);
-            li *= r;
-            scal(r, oi, g.Dv);
-            mi = block_max;
-          }
-          for (int64_t j = j0; j < jn; ++j) {
-            const T pij = std::exp(s[j - j0] - mi);
-            li += pij;
-            axpy(pij, V + g.kv_row(b, j, hk) * g.Dv, oi, g.Dv);
-          }
+          const T mr = m[r];
+          for (int64_t c = 0; c < seen; ++c) sr[c] = math::exp_vec(sr[c] - mr);
+          for (int64_t c = std::max<int64_t>(seen, 0); c < nk; ++c) sr[c] = 0;  // the row's future
+          T sum = 0;
+          for (int64_t c = 0; c < seen; ++c) sum += sr[c];
+          l[r] += sum;
         }
+        gemm<T>(false, false, rows, g.Dv, nk, 1.0, s.data(), nk, V + g.kv_row(b, j0, hk) * g.Dv, g.Hk * g.Dv, 1.0,
+                Ot, ldo);
       }
-      for (int64_t i = i0; i < i1; ++i) {
-        scal(T(1) / l[i - i0], O + g.q_row(b, i, h) * g.Dv, g.Dv);
-        LSE[g.q_row(b, i, h)] = m[i - i0] + std::log(l[i - i0]);
+      for (int64_t r = 0; r < rows; ++r) {
+        scal(T(1) / l[r], Ot + r * ldo, g.Dv);
+        LSE[g.q_row(b, i0 + r, h)] = m[r] + std::log(l[r]);
       }
     }
   }
@@ -246,7 +275,13 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
 // (sums over h run over the query heads sharing the kv head). Derivation: o_i = Σ_j P_ij v_j gives
 // dP_ij = dO_i·v_j; the softmax Jacobian gives ∂L/∂s_ij = P_ij (dP_ij − Σ_j' P_ij' dP_ij') and
 // Σ_j' P_ij' dP_ij' = dO_i·o_i; ∂lse_i/∂s_ij = P_ij adds P_ij dlse_i.
-// Memory: reads dO, dlse, q, k, v, o, lse; writes the requested dq, dk, dv; scratch: δ [B, T, H].
+// One pass: a task owns one (b, kv head) and walks every query head of its group, every query tile
+// and every key block the tile sees. Per tile it recomputes P (one GEMM and exp), forms dP (one
+// GEMM) and dS in place, and adds into dV_blk += Pᵀ dO_tile, dQ_tile += scale dS K_blk and
+// dK_blk += scale dSᵀ Q_tile (three GEMMs). It alone writes the dK/dV rows of its kv head and the
+// dQ rows of its query heads, so there are no races, and each score is computed once.
+// Memory: reads dO, dlse, q, k, v, o, lse; writes the requested dq, dk, dv; scratch: δ [B, T, H]
+// and two block × block tiles per thread.
 template <class T>
 void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Tensor& k, const Tensor& v,
               const Tensor& o, const Tensor& lse, const AttentionParams& p, const AttentionGrads& grads) {
@@ -255,69 +290,61 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
   const T *O = o.data<T>(), *LSE = lse.data<T>();
   const T scale = static_cast<T>(p.scale);
 
-  const int64_t rows = g.B * g.T * g.H;
-  std::vector<T> delta(static_cast<size_t>(rows));
+  const int64_t rows_total = g.B * g.T * g.H;
+  std::vector<T> delta(static_cast<size_t>(rows_total));
   const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, g.Dv));
-  parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(rows_total, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) delta[r] = dot(dO + r * g.Dv, O + r * g.Dv, g.Dv) - dL[r];
   });
 
-  // Pass 1, dQ: a task owns `block` query rows of one (b, h), like the forward.
-  if (grads.dq.defined()) {
-    T* dQ = grads.dq.data<T>();
-    const int64_t qtiles = g.tiles(g.T), tasks = g.B * g.H * qtiles;
-#pragma omp parallel for schedule(dynamic) if (g.parallel(tasks))
+  T* dQ = grads.dq.defined() ? grads.dq.data<T>() : nullptr;
+  T* dK = grads.dk.defined() ? grads.dk.data<T>() : nullptr;
+  T* dV = grads.dv.defined() ? grads.dv.data<T>() : nullptr;
+  const int64_t ldq = g.H * g.Dk, ldo = g.H * g.Dv, ldk = g.Hk * g.Dk, ldv = g.Hk * g.Dv;
+  const int64_t qtiles = g.tiles(g.T), tasks = g.B * g.Hk;
+#pragma omp parallel if (g.parallel(tasks))
+  {
+    std::vector<T> pt(static_cast<size_t>(g.block * g.block)), ds(pt.size());
+#pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t b = task / (g.H * qtiles), h = task / qtiles % g.H, hk = h / g.group;
-      const int64_t i0 = task % qtiles * g.block, i1 = std::min(g.T, i0 + g.block);
-      for (int64_t i = i0; i < i1; ++i) std::fill_n(dQ + g.q_row(b, i, h) * g.Dk, g.Dk, T(0));
-      const int64_t tile_key_end = g.key_end(i1 - 1);
-      for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
-        const int64_t j1 = std::min(j0 + g.block, tile_key_end);
-        for (int64_t i = i0; i < i1; ++i) {
-          const int64_t r = g.q_row(b, i, h), jn = std::min(j1, g.key_end(i));
-          const T *qi = Q + r * g.Dk, *doi = dO + r * g.Dv;
-          T* dqi = dQ + r * g.Dk;
-          for (int64_t j = j0; j < jn; ++j) {
-            const T* kj = K + g.kv_row(b, j, hk) * g.Dk;
-            const T pij = std::exp(scale * dot(qi, kj, g.Dk) - LSE[r]);
-            const T dsij = pij * (dot(doi, V + g.kv_row(b, j, hk) * g.Dv, g.Dv) - delta[r]);
-            axpy(dsij, kj, dqi, g.Dk);
-          }
-        }
-      }
-      for (int64_t i = i0; i < i1; ++i) scal(scale, dQ + g.q_row(b, i, h) * g.Dk, g.Dk);
-    }
-  }
-
-  // Pass 2, dK and dV: a task owns `block` key rows of one (b, kv head) and every query row of every
-  // query head in its group that sees them, so it alone writes those dK/dV rows.
-  if (grads.dk.defined() || grads.dv.defined()) {
-    T* dK = grads.dk.defined() ? grads.dk.data<T>() : nullptr;
-    T* dV = grads.dv.defined() ? grads.dv.data<T>() : nullptr;
-    const int64_t ktiles = g.tiles(g.S), tasks = g.B * g.Hk * ktiles;
-#pragma omp parallel for schedule(dynamic) if (g.parallel(tasks))
-    for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t b = task / (g.Hk * ktiles), hk = task / ktiles % g.Hk;
-      const int64_t j0 = task % ktiles * g.block, j1 = std::min(g.S, j0 + g.block);
-      for (int64_t j = j0; j < j1; ++j) {
+      const int64_t b = task / g.Hk, hk = task % g.Hk;
+      for (int64_t j = 0; j < g.S; ++j) {
         if (dK) std::fill_n(dK + g.kv_row(b, j, hk) * g.Dk, g.Dk, T(0));
         if (dV) std::fill_n(dV + g.kv_row(b, j, hk) * g.Dv, g.Dv, T(0));
       }
       for (int64_t h = hk * g.group; h < (hk + 1) * g.group; ++h) {
-        for (int64_t i = g.query_begin(j0); i < g.T; ++i) {  // earlier queries see none of the tile
-          const int64_t r = g.q_row(b, i, h), jn = std::min(j1, g.key_end(i));
-          const T *qi = Q + r * g.Dk, *doi = dO + r * g.Dv;
-          for (int64_t j = j0; j < jn; ++j) {
-            const int64_t c = g.kv_row(b, j, hk);
-            const T pij = std::exp(scale * dot(qi, K + c * g.Dk, g.Dk) - LSE[r]);
-            if (dV) axpy(pij, doi, dV + c * g.Dv, g.Dv);
-            if (dK) axpy(pij * (dot(doi, V + c * g.Dv, g.Dv) - delta[r]), qi, dK + c * g.Dk, g.Dk);
+        for (int64_t tile = 0; tile < qtiles; ++tile) {
+          const int64_t i0 = tile * g.block, i1 = std::min(g.T, i0 + g.block), rows = i1 - i0;
+          const T *Qt = Q + g.q_row(b, i0, h) * g.Dk, *dOt = dO + g.q_row(b, i0, h) * g.Dv;
+          T* dQt = dQ ? dQ + g.q_row(b, i0, h) * g.Dk : nullptr;
+          if (dQt) {
+            for (int64_t r = 0; r < rows; ++r) std::fill_n(dQt + r * ldq, g.Dk, T(0));
+          }
+          const int64_t tile_key_end = g.key_end(i1 - 1);
+          for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
+            const int64_t nk = std::min(j0 + g.block, tile_key_end) - j0;
+            const T *Kb = K + g.kv_row(b, j0, hk) * g.Dk, *Vb = V + g.kv_row(b, j0, hk) * g.Dv;
+            score_tile(g, Q, K, b, h, i0, rows, j0, nk, scale, pt.data());
+            for (int64_t r = 0; r < rows; ++r) {
+              T* pr = pt.data() + r * nk;
+              const T lse_r = LSE[g.q_row(b, i0 + r, h)];
+              const int64_t seen = std::min(nk, g.key_end(i0 + r) - j0);
+              for (int64_t c = 0; c < seen; ++c) pr[c] = math::exp_vec(pr[c] - lse_r);
+              for (int64_t c = std::max<int64_t>(seen, 0); c < nk; ++c) pr[c] = 0;
+            }
+            if (dV) gemm<T>(true, false, nk, g.Dv, rows, 1.0, pt.data(), nk, dOt, ldo, 1.0, dV + g.kv_row(b, j0, hk) * g.Dv, ldv);
+            if (!dQ && !dK) continue;
+            gemm<T>(false, true, rows, nk, g.Dv, 1.0, dOt, ldo, Vb, ldv, 0.0, ds.data(), nk);  // dP
+            for (int64_t r = 0; r < rows; ++r) {
+              const T dr = delta[g.q_row(b, i0 + r, h)];
+              const T* pr = pt.data() + r * nk;
+              T* dsr = ds.data() + r * nk;
+              for (int64_t c = 0; c < nk; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
+            }
+            if (dQt) gemm<T>(false, false, rows, g.Dk, nk, scale, ds.data(), nk, Kb, ldk, 1.0, dQt, ldq);
+            if (dK) gemm<T>(true, false, nk, g.Dk, rows, scale, ds.data(), nk, Qt, ldq, 1.0, dK + g.kv_row(b, j0, hk) * g.Dk, ldk);
           }
         }
-      }
-      if (dK) {
-        for (int64_t j = j0; j < j1; ++j) scal(scale, dK + g.kv_row(b, j, hk) * g.Dk, g.Dk);
       }
     }
   }
