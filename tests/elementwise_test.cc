@@ -3,14 +3,17 @@
 // 1e-14 and f32 to 1e-6 (relative to max(1, |reference|)); matmul, whose sums BLAS reorders, to
 // 1e-13 and 1e-5.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "autograd/ops.h"
+#include "tensor/elementwise_math.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -333,6 +336,71 @@ TEST_P(Elementwise, MatmulMatchesATripleLoop) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("[2, 3]"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("[4, 5]"), std::string::npos) << e.what();
+  }
+}
+
+// Products large enough for the CPU GEMM to split across the OpenMP team: by batch entry, by rows
+// of C (taller than wide) and by columns (wider than tall), with extents that are not multiples
+// of the split alignment, every transpose combination.
+TEST_P(Elementwise, LargeMatmulsSplitAcrossThreadsMatchATripleLoop) {
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(2);
+  Generator gen(9);
+  const double tol = 5 * GetParam().matmul_tol;  // sums of 110–150 products, not 5
+  const std::pair<Shape, Shape> cases[] = {
+      {{3, 100, 110}, {3, 110, 100}},  // batch ≥ threads: one product per thread
+      {{130, 150}, {150, 70}},         // split by rows
+      {{70, 150}, {150, 130}},         // split by columns
+  };
+  for (const auto& [sa, sb] : cases) {
+    Tensor a = randn(sa, gen), b = randn(sb, gen);
+    Shape so;
+    const Vec want = naive_matmul(a.to_doubles(), sa, b.to_doubles(), sb, &so);
+    expect_close(matmul(a, b).to_doubles(), want, shape_str(sa) + " @ " + shape_str(sb), tol);
+    if (a.dim() != 2) continue;
+    const Tensor at = kernel::contiguous(kernel::transpose(a, 0, 1)), bt = kernel::contiguous(kernel::transpose(b, 0, 1));
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        const Tensor c = kernel::matmul(ta ? at : a, tb ? bt : b, ta, tb);
+        expect_close(c.to_doubles(), want, shape_str(sa) + " @ " + shape_str(sb) + (ta ? " Aᵀ" : "") + (tb ? " Bᵀ" : ""),
+                     tol);
+      }
+    }
+  }
+  omp_set_num_threads(saved_threads);
+}
+
+// The branch-free float exp behind gelu and the attention softmax, over its whole range and at
+// its edges, against the library exp in double.
+TEST(ExpVec, MatchesExpToAFewUlpAndKeepsTheEdges) {
+  for (float x = -87.0f; x <= 88.0f; x += 0.0137f) {
+    const double want = std::exp(static_cast<double>(x));
+    EXPECT_NEAR(math::exp_vec(x), want, 3e-7 * want) << x;
+  }
+  EXPECT_EQ(math::exp_vec(0.0f), 1.0f);
+  EXPECT_EQ(math::exp_vec(-100.0f), 0.0f);
+  EXPECT_EQ(math::exp_vec(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(math::exp_vec(89.0f), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(math::exp_vec(std::numeric_limits<float>::infinity()), std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(math::exp_vec(std::numeric_limits<float>::quiet_NaN())));
+}
+
+// gelu and its derivative in f32 (computed through exp_vec) against the tanh form in double,
+// including magnitudes where e^(−2u) overflows or underflows.
+TEST(GeluF32, ForwardAndBackwardMatchTheTanhFormAtAllMagnitudes) {
+  const Vec xs = {-300, -40, -9, -3.3, -1, -0.25, 0, 0.1, 0.8, 2.5, 7, 40, 300};
+  const double c = std::sqrt(2.0 / M_PI), a = 0.044715;
+  Tensor x = Tensor::from_vector(xs, {static_cast<int64_t>(xs.size())}, DType::f32);
+  x.set_requires_grad(true);
+  Tensor y = gelu(x);
+  sum(y, {}, false).backward();
+  const Vec got = y.to_doubles(), dgot = x.grad().to_doubles();
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double v = xs[i], t = std::tanh(c * (v + a * v * v * v));
+    const double want = 0.5 * v * (1 + t);
+    const double dwant = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * c * (1 + 3 * a * v * v);
+    EXPECT_NEAR(got[i], want, 1e-6 * std::max(1.0, std::fabs(want))) << v;
+    EXPECT_NEAR(dgot[i], dwant, 1e-6 * std::max(1.0, std::fabs(dwant))) << v;
   }
 }
 

@@ -30,10 +30,10 @@ using std::tanh;
 // eˣ for float without a call or a branch, so that loops over it vectorise (libm's expf is a
 // call per element). x = n·ln2 + r with n = round(x/ln2), |r| ≤ ln2/2; eʳ by Cephes' degree-6
 // polynomial (relative error below 2e-7, about 2 ulp), times 2ⁿ built in the exponent bits.
-// Below −87.3 (where 2ⁿ would leave the normal range) the result is 0, above 88.7 it is +∞, NaN
-// stays NaN. (Loops over it vectorise when built with -fno-trapping-math, as the library is.)
+// 2ⁿ must stay a normal float (−126 ≤ n ≤ 127): below −87.3 the result is 0 and above 88 it is
+// +∞ (giving up e⁸⁸ … e^88.7 ≈ 1.7e38 … 3.4e38, which no caller needs), NaN stays NaN. (Loops over it vectorise when built with -fno-trapping-math, as the library is.)
 inline float exp_vec(float x) {
-  const float lo = -87.33654f, hi = 88.72283f;
+  const float lo = -87.33654f, hi = 88.0f;
   float xc = x < lo ? lo : x;  // two selects: GCC does not if-convert the nested form
   xc = xc > hi ? hi : xc;
   const float round_magic = 12582912.0f;  // 1.5·2²³: adding it rounds to an integer
