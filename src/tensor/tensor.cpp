@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <iomanip>
+#include <locale>
 #include <sstream>
 #include <stdexcept>
 
@@ -96,6 +97,41 @@ Tensor Tensor::from_indices(const std::vector<int64_t>& values, const Shape& sha
     for (size_t i = 0; i < values.size(); ++i) p[i] = static_cast<T>(values[i]);
   });
   return device.is_cpu() ? host : kernel::to_device(host, device);
+}
+
+// Three fields in a fixed order, each written by the standard stream operator of its type:
+// "seqlab-generator-1 <engine> | <normal> | <uniform>". The distributions' operators set the
+// precision they need (max_digits10) themselves; the classic locale keeps the numbers portable.
+std::string Generator::state() const {
+  std::ostringstream os;
+  os.imbue(std::locale::classic());
+  os << "seqlab-generator-1 " << engine_ << " | " << normal_ << " | " << uniform_;
+  return os.str();
+}
+
+void Generator::set_state(const std::string& state) {
+  std::istringstream is(state);
+  is.imbue(std::locale::classic());
+  std::string tag, bar1, bar2;
+  std::mt19937_64 engine;
+  std::normal_distribution<double> normal;
+  std::uniform_real_distribution<double> uniform;
+  is >> tag;
+  if (tag != "seqlab-generator-1") {
+    throw std::invalid_argument("Generator::set_state: not a generator state (expected it to start with "
+                                "\"seqlab-generator-1\", got \"" + tag.substr(0, 40) + "\")");
+  }
+  is >> engine >> bar1 >> normal >> bar2 >> uniform;
+  const bool parsed = !is.fail();
+  std::string rest;
+  is >> rest;  // nothing may follow
+  if (!parsed || bar1 != "|" || bar2 != "|" || !rest.empty()) {
+    throw std::invalid_argument("Generator::set_state: malformed generator state (" + std::to_string(state.size()) +
+                                " characters)");
+  }
+  engine_ = engine;
+  normal_ = normal;
+  uniform_ = uniform;
 }
 
 Tensor Tensor::randn(const Shape& shape, Generator& gen, DType dtype, double stddev, Device device) {

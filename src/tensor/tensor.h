@@ -54,6 +54,13 @@ class Generator {
   uint64_t next_u64() { return engine_(); }
   std::mt19937_64& engine() { return engine_; }
 
+  // The whole state as text: the engine, and both distributions (the normal one caches the spare
+  // of each pair it draws), so a generator given this state by set_state continues the stream
+  // draw for draw. Used to checkpoint dropout for an exact resume.
+  std::string state() const;
+  // Throws std::invalid_argument when `state` is not text that state() wrote.
+  void set_state(const std::string& state);
+
  private:
   std::mt19937_64 engine_;
   std::normal_distribution<double> normal_{0.0, 1.0};
