@@ -6,11 +6,15 @@
 
 #include "autograd/ops.h"
 #include "layers/attention.h"
+#include "layers/rope.h"
 
 namespace seqlab {
 namespace {
 
 GptConfig resolved(GptConfig cfg) {
+  // The transitional field: false with positions left at learned means none.
+  if (!cfg.learned_positions && cfg.positions == PositionKind::learned) cfg.positions = PositionKind::none;
+  cfg.learned_positions = cfg.positions == PositionKind::learned;
   if (cfg.n_kv_heads == 0) cfg.n_kv_heads = cfg.n_heads;
   if (cfg.d_ff == 0) cfg.d_ff = 4 * cfg.d_model;
   if (cfg.vocab_size <= 0 || cfg.d_model <= 0 || cfg.n_layers < 0 || cfg.n_heads <= 0 || cfg.n_kv_heads <= 0 ||
@@ -25,6 +29,20 @@ GptConfig resolved(GptConfig cfg) {
     throw std::invalid_argument("GptConfig: n_heads " + std::to_string(cfg.n_heads) +
                                 " not divisible by n_kv_heads " + std::to_string(cfg.n_kv_heads));
   }
+  if (cfg.positions == PositionKind::rope) {
+    const int64_t head_dim = cfg.d_model / cfg.n_heads;
+    if (head_dim % 2 != 0) {
+      throw std::invalid_argument("GptConfig: rotary positions need an even head size, but d_model / n_heads = " +
+                                  std::to_string(cfg.d_model) + " / " + std::to_string(cfg.n_heads) + " = " +
+                                  std::to_string(head_dim));
+    }
+    if (!(cfg.rope_base > 0)) {
+      throw std::invalid_argument("GptConfig: rope_base must be positive, got " + std::to_string(cfg.rope_base));
+    }
+  }
+  if (!(cfg.dropout >= 0 && cfg.dropout < 1)) {
+    throw std::invalid_argument("GptConfig: dropout must be in [0, 1), got " + std::to_string(cfg.dropout));
+  }
   return cfg;
 }
 
@@ -34,11 +52,13 @@ GptAttention::GptAttention(const GptConfig& cfg, Generator& gen)
     : heads_(cfg.n_heads),
       kv_heads_(cfg.n_kv_heads),
       head_dim_(cfg.d_model / cfg.n_heads),
+      rope_(cfg.positions == PositionKind::rope),
+      rope_base_(cfg.rope_base),
       qkv_(add_module("qkv", std::make_unique<Linear>(cfg.d_model, (heads_ + 2 * kv_heads_) * head_dim_, cfg.bias,
                                                       gen, cfg.init_std))),
       proj_(add_module("proj", std::make_unique<Linear>(heads_ * head_dim_, cfg.d_model, cfg.bias, gen, cfg.init_std))) {}
 
-Tensor GptAttention::forward(const Tensor& x, Tensor* cache_k, Tensor* cache_v) const {
+Tensor GptAttention::forward(const Tensor& x, int64_t start, Tensor* cache_k, Tensor* cache_v) const {
   const int64_t B = x.shape()[0], T = x.shape()[1];
   // [q | k | v] = x W_qkvᵀ + b, split along the feature dimension into H, Hk, Hk heads of D.
   Tensor qkv = qkv_.forward(x);
@@ -46,9 +66,18 @@ Tensor GptAttention::forward(const Tensor& x, Tensor* cache_k, Tensor* cache_v) 
   Tensor k = reshape(narrow(qkv, 2, heads_ * head_dim_, kv_heads_ * head_dim_), {B, T, kv_heads_, head_dim_});
   Tensor v =
       reshape(narrow(qkv, 2, (heads_ + kv_heads_) * head_dim_, kv_heads_ * head_dim_), {B, T, kv_heads_, head_dim_});
+  if (rope_) {
+    // Rotated at their own positions before caching: cached keys never need rotating again.
+    q = rope(q, {rope_base_, start});
+    k = rope(k, {rope_base_, start});
+  }
   if (cache_k != nullptr) {
     // K = [K_cache; k] along the sequence; the T new queries sit at the last T key positions.
     if (cache_k->defined()) {
+      if (cache_k->size(1) != start) {
+        throw std::logic_error("GptAttention: the cache holds " + std::to_string(cache_k->size(1)) +
+                               " positions but the new tokens start at " + std::to_string(start));
+      }
       k = concat({*cache_k, k}, 1);
       v = concat({*cache_v, v}, 1);
     }
@@ -74,27 +103,34 @@ Tensor GptMlp::forward(const Tensor& x) const {
   return proj_.forward(h);
 }
 
-GptBlock::GptBlock(const GptConfig& cfg, Generator& gen)
-    : ln1_(add_module("ln1", std::make_unique<Norm>(cfg.norm, cfg.d_model, cfg.norm_eps))),
-      attn_(add_module("attn", std::make_unique<GptAttention>(cfg, gen))),
+GptBlock::GptBlock(const GptConfig& cfg, Generator& init_gen, Generator& dropout_gen)
+    : dropout_(cfg.dropout),
+      dropout_gen_(dropout_gen),
+      ln1_(add_module("ln1", std::make_unique<Norm>(cfg.norm, cfg.d_model, cfg.norm_eps))),
+      attn_(add_module("attn", std::make_unique<GptAttention>(cfg, init_gen))),
       ln2_(add_module("ln2", std::make_unique<Norm>(cfg.norm, cfg.d_model, cfg.norm_eps))),
-      mlp_(add_module("mlp", std::make_unique<GptMlp>(cfg, gen))) {}
+      mlp_(add_module("mlp", std::make_unique<GptMlp>(cfg, init_gen))) {}
 
-Tensor GptBlock::forward(const Tensor& x, Tensor* cache_k, Tensor* cache_v) const {
-  // Pre-norm residual: x + attn(ln1 x), then + mlp(ln2 ·).
-  Tensor h = add(x, attn_.forward(ln1_.forward(x), cache_k, cache_v));
-  return add(h, mlp_.forward(ln2_.forward(h)));
+Tensor GptBlock::drop(const Tensor& x) const {
+  return dropout_ > 0 && training() ? dropout(x, dropout_, dropout_gen_) : x;
+}
+
+Tensor GptBlock::forward(const Tensor& x, int64_t start, Tensor* cache_k, Tensor* cache_v) const {
+  // Pre-norm residual: x + drop(attn(ln1 x)), then + drop(mlp(ln2 ·)).
+  Tensor h = add(x, drop(attn_.forward(ln1_.forward(x), start, cache_k, cache_v)));
+  return add(h, drop(mlp_.forward(ln2_.forward(h))));
 }
 
 Gpt::Gpt(const GptConfig& cfg, Generator& gen)
     : cfg_(resolved(cfg)),
+      dropout_gen_(cfg_.dropout_seed),
       wte_(add_module("wte", std::make_unique<Embedding>(cfg_.vocab_size, cfg_.d_model, gen, cfg_.init_std))),
-      wpe_(cfg_.learned_positions
+      wpe_(cfg_.positions == PositionKind::learned
                ? &add_module("wpe", std::make_unique<Embedding>(cfg_.max_seq_len, cfg_.d_model, gen, cfg_.init_std))
                : nullptr),
       blocks_() {
   for (int64_t i = 0; i < cfg_.n_layers; ++i) {
-    blocks_.push_back(&add_module("blocks." + std::to_string(i), std::make_unique<GptBlock>(cfg_, gen)));
+    blocks_.push_back(&add_module("blocks." + std::to_string(i), std::make_unique<GptBlock>(cfg_, gen, dropout_gen_)));
   }
   ln_f_ = &add_module("ln_f", std::make_unique<Norm>(cfg_.norm, cfg_.d_model, cfg_.norm_eps));
 }
@@ -114,12 +150,13 @@ Tensor Gpt::run(const Tensor& tokens, GptCache* cache) {
     Tensor positions = Tensor::from_indices(pos, {T}, DType::i64, tokens.device());
     x = add(x, wpe_->forward(positions));  // [T, C] broadcast over B
   }
+  if (cfg_.dropout > 0 && training()) x = dropout(x, cfg_.dropout, dropout_gen_);
   if (cache != nullptr) {
     cache->k.resize(blocks_.size());
     cache->v.resize(blocks_.size());
   }
   for (size_t i = 0; i < blocks_.size(); ++i) {
-    x = cache != nullptr ? blocks_[i]->forward(x, &cache->k[i], &cache->v[i]) : blocks_[i]->forward(x);
+    x = cache != nullptr ? blocks_[i]->forward(x, start, &cache->k[i], &cache->v[i]) : blocks_[i]->forward(x, start);
   }
   if (cache != nullptr) cache->position = start + T;
   // Tied output: logits = ln_f(x) · wteᵀ.

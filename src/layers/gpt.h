@@ -1,14 +1,23 @@
 // A decoder-only transformer (GPT): token embedding (+ learned positions), pre-norm blocks of
 // causal self-attention and an MLP, a final norm, and logits through the tied token embedding.
 //
-//   x_0 = wte[tokens] (+ wpe[positions])
-//   x   = x + proj(attention(split(qkv(norm1(x)))))          per block
-//   x   = x + mlp(norm2(x))        mlp = proj(gelu(fc x))  or  proj(silu(fc x) ⊙ gate x)  (SwiGLU)
+//   x_0 = drop(wte[tokens] (+ wpe[positions]))                 wpe with PositionKind::learned only
+//   q, k, v = split(qkv(norm1(x)))                              [B, T, H, D], [B, T, Hk, D] ×2
+//   q, k = rope(q, start), rope(k, start)                       PositionKind::rope only (rope.h)
+//   x   = x + drop(proj(attention(q, [K_cache; k], [V_cache; v])))          per block
+//   x   = x + drop(mlp(norm2(x)))  mlp = proj(gelu(fc x))  or  proj(silu(fc x) ⊙ gate x)  (SwiGLU)
 //   logits = norm_f(x) · wteᵀ
 //
-// Parameter names are stable dotted paths: wte.weight, wpe.weight, blocks.{i}.ln1.*,
-// blocks.{i}.attn.qkv.*, blocks.{i}.attn.proj.*, blocks.{i}.ln2.*, blocks.{i}.mlp.fc.*,
-// blocks.{i}.mlp.gate.* (SwiGLU only), blocks.{i}.mlp.proj.*, ln_f.*.
+// Token t of a call sits at position start + t, where start is 0 for a full forward and the
+// cache position when decoding, so rotary positions of new tokens are their true positions.
+// drop is GPT-2's dropout (p = dropout), active only in training mode (Module::set_training) and
+// drawn from the model's own generator, seeded by dropout_seed, in a fixed order: embedding, then
+// per block attention, MLP. Its state (dropout_generator().state()) belongs in a checkpoint.
+//
+// Parameter names are stable dotted paths: wte.weight, wpe.weight (learned positions only),
+// blocks.{i}.ln1.*, blocks.{i}.attn.qkv.*, blocks.{i}.attn.proj.*, blocks.{i}.ln2.*,
+// blocks.{i}.mlp.fc.*, blocks.{i}.mlp.gate.* (SwiGLU only), blocks.{i}.mlp.proj.*, ln_f.*.
+// Rotary and absent positions add no parameters.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +28,11 @@
 
 namespace seqlab {
 
+// How the model knows token order: a learned absolute embedding added to the input (wpe),
+// rotary embedding of every layer's queries and keys (no parameters), or nothing (causal
+// attention alone).
+enum class PositionKind { learned, rope, none };
+
 struct GptConfig {
   int64_t vocab_size = 0;
   int64_t d_model = 0;
@@ -27,12 +41,19 @@ struct GptConfig {
   int64_t n_kv_heads = 0;  // 0: n_heads
   int64_t d_ff = 0;        // 0: 4 · d_model
   int64_t max_seq_len = 0;
-  bool learned_positions = true;
+  PositionKind positions = PositionKind::learned;
+  double rope_base = 10000;  // θ_i = rope_base^(−2i/D) (rope only)
   NormKind norm = NormKind::layer_norm;
   double norm_eps = 1e-5;
   bool swiglu = false;
   bool bias = true;
   double init_std = 0.02;
+  double dropout = 0;         // in [0, 1); applied in training mode only
+  uint64_t dropout_seed = 0;  // seeds the model's dropout generator
+  // Transitional, for callers written before `positions` (src/train/run.cpp,
+  // bench/gpt_train_bench.cpp): false with `positions` left at learned means none. Set
+  // `positions` instead; this field goes once no caller sets it.
+  bool learned_positions = true;
 };
 
 // Keys and values of every layer seen so far, [B, S, Hk, D] each (undefined before the first
@@ -45,11 +66,15 @@ struct GptCache {
 class GptAttention : public Module {
  public:
   GptAttention(const GptConfig& cfg, Generator& gen);
-  // x [B, T, C]; with `cache_k`/`cache_v` non-null, new keys/values are appended to them first.
-  Tensor forward(const Tensor& x, Tensor* cache_k = nullptr, Tensor* cache_v = nullptr) const;
+  // x [B, T, C] holds the tokens at positions start … start+T−1 (rotary positions use them);
+  // with `cache_k`/`cache_v` non-null, new keys/values are appended to them first, and a
+  // non-empty cache must hold exactly `start` positions. Returns proj(attention), before dropout.
+  Tensor forward(const Tensor& x, int64_t start = 0, Tensor* cache_k = nullptr, Tensor* cache_v = nullptr) const;
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
+  bool rope_;
+  double rope_base_;
   Linear& qkv_;
   Linear& proj_;
 };
@@ -67,10 +92,17 @@ class GptMlp : public Module {
 
 class GptBlock : public Module {
  public:
-  GptBlock(const GptConfig& cfg, Generator& gen);
-  Tensor forward(const Tensor& x, Tensor* cache_k = nullptr, Tensor* cache_v = nullptr) const;
+  // Weights are drawn from `init_gen`; dropout masks from `dropout_gen`, which must outlive the
+  // block (Gpt passes its own generator).
+  GptBlock(const GptConfig& cfg, Generator& init_gen, Generator& dropout_gen);
+  // As GptAttention::forward: the tokens of x sit at positions start … start+T−1.
+  Tensor forward(const Tensor& x, int64_t start = 0, Tensor* cache_k = nullptr, Tensor* cache_v = nullptr) const;
 
  private:
+  Tensor drop(const Tensor& x) const;  // dropout in training mode, else x
+
+  double dropout_;
+  Generator& dropout_gen_;
   Norm& ln1_;
   GptAttention& attn_;
   Norm& ln2_;
@@ -91,10 +123,15 @@ class Gpt : public Module {
   // values to `cache` and advances cache.position. Meant for decoding under NoGradGuard.
   Tensor forward_incremental(const Tensor& tokens, GptCache& cache);
 
+  // The generator of every dropout mask; checkpoint its state() and set_state() it on resume
+  // for a bit-exact continuation.
+  Generator& dropout_generator() { return dropout_gen_; }
+
  private:
   Tensor run(const Tensor& tokens, GptCache* cache);
 
   GptConfig cfg_;
+  Generator dropout_gen_;
   Embedding& wte_;
   Embedding* wpe_ = nullptr;
   std::vector<GptBlock*> blocks_;
