@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Exact resume, at the command line: a short GPT run straight through, the same run resumed from a
+# Exact resume, at the command line: a short GPT run (rotary positions, dropout on) straight through, the same run resumed from a
 # middle checkpoint, one killed with SIGKILL between checkpoints and one stopped with SIGTERM must log
 # identical losses at every step. A truncated checkpoint and bad arguments are refused with exit code 2
 # and one line.
@@ -21,6 +21,8 @@ cat > "$WORK/tiny.toml" <<TOML
 d_model = 16
 n_layers = 1
 n_heads = 2
+dropout = 0.1
+positions = "rope"
 [data]
 path = "$WORK/corpus.txt"
 format = "text"

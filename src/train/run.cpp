@@ -65,9 +65,7 @@ void filter_lines(const fs::path& file, Keep keep) {
 std::unique_ptr<Gpt> build_model(const Recipe& r, int64_t vocab_size) {
   const RecipeModel& m = r.model;
   const std::string& file = r.source_path;
-  if (m.positions == "rope") throw UserError(file + ": model.positions = \"rope\" is not supported by gpt yet");
   if (!m.tie_embeddings) throw UserError(file + ": model.tie_embeddings = false is not supported by gpt yet");
-  if (m.dropout > 0) throw UserError(file + ": model.dropout > 0 is not supported by gpt yet");
   GptConfig c;
   c.vocab_size = m.vocab_size > 0 ? m.vocab_size : vocab_size;
   if (c.vocab_size < vocab_size) {
@@ -80,7 +78,13 @@ std::unique_ptr<Gpt> build_model(const Recipe& r, int64_t vocab_size) {
   c.n_kv_heads = m.resolved_n_kv_heads();
   c.d_ff = m.resolved_d_ff();
   c.max_seq_len = r.train.seq_len;
-  c.learned_positions = m.positions == "learned";
+  c.positions = m.positions == "rope"   ? PositionKind::rope
+                : m.positions == "none" ? PositionKind::none
+                                        : PositionKind::learned;
+  c.rope_base = m.rope_base;
+  c.dropout = m.dropout;
+  // Its own stream, apart from the initialisation's (which draws from the raw seed).
+  c.dropout_seed = static_cast<uint64_t>(r.train.seed) ^ 0x9e3779b97f4a7c15ULL;
   c.norm = m.norm == "rmsnorm" ? NormKind::rms_norm : NormKind::layer_norm;
   c.norm_eps = m.norm_eps;
   c.swiglu = m.mlp == "swiglu";
@@ -114,6 +118,7 @@ void save_checkpoint(const std::string& run_dir, int64_t step, Gpt& model, const
                                              {"vocab_size", std::to_string(model.config().vocab_size)},
                                              {"loader_epoch", std::to_string(loader.epoch)},
                                              {"loader_position", std::to_string(loader.position)},
+                                             {"dropout_rng", model.dropout_generator().state()},
                                              {"recipe", resolved_recipe_toml(recipe)}};
   ok_or_throw(write_safetensors((fs::path(run_dir) / checkpoint_name(step)).string(), tensors, meta));
   std::vector<fs::path> all = checkpoints(run_dir);
@@ -146,6 +151,13 @@ void restore_weights(const Checkpoint& checkpoint, Gpt& model) {
                       " " + dtype_name(p.tensor->dtype()));
     }
     kernel::copy_(*p.tensor, it->second);
+  }
+  if (!checkpoint.dropout_rng.empty()) {
+    try {
+      model.dropout_generator().set_state(checkpoint.dropout_rng);
+    } catch (const std::invalid_argument& e) {
+      throw UserError(checkpoint.file + ": its dropout generator state is corrupt (" + e.what() + ")");
+    }
   }
 }
 

@@ -46,7 +46,8 @@ struct Checkpoint {
 };
 // UserError for a missing, truncated or corrupted file, or metadata that is not seqlab's.
 Checkpoint read_checkpoint(const std::string& file);
-// Copies the checkpoint's weights into `model`; UserError naming a missing or misshapen weight.
+// Copies the checkpoint's weights and dropout generator into `model`; UserError naming a missing or
+// misshapen weight.
 void restore_weights(const Checkpoint& checkpoint, Gpt& model);
 
 // RUN/recipe.toml loaded with `overrides` applied (what `--resume RUN` and `seqlab sample RUN` use).
