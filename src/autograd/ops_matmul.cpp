@@ -43,8 +43,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Shape out_shape = x.shape();
   out_shape.back() = out;
   Tensor rows = kernel::reshape(x, {-1, in});
-  Tensor y = kernel::matmul(rows, weight, false, true);
-  if (bias.defined()) y = kernel::binary(kernel::BinaryOp::add, y, bias);
+  Tensor y;
+  if (bias.defined()) {
+    // y starts as b in every row and the GEMM adds x Wᵀ onto it: one write pass for the bias
+    // instead of a second output and an add pass over it.
+    y = Tensor::empty({rows.size(0), out}, bias.dtype(), bias.device());  // never a view of the bias
+    kernel::copy_(y, kernel::expand(bias, y.shape()));
+    kernel::matmul(rows, weight, false, true, y);
+  } else {
+    y = kernel::matmul(rows, weight, false, true);
+  }
   y = kernel::view(y, out_shape);
   record("linear", {x, weight, bias}, {&y}, {rows, weight}, [in, out](const Grads& g, const Grads& s, const Needs& need) {
     const Tensor dy = kernel::reshape(g[0], {-1, out});

@@ -97,8 +97,11 @@ SEQLAB_DECLARE_KERNEL(cumsum_kernel, void (*)(const Tensor& x3d, bool reverse, c
 
 // ------------------------------------------------------------------------------------------------
 // Matrix products. a: [..., M, K], b: [..., K, N] with broadcast batch dimensions (b may be 2-D).
-// trans_a / trans_b use the transpose of the last two dimensions without copying.
-Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// trans_a / trans_b use the transpose of the last two dimensions without copying. With `onto` (a
+// contiguous tensor of the result's shape, dtype and device), the product is added onto it in
+// place by the GEMM itself (β = 1) and `onto` is returned: a bias or residual costs no extra pass.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false,
+              const Tensor& onto = Tensor());
 
 // C[b] = alpha · op(A[b]) · op(B[b]) + beta · C[b] for b < batch, row-major, with element strides
 // between batch entries (0 to reuse one matrix) and leading dimensions lda, ldb, ldc.

@@ -28,7 +28,7 @@ GemmOperand as_batched(const Tensor& x, const Shape& batch) {
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, const Tensor& onto) {
   if (a.dim() < 2 || b.dim() < 2) {
     throw std::invalid_argument("matmul: operands must have at least 2 dimensions, got " + shape_str(a.shape()) +
                                 " and " + shape_str(b.shape()));
@@ -51,10 +51,16 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   Shape out_shape = batch;
   out_shape.push_back(m);
   out_shape.push_back(n);
-  Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
+  if (onto.defined() && (onto.shape() != out_shape || onto.dtype() != a.dtype() || onto.device() != a.device() ||
+                         !onto.is_contiguous())) {
+    throw std::invalid_argument("matmul: cannot add the product " + shape_str(out_shape) + " " +
+                                dtype_name(a.dtype()) + " onto " + shape_str(onto.shape()) + " " +
+                                dtype_name(onto.dtype()) + (onto.is_contiguous() ? "" : " (not contiguous)"));
+  }
+  Tensor out = onto.defined() ? onto : Tensor::empty(out_shape, a.dtype(), a.device());
   if (out.numel() == 0) return out;
   if (k == 0) {
-    fill_(out, 0.0);
+    if (!onto.defined()) fill_(out, 0.0);
     return out;
   }
 
@@ -65,6 +71,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   g.m = m;
   g.n = n;
   g.k = k;
+  g.beta = onto.defined() ? 1.0 : 0.0;
   g.batch = shape_numel(batch);
   GemmOperand A = as_batched(a, batch), B = as_batched(b, batch);
   if (B.stride == 0 && !trans_a && g.batch > 1 && A.stride != 0) {
