@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
   cfg.n_layers = f.layers;
   cfg.n_heads = f.heads;
   cfg.max_seq_len = f.T;
-  cfg.learned_positions = true;
+  cfg.positions = PositionKind::learned;
   cfg.norm = NormKind::layer_norm;
   cfg.norm_eps = 1e-5;
   cfg.bias = true;
