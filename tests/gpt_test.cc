@@ -102,13 +102,6 @@ TEST(Gpt, ParameterNamesAndCount) {
     EXPECT_EQ(other.parameters()[0].name, "wte.weight");
     EXPECT_EQ(other.parameters()[1].name, "blocks.0.ln1.weight") << name_of(p);
   }
-  // The transitional field still means what it meant: learned_positions = false is none.
-  GptConfig old_style = small_config(3, false);
-  old_style.learned_positions = false;
-  Generator g_old(1);
-  Gpt old_model(old_style, g_old);
-  EXPECT_EQ(old_model.config().positions, PositionKind::none);
-  EXPECT_EQ(old_model.num_parameters(), learned.num_parameters() - kMaxLen * kC);
 }
 
 TEST(Gpt, ConfigErrors) {

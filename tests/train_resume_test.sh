@@ -70,22 +70,29 @@ grep -q '^### step 6' "$WORK/a/samples.txt" && pass "sample written" || fail "no
 "$SEQLAB" --resume "$WORK/a" | grep -q "already complete" && pass "resuming a finished run does nothing" || fail "finished run"
 
 # 2. Killed with SIGKILL between checkpoints, then resumed.
-LONG=(--set train.steps=2000 --set checkpoint.every=10 --set log.eval_every=500 --set log.sample_every=0)
+LONG=(--set train.steps=3000 --set checkpoint.every=10 --set log.eval_every=1000 --set log.sample_every=0
+      --set log.progress=plain)
 "$SEQLAB" "$WORK/tiny.toml" "${LONG[@]}" --out "$WORK/long" > /dev/null || { echo "FAIL long run"; exit 1; }
-# kill_after SIGNAL RUN: starts the long run into RUN and sends SIGNAL once its step-20 checkpoint exists.
+# kill_after SIGNAL RUN: starts the long run into RUN with its progress lines (one per step) going into
+# a pipe read here, and sends SIGNAL once step 25 has been printed. The run cannot finish first: once
+# this script stops reading, the pipe fills (64 KiB, under 1000 lines) and blocks the run thousands of
+# steps before its end. After the signal the rest is drained into RUN.log, so a run that saves a
+# checkpoint and exits can do so.
 kill_after() {
-  "$SEQLAB" "$WORK/tiny.toml" "${LONG[@]}" --out "$2" > "$2.log" 2>&1 &
-  local pid=$! i
-  for i in $(seq 1 3000); do
-    [ -f "$2/ckpt_0000020.safetensors" ] && break
-    sleep 0.01
+  local line
+  coproc TRAINING { exec "$SEQLAB" "$WORK/tiny.toml" "${LONG[@]}" --out "$2" 2>&1; }
+  local pid=$TRAINING_PID
+  while IFS= read -r line <&"${TRAINING[0]}"; do
+    echo "$line" >> "$2.log"
+    case "$line" in "step 25/"*) break;; esac
   done
   kill "-$1" "$pid" 2> /dev/null
+  cat <&"${TRAINING[0]}" >> "$2.log"
   wait "$pid" 2> /dev/null
 }
-kill_after KILL "$WORK/killed"
+kill_after KILL "$WORK/killed" 2> /dev/null  # (no "Killed" job notice)
 rc=$?
-if [ "$rc" -eq 137 ] && [ ! -f "$WORK/killed/ckpt_0002000.safetensors" ]; then
+if [ "$rc" -eq 137 ] && [ ! -f "$WORK/killed/ckpt_0003000.safetensors" ]; then
   pass "SIGKILL ended the run at $(tail -n 1 "$WORK/killed/metrics.jsonl" | cut -d, -f1) }"
   "$SEQLAB" --resume "$WORK/killed" > /dev/null || fail "resume after SIGKILL"
   same_losses "killed with SIGKILL and resumed" "$WORK/long" "$WORK/killed"

@@ -12,9 +12,6 @@ namespace seqlab {
 namespace {
 
 GptConfig resolved(GptConfig cfg) {
-  // The transitional field: false with positions left at learned means none.
-  if (!cfg.learned_positions && cfg.positions == PositionKind::learned) cfg.positions = PositionKind::none;
-  cfg.learned_positions = cfg.positions == PositionKind::learned;
   if (cfg.n_kv_heads == 0) cfg.n_kv_heads = cfg.n_heads;
   if (cfg.d_ff == 0) cfg.d_ff = 4 * cfg.d_model;
   if (cfg.vocab_size <= 0 || cfg.d_model <= 0 || cfg.n_layers < 0 || cfg.n_heads <= 0 || cfg.n_kv_heads <= 0 ||

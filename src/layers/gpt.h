@@ -50,10 +50,6 @@ struct GptConfig {
   double init_std = 0.02;
   double dropout = 0;         // in [0, 1); applied in training mode only
   uint64_t dropout_seed = 0;  // seeds the model's dropout generator
-  // Transitional, for callers written before `positions` (src/train/run.cpp,
-  // bench/gpt_train_bench.cpp): false with `positions` left at learned means none. Set
-  // `positions` instead; this field goes once no caller sets it.
-  bool learned_positions = true;
 };
 
 // Keys and values of every layer seen so far, [B, S, Hk, D] each (undefined before the first
