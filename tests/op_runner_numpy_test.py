@@ -376,23 +376,6 @@ def attention_ref(xs, a):
     return [o.transpose(0, 2, 1, 3), lse[..., 0].transpose(0, 2, 1)], back
 
 
-def rope_ref(xs, a):
-    """x [B,T,H,D]: pairs (x_2i, x_2i+1) at position start + t rotated by (start + t) base^(-2i/D)."""
-    x = xs[0]
-    B, T, H, D = x.shape
-    theta = a["base"] ** (-2.0 * np.arange(D // 2) / D)
-    phi = (a["start"] + np.arange(T))[:, None, None] * theta    # [T, 1, D/2]
-
-    def rotate(v, sign):
-        e, o = v[..., 0::2], v[..., 1::2]
-        c, s = np.cos(phi), sign * np.sin(phi)
-        out = np.empty_like(v)
-        out[..., 0::2], out[..., 1::2] = e * c - o * s, e * s + o * c
-        return out
-
-    return [rotate(x, 1.0)], lambda gs: [rotate(gs[0], -1.0)]  # the transpose of a rotation is its inverse
-
-
 def cases_for(name):
     """The cases of op `name`, or None when there is no reference."""
     if name in UNARY:
@@ -437,12 +420,31 @@ def cases_for(name):
             Case([randn(2, 6, 3, 4), randn(2, 4, 1, 4), randn(2, 4, 1, 2)], attention_ref,
                  {"causal": False, "scale": 0.7, "block": 3}),
             Case([randn(1, 1, 2, 5), randn(1, 9, 2, 5), randn(1, 9, 2, 5)], attention_ref, {"causal": True, "block": 4})],
-        "rope": lambda: [Case([randn(2, 5, 3, 6)], rope_ref, {"base": 100.0, "start": 3}),
-                         Case([randn(1, 4, 2, 8)], rope_ref, {"base": 10000.0, "start": 0}),
-                         Case([randn(1, 1, 1, 4)], rope_ref, {"base": 10000.0, "start": 4095})],
         "split": lambda: [Case([randn(2, 6, 3)], split_ref, {"sizes": [2, 1, 3], "dim": 1}, cotangents=[0, 2])],
     }
-    return table[name]() if name in table else None
+    if name in table:
+        return table[name]()
+    return variant_cases()[name]() if name in variant_cases() else None
+
+
+_variant_cases = None
+
+
+def variant_cases():
+    """The references of the variant ops, one file each in tests/numpy_refs/ (NAME.py defines CASES,
+    a dict from op name to a function returning its cases). The files run with this module's names
+    in scope (Case, randn, positive, rng, ...), so they need no imports of their own besides numpy."""
+    global _variant_cases
+    if _variant_cases is None:
+        _variant_cases = {}
+        folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "numpy_refs")
+        for file in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            if file.endswith(".py"):
+                scope = dict(globals())
+                with open(os.path.join(folder, file)) as f:
+                    exec(compile(f.read(), os.path.join(folder, file), "exec"), scope)
+                _variant_cases.update(scope["CASES"])
+    return _variant_cases
 
 
 # ---- running one case ----
