@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "autograd/variable.h"
+#include "layers/gpt.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -106,7 +107,7 @@ GptConfig tiny_config() {
 std::vector<int32_t> decode_by_full_forwards(Gpt& model, std::vector<int32_t> context, const SamplingOptions& o,
                                              Generator& gen) {
   NoGradGuard no_grad;
-  const size_t window = static_cast<size_t>(model.config().max_seq_len);
+  const size_t window = static_cast<size_t>(model.max_context());
   std::vector<int32_t> out;
   size_t start = context.size() > window ? context.size() - window / 2 : 0;
   for (int64_t i = 0; i < o.tokens; ++i) {

@@ -164,6 +164,10 @@ Tensor Gpt::forward(const Tensor& tokens) { return run(tokens, nullptr); }
 
 Tensor Gpt::forward_incremental(const Tensor& tokens, GptCache& cache) { return run(tokens, &cache); }
 
-Tensor Gpt::loss(const Tensor& tokens, const Tensor& targets) { return cross_entropy(forward(tokens), targets, -100); }
+Tensor Gpt::forward_step(const Tensor& tokens, DecodeState& state) {
+  auto* cache = dynamic_cast<GptCache*>(&state);
+  if (cache == nullptr) throw std::invalid_argument("Gpt::forward_step: the state is not a GptCache");
+  return run(tokens, cache);
+}
 
 }  // namespace seqlab

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "layers/basic.h"
+#include "layers/language_model.h"
 #include "layers/module.h"
 
 namespace seqlab {
@@ -54,9 +55,8 @@ struct GptConfig {
 
 // Keys and values of every layer seen so far, [B, S, Hk, D] each (undefined before the first
 // call), and the position of the next token.
-struct GptCache {
+struct GptCache : DecodeState {
   std::vector<Tensor> k, v;
-  int64_t position = 0;
 };
 
 class GptAttention : public Module {
@@ -105,23 +105,23 @@ class GptBlock : public Module {
   GptMlp& mlp_;
 };
 
-class Gpt : public Module {
+class Gpt : public LanguageModel {
  public:
   // Throws std::invalid_argument for sizes that do not fit (heads not dividing d_model, ...).
   Gpt(const GptConfig& cfg, Generator& gen);
 
   const GptConfig& config() const { return cfg_; }
-  // tokens [B, T] (i32 or i64) → logits [B, T, V].
-  Tensor forward(const Tensor& tokens);
-  // Mean cross-entropy of forward(tokens) against targets [B, T] (entries −100 ignored).
-  Tensor loss(const Tensor& tokens, const Tensor& targets);
+  Tensor forward(const Tensor& tokens) override;
   // tokens [B, t] at positions cache.position … +t−1 → logits [B, t, V]; appends their keys and
   // values to `cache` and advances cache.position. Meant for decoding under NoGradGuard.
   Tensor forward_incremental(const Tensor& tokens, GptCache& cache);
 
-  // The generator of every dropout mask; checkpoint its state() and set_state() it on resume
-  // for a bit-exact continuation.
-  Generator& dropout_generator() { return dropout_gen_; }
+  std::unique_ptr<DecodeState> new_decode_state() const override { return std::make_unique<GptCache>(); }
+  // forward_incremental on a GptCache.
+  Tensor forward_step(const Tensor& tokens, DecodeState& state) override;
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
+  int64_t max_context() const override { return cfg_.max_seq_len; }
+  Generator& dropout_generator() override { return dropout_gen_; }
 
  private:
   Tensor run(const Tensor& tokens, GptCache* cache);

@@ -63,7 +63,7 @@ void sample(const std::vector<std::string>& args) {
   Recipe recipe = load_run_recipe(run);
   std::unique_ptr<Tokenizer> tokenizer = run_tokenizer(recipe);
   Checkpoint checkpoint = read_checkpoint(f.has("--checkpoint") ? f.get("--checkpoint") : newest_checkpoint(run));
-  std::unique_ptr<Gpt> model = build_model(recipe, checkpoint.vocab_size);
+  std::unique_ptr<LanguageModel> model = build_model(recipe, checkpoint.vocab_size);
   restore_weights(checkpoint, *model);
 
   const std::string prompt_text = f.get("--prompt");

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "layers/gpt.h"
 #include "tensor/kernels.h"
 #include "train/cli_util.h"
 
@@ -62,7 +63,7 @@ void filter_lines(const fs::path& file, Keep keep) {
 
 }  // namespace
 
-std::unique_ptr<Gpt> build_model(const Recipe& r, int64_t vocab_size) {
+std::unique_ptr<LanguageModel> build_model(const Recipe& r, int64_t vocab_size) {
   const RecipeModel& m = r.model;
   const std::string& file = r.source_path;
   if (!m.tie_embeddings) throw UserError(file + ": model.tie_embeddings = false is not supported by gpt yet");
@@ -108,14 +109,14 @@ std::string newest_checkpoint(const std::string& run_dir) {
   return all.back().string();
 }
 
-void save_checkpoint(const std::string& run_dir, int64_t step, Gpt& model, const Optimizer& optimizer,
+void save_checkpoint(const std::string& run_dir, int64_t step, LanguageModel& model, const Optimizer& optimizer,
                      const LoaderState& loader, const Recipe& recipe, int64_t keep) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const Parameter& p : model.parameters()) tensors.emplace_back(p.name, p.tensor->detach());
   for (auto& entry : optimizer.state_tensors()) tensors.push_back(entry);
   std::map<std::string, std::string> meta = {{"format", "seqlab-checkpoint 1"},
                                              {"step", std::to_string(step)},
-                                             {"vocab_size", std::to_string(model.config().vocab_size)},
+                                             {"vocab_size", std::to_string(model.vocab_size())},
                                              {"loader_epoch", std::to_string(loader.epoch)},
                                              {"loader_position", std::to_string(loader.position)},
                                              {"dropout_rng", model.dropout_generator().state()},
@@ -141,7 +142,7 @@ Checkpoint read_checkpoint(const std::string& file) {
   return c;
 }
 
-void restore_weights(const Checkpoint& checkpoint, Gpt& model) {
+void restore_weights(const Checkpoint& checkpoint, LanguageModel& model) {
   for (const Parameter& p : model.parameters()) {
     auto it = checkpoint.contents.tensors.find(p.name);
     if (it == checkpoint.contents.tensors.end()) throw UserError(checkpoint.file + ": no weight named " + p.name);

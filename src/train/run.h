@@ -14,7 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "layers/gpt.h"
+#include "layers/language_model.h"
 #include "train/loader.h"
 #include "train/optim.h"
 #include "train/recipe.h"
@@ -24,14 +24,14 @@ namespace seqlab::cli {
 
 // The model a recipe describes, for a vocabulary of `vocab_size` ids. Throws UserError naming the
 // recipe key for what the model cannot do.
-std::unique_ptr<Gpt> build_model(const Recipe& recipe, int64_t vocab_size);
+std::unique_ptr<LanguageModel> build_model(const Recipe& recipe, int64_t vocab_size);
 
 // "ckpt_0000042.safetensors" for step 42.
 std::string checkpoint_name(int64_t step);
 // The newest checkpoint of `run_dir`; UserError when there is none.
 std::string newest_checkpoint(const std::string& run_dir);
 
-void save_checkpoint(const std::string& run_dir, int64_t step, Gpt& model, const Optimizer& optimizer,
+void save_checkpoint(const std::string& run_dir, int64_t step, LanguageModel& model, const Optimizer& optimizer,
                      const LoaderState& loader, const Recipe& recipe, int64_t keep);
 
 // A checkpoint read and checked: its metadata parsed; weights and optimiser state still in `contents`.
@@ -48,7 +48,7 @@ struct Checkpoint {
 Checkpoint read_checkpoint(const std::string& file);
 // Copies the checkpoint's weights and dropout generator into `model`; UserError naming a missing or
 // misshapen weight.
-void restore_weights(const Checkpoint& checkpoint, Gpt& model);
+void restore_weights(const Checkpoint& checkpoint, LanguageModel& model);
 
 // RUN/recipe.toml loaded with `overrides` applied (what `--resume RUN` and `seqlab sample RUN` use).
 Recipe load_run_recipe(const std::string& run_dir, const std::vector<std::string>& overrides = {});

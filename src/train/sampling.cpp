@@ -55,38 +55,39 @@ Tensor as_ids(const std::vector<int32_t>& ids, Device device) {
 
 }  // namespace
 
-std::vector<int32_t> generate(Gpt& model, const std::vector<int32_t>& prompt, const SamplingOptions& options,
+std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt, const SamplingOptions& options,
                               Generator& gen) {
   if (prompt.empty()) throw std::invalid_argument("generate: the prompt needs at least one token");
-  const int64_t window = model.config().max_seq_len;
+  const int64_t window = model.max_context();  // 0: unbounded
   const Device device = model.parameters().front().tensor->device();
   NoGradGuard no_grad;
   const bool was_training = model.training();
   model.set_training(false);
   std::vector<int32_t> context = prompt, out;
-  // Feeds the last half window (all of a short context) into a fresh cache; returns the last logits.
-  auto refill = [&](GptCache& cache) {
-    cache = GptCache();
+  // Feeds the last half window (all of a short context) into a fresh state; returns the last logits.
+  std::unique_ptr<DecodeState> state;
+  auto refill = [&]() {
+    state = model.new_decode_state();
     const size_t n = std::min(context.size(), static_cast<size_t>(std::max<int64_t>(1, window / 2)));
     std::vector<int32_t> tail(context.end() - static_cast<std::ptrdiff_t>(n), context.end());
-    return last_row(model.forward_incremental(as_ids(tail, device), cache));
+    return last_row(model.forward_step(as_ids(tail, device), *state));
   };
-  GptCache cache;
   std::vector<double> logits;
-  if (static_cast<int64_t>(context.size()) <= window) {
-    logits = last_row(model.forward_incremental(as_ids(context, device), cache));
+  if (window == 0 || static_cast<int64_t>(context.size()) <= window) {
+    state = model.new_decode_state();
+    logits = last_row(model.forward_step(as_ids(context, device), *state));
   } else {
-    logits = refill(cache);
+    logits = refill();
   }
   for (int64_t i = 0; i < options.tokens; ++i) {
     const int32_t next = sample_token(logits, options, gen);
     out.push_back(next);
     context.push_back(next);
     if (next == options.stop_token || i + 1 == options.tokens) break;
-    if (cache.position + 1 > window) {
-      logits = refill(cache);
+    if (window > 0 && state->position + 1 > window) {
+      logits = refill();
     } else {
-      logits = last_row(model.forward_incremental(as_ids({next}, device), cache));
+      logits = last_row(model.forward_step(as_ids({next}, device), *state));
     }
   }
   model.set_training(was_training);

@@ -1,4 +1,5 @@
-// Text generation from a GPT with its KV cache: the prompt is fed once, then one token per step.
+// Text generation from a language model with its decode state (a KV cache, or recurrent states): the
+// prompt is fed once, then one token per step.
 //
 // The next token is drawn from softmax(logits / temperature) restricted to
 //   top-k:  the k most likely ids (k = 0: all), then
@@ -9,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "layers/gpt.h"
+#include "layers/language_model.h"
 #include "tensor/tensor.h"
 
 namespace seqlab {
@@ -27,8 +28,8 @@ int32_t sample_token(const std::vector<double>& logits, const SamplingOptions& o
 
 // Continues `prompt` (at least one id) by up to options.tokens ids and returns only the new ones. The
 // model runs in evaluation mode without gradients (its training flag is restored afterwards). When the
-// context reaches the model's max_seq_len, the cache is rebuilt from the last half of the context.
-std::vector<int32_t> generate(Gpt& model, const std::vector<int32_t>& prompt, const SamplingOptions& options,
+// context reaches the model's max_context() (if bounded), the state is rebuilt from the last half of it.
+std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt, const SamplingOptions& options,
                               Generator& gen);
 
 }  // namespace seqlab

@@ -143,7 +143,7 @@ struct Evaluation {
   std::optional<double> accuracy;  // synthetic tasks
 };
 
-Evaluation evaluate(Gpt& model, const Data& data, int64_t batch_size) {
+Evaluation evaluate(LanguageModel& model, const Data& data, int64_t batch_size) {
   NoGradGuard no_grad;
   model.set_training(false);
   double total = 0;
@@ -166,7 +166,7 @@ Evaluation evaluate(Gpt& model, const Data& data, int64_t batch_size) {
 }
 
 // The text of one sample: the recipe's prompt (after end-of-text, as documents start) continued.
-std::string sample_text(Gpt& model, const Tokenizer& tokenizer, const RecipeLog& log, uint64_t seed) {
+std::string sample_text(LanguageModel& model, const Tokenizer& tokenizer, const RecipeLog& log, uint64_t seed) {
   std::vector<int32_t> prompt = {tokenizer.eot()};
   for (int32_t id : tokenizer.encode(log.sample_prompt)) prompt.push_back(id);
   SamplingOptions o;
@@ -222,7 +222,7 @@ int train(const std::vector<std::string>& args) {
   const std::string run = inv.run_dir.string();
 
   Data data = open_data(r);
-  std::unique_ptr<Gpt> model = build_model(r, data.vocab_size);
+  std::unique_ptr<LanguageModel> model = build_model(r, data.vocab_size);
   OptimConfig oc;
   oc.name = r.optim.name;
   oc.lr = r.optim.lr;
