@@ -8,6 +8,11 @@ SEQLAB_BUILD="${SEQLAB_BUILD:-$SEQLAB_ROOT/build}"
 SEQLAB_PACKAGES=(cmake ninja-build g++ git libabsl-dev googletest libgtest-dev libtomlplusplus-dev
                  libopenblas-dev python3 fortunes fortunes-min gnuplot-nox)
 
+# OpenMP threads sleep when idle instead of spinning: on a machine shared with other work, spinning
+# threads steal the cores the busy ones need (a GPT step measured 2-4x slower under load with the
+# default), and on a quiet machine it costs nothing measurable (docs/perf.md). Override by setting it.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
+
 seqlab_say() { printf 'seqlab: %s\n' "$*" >&2; }
 
 seqlab_install_packages() {
