@@ -106,7 +106,8 @@ double compare(const Result& a, const Result& b, std::string* where) {
   take(max_rel_error(a.fin, b.fin), "final_state");
   for (size_t i = 0; i < a.grads.size(); ++i) {
     EXPECT_EQ(a.grads[i].defined(), b.grads[i].defined()) << kNames[i];
-    if (a.grads[i].defined() && b.grads[i].defined()) take(max_rel_error(a.grads[i], b.grads[i]), std::string("d") + kNames[i]);
+    if (a.grads[i].defined() && b.grads[i].defined())
+      take(max_rel_error(a.grads[i], b.grads[i]), std::string("d") + kNames[i]);
   }
   return worst;
 }
@@ -147,18 +148,18 @@ TEST_P(DeltaNetForms, F64) { expect_forms_agree(GetParam(), DType::f64, 1e-10); 
 TEST_P(DeltaNetForms, F32) { expect_forms_agree(GetParam(), DType::f32, 1e-5); }
 
 // B, T, H, dk, dv, chunk, gated, initial state
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, DeltaNetForms,
-    ::testing::Values(Case{2, 7, 3, 4, 5, 3, true, true},     // T not a multiple of the chunk
-                      Case{2, 7, 3, 4, 5, 3, false, true},    // DeltaNet
-                      Case{1, 5, 2, 3, 6, 8, true, false},    // T below one chunk, no initial state
-                      Case{2, 1, 2, 5, 3, 4, true, true},     // T = 1
-                      Case{1, 1, 1, 4, 4, 64, false, false},  // T = 1, DeltaNet from zeros
-                      Case{1, 12, 2, 3, 4, 4, false, false},  // T a multiple of the chunk
-                      Case{1, 9, 2, 6, 2, 1, true, true},     // chunks of one token
-                      Case{2, 70, 2, 8, 6, 64, true, true},   // default chunk, a partial second chunk
-                      Case{3, 40, 4, 16, 16, 16, true, true}  // enough work for several threads
-                      ));
+INSTANTIATE_TEST_SUITE_P(Shapes, DeltaNetForms,
+                         ::testing::Values(Case{2, 7, 3, 4, 5, 3, true, true},   // T not a multiple of the chunk
+                                           Case{2, 7, 3, 4, 5, 3, false, true},  // DeltaNet
+                                           Case{1, 5, 2, 3, 6, 8, true, false},  // T below one chunk, no initial state
+                                           Case{2, 1, 2, 5, 3, 4, true, true},   // T = 1
+                                           Case{1, 1, 1, 4, 4, 64, false, false},  // T = 1, DeltaNet from zeros
+                                           Case{1, 12, 2, 3, 4, 4, false, false},  // T a multiple of the chunk
+                                           Case{1, 9, 2, 6, 2, 1, true, true},     // chunks of one token
+                                           Case{2, 70, 2, 8, 6, 64, true,
+                                                true},  // default chunk, a partial second chunk
+                                           Case{3, 40, 4, 16, 16, 16, true, true}  // enough work for several threads
+                                           ));
 
 // The recurrence written densely here: S ← α (I − β kᵀk) S + β kᵀ v, o = c q S, in plain loops.
 std::vector<double> dense_reference(const Inputs& in, double scale, std::vector<double>* fin) {
@@ -216,8 +217,9 @@ TEST(DeltaNet, MatchesDenseLoops) {
   Inputs in = make_inputs(1, 4, 1, 4, 2, true, false, DType::f64, 5);
   std::vector<double> fin;
   const std::vector<double> o = dense_reference(in, 0.5, &fin);
-  EXPECT_LE(max_rel_error(delta_net(in.q, in.k, in.v, in.beta, in.g).o, Tensor::from_vector(o, {1, 4, 1, 2}, DType::f64)),
-            1e-12);
+  EXPECT_LE(
+      max_rel_error(delta_net(in.q, in.k, in.v, in.beta, in.g).o, Tensor::from_vector(o, {1, 4, 1, 2}, DType::f64)),
+      1e-12);
 }
 
 // With β = 1 and a unit key the write replaces what the key read: k_t S_t = v_t, so reading with
@@ -243,19 +245,19 @@ TEST(DeltaNet, DecodingTokenByTokenMatchesFullSequence) {
       const double tol = dtype == DType::f64 ? 1e-12 : 1e-5;
       for (int64_t t = 0; t < 11; ++t) {
         auto at = [&](const Tensor& x) { return narrow(x, 1, t, 1); };
-        DeltaNetOutput step = delta_net(at(in.q), at(in.k), at(in.v), at(in.beta), gated ? at(in.g) : Tensor(), state,
-                                        recurrent());
+        DeltaNetOutput step =
+            delta_net(at(in.q), at(in.k), at(in.v), at(in.beta), gated ? at(in.g) : Tensor(), state, recurrent());
         EXPECT_LE(max_rel_error(step.o, at(full.o)), tol) << "token " << t << " gated " << gated;
         state = step.final_state;
       }
       EXPECT_LE(max_rel_error(state, full.final_state), tol) << "gated " << gated;
       // Prefill then decode: the chunkwise form over the first 7 tokens, recurrent after.
-      DeltaNetOutput pre = delta_net(narrow(in.q, 1, 0, 7), narrow(in.k, 1, 0, 7), narrow(in.v, 1, 0, 7),
-                                     narrow(in.beta, 1, 0, 7), gated ? narrow(in.g, 1, 0, 7) : Tensor(), in.s0,
-                                     chunkwise(3));
-      DeltaNetOutput rest = delta_net(narrow(in.q, 1, 7, 4), narrow(in.k, 1, 7, 4), narrow(in.v, 1, 7, 4),
-                                      narrow(in.beta, 1, 7, 4), gated ? narrow(in.g, 1, 7, 4) : Tensor(),
-                                      pre.final_state, recurrent());
+      DeltaNetOutput pre =
+          delta_net(narrow(in.q, 1, 0, 7), narrow(in.k, 1, 0, 7), narrow(in.v, 1, 0, 7), narrow(in.beta, 1, 0, 7),
+                    gated ? narrow(in.g, 1, 0, 7) : Tensor(), in.s0, chunkwise(3));
+      DeltaNetOutput rest =
+          delta_net(narrow(in.q, 1, 7, 4), narrow(in.k, 1, 7, 4), narrow(in.v, 1, 7, 4), narrow(in.beta, 1, 7, 4),
+                    gated ? narrow(in.g, 1, 7, 4) : Tensor(), pre.final_state, recurrent());
       EXPECT_LE(max_rel_error(rest.o, narrow(full.o, 1, 7, 4)), tol);
       EXPECT_LE(max_rel_error(rest.final_state, full.final_state), tol);
     }
@@ -278,8 +280,8 @@ TEST(DeltaNetGradcheck, EveryInputBothForms) {
                 return std::vector<Tensor>{out.o, out.final_state};
               },
               in.list());
-          const int64_t expected = s.B * s.T * s.H * (2 * s.dk + s.dv + 1 + (gated ? 1 : 0)) +
-                                   (init ? s.B * s.H * s.dk * s.dv : 0);
+          const int64_t expected =
+              s.B * s.T * s.H * (2 * s.dk + s.dv + 1 + (gated ? 1 : 0)) + (init ? s.B * s.H * s.dk * s.dv : 0);
           EXPECT_EQ(r.elements_checked, expected);
           report(std::string("gradcheck ") + delta_net_form_name(opts.form) + " T " + std::to_string(s.T) +
                      (gated ? " gated" : "") + (init ? " init" : ""),

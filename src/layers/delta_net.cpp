@@ -90,7 +90,8 @@ Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 }
 
 DeltaNetParams resolve(const DeltaNetOptions& opts, int64_t dk) {
-  if (opts.chunk <= 0) throw std::invalid_argument("delta_net: chunk must be positive, got " + std::to_string(opts.chunk));
+  if (opts.chunk <= 0)
+    throw std::invalid_argument("delta_net: chunk must be positive, got " + std::to_string(opts.chunk));
   return {opts.form, opts.chunk, opts.scale > 0 ? opts.scale : 1.0 / std::sqrt(static_cast<double>(dk))};
 }
 
@@ -106,8 +107,8 @@ void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* wh
 
 }  // namespace
 
-DeltaNetOutput delta_net_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
-                                 const Tensor& g, const Tensor& initial_state, const DeltaNetOptions& opts) {
+DeltaNetOutput delta_net_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
+                                 const Tensor& initial_state, const DeltaNetOptions& opts) {
   const Dims d = check_inputs(q, k, v, beta, g, initial_state);
   const DeltaNetParams p = resolve(opts, d.dk);
   DeltaNetOutput out{Tensor::empty({d.B, d.T, d.H, d.dv}, q.dtype(), q.device()),
@@ -133,8 +134,8 @@ DeltaNetGrads delta_net_backward(const Tensor& dout, const Tensor& dfinal_state,
   gr.dbeta = Tensor::empty(beta.shape(), beta.dtype(), beta.device());
   if (g.defined()) gr.dg = Tensor::empty(g.shape(), g.dtype(), g.device());
   if (initial_state.defined()) gr.dinitial_state = Tensor::empty(state_shape, q.dtype(), q.device());
-  const Tensor dfin = dfinal_state.defined() ? kernel::contiguous(dfinal_state)
-                                             : Tensor::zeros(state_shape, q.dtype(), q.device());
+  const Tensor dfin =
+      dfinal_state.defined() ? kernel::contiguous(dfinal_state) : Tensor::zeros(state_shape, q.dtype(), q.device());
   delta_net_backward_kernel(q.device(), kernel::contiguous(dout), dfin, kernel::contiguous(q), kernel::contiguous(k),
                             kernel::contiguous(v), kernel::contiguous(beta), maybe_contiguous(g),
                             maybe_contiguous(initial_state), p, gr);
@@ -199,7 +200,7 @@ inline void scal(T a, T* y, int64_t n) {
 template <class T>
 struct Seq {
   const T *q, *k, *v, *beta, *g;
-  int64_t T_len, H, dk, dv, ldk, ldv;
+  int64_t H, dk, dv, ldk, ldv;
   T gate(int64_t t) const { return g ? g[t * H] : T(0); }
 };
 
@@ -213,15 +214,14 @@ struct Geometry {
 Geometry geometry(const Tensor& q, const Tensor& v) { return {q.size(0), q.size(1), q.size(2), q.size(3), v.size(3)}; }
 
 template <class T>
-Seq<T> seq_of(const Geometry& G, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
-              const Tensor& g, int64_t b, int64_t h) {
+Seq<T> seq_of(const Geometry& G, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
+              int64_t b, int64_t h) {
   const int64_t r = G.row(b, 0, h);
   return {q.data<T>() + r * G.dk,
           k.data<T>() + r * G.dk,
           v.data<T>() + r * G.dv,
           beta.data<T>() + r,
           g.defined() ? g.data<T>() + r : nullptr,
-          G.T,
           G.H,
           G.dk,
           G.dv,
@@ -235,13 +235,24 @@ template <class T>
 struct ChunkWork {
   int64_t C, dk, dv;
   std::vector<T> b, gam, r;  // [C]: b_i = Σ_{j≤i} g_{t0+j}, γ_i = e^{b_i}, r_i = e^{b_{n−1} − b_i}
-  std::vector<T> Hm, A, P;   // [C, C]: Hm_ij = e^{b_i−b_j} k_i·k_j, A_ij = β_i Hm_ij (j < i, else 0), P = (Q Kᵀ) ⊙ M
+  std::vector<T> Hm, A, P;  // [C, C]: Hm_ij = e^{b_i−b_j} k_i·k_j, A_ij = β_i Hm_ij (j < i, else 0), P = (Q Kᵀ) ⊙ M
   std::vector<T> Y, R, D, RD;  // [C, dv]: Y = K S_0, R = V − diag(γ) Y, D = δ, RD = diag(r) δ
   // backward only
   std::vector<T> dP, dA, Z, E, dD, dY, db, dSn;
   ChunkWork(int64_t C_, int64_t dk_, int64_t dv_, bool backward)
-      : C(C_), dk(dk_), dv(dv_), b(C), gam(C), r(C), Hm(C * C), A(C * C), P(C * C), Y(C * dv), R(C * dv),
-        D(C * dv), RD(C * dv) {
+      : C(C_),
+        dk(dk_),
+        dv(dv_),
+        b(C),
+        gam(C),
+        r(C),
+        Hm(C * C),
+        A(C * C),
+        P(C * C),
+        Y(C * dv),
+        R(C * dv),
+        D(C * dv),
+        RD(C * dv) {
     if (backward) {
       dP.resize(C * C);
       dA.resize(C * C);
@@ -448,7 +459,7 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
           for (int64_t j = i + 1; j < n; ++j) dpi[j] = 0;
         }
         gemm<T>(false, false, n, dk, n, 1.0, w.dP.data(), n, K0, s.ldk, 0.0, dQ0, s.ldk);  // dQ = dQK K
-        gemm<T>(true, false, n, dk, n, 1.0, w.dP.data(), n, Q0, s.ldk, 1.0, dK0, s.ldk);  // dK += dQKᵀ Q
+        gemm<T>(true, false, n, dk, n, 1.0, w.dP.data(), n, Q0, s.ldk, 1.0, dK0, s.ldk);   // dK += dQKᵀ Q
         gemm<T>(false, false, n, dv, dk, 1.0, Q0, s.ldk, S0, dv, 0.0, w.Z.data(), dv);     // Z = Q S_0
         for (int64_t i = 0; i < n; ++i) {  // dZ = c diag(γ) dO, kept in E (E is no longer needed)
           const T f = scale * w.gam[i];
@@ -457,7 +468,7 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
           for (int64_t x = 0; x < dv; ++x) ei[x] = f * doi[x];
           if (s.g) db[i] += dot(ei, w.Z.data() + i * dv, dv);
         }
-        gemm<T>(false, true, n, dk, dv, 1.0, w.E.data(), dv, S0, dv, 1.0, dQ0, s.ldk);        // dQ += dZ S_0ᵀ
+        gemm<T>(false, true, n, dk, dv, 1.0, w.E.data(), dv, S0, dv, 1.0, dQ0, s.ldk);           // dQ += dZ S_0ᵀ
         gemm<T>(true, false, dk, dv, n, 1.0, Q0, s.ldk, w.E.data(), dv, 1.0, w.dSn.data(), dv);  // dS_0 += Qᵀ dZ
 
         // The solve δ = (I + A)⁻¹ F, F = diag(β) R: dF = (I + A)⁻ᵀ dδ, in place in dD.
@@ -483,7 +494,7 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
           }
           if (s.g) db[i] += dot(dyi, w.Y.data() + i * dv, dv);
         }
-        gemm<T>(false, true, n, dk, dv, 1.0, w.dY.data(), dv, S0, dv, 1.0, dK0, s.ldk);         // dK += dY S_0ᵀ
+        gemm<T>(false, true, n, dk, dv, 1.0, w.dY.data(), dv, S0, dv, 1.0, dK0, s.ldk);           // dK += dY S_0ᵀ
         gemm<T>(true, false, dk, dv, n, 1.0, K0, s.ldk, w.dY.data(), dv, 1.0, w.dSn.data(), dv);  // dS_0 += Kᵀ dY
 
         // A_ij = β_i e^{b_i − b_j} (K Kᵀ)_ij: dG symmetrised in place in dA, then dK += (dG + dGᵀ) K.
@@ -717,7 +728,11 @@ SEQLAB_REGISTER_OP(([] {
   s.summary =
       "S_t = α_t (I − β_t k_tᵀ k_t) S_{t−1} + β_t k_tᵀ v_t, o_t = scale q_t S_t, α_t = exp(g_t) (1 without g); "
       "q, k [B, T, H, dk], v [B, T, H, dv], beta, g [B, T, H], states [B, H, dk, dv]";
-  s.inputs = {{"q"}, {"k"}, {"v"}, {"beta"}, {"g", OpInputKind::floating, true},
+  s.inputs = {{"q"},
+              {"k"},
+              {"v"},
+              {"beta"},
+              {"g", OpInputKind::floating, true},
               {"initial_state", OpInputKind::floating, true}};
   s.outputs = {"o", "final_state"};
   s.attrs = {{"form", AttrType::string, "chunkwise", "chunkwise (UT representation) or recurrent"},
@@ -731,10 +746,10 @@ SEQLAB_REGISTER_OP(([] {
   // T = 5 over chunks of 2 (a partial last chunk), dk = 3 ≠ dv = 4, unit keys, β in (0.1, 0.9),
   // log-gates in (−1, −0.05), a random initial state.
   s.example = [](Generator& gen, DType dtype) {
-    return std::vector<Tensor>{Tensor::randn({2, 5, 2, 3}, gen, dtype), unit_keys({2, 5, 2, 3}, gen, dtype),
-                               Tensor::randn({2, 5, 2, 4}, gen, dtype), Tensor::rand({2, 5, 2}, gen, dtype, 0.1, 0.9),
-                               Tensor::rand({2, 5, 2}, gen, dtype, -1.0, -0.05),
-                               Tensor::randn({2, 2, 3, 4}, gen, dtype, 0.5)};
+    return std::vector<Tensor>{
+        Tensor::randn({2, 5, 2, 3}, gen, dtype),          unit_keys({2, 5, 2, 3}, gen, dtype),
+        Tensor::randn({2, 5, 2, 4}, gen, dtype),          Tensor::rand({2, 5, 2}, gen, dtype, 0.1, 0.9),
+        Tensor::rand({2, 5, 2}, gen, dtype, -1.0, -0.05), Tensor::randn({2, 2, 3, 4}, gen, dtype, 0.5)};
   };
   s.example_attrs = {{"chunk", "2"}};
   return s;

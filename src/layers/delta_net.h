@@ -65,13 +65,13 @@ struct DeltaNetParams {
 };
 
 struct DeltaNetGrads {
-  Tensor dq, dk, dv, dbeta;  // always defined by the entry point
+  Tensor dq, dk, dv, dbeta;   // always defined by the entry point
   Tensor dg, dinitial_state;  // defined when the input is
 };
 
 // Raw entry points: check shapes, make inputs contiguous, allocate outputs, call the slots.
-DeltaNetOutput delta_net_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
-                                 const Tensor& g, const Tensor& initial_state, const DeltaNetOptions& opts);
+DeltaNetOutput delta_net_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
+                                 const Tensor& initial_state, const DeltaNetOptions& opts);
 // `dfinal_state` may be undefined (no gradient reached final_state).
 DeltaNetGrads delta_net_backward(const Tensor& dout, const Tensor& dfinal_state, const Tensor& q, const Tensor& k,
                                  const Tensor& v, const Tensor& beta, const Tensor& g, const Tensor& initial_state,
