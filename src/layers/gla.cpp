@@ -372,11 +372,11 @@ struct ChunkScratch {
   std::vector<T> qs, ks, vs, dos;     // [C, dk], [C, dk], [C, dv], [C, dv]: gate-scaled rows
   std::vector<T> A, dA;               // [c, C]: a query sub-chunk's scores against earlier keys
   std::vector<T> tq, tk, tv;          // [c, dk], [C, dk], [C, dv]: GEMM results before gate factors
-  std::vector<T> e;                   // [dk]: pairwise factors of the diagonal sub-chunk
+  std::vector<T> e, ev;               // [dk], [dv]: pairwise factors of the diagonal sub-chunk
   std::vector<double> zero;           // [max(dk, dv)]: a reference row of zeros (factors e^{b_r})
   ChunkScratch(int64_t C, int64_t c, int64_t dk, int64_t dv)
       : b(C * dk), bv(C * dv), qs(C * dk), ks(C * dk), vs(C * dv), dos(C * dv), A(c * C), dA(c * C), tq(c * dk),
-        tk(C * dk), tv(C * dv), e(dk), zero(std::max(dk, dv), 0.0) {}
+        tk(C * dk), tv(C * dv), e(dk), ev(dv), zero(std::max(dk, dv), 0.0) {}
 };
 
 // b_t = Σ_{s ≤ t in chunk} g_s for the L rows of a chunk (and bv from gv), rows of dk (dv).
@@ -406,6 +406,29 @@ void scale_rows(int64_t rows, int64_t n, const T* src, int64_t lds, const double
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) d[i] = f * s[i] * eg<T>(sign * (br[i] - bref[i]));
   }
+}
+
+// dst_r += f · src_r ⊙ exp(sign · (b_r − b_ref)), as scale_rows but adding onto dst.
+template <class T>
+void accumulate_rows(int64_t rows, int64_t n, const T* src, int64_t lds, const double* b, const double* bref,
+                     double sign, T f, T* dst, int64_t ldd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* s = src + r * lds;
+    const double* br = b + r * n;
+    T* d = dst + r * ldd;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) d[i] += f * s[i] * eg<T>(sign * (br[i] - bref[i]));
+  }
+}
+
+// f_i = exp(b_r,i − b_s,i) for one pair r ≥ s (so every exponent ≤ 0): the difference in double,
+// then the exponential over the whole row in T, in two loops so that both vectorise.
+template <class T>
+inline void pair_factors(const double* br, const double* bs, int64_t n, T* f) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) f[i] = static_cast<T>(br[i] - bs[i]);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) f[i] = ex(f[i]);
 }
 
 // Forward, chunk by chunk, with S the state entering the chunk of rows t0 … t0+L−1 (local r):
@@ -448,11 +471,7 @@ void chunk_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
         // Inter-chunk: o = (scale q ⊙ e^{b}) S, then ⊙ e^{bv}. (e^{b_r − 0}: a zero reference row.)
         scale_rows<T>(L, dk, Qc, X.ldk, bb, w.zero.data(), 1.0, scale, w.qs.data(), dk);
         gemm<T>(false, false, L, dv, dk, 1.0, w.qs.data(), dk, S, dv, 0.0, Oc, X.ldv);
-        if (has_gv) {
-          for (int64_t r = 0; r < L; ++r) {
-            for (int64_t j = 0; j < dv; ++j) Oc[r * X.ldv + j] *= eg<T>(bvv[r * dv + j]);
-          }
-        }
+        if (has_gv) scale_rows<T>(L, dv, Oc, X.ldv, bvv, w.zero.data(), 1.0, T(1), Oc, X.ldv);
         // Intra-chunk, one query sub-chunk [i0, i1) at a time.
         for (int64_t i0 = 0; i0 < L; i0 += c) {
           const int64_t i1 = std::min(L, i0 + c), n = i1 - i0;
@@ -466,11 +485,7 @@ void chunk_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
             } else {
               scale_rows<T>(i0, dv, Vc, X.ldv, bvv, bvref, -1.0, T(1), w.vs.data(), dv);
               gemm<T>(false, false, n, dv, i0, 1.0, w.A.data(), i0, w.vs.data(), dv, 0.0, w.tv.data(), dv);
-              for (int64_t r = 0; r < n; ++r) {
-                const double* bvr = bvv + (i0 + r) * dv;
-                T* orow = Oc + (i0 + r) * X.ldv;
-                for (int64_t j = 0; j < dv; ++j) orow[j] += w.tv[r * dv + j] * eg<T>(bvr[j] - bvref[j]);
-              }
+              accumulate_rows<T>(n, dv, w.tv.data(), dv, bvv + i0 * dv, bvref, 1.0, T(1), Oc + i0 * X.ldv, X.ldv);
             }
           }
           // Own sub-chunk: exact pairwise factors e^{b_r − b_s}, s ≤ r.
@@ -481,17 +496,20 @@ void chunk_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
             for (int64_t s = i0; s <= r; ++s) {
               const T *ksr = Kc + s * X.ldk, *vsr = Vc + s * X.ldv;
               const double* bs = bb + s * dk;
+              T* e = w.e.data();
+              pair_factors(br, bs, dk, e);
               T a = 0;
 #pragma omp simd reduction(+ : a)
-              for (int64_t i = 0; i < dk; ++i) a += qr[i] * ksr[i] * eg<T>(br[i] - bs[i]);
+              for (int64_t i = 0; i < dk; ++i) a += qr[i] * ksr[i] * e[i];
               a *= scale;
               if (!has_gv) {
 #pragma omp simd
                 for (int64_t j = 0; j < dv; ++j) orow[j] += a * vsr[j];
               } else {
-                const double *bvr = bvv + r * dv, *bvs = bvv + s * dv;
+                T* ev = w.ev.data();
+                pair_factors(bvv + r * dv, bvv + s * dv, dv, ev);
 #pragma omp simd
-                for (int64_t j = 0; j < dv; ++j) orow[j] += a * vsr[j] * eg<T>(bvr[j] - bvs[j]);
+                for (int64_t j = 0; j < dv; ++j) orow[j] += a * vsr[j] * ev[j];
               }
             }
           }
@@ -605,9 +623,7 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
         scale_rows<T>(L, dk, Qc, X.ldk, bb, w.zero.data(), 1.0, scale, w.qs.data(), dk);
         // Inter: dq = scale e^{b} ⊙ (dõ Sᵀ).
         gemm<T>(false, true, L, dk, dv, 1.0, dos, lddos, S, dv, 0.0, dQc, X.ldk);
-        for (int64_t r = 0; r < L; ++r) {
-          for (int64_t i = 0; i < dk; ++i) dQc[r * X.ldk + i] *= scale * eg<T>(bb[r * dk + i]);
-        }
+        scale_rows<T>(L, dk, dQc, X.ldk, bb, w.zero.data(), 1.0, scale, dQc, X.ldk);
         // Through the leaving state: dk = e^{b_last − b} ⊙ (v̂ dSᵀ), dv = e^{bv_last − bv} ⊙ (k̂ dS).
         scale_rows<T>(L, dk, Kc, X.ldk, bb, blast, -1.0, T(1), w.ks.data(), dk);
         const T* vhat = Vc;
@@ -619,12 +635,8 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
         }
         gemm<T>(false, true, L, dk, dv, 1.0, vhat, ldvh, dS.data(), dv, 0.0, dKc, X.ldk);
         gemm<T>(false, false, L, dv, dk, 1.0, w.ks.data(), dk, dS.data(), dv, 0.0, dVc, X.ldv);
-        for (int64_t r = 0; r < L; ++r) {
-          for (int64_t i = 0; i < dk; ++i) dKc[r * X.ldk + i] *= eg<T>(blast[i] - bb[r * dk + i]);
-          if (has_gv) {
-            for (int64_t j = 0; j < dv; ++j) dVc[r * X.ldv + j] *= eg<T>(bvlast[j] - bvv[r * dv + j]);
-          }
-        }
+        scale_rows<T>(L, dk, dKc, X.ldk, bb, blast, -1.0, T(1), dKc, X.ldk);
+        if (has_gv) scale_rows<T>(L, dv, dVc, X.ldv, bvv, bvlast, -1.0, T(1), dVc, X.ldv);
         // dS ← e^{b_last} e^{bv_last}ᵀ ⊙ dS + q̂ᵀ dõ (q̂ still in w.qs).
         for (int64_t i = 0; i < dk; ++i) {
           const T a = eg<T>(blast[i]);
@@ -647,20 +659,12 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
               scale_rows<T>(i0, dv, Vc, X.ldv, bvv, bvref, -1.0, T(1), w.vs.data(), dv);
               gemm<T>(false, true, n, i0, dv, 1.0, w.dos.data(), dv, w.vs.data(), dv, 0.0, w.dA.data(), i0);
               gemm<T>(true, false, i0, dv, n, 1.0, w.A.data(), i0, w.dos.data(), dv, 0.0, w.tv.data(), dv);
-              for (int64_t s = 0; s < i0; ++s) {
-                for (int64_t j = 0; j < dv; ++j) dVc[s * X.ldv + j] += w.tv[s * dv + j] * eg<T>(bvref[j] - bvv[s * dv + j]);
-              }
+              accumulate_rows<T>(i0, dv, w.tv.data(), dv, bvv, bvref, -1.0, T(1), dVc, X.ldv);
             }
             gemm<T>(false, false, n, dk, i0, 1.0, w.dA.data(), i0, w.ks.data(), dk, 0.0, w.tq.data(), dk);
             gemm<T>(true, false, i0, dk, n, 1.0, w.dA.data(), i0, w.qs.data(), dk, 0.0, w.tk.data(), dk);
-            for (int64_t r = 0; r < n; ++r) {
-              for (int64_t i = 0; i < dk; ++i) {
-                dQc[(i0 + r) * X.ldk + i] += scale * w.tq[r * dk + i] * eg<T>(bb[(i0 + r) * dk + i] - bref[i]);
-              }
-            }
-            for (int64_t s = 0; s < i0; ++s) {
-              for (int64_t i = 0; i < dk; ++i) dKc[s * X.ldk + i] += w.tk[s * dk + i] * eg<T>(bref[i] - bb[s * dk + i]);
-            }
+            accumulate_rows<T>(n, dk, w.tq.data(), dk, bb + i0 * dk, bref, 1.0, scale, dQc + i0 * X.ldk, X.ldk);
+            accumulate_rows<T>(i0, dk, w.tk.data(), dk, bb, bref, -1.0, T(1), dKc, X.ldk);
           }
           // Own sub-chunk, exact pairwise factors.
           for (int64_t r = i0; r < i1; ++r) {
@@ -674,11 +678,9 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
               T* dvs = dVc + s * X.ldv;
               T a = 0, da = 0;
               T* e = w.e.data();
+              pair_factors(br, bs, dk, e);
 #pragma omp simd reduction(+ : a)
-              for (int64_t i = 0; i < dk; ++i) {
-                e[i] = eg<T>(br[i] - bs[i]);
-                a += qr[i] * ksr[i] * e[i];
-              }
+              for (int64_t i = 0; i < dk; ++i) a += qr[i] * ksr[i] * e[i];
               a *= scale;
               if (!has_gv) {
 #pragma omp simd reduction(+ : da)
@@ -687,12 +689,12 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
                   dvs[j] += a * dor[j];
                 }
               } else {
-                const double *bvr = bvv + r * dv, *bvs = bvv + s * dv;
+                T* ev = w.ev.data();
+                pair_factors(bvv + r * dv, bvv + s * dv, dv, ev);
 #pragma omp simd reduction(+ : da)
                 for (int64_t j = 0; j < dv; ++j) {
-                  const T f = eg<T>(bvr[j] - bvs[j]);
-                  da += dor[j] * vsr[j] * f;
-                  dvs[j] += a * dor[j] * f;
+                  da += dor[j] * vsr[j] * ev[j];
+                  dvs[j] += a * dor[j] * ev[j];
                 }
               }
               const T sda = scale * da;
