@@ -111,11 +111,11 @@ std::vector<Tensor> loop_reference(const Inputs& in, const LinearAttentionOption
           Tensor::from_vector(z, {B, H, Dk}, DType::f64)};
 }
 
-struct Run {
+struct Outcome {
   std::vector<Tensor> outputs, grads;  // o, S_T, z_T; dq, dk, dv, dS_0, dz_0
 };
 
-Run run(const Inputs& x, const LinearAttentionOptions& o, uint64_t seed) {
+Outcome run(const Inputs& x, const LinearAttentionOptions& o, uint64_t seed) {
   Inputs in{x.q.detach().set_requires_grad(), x.k.detach().set_requires_grad(), x.v.detach().set_requires_grad(),
             x.s0.defined() ? x.s0.detach().set_requires_grad() : Tensor(),
             x.z0.defined() ? x.z0.detach().set_requires_grad() : Tensor()};
@@ -124,7 +124,7 @@ Run run(const Inputs& x, const LinearAttentionOptions& o, uint64_t seed) {
   std::vector<Tensor> roots{out.o, out.final_state, out.final_normalizer}, cot;
   for (const Tensor& r : roots) cot.push_back(Tensor::randn(r.shape(), gen, r.dtype()));
   backward(roots, cot);
-  Run res;
+  Outcome res;
   for (const Tensor& r : roots) res.outputs.push_back(r.detach());
   for (const Tensor* t : {&in.q, &in.k, &in.v, &in.s0, &in.z0}) res.grads.push_back(t->defined() ? t->grad() : Tensor());
   return res;
@@ -149,9 +149,9 @@ void expect_forms_equal(DType dtype, double tol) {
           o.normalize = normalize;
           o.chunk = s.chunk;
           o.form = LinearAttentionForm::recurrent;
-          Run rec = run(in, o, 9);
+          Outcome rec = run(in, o, 9);
           o.form = LinearAttentionForm::chunkwise;
-          Run chk = run(in, o, 9);
+          Outcome chk = run(in, o, 9);
           const std::string what = std::string(fname(f)) + (normalize ? " normalized" : " raw") +
                                    (with_state ? " with state" : "") + " T=" + std::to_string(s.T) +
                                    " chunk=" + std::to_string(s.chunk);
@@ -169,7 +169,7 @@ void expect_forms_equal(DType dtype, double tol) {
           }
           // The non-causal form: against the loop, and its final state equals the causal one's.
           o.form = LinearAttentionForm::noncausal;
-          Run nc = run(in, o, 9);
+          Outcome nc = run(in, o, 9);
           std::vector<Tensor> ref_nc = loop_reference(in, o);
           for (size_t i = 0; i < 3; ++i) EXPECT_LE(max_rel_error(nc.outputs[i], ref_nc[i]), tol) << what << " nc " << i;
           EXPECT_LE(max_rel_error(nc.outputs[1], rec.outputs[1]), tol) << what;
