@@ -1,0 +1,297 @@
+// RetNet retention: the parallel, chunkwise and recurrent forms against each other and against a
+// loop written out here (values and every gradient, f32 and f64, odd shapes), float64 finite
+// differences of every input for every form, decays near 0 and near 1, token-by-token decoding,
+// the default decays, the registry entry and errors.
+#include "layers/retention.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "autograd/gradcheck.h"
+#include "autograd/op_registry.h"
+#include "autograd/ops.h"
+#include "tensor/kernels.h"
+
+namespace seqlab {
+namespace {
+
+double max_rel_error(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  std::vector<double> x = a.to_doubles(), y = b.to_doubles();
+  double worst = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    worst = std::max(worst, std::abs(x[i] - y[i]) / std::max(1.0, std::abs(y[i])));
+  }
+  return worst;
+}
+
+bool all_finite(const Tensor& t) {
+  for (double x : t.to_doubles()) {
+    if (!std::isfinite(x)) return false;
+  }
+  return true;
+}
+
+struct Shape5 {
+  int64_t B, T, H, Dk, Dv, chunk;
+};
+
+struct Inputs {
+  Tensor q, k, v, s0;
+};
+
+Inputs make_inputs(const Shape5& s, DType dtype, uint64_t seed, bool with_state = true) {
+  Generator gen(seed);
+  Inputs in{Tensor::randn({s.B, s.T, s.H, s.Dk}, gen, dtype), Tensor::randn({s.B, s.T, s.H, s.Dk}, gen, dtype),
+            Tensor::randn({s.B, s.T, s.H, s.Dv}, gen, dtype), Tensor()};
+  if (with_state) in.s0 = Tensor::randn({s.B, s.H, s.Dk, s.Dv}, gen, dtype);
+  return in;
+}
+
+// The recurrence in doubles: o and S_T.
+std::vector<Tensor> loop_reference(const Inputs& in, const std::vector<double>& gammas, double scale) {
+  const int64_t B = in.q.size(0), T = in.q.size(1), H = in.q.size(2), Dk = in.q.size(3), Dv = in.v.size(3);
+  std::vector<double> q = in.q.to_doubles(), k = in.k.to_doubles(), v = in.v.to_doubles();
+  std::vector<double> S = in.s0.defined() ? in.s0.to_doubles() : std::vector<double>(B * H * Dk * Dv, 0.0);
+  std::vector<double> o(B * T * H * Dv, 0.0);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      double* Sh = &S[(b * H + h) * Dk * Dv];
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t row = (b * T + t) * H + h;
+        for (int64_t i = 0; i < Dk; ++i) {
+          for (int64_t j = 0; j < Dv; ++j) Sh[i * Dv + j] = gammas[h] * Sh[i * Dv + j] + k[row * Dk + i] * v[row * Dv + j];
+        }
+        for (int64_t j = 0; j < Dv; ++j) {
+          for (int64_t i = 0; i < Dk; ++i) o[row * Dv + j] += scale * q[row * Dk + i] * Sh[i * Dv + j];
+        }
+      }
+    }
+  }
+  return {Tensor::from_vector(o, {B, T, H, Dv}, DType::f64), Tensor::from_vector(S, {B, H, Dk, Dv}, DType::f64)};
+}
+
+struct Outcome {
+  std::vector<Tensor> outputs, grads;  // o, S_T; dq, dk, dv, dS_0
+};
+
+Outcome run(const Inputs& x, const RetentionOptions& o, uint64_t seed) {
+  Inputs in{x.q.detach().set_requires_grad(), x.k.detach().set_requires_grad(), x.v.detach().set_requires_grad(),
+            x.s0.defined() ? x.s0.detach().set_requires_grad() : Tensor()};
+  RetentionOutput out = retention(in.q, in.k, in.v, in.s0, o);
+  Generator gen(seed);
+  std::vector<Tensor> roots{out.o, out.final_state}, cot;
+  for (const Tensor& r : roots) cot.push_back(Tensor::randn(r.shape(), gen, r.dtype()));
+  backward(roots, cot);
+  Outcome res;
+  for (const Tensor& r : roots) res.outputs.push_back(r.detach());
+  for (const Tensor* t : {&in.q, &in.k, &in.v, &in.s0}) res.grads.push_back(t->defined() ? t->grad() : Tensor());
+  return res;
+}
+
+const std::vector<RetentionForm> kForms = {RetentionForm::parallel, RetentionForm::chunkwise, RetentionForm::recurrent};
+const char* form_name(RetentionForm f) {
+  return f == RetentionForm::parallel ? "parallel" : f == RetentionForm::chunkwise ? "chunkwise" : "recurrent";
+}
+
+// T not a multiple of the chunk, T smaller than one chunk, T = 1, dk ≠ dv, a multiple, chunk 1.
+const std::vector<Shape5> kShapes = {{2, 7, 2, 3, 4, 3}, {1, 2, 3, 3, 2, 5}, {2, 1, 2, 4, 3, 4}, {1, 12, 2, 5, 3, 4},
+                                     {1, 9, 1, 2, 5, 1}};
+
+void expect_forms_equal(DType dtype, double tol) {
+  for (const Shape5& s : kShapes) {
+    for (bool with_state : {true, false}) {
+      for (bool custom : {false, true}) {
+        Inputs in = make_inputs(s, dtype, 3 + s.T, with_state);
+        RetentionOptions o;
+        o.chunk = s.chunk;
+        if (custom) {
+          o.scale = 0.7;
+          for (int64_t h = 0; h < s.H; ++h) o.gammas.push_back(0.5 + 0.2 * h);
+        }
+        const std::vector<double> gammas = custom ? o.gammas : retention_default_gammas(s.H);
+        std::vector<Tensor> ref = loop_reference(in, gammas, custom ? 0.7 : 1.0 / std::sqrt(double(s.Dk)));
+        o.form = RetentionForm::recurrent;
+        Outcome rec = run(in, o, 7);
+        for (RetentionForm f : kForms) {
+          o.form = f;
+          Outcome r = run(in, o, 7);
+          const std::string what = std::string(form_name(f)) + " T=" + std::to_string(s.T) + " chunk=" +
+                                   std::to_string(s.chunk) + (with_state ? " with state" : "") +
+                                   (custom ? " custom gammas" : "");
+          for (size_t i = 0; i < 2; ++i) EXPECT_LE(max_rel_error(r.outputs[i], ref[i]), tol) << what << " output " << i;
+          for (size_t i = 0; i < 4; ++i) {
+            ASSERT_EQ(r.grads[i].defined(), rec.grads[i].defined()) << what;
+            if (r.grads[i].defined()) {
+              EXPECT_LE(max_rel_error(r.grads[i], rec.grads[i]), tol) << what << " grad " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Retention, FormsAgreeF64) { expect_forms_equal(DType::f64, 1e-10); }
+TEST(Retention, FormsAgreeF32) { expect_forms_equal(DType::f32, 1e-5); }
+
+// Finite differences of q, k, v and S_0 through o and S_T, every form, at decays from moderate to
+// near 0 (e^−20) and near 1 (e^−1e-6).
+TEST(Retention, GradcheckEveryFormAndInput) {
+  for (RetentionForm f : kForms) {
+    for (std::vector<double> gammas :
+         {std::vector<double>{0.6, 0.9}, std::vector<double>{std::exp(-20.0), std::exp(-1e-6)}}) {
+      const Shape5 s{2, 5, 2, 3, 2, 2};
+      Inputs in = make_inputs(s, DType::f64, 13);
+      RetentionOptions o;
+      o.form = f;
+      o.chunk = s.chunk;
+      o.gammas = gammas;
+      GradcheckResult r = gradcheck(
+          [&](const std::vector<Tensor>& x) {
+            RetentionOutput out = retention(x[0], x[1], x[2], x[3], o);
+            return std::vector<Tensor>{out.o, out.final_state};
+          },
+          {in.q, in.k, in.v, in.s0});
+      EXPECT_EQ(r.elements_checked, 2 * 5 * 2 * (3 + 3 + 2) + 2 * 2 * 3 * 2);
+      EXPECT_LE(r.max_error, 1e-6) << form_name(f) << " γ " << gammas[0] << ": " << r.worst;
+    }
+  }
+}
+
+// Decays at the extremes (log γ = −20, −1e-6, and exactly 0 or 1) over a long-ish sequence: finite
+// values and gradients in f32 and f64, and all forms equal. γ = 0 keeps only the current token:
+// o_n = c (q_n·k_n) v_n; γ = 1 is plain (unnormalised) causal linear attention.
+TEST(Retention, ExtremeDecays) {
+  for (DType dtype : {DType::f64, DType::f32}) {
+    const Shape5 s{1, 70, 4, 3, 2, 16};
+    Inputs in = make_inputs(s, dtype, 17);
+    RetentionOptions o;
+    o.chunk = s.chunk;
+    o.gammas = {std::exp(-20.0), std::exp(-1e-6), 0.0, 1.0};
+    o.form = RetentionForm::recurrent;
+    Outcome rec = run(in, o, 19);
+    for (RetentionForm f : kForms) {
+      o.form = f;
+      Outcome r = run(in, o, 19);
+      for (const Tensor& t : r.outputs) EXPECT_TRUE(all_finite(t)) << form_name(f);
+      for (const Tensor& t : r.grads) EXPECT_TRUE(all_finite(t)) << form_name(f);
+      const double tol = dtype == DType::f64 ? 1e-10 : 2e-5;
+      EXPECT_LE(max_rel_error(r.outputs[0], rec.outputs[0]), tol) << form_name(f);
+      for (size_t i = 0; i < 4; ++i) EXPECT_LE(max_rel_error(r.grads[i], rec.grads[i]), tol) << form_name(f) << i;
+    }
+    std::vector<Tensor> ref = loop_reference(in, o.gammas, 1.0 / std::sqrt(3.0));
+    EXPECT_LE(max_rel_error(rec.outputs[0], ref[0]), dtype == DType::f64 ? 1e-10 : 2e-5);
+    // γ = 0 (head 2): o_n = c (q_n·k_n) v_n.
+    std::vector<double> q = in.q.to_doubles(), k = in.k.to_doubles(), v = in.v.to_doubles(), out = rec.outputs[0].to_doubles();
+    for (int64_t t = 0; t < s.T; t += 13) {
+      const int64_t row = t * s.H + 2;
+      double qk = 0;
+      for (int64_t i = 0; i < 3; ++i) qk += q[row * 3 + i] * k[row * 3 + i];
+      for (int64_t j = 0; j < 2; ++j) {
+        EXPECT_NEAR(out[row * 2 + j], qk * v[row * 2 + j] / std::sqrt(3.0), dtype == DType::f64 ? 1e-12 : 1e-5);
+      }
+    }
+  }
+}
+
+// Decoding: recurrent steps with T = 1 carrying the state equal the full chunkwise run; two halves
+// with the state carried equal the whole for the parallel form.
+TEST(Retention, DecodingCarriesTheState) {
+  for (DType dtype : {DType::f64, DType::f32}) {
+    const double tol = dtype == DType::f64 ? 1e-12 : 1e-5;
+    const Shape5 s{2, 9, 3, 3, 4, 4};
+    Inputs in = make_inputs(s, dtype, 23);
+    RetentionOptions o;
+    o.chunk = 4;
+    RetentionOutput full = retention(in.q, in.k, in.v, in.s0, o);
+    RetentionOptions step = o;
+    step.form = RetentionForm::recurrent;
+    Tensor S = in.s0;
+    std::vector<Tensor> outs;
+    for (int64_t t = 0; t < s.T; ++t) {
+      RetentionOutput one = retention(narrow(in.q, 1, t, 1), narrow(in.k, 1, t, 1), narrow(in.v, 1, t, 1), S, step);
+      outs.push_back(one.o);
+      S = one.final_state;
+    }
+    EXPECT_LE(max_rel_error(concat(outs, 1), full.o), tol);
+    EXPECT_LE(max_rel_error(S, full.final_state), tol);
+    RetentionOptions par = o;
+    par.form = RetentionForm::parallel;
+    RetentionOutput a = retention(narrow(in.q, 1, 0, 4), narrow(in.k, 1, 0, 4), narrow(in.v, 1, 0, 4), in.s0, par);
+    RetentionOutput b =
+        retention(narrow(in.q, 1, 4, 5), narrow(in.k, 1, 4, 5), narrow(in.v, 1, 4, 5), a.final_state, par);
+    EXPECT_LE(max_rel_error(concat({a.o, b.o}, 1), full.o), tol);
+    EXPECT_LE(max_rel_error(b.final_state, full.final_state), tol);
+  }
+}
+
+TEST(Retention, DefaultGammas) {
+  std::vector<double> g = retention_default_gammas(3);
+  ASSERT_EQ(g.size(), 3u);
+  EXPECT_DOUBLE_EQ(g[0], 1 - 1.0 / 32);
+  EXPECT_DOUBLE_EQ(g[1], 1 - 1.0 / 64);
+  EXPECT_DOUBLE_EQ(g[2], 1 - 1.0 / 128);
+  // Empty gammas and scale 0 mean these decays and 1/√dk.
+  Inputs in = make_inputs({1, 5, 3, 4, 2, 2}, DType::f64, 29);
+  RetentionOptions explicit_opts;
+  explicit_opts.gammas = g;
+  explicit_opts.scale = 0.5;
+  EXPECT_LE(max_rel_error(retention(in.q, in.k, in.v, in.s0).o, retention(in.q, in.k, in.v, in.s0, explicit_opts).o),
+            1e-14);
+}
+
+TEST(Retention, RegistryEntry) {
+  const OpSpec* op = find_op("retention");
+  ASSERT_NE(op, nullptr);
+  EXPECT_EQ(op->outputs, (std::vector<std::string>{"o", "final_state"}));
+  Generator gen(31);
+  std::vector<Tensor> x = op->example(gen, DType::f64);
+  std::vector<Tensor> y =
+      op->forward(x, OpAttrs::parse("retention", op->attrs, {{"form", "parallel"}, {"gammas", "0.5,0.75"}}));
+  RetentionOptions o;
+  o.form = RetentionForm::parallel;
+  o.gammas = {0.5, 0.75};
+  RetentionOutput ref = retention(x[0], x[1], x[2], x[3], o);
+  EXPECT_LE(max_rel_error(y[0], ref.o), 0.0);
+  EXPECT_LE(max_rel_error(y[1], ref.final_state), 0.0);
+  EXPECT_THROW(op->forward(x, OpAttrs::parse("retention", op->attrs, {{"gammas", "0.5,x"}})), std::invalid_argument);
+  EXPECT_THROW(op->forward(x, OpAttrs::parse("retention", op->attrs, {{"form", "chunked"}})), std::invalid_argument);
+}
+
+std::string error_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s0 = Tensor(),
+                     RetentionOptions o = {}) {
+  try {
+    retention(q, k, v, s0, o);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Retention, ErrorsNameTheShapes) {
+  Tensor q = Tensor::zeros({2, 5, 3, 4}), v = Tensor::zeros({2, 5, 3, 6});
+  std::string e = error_of(q, Tensor::zeros({2, 5, 3, 3}), v);
+  EXPECT_NE(e.find("q and k differ"), std::string::npos) << e;
+  EXPECT_NE(e.find("k [2, 5, 3, 3]"), std::string::npos) << e;
+  e = error_of(q, q, v, Tensor::zeros({2, 3, 6, 4}));
+  EXPECT_NE(e.find("initial_state has the wrong shape"), std::string::npos) << e;
+  RetentionOptions o;
+  o.gammas = {0.9, 0.9};
+  e = error_of(q, q, v, Tensor(), o);
+  EXPECT_NE(e.find("2 values for 3 heads"), std::string::npos) << e;
+  o.gammas = {0.9, 0.9, 1.5};
+  e = error_of(q, q, v, Tensor(), o);
+  EXPECT_NE(e.find("[0, 1]"), std::string::npos) << e;
+  o = {};
+  o.chunk = -1;
+  e = error_of(q, q, v, Tensor(), o);
+  EXPECT_NE(e.find("chunk must be positive"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace seqlab
