@@ -117,7 +117,11 @@ class SectionBuilder {
 Schema build_schema() {
   Schema s;
   SectionBuilder<RecipeModel>(s, "model", &Recipe::model, "The network: its family, sizes and the parts of a block.")
-      .choice("arch", &RecipeModel::arch, {"gpt"}, "model family (more arrive with their layers)")
+      .choice("arch", &RecipeModel::arch, {"gpt"},
+              "model family: gpt, a decoder-only language model (more families arrive with their layers)")
+      .choice("mixer", &RecipeModel::mixer, {"attention", "gla", "retnet", "linear", "deltanet", "gated_deltanet"},
+              "how a block mixes tokens: causal softmax attention (GPT), or a recurrence (docs/variants/): gated "
+              "linear attention, retention, linear attention, DeltaNet, Gated DeltaNet")
       .integer("vocab_size", &RecipeModel::vocab_size, 0, at_least(0), "vocabulary size; 0: the tokenizer's")
       .integer("d_model", &RecipeModel::d_model, 256, at_least(1), "width of the residual stream")
       .integer("n_layers", &RecipeModel::n_layers, 4, at_least(1), "number of blocks")
@@ -136,7 +140,16 @@ Schema build_schema() {
       .boolean("tie_embeddings", &RecipeModel::tie_embeddings, true,
                "the output projection shares the token embedding matrix")
       .number("dropout", &RecipeModel::dropout, 0.0, closed_open(0, 1), "dropout probability")
-      .number("init_std", &RecipeModel::init_std, 0.02, above(0), "standard deviation of the initial weights");
+      .number("init_std", &RecipeModel::init_std, 0.02, above(0), "standard deviation of the initial weights")
+      .integer("chunk_size", &RecipeModel::chunk_size, 64, at_least(1),
+               "recurrent mixers: tokens per chunk of the chunkwise training form")
+      .integer("gate_rank", &RecipeModel::gate_rank, 16, at_least(1), "gla: rank of the low-rank gate projection")
+      .number("gate_temperature", &RecipeModel::gate_temperature, 16.0, above(0),
+              "gla, gated_deltanet: decay α = σ(·)^(1/τ); a large τ keeps α near 1 (slow forgetting) at first")
+      .integer("conv_size", &RecipeModel::conv_size, 4, at_least(1),
+               "deltanet, gated_deltanet: taps of the short causal convolution over q, k, v")
+      .choice("feature_map", &RecipeModel::feature_map, {"elu+1", "relu", "identity"},
+              "linear: the feature map φ applied to queries and keys");
 
   SectionBuilder<RecipeData>(s, "data", &Recipe::data, "Where the tokens come from: a corpus or a synthetic task.")
       .choice("source", &RecipeData::source, {"text", "shards", "mqar", "copy", "selective_copy", "induction"},

@@ -18,7 +18,7 @@ namespace seqlab {
 // The values of a default-constructed section are placeholders; a Recipe's constructor fills in the
 // schema's defaults, so take sections from a Recipe.
 struct RecipeModel {
-  std::string arch;
+  std::string arch, mixer;
   int64_t vocab_size = 0;  // 0: from the tokenizer
   int64_t d_model = 0, n_layers = 0, n_heads = 0;
   int64_t n_kv_heads = 0;  // 0: n_heads
@@ -29,6 +29,9 @@ struct RecipeModel {
   double rope_base = 0;
   bool bias = false, tie_embeddings = false;
   double dropout = 0, init_std = 0;
+  int64_t chunk_size = 0, gate_rank = 0, conv_size = 0;  // recurrent mixers
+  double gate_temperature = 0;
+  std::string feature_map;
 
   int64_t resolved_n_kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   // 4·d_model for gelu; for swiglu the multiple of 64 nearest 8/3·d_model, which keeps the parameter

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "layers/gpt.h"
+#include "layers/recurrent_lm.h"
 #include "tensor/kernels.h"
 #include "train/cli_util.h"
 
@@ -66,33 +67,54 @@ void filter_lines(const fs::path& file, Keep keep) {
 std::unique_ptr<LanguageModel> build_model(const Recipe& r, int64_t vocab_size) {
   const RecipeModel& m = r.model;
   const std::string& file = r.source_path;
-  if (!m.tie_embeddings) throw UserError(file + ": model.tie_embeddings = false is not supported by gpt yet");
-  GptConfig c;
-  c.vocab_size = m.vocab_size > 0 ? m.vocab_size : vocab_size;
-  if (c.vocab_size < vocab_size) {
+  const int64_t vocab = m.vocab_size > 0 ? m.vocab_size : vocab_size;
+  if (vocab < vocab_size) {
     throw UserError(absl::StrFormat("%s: model.vocab_size = %d is smaller than the data's vocabulary (%d ids)", file,
                                     m.vocab_size, vocab_size));
   }
-  c.d_model = m.d_model;
-  c.n_layers = m.n_layers;
-  c.n_heads = m.n_heads;
-  c.n_kv_heads = m.resolved_n_kv_heads();
-  c.d_ff = m.resolved_d_ff();
-  c.max_seq_len = r.train.seq_len;
-  c.positions = m.positions == "rope"   ? PositionKind::rope
-                : m.positions == "none" ? PositionKind::none
-                                        : PositionKind::learned;
-  c.rope_base = m.rope_base;
-  c.dropout = m.dropout;
   // Its own stream, apart from the initialisation's (which draws from the raw seed).
-  c.dropout_seed = static_cast<uint64_t>(r.train.seed) ^ 0x9e3779b97f4a7c15ULL;
-  c.norm = m.norm == "rmsnorm" ? NormKind::rms_norm : NormKind::layer_norm;
-  c.norm_eps = m.norm_eps;
-  c.swiglu = m.mlp == "swiglu";
-  c.bias = m.bias;
-  c.init_std = m.init_std;
+  const uint64_t dropout_seed = static_cast<uint64_t>(r.train.seed) ^ 0x9e3779b97f4a7c15ULL;
   Generator init(static_cast<uint64_t>(r.train.seed));
   try {
+    if (m.mixer != "attention") {
+      RecurrentLmConfig c;
+      c.vocab_size = vocab;
+      c.n_layers = m.n_layers;
+      c.d_ff = m.d_ff;
+      c.mixer = parse_mixer_kind(m.mixer);
+      c.mixer_config.d_model = m.d_model;
+      c.mixer_config.n_heads = m.n_heads;
+      c.mixer_config.chunk = m.chunk_size;
+      c.mixer_config.gate_rank = m.gate_rank;
+      c.mixer_config.gate_temperature = m.gate_temperature;
+      c.mixer_config.conv_size = m.conv_size;
+      c.mixer_config.feature_map = m.feature_map;
+      c.mixer_config.norm_eps = m.norm_eps;
+      c.mixer_config.init_std = m.init_std;
+      c.dropout = m.dropout;
+      c.dropout_seed = dropout_seed;
+      return std::make_unique<RecurrentLm>(c, init);
+    }
+    if (!m.tie_embeddings) throw UserError(file + ": model.tie_embeddings = false is not supported by gpt yet");
+    GptConfig c;
+    c.vocab_size = vocab;
+    c.d_model = m.d_model;
+    c.n_layers = m.n_layers;
+    c.n_heads = m.n_heads;
+    c.n_kv_heads = m.resolved_n_kv_heads();
+    c.d_ff = m.resolved_d_ff();
+    c.max_seq_len = r.train.seq_len;
+    c.positions = m.positions == "rope"   ? PositionKind::rope
+                  : m.positions == "none" ? PositionKind::none
+                                          : PositionKind::learned;
+    c.rope_base = m.rope_base;
+    c.dropout = m.dropout;
+    c.dropout_seed = dropout_seed;
+    c.norm = m.norm == "rmsnorm" ? NormKind::rms_norm : NormKind::layer_norm;
+    c.norm_eps = m.norm_eps;
+    c.swiglu = m.mlp == "swiglu";
+    c.bias = m.bias;
+    c.init_std = m.init_std;
     return std::make_unique<Gpt>(c, init);
   } catch (const std::invalid_argument& e) {
     throw UserError(file + ": " + e.what());
