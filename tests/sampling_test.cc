@@ -80,6 +80,18 @@ TEST(SampleToken, TopPKeepsTheSmallestNucleus) {
   expect_distribution(o, softmax_over({1, 3, 4}, 1));
 }
 
+TEST(SampleToken, SuppressedIdsAreNeverDrawn) {
+  SamplingOptions o;
+  o.suppressed = {1, 4};  // the two most likely
+  o.temperature = 0;
+  Generator gen(3);
+  EXPECT_EQ(sample_token(kLogits, o, gen), 3);
+  o.temperature = 1;
+  expect_distribution(o, softmax_over({0, 2, 3}, 1));
+  o.suppressed = {0, 1, 2, 3, 4};
+  EXPECT_THROW(sample_token(kLogits, o, gen), std::invalid_argument);
+}
+
 TEST(SampleToken, RejectsBadOptions) {
   Generator gen(0);
   SamplingOptions o;

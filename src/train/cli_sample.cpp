@@ -19,7 +19,7 @@ constexpr char kSampleUsage[] =
     "\n"
     "Continues TEXT with the model of the run directory RUN (its recipe.toml and newest checkpoint) and\n"
     "prints the prompt and the continuation. The prompt follows an end-of-text token, as every document\n"
-    "of the training data does.\n"
+    "of the training data does; special tokens other than end-of-text are never drawn.\n"
     "\n"
     "  --prompt TEXT      text to continue (default: none, a document from its start)\n"
     "  --tokens N         tokens to generate (default 256)\n"
@@ -65,6 +65,7 @@ void sample(const std::vector<std::string>& args) {
   Checkpoint checkpoint = read_checkpoint(f.has("--checkpoint") ? f.get("--checkpoint") : newest_checkpoint(run));
   std::unique_ptr<LanguageModel> model = build_model(recipe, checkpoint.vocab_size);
   restore_weights(checkpoint, *model);
+  o.suppressed = non_text_ids(*tokenizer, model->vocab_size());
 
   const std::string prompt_text = f.get("--prompt");
   std::vector<int32_t> prompt = {tokenizer->eot()};

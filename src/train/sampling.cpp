@@ -15,13 +15,16 @@ int32_t sample_token(const std::vector<double>& logits, const SamplingOptions& o
   if (options.temperature < 0 || options.top_k < 0 || !(options.top_p > 0 && options.top_p <= 1)) {
     throw std::invalid_argument("sample_token: needs temperature ≥ 0, top_k ≥ 0 and top_p in (0, 1]");
   }
-  if (options.temperature == 0) {
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  // The candidate ids by decreasing logit (stable: ties keep the lower id first).
+  std::vector<int32_t> order;
+  for (int32_t id = 0; id < static_cast<int32_t>(logits.size()); ++id) {
+    if (std::find(options.suppressed.begin(), options.suppressed.end(), id) == options.suppressed.end()) {
+      order.push_back(id);
+    }
   }
-  // Ids by decreasing logit (stable: ties keep the lower id first).
-  std::vector<int32_t> order(logits.size());
-  std::iota(order.begin(), order.end(), 0);
+  if (order.empty()) throw std::invalid_argument("sample_token: every id is suppressed");
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  if (options.temperature == 0) return order[0];
   size_t keep = order.size();
   if (options.top_k > 0) keep = std::min(keep, static_cast<size_t>(options.top_k));
   // p_i = exp((l_i − l_max) / τ) / Σ_j exp((l_j − l_max) / τ) over the kept ids.
@@ -39,6 +42,14 @@ int32_t sample_token(const std::vector<double>& logits, const SamplingOptions& o
     u -= prob[i];
   }
   return order[nucleus - 1];  // u rounded up to the total
+}
+
+std::vector<int32_t> non_text_ids(const Tokenizer& tokenizer, int64_t model_vocab_size) {
+  std::vector<int32_t> ids;
+  for (int32_t id = 0; id < static_cast<int32_t>(model_vocab_size); ++id) {
+    if ((tokenizer.is_special(id) && id != tokenizer.eot()) || id >= tokenizer.vocab_size()) ids.push_back(id);
+  }
+  return ids;
 }
 
 namespace {

@@ -172,6 +172,7 @@ std::string sample_text(LanguageModel& model, const Tokenizer& tokenizer, const 
   SamplingOptions o;
   o.tokens = log.sample_tokens;
   o.temperature = log.sample_temperature;
+  o.suppressed = non_text_ids(tokenizer, model.vocab_size());
   Generator gen(seed);
   return log.sample_prompt + tokenizer.decode(generate(model, prompt, o, gen));
 }
