@@ -108,6 +108,31 @@ TEST(RecurrentLm, GradientMatchesFiniteDifferencesF64) {
   }
 }
 
+// Changing token t changes no logit before t, with chunks of 32 (GLA tiles them in sub-chunks of 16)
+// over T = 45, so every path of the chunkwise forms is crossed: earlier chunks, earlier sub-chunks,
+// the diagonal sub-chunk.
+TEST(RecurrentLm, Causal) {
+  constexpr int64_t T = 45;
+  for (const std::string& mixer : kMixers) {
+    RecurrentLmConfig cfg = tiny_config(mixer);
+    cfg.mixer_config.chunk = 32;
+    Generator gen(8);
+    RecurrentLm model(cfg, gen);
+    model.to(cpu_device(), DType::f64);
+    NoGradGuard no_grad;
+    std::vector<int64_t> ids(T);
+    for (int64_t i = 0; i < T; ++i) ids[static_cast<size_t>(i)] = (i * 5 + 2) % kV;
+    const Tensor base = model.forward(Tensor::from_indices(ids, {1, T}));
+    for (int64_t t : {int64_t{3}, int64_t{17}, int64_t{33}, T - 1}) {
+      std::vector<int64_t> changed = ids;
+      changed[static_cast<size_t>(t)] = (changed[static_cast<size_t>(t)] + 1) % kV;
+      const Tensor other = model.forward(Tensor::from_indices(changed, {1, T}));
+      EXPECT_EQ(max_abs_diff(narrow(base, 1, 0, t), narrow(other, 1, 0, t)), 0.0) << mixer << ": token " << t;
+      EXPECT_GT(max_abs_diff(narrow(base, 1, t, 1), narrow(other, 1, t, 1)), 1e-6) << mixer << ": token " << t;
+    }
+  }
+}
+
 TEST(RecurrentLm, ParameterNames) {
   Generator gen(1);
   RecurrentLm gla(tiny_config("gla"), gen);
