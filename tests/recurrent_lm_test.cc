@@ -19,13 +19,18 @@ namespace seqlab {
 namespace {
 
 constexpr int64_t kV = 13, kB = 2, kT = 11;
-const std::vector<std::string> kMixers = {"gla", "retnet", "linear", "deltanet", "gated_deltanet"};
+const std::vector<std::string> kMixers = {"gla", "retnet", "linear", "performer", "deltanet", "gated_deltanet"};
 
+// "performer" stands for linear attention with FAVOR+ features.
 RecurrentLmConfig tiny_config(const std::string& mixer) {
   RecurrentLmConfig cfg;
   cfg.vocab_size = kV;
   cfg.n_layers = 2;
-  cfg.mixer = parse_mixer_kind(mixer);
+  cfg.mixer = parse_mixer_kind(mixer == "performer" ? "linear" : mixer);
+  if (mixer == "performer") {
+    cfg.mixer_config.feature_map = "performer";
+    cfg.mixer_config.feature_count = 6;
+  }
   cfg.mixer_config.d_model = 8;
   cfg.mixer_config.n_heads = 2;
   cfg.mixer_config.chunk = 4;  // T = 11 spans three chunks, the last one partial

@@ -29,7 +29,8 @@ struct MixerConfig {
   int64_t gate_rank = 16;           // GLA: rank of the gate projection
   double gate_temperature = 16;     // GLA: α = σ(·)^(1/τ)
   int64_t conv_size = 4;            // DeltaNet: short causal convolution over q, k, v
-  std::string feature_map = "elu+1";  // linear attention: elu+1, relu, identity
+  std::string feature_map = "elu+1";  // linear attention: elu+1, relu, identity, performer
+  int64_t feature_count = 64;       // linear attention with performer: random features m
   bool gated = false;               // DeltaNet: Gated DeltaNet (a decay α per token and head)
   double norm_eps = 1e-5, init_std = 0.02;
 };

@@ -148,8 +148,11 @@ Schema build_schema() {
               "gla, gated_deltanet: decay α = σ(·)^(1/τ); a large τ keeps α near 1 (slow forgetting) at first")
       .integer("conv_size", &RecipeModel::conv_size, 4, at_least(1),
                "deltanet, gated_deltanet: taps of the short causal convolution over q, k, v")
-      .choice("feature_map", &RecipeModel::feature_map, {"elu+1", "relu", "identity"},
-              "linear: the feature map φ applied to queries and keys");
+      .choice("feature_map", &RecipeModel::feature_map, {"elu+1", "relu", "identity", "performer"},
+              "linear: the feature map φ applied to queries and keys; performer: FAVOR+ positive orthogonal "
+              "random features (model.feature_count of them, drawn from train.seed)")
+      .integer("feature_count", &RecipeModel::feature_count, 64, at_least(1),
+               "linear with feature_map = \"performer\": random features per head");
 
   SectionBuilder<RecipeData>(s, "data", &Recipe::data, "Where the tokens come from: a corpus or a synthetic task.")
       .choice("source", &RecipeData::source, {"text", "shards", "mqar", "copy", "selective_copy", "induction"},

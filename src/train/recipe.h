@@ -29,7 +29,7 @@ struct RecipeModel {
   double rope_base = 0;
   bool bias = false, tie_embeddings = false;
   double dropout = 0, init_std = 0;
-  int64_t chunk_size = 0, gate_rank = 0, conv_size = 0;  // recurrent mixers
+  int64_t chunk_size = 0, gate_rank = 0, conv_size = 0, feature_count = 0;  // recurrent mixers
   double gate_temperature = 0;
   std::string feature_map;
 

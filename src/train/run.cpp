@@ -89,6 +89,7 @@ std::unique_ptr<LanguageModel> build_model(const Recipe& r, int64_t vocab_size) 
       c.mixer_config.gate_temperature = m.gate_temperature;
       c.mixer_config.conv_size = m.conv_size;
       c.mixer_config.feature_map = m.feature_map;
+      c.mixer_config.feature_count = m.feature_count;
       c.mixer_config.norm_eps = m.norm_eps;
       c.mixer_config.init_std = m.init_std;
       c.dropout = m.dropout;
