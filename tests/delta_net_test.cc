@@ -17,20 +17,12 @@
 #include "autograd/ops.h"
 #include "autograd/variable.h"
 #include "tensor/kernels.h"
+#include "test_util.h"
 
 namespace seqlab {
 namespace {
 
-// max_i |a_i − b_i| / max(1, |b_i|)
-double max_rel_error(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  std::vector<double> x = a.to_doubles(), y = b.to_doubles();
-  double worst = 0;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-    worst = std::max(worst, std::abs(x[i] - y[i]) / std::max(1.0, std::abs(y[i])));
-  }
-  return worst;
-}
+using testing::max_rel_error;
 
 // The measured error, printed so that a run documents how close the forms are, not only that they pass.
 void report(const std::string& what, double error) { std::printf("    %s: max rel error %.3g\n", what.c_str(), error); }

@@ -15,20 +15,12 @@
 #include "autograd/op_registry.h"
 #include "autograd/ops.h"
 #include "tensor/kernels.h"
+#include "test_util.h"
 
 namespace seqlab {
 namespace {
 
-// max_i |a_i − b_i| / max(1, |b_i|)
-double max_rel_error(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  std::vector<double> x = a.to_doubles(), y = b.to_doubles();
-  double worst = 0;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-    worst = std::max(worst, std::abs(x[i] - y[i]) / std::max(1.0, std::abs(y[i])));
-  }
-  return worst;
-}
+using testing::max_rel_error;
 
 bool all_finite(const Tensor& t) {
   for (double x : t.to_doubles()) {

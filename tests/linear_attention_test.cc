@@ -17,20 +17,12 @@
 #include "autograd/ops.h"
 #include "layers/attention.h"
 #include "tensor/kernels.h"
+#include "test_util.h"
 
 namespace seqlab {
 namespace {
 
-// max_i |a_i − b_i| / max(1, |b_i|)
-double max_rel_error(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  std::vector<double> x = a.to_doubles(), y = b.to_doubles();
-  double worst = 0;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-    worst = std::max(worst, std::abs(x[i] - y[i]) / std::max(1.0, std::abs(y[i])));
-  }
-  return worst;
-}
+using testing::max_rel_error;
 
 struct Shape5 {
   int64_t B, T, H, Dk, Dv, chunk;

@@ -4,10 +4,15 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
 
 namespace seqlab::testing {
 
@@ -36,5 +41,16 @@ class ScratchDirTest : public ::testing::Test {
 
   std::filesystem::path dir_;
 };
+
+// max_i |a_i − b_i| / max(1, |b_i|): relative where b is large, absolute near 0. Expects equal shapes.
+inline double max_rel_error(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  std::vector<double> x = a.to_doubles(), y = b.to_doubles();
+  double worst = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    worst = std::max(worst, std::abs(x[i] - y[i]) / std::max(1.0, std::abs(y[i])));
+  }
+  return worst;
+}
 
 }  // namespace seqlab::testing

@@ -30,6 +30,7 @@
 #include "autograd/ops.h"
 #include "tensor/cpu/parallel.h"
 #include "tensor/elementwise_math.h"
+#include "tensor/cpu/blas_rows.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -132,48 +133,6 @@ namespace {
 
 using kernel::AttentionGrads;
 using kernel::AttentionParams;
-
-// Eight independent partial sums, so the compiler vectorises the reduction over d without
-// reassociating it (no -ffast-math needed) and the adds do not wait on each other.
-template <class T>
-inline T dot(const T* a, const T* b, int64_t n) {
-  T acc[8] = {};
-  int64_t d = 0;
-  for (; d + 8 <= n; d += 8) {
-    for (int u = 0; u < 8; ++u) acc[u] += a[d + u] * b[d + u];
-  }
-  for (; d < n; ++d) acc[0] += a[d] * b[d];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
-template <class T>
-inline void scal(T a, T* y, int64_t n) {
-#pragma omp simd
-  for (int64_t d = 0; d < n; ++d) y[d] *= a;
-}
-
-// C = α op(A) op(B) + β C on row-major matrices with leading dimensions (row strides) lda, ldb,
-// ldc, through the GEMM slot; inside a parallel region it runs on the calling thread.
-template <class T>
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const T* a, int64_t lda,
-          const T* b, int64_t ldb, double beta, T* c, int64_t ldc) {
-  kernel::GemmArgs g;
-  g.dtype = std::is_same_v<T, float> ? DType::f32 : DType::f64;
-  g.trans_a = trans_a;
-  g.trans_b = trans_b;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.alpha = alpha;
-  g.beta = beta;
-  g.a = a;
-  g.lda = lda;
-  g.b = b;
-  g.ldb = ldb;
-  g.c = c;
-  g.ldc = ldc;
-  kernel::gemm_kernel(cpu_device(), g, cpu_device());
-}
 
 // Geometry of one call: row numbers in the [B, T, H, ·] and [B, S, Hk, ·] layouts (times the head
 // dim gives the element offset), row strides of a head's matrix in them, and the causal limits.

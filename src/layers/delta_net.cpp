@@ -28,6 +28,7 @@
 #include "autograd/function.h"
 #include "autograd/op_registry.h"
 #include "tensor/cpu/parallel.h"
+#include "tensor/cpu/blas_rows.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -151,49 +152,6 @@ namespace {
 
 using kernel::DeltaNetGrads;
 using kernel::DeltaNetParams;
-
-// C = α op(A) op(B) + β C on row-major matrices with leading dimensions lda, ldb, ldc, through the
-// GEMM slot; inside a parallel region it runs on the calling thread.
-template <class T>
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const T* a, int64_t lda,
-          const T* b, int64_t ldb, double beta, T* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  kernel::GemmArgs g;
-  g.dtype = std::is_same_v<T, float> ? DType::f32 : DType::f64;
-  g.trans_a = trans_a;
-  g.trans_b = trans_b;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.alpha = alpha;
-  g.beta = beta;
-  g.a = a;
-  g.lda = lda;
-  g.b = b;
-  g.ldb = ldb;
-  g.c = c;
-  g.ldc = ldc;
-  kernel::gemm_kernel(cpu_device(), g, cpu_device());
-}
-
-template <class T>
-inline T dot(const T* a, const T* b, int64_t n) {
-  T s = 0;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-template <class T>
-inline void axpy(T a, const T* x, T* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-template <class T>
-inline void scal(T a, T* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] *= a;
-}
 
 // One (batch, head): row t of q is q + t·ldk, of v and o is v + t·ldv, β_t = beta[t·H]. g is null for
 // DeltaNet (every log-gate 0).

@@ -25,6 +25,7 @@
 #include "autograd/function.h"
 #include "autograd/op_registry.h"
 #include "tensor/cpu/parallel.h"
+#include "tensor/cpu/blas_rows.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -148,37 +149,6 @@ namespace cpu {
 namespace {
 
 using kernel::LinearAttentionParams;
-
-// C = α op(A) op(B) + β C, row-major with leading dimensions, through the GEMM slot (on the
-// calling thread inside a parallel region).
-template <class T>
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const T* a, int64_t lda,
-          const T* b, int64_t ldb, double beta, T* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  kernel::GemmArgs g;
-  g.dtype = std::is_same_v<T, float> ? DType::f32 : DType::f64;
-  g.trans_a = trans_a;
-  g.trans_b = trans_b;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.alpha = alpha;
-  g.beta = beta;
-  g.a = a;
-  g.lda = lda;
-  g.b = b;
-  g.ldb = ldb;
-  g.c = c;
-  g.ldc = ldc;
-  kernel::gemm_kernel(cpu_device(), g, cpu_device());
-}
-
-template <class T>
-inline T dot(const T* a, const T* b, int64_t n) {
-  T s = 0;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
 
 // Pointers of one (batch, head) task. Token t of the task sits at row t with row strides ldk, ldv.
 template <class T>
