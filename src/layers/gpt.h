@@ -119,6 +119,11 @@ class Gpt : public LanguageModel {
   std::unique_ptr<DecodeState> new_decode_state() const override { return std::make_unique<GptCache>(); }
   // forward_incremental on a GptCache.
   Tensor forward_step(const Tensor& tokens, DecodeState& state) override;
+  // Causal attention: scores and mixing, 2·T·d per token forward over half the keys on average
+  // (T·d multiply-adds each), three times for forward and backward: 6·L·T·d.
+  double mixing_flops_per_token(int64_t seq_len) const override {
+    return 6.0 * static_cast<double>(cfg_.n_layers * seq_len * cfg_.d_model);
+  }
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t max_context() const override { return cfg_.max_seq_len; }
   Generator& dropout_generator() override { return dropout_gen_; }

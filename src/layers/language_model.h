@@ -30,6 +30,10 @@ class LanguageModel : public Module {
   // over everything fed so far; advances the state. Meant for decoding under NoGradGuard.
   virtual Tensor forward_step(const Tensor& tokens, DecodeState& state) = 0;
 
+  // FLOPs per token of the token mixing that 6·N (forward and backward through every weight) does not
+  // count, for a sequence of `seq_len` tokens: the MFU estimate's second term.
+  virtual double mixing_flops_per_token(int64_t seq_len) const = 0;
+
   virtual int64_t vocab_size() const = 0;
   // The longest context a decode state can hold (positions the model knows); 0: unbounded.
   virtual int64_t max_context() const = 0;

@@ -96,6 +96,13 @@ Tensor RecurrentLm::run(const Tensor& tokens, RecurrentLmState* state) {
   return linear(norm_f_->forward(x), wte_.weight());
 }
 
+double RecurrentLm::mixing_flops_per_token(int64_t seq_len) const {
+  const MixerConfig& m = cfg_.mixer_config;
+  const double d = static_cast<double>(m.d_model), head = d / static_cast<double>(m.n_heads);
+  const double chunk = static_cast<double>(std::min(m.chunk, seq_len));
+  return static_cast<double>(cfg_.n_layers) * (6.0 * chunk * d + 12.0 * d * head);
+}
+
 Tensor RecurrentLm::forward(const Tensor& tokens) { return run(tokens, nullptr); }
 
 Tensor RecurrentLm::forward_step(const Tensor& tokens, DecodeState& state) {

@@ -48,6 +48,10 @@ class RecurrentLm : public LanguageModel {
   Tensor forward(const Tensor& tokens) override;
   std::unique_ptr<DecodeState> new_decode_state() const override { return std::make_unique<RecurrentLmState>(); }
   Tensor forward_step(const Tensor& tokens, DecodeState& state) override;
+  // Chunkwise form, per layer and token: causal attention within a chunk of C (6·C·d, as GPT's 6·T·d)
+  // plus reading and writing the d/H × d/H state of every head (q S and kᵀv: 4·d·(d/H) forward), ×3
+  // for forward and backward.
+  double mixing_flops_per_token(int64_t seq_len) const override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t max_context() const override { return 0; }
   Generator& dropout_generator() override { return dropout_gen_; }

@@ -2,11 +2,12 @@
 // log.every steps) when the output is a file or a pipe. Both show the step, the loss, the learning
 // rate, tokens/s, the estimated model FLOPs utilisation (MFU) and the time left (ETA).
 //
-//   MFU = tokens/s · flops_per_token / peak FLOP/s,   flops_per_token = 6·N + 6·L·T·d
-// (N parameters: forward and backward through every weight; the second term is causal attention's
-// scores and mixing), the same count ../shared/bench/torch_gpt.py prints. On the CPU the peak is not a
-// datasheet figure but the f32 GEMM rate this machine reaches at start-up (measured_peak_flops), so
-// the MFU says how close training runs to the best matrix multiply here.
+//   MFU = tokens/s · flops_per_token / peak FLOP/s,   flops_per_token = 6·N + mixing
+// (N parameters: forward and backward through every weight; mixing is the model's
+// mixing_flops_per_token: 6·L·T·d for causal attention, the count ../shared/bench/torch_gpt.py
+// prints, and the chunkwise cost for the recurrent mixers). On the CPU the peak is not a datasheet
+// figure but the f32 GEMM rate this machine reaches at start-up (measured_peak_flops), so the MFU says
+// how close training runs to the best matrix multiply here.
 #pragma once
 
 #include <chrono>
@@ -17,7 +18,8 @@
 
 namespace seqlab::cli {
 
-// f32 GEMM throughput on `device`, best of a few 512×512×512 products (about 10 ms on a laptop core).
+// f32 GEMM throughput on `device`: the best of ten 1024×1024×1024 products after one warm-up (about
+// 0.1 s on this machine's two cores), so sleeping worker threads are awake when it counts.
 double measured_peak_flops(Device device);
 
 class Progress {

@@ -264,9 +264,8 @@ int train(const std::vector<std::string>& args) {
 
   const bool bar = r.log.progress == "bar" || (r.log.progress == "auto" && ::isatty(STDOUT_FILENO));
   const Device device = model->parameters().front().tensor->device();
-  const double flops_per_token =
-      6.0 * static_cast<double>(model->num_parameters()) +
-      6.0 * static_cast<double>(r.model.n_layers * r.train.seq_len * r.model.d_model);
+  const double flops_per_token = 6.0 * static_cast<double>(model->num_parameters()) +
+                                 model->mixing_flops_per_token(r.train.seq_len);
   Progress progress(bar, r.log.every, r.train.steps, flops_per_token, measured_peak_flops(device));
   progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s", r.name,
                                 model->num_parameters(), data.description, run,
