@@ -136,5 +136,10 @@ expect_usage_error "unknown flag" "unknown flag '--frobnicate' (see seqlab --hel
 expect_usage_error "no checkpoint" "not a run directory" --resume "$WORK/empty"
 expect_usage_error "fresh run over an old one" "already holds checkpoints" "$WORK/tiny.toml" --out "$WORK/a"
 expect_usage_error "--out with --resume" "give one" "$WORK/tiny.toml" --out "$WORK/x" --resume "$WORK/a"
+if ! nvidia-smi -L > /dev/null 2>&1; then  # only where no GPU is usable
+  expect_usage_error "train.device = cuda without a GPU" "no GPU is usable here" "$WORK/tiny.toml" --out "$WORK/g" \
+    --set train.device=cuda
+fi
+expect_usage_error "bf16 (not yet)" "mixed precision" "$WORK/tiny.toml" --out "$WORK/h" --set train.dtype=bf16
 echo "failures: $failures"
 [ "$failures" -eq 0 ]

@@ -21,6 +21,7 @@
 
 #include "autograd/ops.h"
 #include "autograd/variable.h"
+#include "tensor/kernels.h"
 #include "train/cli_util.h"
 #include "train/loader.h"
 #include "train/optim.h"
@@ -136,6 +137,54 @@ Data open_data(const Recipe& r) {
   return d;
 }
 
+// ---- the device ----
+
+// train.device: "cpu"; "cuda" (an error without a usable GPU); "auto": the first GPU if one is usable.
+Device training_device(const Recipe& r) {
+  if (r.train.dtype == "bf16") {
+    throw UserError(r.source_path + ": train.dtype = \"bf16\" (mixed precision) is not supported by the trainer yet");
+  }
+  if (r.train.device == "cpu") return cpu_device();
+  if (cuda_available()) return cuda_device(0);
+  if (r.train.device == "cuda") {
+    throw UserError(r.source_path + ": train.device = \"cuda\" but no GPU is usable here (no CUDA device, or a " +
+                    "build without the CUDA backend: ./train --version says which); use \"auto\" or \"cpu\"");
+  }
+  return cpu_device();
+}
+
+// Moves the model to `wanted` and checks, with one forward and backward on a tiny batch in evaluation
+// mode (no dropout draws, gradients cleared after), that every kernel it needs exists there. Where one
+// does not: an error for train.device = "cuda", the CPU for "auto" (said on stderr).
+Device place_model(LanguageModel& model, const Recipe& r, Device wanted) {
+  if (wanted == cpu_device()) return wanted;
+  model.to(wanted, DType::f32);
+  try {
+    model.set_training(false);
+    const int64_t T = std::min<int64_t>(8, r.train.seq_len);
+    Tensor ids = Tensor::zeros({1, T}, DType::i64, wanted);
+    model.loss(ids, ids).backward();
+    model.zero_grad();
+    model.set_training(true);
+    return wanted;
+  } catch (const std::runtime_error& e) {
+    if (r.train.device == "cuda") {
+      throw UserError(r.source_path + ": train.device = \"cuda\": this model cannot run on the GPU yet (" + e.what() + ")");
+    }
+    std::cerr << "seqlab: training on the CPU: the model cannot run on " << wanted.str() << " yet (" << e.what()
+              << ")\n";
+    model.to(cpu_device(), DType::f32);
+    model.zero_grad();
+    model.set_training(true);
+    return cpu_device();
+  }
+}
+
+Batch on_device(Batch b, Device device) {
+  if (device == cpu_device()) return b;
+  return {kernel::to_device(b.inputs, device), kernel::to_device(b.targets, device)};
+}
+
 // ---- evaluation and sampling ----
 
 struct Evaluation {
@@ -143,13 +192,13 @@ struct Evaluation {
   std::optional<double> accuracy;  // synthetic tasks
 };
 
-Evaluation evaluate(LanguageModel& model, const Data& data, int64_t batch_size) {
+Evaluation evaluate(LanguageModel& model, const Data& data, int64_t batch_size, Device device) {
   NoGradGuard no_grad;
   model.set_training(false);
   double total = 0;
   AccuracyCount count;
   for (int64_t i = 0; i < data.eval_batches; ++i) {
-    Batch b = data.val->eval_batch(i, batch_size);
+    Batch b = on_device(data.val->eval_batch(i, batch_size), device);
     Tensor logits = model.forward(b.inputs);
     total += cross_entropy(logits, b.targets, kIgnoreIndex).item();
     if (data.synthetic) {
@@ -218,12 +267,13 @@ Invocation parse_invocation(const std::vector<std::string>& args) {
 int train(const std::vector<std::string>& args) {
   Invocation inv = parse_invocation(args);
   const Recipe& r = inv.recipe;
-  if (r.train.device == "cuda") throw UserError(r.source_path + ": train.device = \"cuda\" is not supported by the trainer yet");
+  const Device wanted_device = training_device(r);
   if (r.parallel.threads > 0) omp_set_num_threads(static_cast<int>(r.parallel.threads));
   const std::string run = inv.run_dir.string();
 
   Data data = open_data(r);
   std::unique_ptr<LanguageModel> model = build_model(r, data.vocab_size);
+  const Device device = place_model(*model, r, wanted_device);  // before the optimiser
   OptimConfig oc;
   oc.name = r.optim.name;
   oc.lr = r.optim.lr;
@@ -263,7 +313,6 @@ int train(const std::vector<std::string>& args) {
   if (sampling) samples.open(inv.run_dir / "samples.txt", start > 0 ? std::ios::app : std::ios::trunc);
 
   const bool bar = r.log.progress == "bar" || (r.log.progress == "auto" && ::isatty(STDOUT_FILENO));
-  const Device device = model->parameters().front().tensor->device();
   const double flops_per_token = 6.0 * static_cast<double>(model->num_parameters()) +
                                  model->mixing_flops_per_token(r.train.seq_len);
   Progress progress(bar, r.log.every, r.train.steps, flops_per_token, measured_peak_flops(device));
@@ -285,7 +334,7 @@ int train(const std::vector<std::string>& args) {
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
     for (int64_t micro = 0; micro < r.train.grad_accum; ++micro) {
-      Batch b = data.train->next_batch(r.train.batch_size);
+      Batch b = on_device(data.train->next_batch(r.train.batch_size), device);
       Tensor loss = model->loss(b.inputs, b.targets);
       loss.backward();
       loss_sum += loss.item();
@@ -314,7 +363,7 @@ int train(const std::vector<std::string>& args) {
       tokens_since_log = 0;
       seconds_since_log = 0;
       if (eval_now) {
-        last_eval = evaluate(*model, data, r.train.batch_size);
+        last_eval = evaluate(*model, data, r.train.batch_size, device);
         const double v = last_eval.loss;
         line += absl::StrFormat(", \"val_loss\": %.6f, \"val_ppl\": %.4f", v, std::exp(v));
         std::string shown = absl::StrFormat("step %d: val_loss %.4f  val_ppl %.2f", done, v, std::exp(v));
