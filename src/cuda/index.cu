@@ -1,0 +1,311 @@
+// CUDA embedding gather and its backward, row max with argmax, the max backward's scatter, and
+// cumulative sums: the CUDA side of the slots that src/tensor/cpu/embedding.cpp and
+// src/tensor/cpu/reduce.cpp fill, with the same equations and the same answers on ties and NaN.
+//
+// The embedding backward is deterministic (no atomics): the tokens are sorted by embedding row with a
+// stable radix sort (CUB), so the tokens of row u are order[start[u] .. start[u+1]) in increasing
+// token position, exactly the CPU's counting-sort buckets; then thread (u, j) sums dy[order[k], j]
+// over its bucket in that order. The same inputs give the same bits on every run, and every row of
+// dweight is written (0 where no token points). Indices were range-checked by the entry point
+// (src/tensor/embedding.cpp), so the kernels index with them directly.
+#include <cub/device/device_radix_sort.cuh>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "cuda/row_kernels.cuh"
+#include "tensor/kernels.h"
+
+namespace seqlab::cuda {
+namespace {
+
+using namespace rows;
+
+// ---- embedding -----------------------------------------------------------------------------------
+
+// out[t, j] = weight[index[t], j]   weight [V, C], index [N], out [N, C]: one thread per output element;
+// reads N·C weights (rows in any order) and N indices (cached across the row), writes N·C.
+template <class T, class I>
+struct EmbeddingFn {
+  const T* weight;
+  const I* index;
+  T* out;
+  int64_t c;
+  __device__ void operator()(int64_t i) const {
+    const int64_t t = i / c, j = i - t * c;
+    out[i] = weight[static_cast<int64_t>(index[t]) * c + j];
+  }
+};
+
+// keys[t] = index[t] as i32, positions[t] = t: the sort's input. Reads and writes N values each.
+template <class I>
+struct SortInputFn {
+  const I* index;
+  int32_t* keys;
+  int32_t* positions;
+  __device__ void operator()(int64_t t) const {
+    keys[t] = static_cast<int32_t>(index[t]);
+    positions[t] = static_cast<int32_t>(t);
+  }
+};
+
+// start[u] = the first k with sorted[k] ≥ u (lower bound; start[V] = N): bucket u of the sorted keys is
+// [start[u], start[u + 1]). One thread per u ≤ V, log2 N reads of the sorted keys each.
+struct BucketStartFn {
+  const int32_t* sorted;
+  int32_t* start;
+  int64_t n;
+  __device__ void operator()(int64_t u) const {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (sorted[mid] < u) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    start[u] = static_cast<int32_t>(lo);
+  }
+};
+
+// dweight[u, j] = Σ_{k ∈ [start[u], start[u+1])} dy[order[k], j], summed in k order (increasing token
+// position) in f32 (f64 for f64). One thread per element of dweight [V, C]: a warp reads whole rows of
+// dy, coalesced; every dy row is read once, dweight written once.
+template <class T>
+struct EmbeddingGradFn {
+  const T* dy;
+  const int32_t* order;
+  const int32_t* start;
+  T* dweight;
+  int64_t c;
+  __device__ void operator()(int64_t i) const {
+    const int64_t u = i / c, j = i - u * c;
+    compute_t<T> acc = 0;
+    for (int32_t k = start[u]; k < start[u + 1]; ++k) acc += convert<compute_t<T>>(dy[int64_t{order[k]} * c + j]);
+    dweight[i] = convert<T>(acc);
+  }
+};
+
+void embedding_cuda(const Tensor& weight, const Tensor& index, const Tensor& out) {
+  const int device = weight.device().index;
+  require_contiguous("embedding", device, {&weight, &index, &out});
+  if (weight.dim() != 2 || out.dim() != 2 || out.size(0) != index.numel() || out.size(1) != weight.size(1)) {
+    throw std::logic_error("embedding on CUDA: expected weight [V, C], index [N] and out [N, C], got " +
+                           shape_str(weight.shape()) + ", " + shape_str(index.shape()) + " and " +
+                           shape_str(out.shape()));
+  }
+  DeviceGuard guard(device);
+  dispatch_floating(weight.dtype(), "embedding", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    dispatch_index_type(index.dtype(), "embedding", [&](auto itag) {
+      using I = typename decltype(itag)::type;
+      launch_elements("embedding", device, out.numel(),
+                      EmbeddingFn<T, I>{cptr<T>(weight), cptr<I>(index), mptr<T>(out), weight.size(1)});
+    });
+  });
+}
+
+void embedding_backward_cuda(const Tensor& dy, const Tensor& index, const Tensor& dweight) {
+  const int device = dy.device().index;
+  require_contiguous("embedding backward", device, {&dy, &index, &dweight});
+  if (dy.dim() != 2 || dweight.dim() != 2 || dy.size(0) != index.numel() || dy.size(1) != dweight.size(1)) {
+    throw std::logic_error("embedding backward on CUDA: expected dy [N, C], index [N] and dweight [V, C], got " +
+                           shape_str(dy.shape()) + ", " + shape_str(index.shape()) + " and " +
+                           shape_str(dweight.shape()));
+  }
+  const int64_t n = index.numel(), c = dy.size(1), v = dweight.size(0);
+  if (dweight.numel() == 0) return;
+  DeviceGuard guard(device);
+  cudaStream_t s = stream(device);
+  if (n == 0) {  // no tokens: every sum is empty (zero bits are 0 in every floating dtype)
+    SEQLAB_CUDA_CHECK(cudaMemsetAsync(dweight.raw_data(), 0, dweight.nbytes(), s));
+    return;
+  }
+  if (n > std::numeric_limits<int32_t>::max() || v > std::numeric_limits<int32_t>::max()) {
+    throw std::invalid_argument("embedding backward on CUDA: " + std::to_string(n) + " tokens over " +
+                                std::to_string(v) + " rows exceed the 32-bit sort keys");
+  }
+  // Scratch, freed into the allocator's cache on return: safe, as every kernel that reads it is queued
+  // earlier on the same stream as whatever uses the blocks next (runtime.h).
+  Tensor keys = Tensor::empty({2, n}, DType::i32, dy.device());       // in, sorted
+  Tensor positions = Tensor::empty({2, n}, DType::i32, dy.device());  // in, sorted (= order)
+  Tensor start = Tensor::empty({v + 1}, DType::i32, dy.device());
+  int32_t* keys_in = mptr<int32_t>(keys);
+  int32_t* keys_out = keys_in + n;
+  int32_t* pos_in = mptr<int32_t>(positions);
+  int32_t* order = pos_in + n;
+
+  dispatch_index_type(index.dtype(), "embedding backward", [&](auto itag) {
+    using I = typename decltype(itag)::type;
+    launch_elements("embedding backward sort input", device, n, SortInputFn<I>{cptr<I>(index), keys_in, pos_in});
+  });
+  int end_bit = 1;  // keys lie in [0, V): sort only the bits that can be set
+  while (end_bit < 31 && (int64_t{1} << end_bit) < v) ++end_bit;
+  size_t temp_bytes = 0;
+  SEQLAB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, pos_in, order,
+                                                    static_cast<int>(n), 0, end_bit, s));
+  Tensor temp = Tensor::empty({static_cast<int64_t>(temp_bytes / 8 + 1)}, DType::i64, dy.device());
+  SEQLAB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw_data(), temp_bytes, keys_in, keys_out, pos_in, order,
+                                                    static_cast<int>(n), 0, end_bit, s));
+  launch_elements("embedding backward buckets", device, v + 1, BucketStartFn{keys_out, mptr<int32_t>(start), n});
+  dispatch_floating(dy.dtype(), "embedding backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_elements("embedding backward sums", device, dweight.numel(),
+                    EmbeddingGradFn<T>{cptr<T>(dy), order, mptr<int32_t>(start), mptr<T>(dweight), c});
+  });
+}
+
+// ---- max over rows, and its backward -------------------------------------------------------------
+
+// A candidate for a row's max: value and column; column −1 is "no candidate yet".
+template <class A>
+struct Best {
+  A value;
+  int64_t index;
+};
+
+// The CPU's sequential rule `if (row[i] > row[best]) best = i` starting from best = 0, made
+// associative: a non-NaN value beats NaN, a larger value beats a smaller, and equal values go to the
+// earlier column. The one case that differs, a NaN in column 0 (the CPU never moves off it), is
+// applied after the reduction.
+template <class A>
+__device__ __forceinline__ Best<A> better(Best<A> a, Best<A> b) {
+  if (b.index < 0) return a;
+  if (a.index < 0) return b;
+  const bool a_nan = isnan(a.value), b_nan = isnan(b.value);
+  if (a_nan != b_nan) return a_nan ? b : a;
+  if (!a_nan && a.value != b.value) return a.value > b.value ? a : b;
+  return a.index < b.index ? a : b;
+}
+
+// One block per row r of x [outer, inner] (inner ≥ 1): out[r] = x[r, best], index[r] = best, the
+// CPU's first argmax. Reads the row once; writes one value and one index per row.
+template <class T>
+__global__ void __launch_bounds__(kMaxThreads) max_rows(const T* x, T* out, int64_t* index, int64_t outer, int64_t inner) {
+  using A = compute_t<T>;
+  __shared__ A values[kMaxWarps];
+  __shared__ int64_t columns[kMaxWarps];
+  for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
+    const T* row = x + r * inner;
+    Best<A> best{A(0), -1};
+    for (int64_t i = threadIdx.x; i < inner; i += blockDim.x) best = better(best, Best<A>{convert<A>(row[i]), i});
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const Best<A> other{__shfl_xor_sync(0xffffffffu, best.value, offset),
+                          __shfl_xor_sync(0xffffffffu, best.index, offset)};
+      best = better(best, other);
+    }
+    __syncthreads();  // the previous row's readers are done with the shared arrays
+    if (threadIdx.x % 32 == 0) {
+      values[threadIdx.x / 32] = best.value;
+      columns[threadIdx.x / 32] = best.index;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      best = Best<A>{values[0], columns[0]};
+      for (unsigned w = 1; w < blockDim.x / 32; ++w) best = better(best, Best<A>{values[w], columns[w]});
+      const A first = convert<A>(row[0]);
+      if (isnan(first)) best = Best<A>{first, 0};
+      out[r] = convert<T>(best.value);
+      index[r] = best.index;
+    }
+  }
+}
+
+// dx[r, index[r]] = dy[r] for a dx [outer, inner] the caller zeroed: one thread per row, one read of
+// dy and index and one write each.
+template <class T>
+struct ScatterRowsFn {
+  const T* dy;
+  const int64_t* index;
+  T* dx;
+  int64_t inner;
+  __device__ void operator()(int64_t r) const { dx[r * inner + index[r]] = dy[r]; }
+};
+
+void max_rows_cuda(const Tensor& x, const Tensor& out, const Tensor& index) {
+  const int device = x.device().index;
+  require_contiguous("max", device, {&x, &out, &index});
+  if (x.dim() != 2 || out.numel() != x.size(0) || index.numel() != x.size(0) || index.dtype() != DType::i64) {
+    throw std::logic_error("max on CUDA: expected x [outer, inner], out [outer] and an i64 index [outer], got " +
+                           shape_str(x.shape()) + ", " + shape_str(out.shape()) + " and " + shape_str(index.shape()));
+  }
+  const int64_t outer = x.size(0), inner = x.size(1);
+  if (outer == 0) return;
+  if (inner == 0) throw std::logic_error("max on CUDA: the rows of " + shape_str(x.shape()) + " are empty");
+  DeviceGuard guard(device);
+  dispatch_floating(x.dtype(), "max", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    max_rows<T><<<row_blocks(outer, device), row_threads(inner), 0, stream(device)>>>(
+        cptr<T>(x), mptr<T>(out), mptr<int64_t>(index), outer, inner);
+    SEQLAB_CUDA_CHECK_LAUNCH("max over rows");
+  });
+}
+
+void scatter_rows_cuda(const Tensor& dy, const Tensor& index, const Tensor& dx) {
+  const int device = dx.device().index;
+  require_contiguous("max backward", device, {&dy, &index, &dx});
+  if (dx.dim() != 2 || dy.numel() != dx.size(0) || index.numel() != dx.size(0) || index.dtype() != DType::i64 ||
+      dy.dtype() != dx.dtype()) {
+    throw std::logic_error("max backward on CUDA: expected dy [outer], an i64 index [outer] and dx [outer, inner], got " +
+                           shape_str(dy.shape()) + ", " + shape_str(index.shape()) + " and " + shape_str(dx.shape()));
+  }
+  DeviceGuard guard(device);
+  dispatch_floating(dx.dtype(), "max backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_elements("max backward scatter", device, dx.size(0),
+                    ScatterRowsFn<T>{cptr<T>(dy), cptr<int64_t>(index), mptr<T>(dx), dx.size(1)});
+  });
+}
+
+// ---- cumulative sums -----------------------------------------------------------------------------
+
+// out[o, j, i] = Σ_{j' ≤ j} x[o, j', i] (j' ≥ j when reverse) for x [outer, n, inner]: thread p owns
+// column (o, i) = (p / inner, p % inner) and runs down its n elements, accumulating in f32 (f64 for
+// f64) in the CPU's order. Neighbouring threads take neighbouring i, so reads and writes are coalesced
+// when inner is large; each element is read and written once.
+template <class T>
+struct CumsumFn {
+  const T* x;
+  T* out;
+  int64_t n, inner;
+  bool reverse;
+  __device__ void operator()(int64_t p) const {
+    const int64_t base = (p / inner) * n * inner + p % inner;
+    compute_t<T> acc = 0;
+    for (int64_t s = 0; s < n; ++s) {
+      const int64_t at = base + (reverse ? n - 1 - s : s) * inner;
+      acc += convert<compute_t<T>>(x[at]);
+      out[at] = convert<T>(acc);
+    }
+  }
+};
+
+void cumsum_cuda(const Tensor& x, bool reverse, const Tensor& out) {
+  const int device = x.device().index;
+  require_contiguous("cumsum", device, {&x, &out});
+  if (x.dim() != 3 || out.shape() != x.shape()) {
+    throw std::logic_error("cumsum on CUDA: expected x and out [outer, n, inner], got " + shape_str(x.shape()) +
+                           " and " + shape_str(out.shape()));
+  }
+  const int64_t outer = x.size(0), n = x.size(1), inner = x.size(2);
+  DeviceGuard guard(device);
+  dispatch_floating(x.dtype(), "cumsum", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_elements("cumsum", device, n == 0 ? 0 : outer * inner,
+                    CumsumFn<T>{cptr<T>(x), mptr<T>(out), n, inner, reverse});
+  });
+}
+
+}  // namespace
+}  // namespace seqlab::cuda
+
+namespace seqlab::kernel {
+SEQLAB_REGISTER_KERNEL(embedding_kernel, DeviceType::CUDA, &cuda::embedding_cuda);
+SEQLAB_REGISTER_KERNEL(embedding_backward_kernel, DeviceType::CUDA, &cuda::embedding_backward_cuda);
+SEQLAB_REGISTER_KERNEL(max_rows_kernel, DeviceType::CUDA, &cuda::max_rows_cuda);
+SEQLAB_REGISTER_KERNEL(scatter_rows_kernel, DeviceType::CUDA, &cuda::scatter_rows_cuda);
+SEQLAB_REGISTER_KERNEL(cumsum_kernel, DeviceType::CUDA, &cuda::cumsum_cuda);
+}  // namespace seqlab::kernel

@@ -1,0 +1,250 @@
+// CUDA layer norm and RMS norm over the rows of a contiguous x [N, C]: the CUDA side of the slots that
+// src/tensor/cpu/norm.cpp fills, with the same equations and the same saved statistics.
+//
+//   layer:  μ = mean_c x_c,  rstd = 1 / √(mean_c (x_c − μ)² + eps),  x̂ = (x − μ)·rstd,  y = x̂ ⊙ w + b
+//   rms:    μ = 0,           rstd = 1 / √(mean_c x_c² + eps),         x̂ = x·rstd,        y = x̂ ⊙ w
+// With g = dy ⊙ w, the backward is
+//   layer:  dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂))
+//   rms:    dx = rstd · (g − x̂ · mean(g ⊙ x̂))
+//   dw = Σ_rows dy ⊙ x̂,  db = Σ_rows dy
+// where the backward rebuilds x̂ from the saved (dtype-rounded) μ and rstd, as the CPU does.
+//
+// Forward and dx: one block per row (row_kernels.cuh). The variance is taken around μ in a second pass
+// over the row, as on the CPU (mean(x²) − μ² cancels when |μ| ≫ σ). dw and db: column sums over all
+// rows, in two deterministic passes: the rows are cut into `chunks` slices and thread (slice, column)
+// sums its slice's rows in order into partial[slice, column]; then thread (column) sums the partials in
+// slice order. No atomics, so the result is the same bits on every run.
+#include <algorithm>
+#include <type_traits>
+
+#include "cuda/row_kernels.cuh"
+#include "tensor/kernels.h"
+
+namespace seqlab::cuda {
+namespace {
+
+using kernel::NormGrads;
+using kernel::NormOutput;
+using namespace rows;
+
+// One block per row r of x [n, c]: mean[r] = μ (layer only), rstd[r], y[r, :] = x̂ ⊙ w (+ b).
+// Reads the row three times (μ, variance, output; the second and third from cache), w and b once per
+// row; writes c + 2 values per row. mean is null for rms; bias is null when undefined.
+template <class T, bool kCentered>
+__global__ void __launch_bounds__(kMaxThreads)
+    norm_forward_rows(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t n, int64_t c, double eps) {
+  using A = compute_t<T>;
+  __shared__ A scratch[kMaxWarps];
+  const A inv_c = A(1) / static_cast<A>(c);
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const T* xr = x + r * c;
+    A mu = 0;
+    if (kCentered) {
+      A s = 0;
+      for (int64_t i = threadIdx.x; i < c; i += blockDim.x) s += convert<A>(xr[i]);
+      mu = block_sum(s, scratch) * inv_c;
+    }
+    A ss = 0;
+    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+      const A d = convert<A>(xr[i]) - mu;
+      ss += d * d;
+    }
+    const A rs = rsqrt_of(block_sum(ss, scratch) * inv_c + static_cast<A>(eps));
+    if (threadIdx.x == 0) {
+      if (kCentered) mean[r] = convert<T>(mu);
+      rstd[r] = convert<T>(rs);
+    }
+    T* yr = y + r * c;
+    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+      A v = (convert<A>(xr[i]) - mu) * rs * convert<A>(w[i]);
+      if (b != nullptr) v += convert<A>(b[i]);
+      yr[i] = convert<T>(v);
+    }
+  }
+}
+
+// One block per row r: dx[r, :] = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂)), mean(g) dropped for rms.
+// Reads dy, x and w twice per row (the second time from cache), mean and rstd once; writes dx.
+template <class T, bool kCentered>
+__global__ void __launch_bounds__(kMaxThreads) norm_backward_dx_rows(const T* dy, const T* x, const T* w, const T* mean,
+                                                                     const T* rstd, T* dx, int64_t n, int64_t c) {
+  using A = compute_t<T>;
+  __shared__ A scratch[kMaxWarps];
+  const A inv_c = A(1) / static_cast<A>(c);
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const T *gr = dy + r * c, *xr = x + r * c;
+    const A mu = kCentered ? convert<A>(mean[r]) : A(0);
+    const A rs = convert<A>(rstd[r]);
+    A sum_g = 0, sum_gx = 0;
+    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+      const A g = convert<A>(gr[i]) * convert<A>(w[i]);
+      sum_g += g;
+      sum_gx += g * ((convert<A>(xr[i]) - mu) * rs);
+    }
+    const A mean_g = kCentered ? block_sum(sum_g, scratch) * inv_c : A(0);
+    const A mean_gx = block_sum(sum_gx, scratch) * inv_c;
+    T* dr = dx + r * c;
+    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+      const A g = convert<A>(gr[i]) * convert<A>(w[i]);
+      const A xhat = (convert<A>(xr[i]) - mu) * rs;
+      dr[i] = convert<T>(rs * (g - mean_g - xhat * mean_gx));
+    }
+  }
+}
+
+// Pass 1 of dw/db. Thread (slice s = blockIdx.y, column j) sums rows [s·per, min((s+1)·per, n)):
+//   part_w[s, j] = Σ dy[r, j] · x̂[r, j],  part_b[s, j] = Σ dy[r, j]   (either may be null)
+// Consecutive threads take consecutive columns, so every row is read coalesced. Reads dy and x once
+// (plus mean and rstd per row, shared by the warp); writes chunks · c partials per output.
+template <class T, bool kCentered>
+__global__ void __launch_bounds__(kMaxThreads)
+    norm_param_partials(const T* dy, const T* x, const T* mean, const T* rstd, compute_t<T>* part_w,
+                        compute_t<T>* part_b, int64_t n, int64_t c, int64_t per) {
+  using A = compute_t<T>;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= c) return;
+  const int64_t s = blockIdx.y, r0 = s * per, r1 = r0 + per < n ? r0 + per : n;
+  A acc_w = 0, acc_b = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const A g = convert<A>(dy[r * c + j]);
+    const A mu = kCentered ? convert<A>(mean[r]) : A(0);
+    acc_w += g * ((convert<A>(x[r * c + j]) - mu) * convert<A>(rstd[r]));
+    acc_b += g;
+  }
+  if (part_w != nullptr) part_w[s * c + j] = acc_w;
+  if (part_b != nullptr) part_b[s * c + j] = acc_b;
+}
+
+// Pass 2: out[j] = Σ_s part[s, j] in slice order. Reads chunks · c partials, writes c values.
+template <class T>
+struct SumPartialsFn {
+  const compute_t<T>* part;
+  T* out;
+  int64_t chunks, c;
+  __device__ void operator()(int64_t j) const {
+    compute_t<T> acc = 0;
+    for (int64_t s = 0; s < chunks; ++s) acc += part[s * c + j];
+    out[j] = convert<T>(acc);
+  }
+};
+
+void check_rows(const char* op, const Tensor& x, const Tensor& other, int64_t expected_numel) {
+  if (x.dim() != 2 || other.numel() != expected_numel) {
+    throw std::logic_error(std::string(op) + " on CUDA: expected rows [N, C] and matching operands, got " +
+                           shape_str(x.shape()) + " with " + shape_str(other.shape()));
+  }
+}
+
+void norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, bool centered,
+                  const NormOutput& out) {
+  const char* op = centered ? "layer_norm" : "rms_norm";
+  const int device = x.device().index;
+  require_contiguous(op, device, {&x, &weight, &out.y, &out.rstd});
+  if (bias.defined()) require_contiguous(op, device, {&bias});
+  if (centered) require_contiguous(op, device, {&out.mean});
+  check_rows(op, x, weight, x.size(1));
+  check_rows(op, x, out.rstd, x.size(0));
+  const int64_t n = x.size(0), c = x.size(1);
+  if (n == 0 || c == 0) return;
+  DeviceGuard guard(device);
+  dispatch_floating(x.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* b = bias.defined() ? cptr<T>(bias) : nullptr;
+    const dim3 grid(row_blocks(n, device)), block(row_threads(c));
+    if (centered) {
+      norm_forward_rows<T, true><<<grid, block, 0, stream(device)>>>(cptr<T>(x), cptr<T>(weight), b, mptr<T>(out.y),
+                                                                     mptr<T>(out.mean), mptr<T>(out.rstd), n, c, eps);
+    } else {
+      norm_forward_rows<T, false><<<grid, block, 0, stream(device)>>>(cptr<T>(x), cptr<T>(weight), b, mptr<T>(out.y),
+                                                                      nullptr, mptr<T>(out.rstd), n, c, eps);
+    }
+    SEQLAB_CUDA_CHECK_LAUNCH(centered ? "layer_norm forward" : "rms_norm forward");
+  });
+}
+
+// Row slices for the dw/db partial sums: enough slices to give every multiprocessor work, few enough
+// that the partial buffer stays small (at most 1024 · C values) and every slice has at least 16 rows.
+int64_t param_chunks(int64_t n, int64_t c, int device) {
+  const int64_t column_blocks = (c + kMaxThreads - 1) / kMaxThreads;
+  const int64_t wanted = std::max<int64_t>(1, int64_t{multiprocessor_count(device)} * 8 / column_blocks);
+  return std::clamp<int64_t>(std::min(wanted, (n + 15) / 16), 1, 1024);
+}
+
+void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                   bool centered, const NormGrads& grads) {
+  const char* op = centered ? "layer_norm backward" : "rms_norm backward";
+  const int device = x.device().index;
+  require_contiguous(op, device, {&dy, &x, &weight, &rstd});
+  if (centered) require_contiguous(op, device, {&mean});
+  check_rows(op, x, dy, x.numel());
+  check_rows(op, x, weight, x.size(1));
+  check_rows(op, x, rstd, x.size(0));
+  const int64_t n = x.size(0), c = x.size(1);
+  DeviceGuard guard(device);
+  dispatch_floating(x.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = compute_t<T>;
+    const T* mu = centered ? cptr<T>(mean) : nullptr;
+
+    if (grads.dx.defined() && n > 0 && c > 0) {
+      require_contiguous(op, device, {&grads.dx});
+      const dim3 grid(row_blocks(n, device)), block(row_threads(c));
+      if (centered) {
+        norm_backward_dx_rows<T, true><<<grid, block, 0, stream(device)>>>(
+            cptr<T>(dy), cptr<T>(x), cptr<T>(weight), mu, cptr<T>(rstd), mptr<T>(grads.dx), n, c);
+      } else {
+        norm_backward_dx_rows<T, false><<<grid, block, 0, stream(device)>>>(
+            cptr<T>(dy), cptr<T>(x), cptr<T>(weight), nullptr, cptr<T>(rstd), mptr<T>(grads.dx), n, c);
+      }
+      SEQLAB_CUDA_CHECK_LAUNCH(centered ? "layer_norm backward dx" : "rms_norm backward dx");
+    }
+
+    const bool need_w = grads.dweight.defined(), need_b = grads.dbias.defined();
+    if ((!need_w && !need_b) || c == 0) return;
+    if (need_w) require_contiguous(op, device, {&grads.dweight});
+    if (need_b) require_contiguous(op, device, {&grads.dbias});
+    // No rows: the sums are empty, so both gradients are 0 (a single zero slice says so).
+    const int64_t chunks = n == 0 ? 1 : param_chunks(n, c, device), per = n == 0 ? 0 : (n + chunks - 1) / chunks;
+    const DType acc_type = std::is_same_v<A, double> ? DType::f64 : DType::f32;
+    Tensor part_w = need_w ? Tensor::empty({chunks, c}, acc_type, x.device()) : Tensor();
+    Tensor part_b = need_b ? Tensor::empty({chunks, c}, acc_type, x.device()) : Tensor();
+    A* pw = need_w ? mptr<A>(part_w) : nullptr;
+    A* pb = need_b ? mptr<A>(part_b) : nullptr;
+    const dim3 grid(static_cast<unsigned>((c + kMaxThreads - 1) / kMaxThreads), static_cast<unsigned>(chunks));
+    if (centered) {
+      norm_param_partials<T, true><<<grid, kMaxThreads, 0, stream(device)>>>(cptr<T>(dy), cptr<T>(x), mu,
+                                                                              cptr<T>(rstd), pw, pb, n, c, per);
+    } else {
+      norm_param_partials<T, false><<<grid, kMaxThreads, 0, stream(device)>>>(cptr<T>(dy), cptr<T>(x), nullptr,
+                                                                               cptr<T>(rstd), pw, pb, n, c, per);
+    }
+    SEQLAB_CUDA_CHECK_LAUNCH(centered ? "layer_norm weight/bias partial sums" : "rms_norm weight partial sums");
+    if (need_w) launch_elements("norm weight gradient", device, c, SumPartialsFn<T>{pw, mptr<T>(grads.dweight), chunks, c});
+    if (need_b) launch_elements("norm bias gradient", device, c, SumPartialsFn<T>{pb, mptr<T>(grads.dbias), chunks, c});
+  });
+}
+
+void layer_norm_cuda(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const NormOutput& out) {
+  norm_forward(x, w, b, eps, true, out);
+}
+void rms_norm_cuda(const Tensor& x, const Tensor& w, double eps, const NormOutput& out) {
+  norm_forward(x, w, Tensor(), eps, false, out);
+}
+void layer_norm_backward_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                              const Tensor& rstd, const NormGrads& grads) {
+  norm_backward(dy, x, w, mean, rstd, true, grads);
+}
+void rms_norm_backward_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                            const NormGrads& grads) {
+  norm_backward(dy, x, w, Tensor(), rstd, false, grads);
+}
+
+}  // namespace
+}  // namespace seqlab::cuda
+
+namespace seqlab::kernel {
+SEQLAB_REGISTER_KERNEL(layer_norm_kernel, DeviceType::CUDA, &cuda::layer_norm_cuda);
+SEQLAB_REGISTER_KERNEL(layer_norm_backward_kernel, DeviceType::CUDA, &cuda::layer_norm_backward_cuda);
+SEQLAB_REGISTER_KERNEL(rms_norm_kernel, DeviceType::CUDA, &cuda::rms_norm_cuda);
+SEQLAB_REGISTER_KERNEL(rms_norm_backward_kernel, DeviceType::CUDA, &cuda::rms_norm_backward_cuda);
+}  // namespace seqlab::kernel

@@ -1,0 +1,372 @@
+// CUDA against CPU for the row-wise slots: layer and RMS norm (forward, dx, dweight, dbias), softmax
+// and log-softmax (forward and backward), fused cross-entropy (forward and backward, ignore_index, i32
+// and i64 targets), embedding (gather and deterministic scatter-add), max over rows with its argmax
+// and scatter, and cumsum (both directions). Skipped where no GPU is usable.
+//
+// Each case draws fresh random inputs in the dtype under test and computes the reference with the CPU
+// slot from the same values (in f32 for bf16, which the CPU kernels do not take). Every slot is called
+// directly with outputs filled with NaN (a sentinel for integers), so an element the CUDA kernel fails
+// to write shows up. Sizes are odd on purpose: rows not a multiple of any block, C = 1, C in the
+// thousands, no rows at all. Tolerance: |got − want| ≤ rtol · max(|want|, 1) with rtol 1e-5 for f32,
+// 1e-10 for f64 and 1e-2 for bf16; argmax indices, gathers and scatters must match exactly.
+// Inputs come from a fixed seed; --gtest_shuffle (or --gtest_random_seed=N) draws others.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/kernels.h"
+
+namespace seqlab {
+namespace {
+
+using kernel::CrossEntropyOutput;
+using kernel::NormGrads;
+using kernel::NormOutput;
+
+const Device kCpu = cpu_device();
+const Device kGpu = cuda_device(0);
+const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+double rtol(DType d) { return d == DType::bf16 ? 1e-2 : d == DType::f64 ? 1e-10 : 1e-5; }
+DType reference_type(DType d) { return d == DType::bf16 ? DType::f32 : d; }
+
+// An output buffer on the GPU whose every element is a value no kernel should leave behind.
+Tensor poisoned(const Shape& shape, DType dtype) {
+  return Tensor::full(shape, is_floating(dtype) ? kNaN : -123456789.0, dtype, kGpu);
+}
+Tensor cpu_empty(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype, kCpu); }
+// `x` (already in the dtype under test) as the CPU reference computes from it.
+Tensor ref(const Tensor& x) { return kernel::to_dtype(x, reference_type(x.dtype())); }
+Tensor on_gpu(const Tensor& x) { return kernel::to_device(x, kGpu); }
+
+void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  ASSERT_TRUE(got.device().is_cuda()) << what;
+  std::vector<double> g = got.to_doubles(), w = want.to_doubles();
+  int failures = 0;
+  for (size_t i = 0; i < g.size() && failures < 5; ++i) {
+    bool ok = g[i] == w[i] || (std::isnan(g[i]) && std::isnan(w[i])) ||
+              std::fabs(g[i] - w[i]) <= tol * std::max(std::fabs(w[i]), 1.0);
+    if (!ok) {
+      ++failures;
+      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " on CUDA, " << w[i] << " on the CPU";
+    }
+  }
+}
+
+std::string case_name(const char* op, DType dtype, int64_t rows, int64_t cols) {
+  return std::string(op) + " " + dtype_name(dtype) + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+}
+
+class CudaRowsVsCpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) {
+      GTEST_SKIP() << (cuda_backend() ? cuda_backend()->describe() : std::string("this build has no CUDA backend"));
+    }
+  }
+
+  // Uniform integers in [0, n), with about `ignored_share` of them replaced by `ignored`.
+  Tensor indices(int64_t count, int64_t n, DType dtype, double ignored_share = 0.0, int64_t ignored = -100) {
+    std::vector<int64_t> v(static_cast<size_t>(count));
+    for (int64_t& i : v) {
+      i = static_cast<int64_t>(gen_.next_u64() % static_cast<uint64_t>(n));
+      if (gen_.uniform() < ignored_share) i = ignored;
+    }
+    return Tensor::from_indices(v, {count}, dtype);
+  }
+
+  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 29};
+};
+
+// [rows, C]: one element, one column, a few short rows, rows of a few hundred (not a multiple of 32),
+// C in the thousands (several elements per thread), and no rows at all.
+const std::pair<int64_t, int64_t> kRowShapes[] = {{1, 1}, {37, 1}, {5, 7}, {300, 33}, {3, 4099}, {0, 5}};
+
+// ---- layer norm and RMS norm ---------------------------------------------------------------------
+
+TEST_F(CudaRowsVsCpu, NormForward) {
+  for (DType dtype : kFloatTypes) {
+    const DType rt = reference_type(dtype);
+    for (auto [n, c] : kRowShapes) {
+      // An offset mean (3) so the centering matters.
+      Tensor x = kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, c}, gen_, rt, 2.0), 3.0);
+      x = kernel::to_dtype(x, dtype);
+      Tensor w = Tensor::randn({c}, gen_, dtype), b = Tensor::randn({c}, gen_, dtype);
+      for (bool with_bias : {true, false}) {
+        const std::string what = case_name(with_bias ? "layer_norm" : "layer_norm without bias", dtype, n, c);
+        NormOutput want{cpu_empty({n, c}, rt), cpu_empty({n}, rt), cpu_empty({n}, rt)};
+        kernel::layer_norm_kernel(kCpu, ref(x), ref(w), with_bias ? ref(b) : Tensor(), 1e-5, want);
+        NormOutput got{poisoned({n, c}, dtype), poisoned({n}, dtype), poisoned({n}, dtype)};
+        kernel::layer_norm_kernel(kGpu, on_gpu(x), on_gpu(w), with_bias ? on_gpu(b) : Tensor(), 1e-5, got);
+        expect_close(got.y, want.y, rtol(dtype), what + " y");
+        expect_close(got.mean, want.mean, rtol(dtype), what + " mean");
+        expect_close(got.rstd, want.rstd, rtol(dtype), what + " rstd");
+      }
+      const std::string what = case_name("rms_norm", dtype, n, c);
+      NormOutput want{cpu_empty({n, c}, rt), Tensor(), cpu_empty({n}, rt)};
+      kernel::rms_norm_kernel(kCpu, ref(x), ref(w), 1e-6, want);
+      NormOutput got{poisoned({n, c}, dtype), Tensor(), poisoned({n}, dtype)};
+      kernel::rms_norm_kernel(kGpu, on_gpu(x), on_gpu(w), 1e-6, got);
+      expect_close(got.y, want.y, rtol(dtype), what + " y");
+      expect_close(got.rstd, want.rstd, rtol(dtype), what + " rstd");
+    }
+  }
+}
+
+TEST_F(CudaRowsVsCpu, NormBackward) {
+  for (DType dtype : kFloatTypes) {
+    const DType rt = reference_type(dtype);
+    for (auto [n, c] : kRowShapes) {
+      Tensor x = kernel::to_dtype(kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, c}, gen_, rt, 2.0), -1.5),
+                                  dtype);
+      Tensor w = Tensor::randn({c}, gen_, dtype), dy = Tensor::randn({n, c}, gen_, dtype);
+      for (bool centered : {true, false}) {
+        const std::string what = case_name(centered ? "layer_norm backward" : "rms_norm backward", dtype, n, c);
+        // The statistics as the forward saved them: computed, then stored in the dtype under test.
+        NormOutput fwd{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
+        if (centered) {
+          kernel::layer_norm_kernel(kCpu, ref(x), ref(w), Tensor(), 1e-5, fwd);
+        } else {
+          kernel::rms_norm_kernel(kCpu, ref(x), ref(w), 1e-5, fwd);
+        }
+        Tensor mean = centered ? kernel::to_dtype(fwd.mean, dtype) : Tensor();
+        Tensor rstd = kernel::to_dtype(fwd.rstd, dtype);
+        // Every gradient, then only the parameter gradients (dx skipped), then only dx.
+        for (int ask = 0; ask < 3; ++ask) {
+          const bool need_dx = ask != 1, need_params = ask != 2;
+          NormGrads want{need_dx ? cpu_empty({n, c}, rt) : Tensor(), need_params ? cpu_empty({c}, rt) : Tensor(),
+                         need_params && centered ? cpu_empty({c}, rt) : Tensor()};
+          NormGrads got{need_dx ? poisoned({n, c}, dtype) : Tensor(), need_params ? poisoned({c}, dtype) : Tensor(),
+                        need_params && centered ? poisoned({c}, dtype) : Tensor()};
+          if (centered) {
+            kernel::layer_norm_backward_kernel(kCpu, ref(dy), ref(x), ref(w), ref(mean), ref(rstd), want);
+            kernel::layer_norm_backward_kernel(kGpu, on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(mean), on_gpu(rstd),
+                                               got);
+          } else {
+            kernel::rms_norm_backward_kernel(kCpu, ref(dy), ref(x), ref(w), ref(rstd), want);
+            kernel::rms_norm_backward_kernel(kGpu, on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(rstd), got);
+          }
+          const std::string asked = what + " (ask " + std::to_string(ask) + ")";
+          if (need_dx) expect_close(got.dx, want.dx, rtol(dtype), asked + " dx");
+          if (need_params) expect_close(got.dweight, want.dweight, rtol(dtype), asked + " dweight");
+          if (need_params && centered) expect_close(got.dbias, want.dbias, rtol(dtype), asked + " dbias");
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaRowsVsCpu, NormThroughTheEntryPoints) {
+  // [B, T, C] through layer_norm / rms_norm and their backward: the reshape to rows, the saved
+  // statistics and the gradient allocation, on both devices.
+  for (DType dtype : kFloatTypes) {
+    Tensor x = Tensor::randn({3, 17, 70}, gen_, dtype, 1.5), w = Tensor::randn({70}, gen_, dtype);
+    Tensor b = Tensor::randn({70}, gen_, dtype), dy = Tensor::randn({3, 17, 70}, gen_, dtype);
+    NormOutput want = kernel::layer_norm(ref(x), ref(w), ref(b), 1e-5);
+    NormOutput got = kernel::layer_norm(on_gpu(x), on_gpu(w), on_gpu(b), 1e-5);
+    expect_close(got.y, want.y, rtol(dtype), std::string("layer_norm entry ") + dtype_name(dtype));
+    NormGrads gw = kernel::layer_norm_backward(ref(dy), ref(x), ref(w), ref(kernel::to_dtype(want.mean, dtype)),
+                                               ref(kernel::to_dtype(want.rstd, dtype)), true, true, true);
+    NormGrads gg = kernel::layer_norm_backward(on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(kernel::to_dtype(want.mean, dtype)),
+                                               on_gpu(kernel::to_dtype(want.rstd, dtype)), true, true, true);
+    expect_close(gg.dx, gw.dx, rtol(dtype), std::string("layer_norm backward entry dx ") + dtype_name(dtype));
+    expect_close(gg.dweight, gw.dweight, rtol(dtype), std::string("layer_norm backward entry dw ") + dtype_name(dtype));
+    expect_close(gg.dbias, gw.dbias, rtol(dtype), std::string("layer_norm backward entry db ") + dtype_name(dtype));
+    NormOutput rwant = kernel::rms_norm(ref(x), ref(w), 1e-6);
+    NormOutput rgot = kernel::rms_norm(on_gpu(x), on_gpu(w), 1e-6);
+    expect_close(rgot.y, rwant.y, rtol(dtype), std::string("rms_norm entry ") + dtype_name(dtype));
+  }
+}
+
+// ---- softmax -------------------------------------------------------------------------------------
+
+TEST_F(CudaRowsVsCpu, SoftmaxForwardAndBackward) {
+  for (DType dtype : kFloatTypes) {
+    const DType rt = reference_type(dtype);
+    for (auto [n, c] : kRowShapes) {
+      Tensor x = Tensor::randn({n, c}, gen_, dtype, 3.0), dy = Tensor::randn({n, c}, gen_, dtype);
+      for (bool log : {false, true}) {
+        const std::string what = case_name(log ? "log_softmax" : "softmax", dtype, n, c);
+        Tensor want = cpu_empty({n, c}, rt);
+        kernel::softmax_kernel(kCpu, ref(x), log, want);
+        Tensor got = poisoned({n, c}, dtype);
+        kernel::softmax_kernel(kGpu, on_gpu(x), log, got);
+        expect_close(got, want, rtol(dtype), what);
+
+        Tensor y = kernel::to_dtype(want, dtype);  // y as the forward stored it
+        Tensor dwant = cpu_empty({n, c}, rt);
+        kernel::softmax_backward_kernel(kCpu, ref(dy), ref(y), log, dwant);
+        Tensor dgot = poisoned({n, c}, dtype);
+        kernel::softmax_backward_kernel(kGpu, on_gpu(dy), on_gpu(y), log, dgot);
+        expect_close(dgot, dwant, rtol(dtype), what + " backward");
+      }
+    }
+  }
+}
+
+TEST_F(CudaRowsVsCpu, SoftmaxOfLargeLogitsAndNaN) {
+  // Logits in the hundreds overflow exp without the max subtraction; a NaN poisons its row only.
+  for (DType dtype : kFloatTypes) {
+    Tensor x = kernel::to_dtype(
+        kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({4, 100}, gen_, DType::f64, 30.0), 400.0), dtype);
+    std::vector<double> values = x.to_doubles();
+    values[2 * 100 + 17] = kNaN;
+    x = Tensor::from_vector(values, {4, 100}, dtype);
+    for (bool log : {false, true}) {
+      Tensor want = cpu_empty({4, 100}, reference_type(dtype));
+      kernel::softmax_kernel(kCpu, ref(x), log, want);
+      Tensor got = poisoned({4, 100}, dtype);
+      kernel::softmax_kernel(kGpu, on_gpu(x), log, got);
+      expect_close(got, want, rtol(dtype), std::string(log ? "log_softmax" : "softmax") + " large " + dtype_name(dtype));
+    }
+  }
+}
+
+// ---- cross-entropy -------------------------------------------------------------------------------
+
+TEST_F(CudaRowsVsCpu, CrossEntropyForwardAndBackward) {
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {37, 1}, {13, 7}, {33, 300}, {4, 5001}, {0, 9}};
+  for (DType dtype : kFloatTypes) {
+    const DType rt = reference_type(dtype);
+    for (DType target_type : {DType::i32, DType::i64}) {
+      for (auto [n, v] : shapes) {
+        const std::string what = case_name("cross_entropy", dtype, n, v) + " " + dtype_name(target_type);
+        // An offset of 20 so lse − x_target is a difference of large numbers.
+        Tensor logits = kernel::to_dtype(
+            kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, v}, gen_, DType::f64, 3.0), 20.0), dtype);
+        Tensor targets = indices(n, v, target_type, 0.2, -100);
+        Tensor loss_want = cpu_empty({n}, rt), lse_want = cpu_empty({n}, rt);
+        kernel::cross_entropy_kernel(kCpu, ref(logits), targets, -100, loss_want, lse_want);
+        Tensor loss_got = poisoned({n}, dtype), lse_got = poisoned({n}, dtype);
+        kernel::cross_entropy_kernel(kGpu, on_gpu(logits), on_gpu(targets), -100, loss_got, lse_got);
+        expect_close(loss_got, loss_want, rtol(dtype), what + " losses");
+        expect_close(lse_got, lse_want, rtol(dtype), what + " lse");
+
+        Tensor lse = kernel::to_dtype(lse_want, dtype);  // lse as the forward stored it
+        Tensor dwant = cpu_empty({n, v}, rt);
+        kernel::cross_entropy_backward_kernel(kCpu, 0.37, ref(logits), targets, ref(lse), -100, dwant);
+        Tensor dgot = poisoned({n, v}, dtype);
+        kernel::cross_entropy_backward_kernel(kGpu, 0.37, on_gpu(logits), on_gpu(targets), on_gpu(lse), -100, dgot);
+        expect_close(dgot, dwant, rtol(dtype), what + " backward");
+      }
+    }
+  }
+}
+
+TEST_F(CudaRowsVsCpu, CrossEntropyThroughTheEntryPoints) {
+  for (DType dtype : kFloatTypes) {
+    Tensor logits = Tensor::randn({3, 11, 257}, gen_, dtype, 2.0);
+    Tensor targets = kernel::reshape(indices(33, 257, DType::i64, 0.3, 5), {3, 11});  // ignore_index 5, a real class
+    CrossEntropyOutput want = kernel::cross_entropy(ref(logits), targets, 5);
+    CrossEntropyOutput got = kernel::cross_entropy(on_gpu(logits), on_gpu(targets), 5);
+    EXPECT_EQ(got.count, want.count);
+    expect_close(got.loss, want.loss, rtol(dtype), std::string("cross_entropy entry loss ") + dtype_name(dtype));
+    Tensor dloss = Tensor::scalar(1.0, dtype);
+    Tensor dwant = kernel::cross_entropy_backward(ref(dloss), ref(logits), targets,
+                                                  ref(kernel::to_dtype(want.lse, dtype)), 5, want.count);
+    Tensor dgot = kernel::cross_entropy_backward(on_gpu(dloss), on_gpu(logits), on_gpu(targets),
+                                                 on_gpu(kernel::to_dtype(want.lse, dtype)), 5, want.count);
+    expect_close(dgot, dwant, rtol(dtype), std::string("cross_entropy entry backward ") + dtype_name(dtype));
+  }
+}
+
+// ---- embedding -----------------------------------------------------------------------------------
+
+TEST_F(CudaRowsVsCpu, EmbeddingGatherAndScatterAdd) {
+  struct Case {
+    int64_t v, c, n;
+  };
+  // Many tokens per row (V = 7, N = 3000), one row, C = 1, C not a multiple of a warp, rows no token
+  // picks (V = 1000, N = 37), and no tokens at all.
+  const Case cases[] = {{7, 5, 3000}, {1, 3, 10}, {1000, 1, 37}, {1000, 257, 37}, {50, 129, 2001}, {9, 4, 0}};
+  for (DType dtype : kFloatTypes) {
+    const DType rt = reference_type(dtype);
+    for (DType index_type : {DType::i32, DType::i64}) {
+      for (const Case& k : cases) {
+        const std::string what = std::string("embedding ") + dtype_name(dtype) + " " + dtype_name(index_type) +
+                                 " V " + std::to_string(k.v) + " C " + std::to_string(k.c) + " N " +
+                                 std::to_string(k.n);
+        Tensor weight = Tensor::randn({k.v, k.c}, gen_, dtype);
+        Tensor index = indices(k.n, k.v, index_type);
+        Tensor want = cpu_empty({k.n, k.c}, rt);
+        kernel::embedding_kernel(kCpu, ref(weight), index, want);
+        Tensor got = poisoned({k.n, k.c}, dtype);
+        kernel::embedding_kernel(kGpu, on_gpu(weight), on_gpu(index), got);
+        expect_close(got, want, 0.0, what + " gather");
+
+        Tensor dy = Tensor::randn({k.n, k.c}, gen_, dtype);
+        Tensor dwant = cpu_empty({k.v, k.c}, rt);
+        kernel::embedding_backward_kernel(kCpu, ref(dy), index, dwant);
+        Tensor dgot = poisoned({k.v, k.c}, dtype);
+        kernel::embedding_backward_kernel(kGpu, on_gpu(dy), on_gpu(index), dgot);
+        expect_close(dgot, dwant, rtol(dtype), what + " backward");
+        // Deterministic: the same inputs give the same bits.
+        Tensor again = poisoned({k.v, k.c}, dtype);
+        kernel::embedding_backward_kernel(kGpu, on_gpu(dy), on_gpu(index), again);
+        expect_close(again, kernel::to_device(dgot, kCpu), 0.0, what + " backward, second run");
+      }
+    }
+  }
+}
+
+// ---- max over rows, its scatter, cumsum ----------------------------------------------------------
+
+TEST_F(CudaRowsVsCpu, MaxRowsFirstArgmaxTiesAndNaN) {
+  for (DType dtype : kFloatTypes) {
+    const DType rt = reference_type(dtype);
+    for (auto [n, c] : kRowShapes) {
+      const std::string what = case_name("max_rows", dtype, n, c);
+      // Small integers, so most rows hold their max several times: the first one must win.
+      std::vector<double> values = Tensor::randn({n, c}, gen_, DType::f64, 2.0).to_doubles();
+      for (double& v : values) v = std::round(v);
+      if (n >= 5 && c >= 7) {
+        values[static_cast<size_t>(1 * c + 0)] = kNaN;  // NaN first: the CPU never leaves column 0
+        values[static_cast<size_t>(2 * c + 3)] = kNaN;  // NaN later: skipped
+        for (int64_t i = 0; i < c; ++i) values[static_cast<size_t>(3 * c + i)] = kNaN;
+        values[static_cast<size_t>(3 * c + c - 1)] = -1.0;  // all NaN but the last column
+      }
+      Tensor x = Tensor::from_vector(values, {n, c}, dtype);
+      Tensor want = cpu_empty({n}, rt), want_index = cpu_empty({n}, DType::i64);
+      kernel::max_rows_kernel(kCpu, ref(x), want, want_index);
+      Tensor got = poisoned({n}, dtype), got_index = poisoned({n}, DType::i64);
+      kernel::max_rows_kernel(kGpu, on_gpu(x), got, got_index);
+      expect_close(got, want, 0.0, what + " values");
+      expect_close(got_index, want_index, 0.0, what + " indices");
+
+      Tensor dy = Tensor::randn({n}, gen_, dtype);
+      Tensor dwant = Tensor::zeros({n, c}, rt);
+      kernel::scatter_rows_kernel(kCpu, ref(dy), want_index, dwant);
+      Tensor dgot = Tensor::zeros({n, c}, dtype, kGpu);
+      kernel::scatter_rows_kernel(kGpu, on_gpu(dy), on_gpu(want_index), dgot);
+      expect_close(dgot, dwant, 0.0, what + " scatter");
+    }
+  }
+}
+
+TEST_F(CudaRowsVsCpu, Cumsum) {
+  const Shape shapes[] = {{1, 1, 1}, {3, 37, 1}, {2, 5, 129}, {1, 1000, 3}, {4, 0, 3}, {2, 3, 0}};
+  for (DType dtype : kFloatTypes) {
+    for (const Shape& shape : shapes) {
+      for (bool reverse : {false, true}) {
+        const std::string what =
+            std::string("cumsum ") + dtype_name(dtype) + " " + shape_str(shape) + (reverse ? " reverse" : "");
+        Tensor x = Tensor::rand(shape, gen_, dtype, -1.0, 2.0);  // mean 0.5: the sums grow
+        Tensor want = cpu_empty(shape, reference_type(dtype));
+        kernel::cumsum_kernel(kCpu, ref(x), reverse, want);
+        Tensor got = poisoned(shape, dtype);
+        kernel::cumsum_kernel(kGpu, on_gpu(x), reverse, got);
+        expect_close(got, want, rtol(dtype), what);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace seqlab
