@@ -1,0 +1,288 @@
+// CUDA side of the optimizer slots declared in src/train/optim.h (the CPU kernels are in
+// src/train/optim.cpp): the fused AdamW and SGD updates, the sum of squares behind the global
+// gradient norm, and the in-place scale behind gradient clipping and averaging.
+//
+// The updates and the scale are elementwise, one grid-stride loop each, and compute exactly the
+// CPU formulas in the same type: S = f64 for f64 parameters and f32 otherwise; bf16 parameters and
+// gradients (__nv_bfloat16, bit-identical to seqlab::bf16) are widened to f32 and rounded to nearest
+// even on store; the moments are always S. The scalar coefficients are formed in double on the host
+// and rounded to S once, as on the CPU.
+//
+// The sum of squares is deterministic run to run: pass 1 gives each block a fixed range of
+// kSumChunk elements and reduces it in a fixed order (per-thread strided sums, then a fixed
+// shared-memory tree) into partial[b]; pass 2, one block, reduces the partials the same way. The
+// order depends only on n, never on timing or on the device's multiprocessor count.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "cuda/runtime.h"
+#include "train/optim.h"
+
+namespace seqlab::cuda {
+namespace {
+
+using bf16_t = __nv_bfloat16;
+constexpr int kThreads = 256;
+
+template <class T>
+struct Tag {
+  using type = T;
+};
+
+// S for a parameter type P: f64 for f64, f32 for f32 and bf16 (as Compute<P> in optim.cpp).
+template <class P>
+using state_t = std::conditional_t<std::is_same_v<P, double>, double, float>;
+
+// Calls fn(Tag<P>{}) with P the device element type of a floating dtype.
+template <class Fn>
+void dispatch_param(DType d, const char* op, Fn&& fn) {
+  switch (d) {
+    case DType::f32:
+      return fn(Tag<float>{});
+    case DType::f64:
+      return fn(Tag<double>{});
+    case DType::bf16:
+      return fn(Tag<bf16_t>{});
+    default:
+      throw std::invalid_argument(std::string(op) + " on CUDA: expected a floating tensor, got " + dtype_name(d));
+  }
+}
+
+template <class To, class From>
+__device__ __forceinline__ To convert(From x) {
+  if constexpr (std::is_same_v<From, bf16_t>) {
+    return static_cast<To>(__bfloat162float(x));
+  } else if constexpr (std::is_same_v<To, bf16_t>) {
+    return __float2bfloat16(static_cast<float>(x));
+  } else {
+    return static_cast<To>(x);
+  }
+}
+
+// Throws std::logic_error naming the op when a tensor breaks the slots' contract (contiguous, on
+// one CUDA device, n elements of the expected dtype).
+void check_operand(const char* op, const char* name, const Tensor& t, int64_t n, DType dtype, int device) {
+  if (!t.is_contiguous() || t.numel() != n || t.dtype() != dtype || !t.device().is_cuda() ||
+      t.device().index != device) {
+    throw std::logic_error(std::string(op) + " on CUDA: " + name + " must be a contiguous " + dtype_name(dtype) +
+                           " tensor of " + std::to_string(n) + " elements on cuda:" + std::to_string(device) +
+                           ", got " + shape_str(t.shape()) + " " + dtype_name(t.dtype()) + " on " +
+                           t.device().str());
+  }
+}
+
+// Blocks for a grid-stride loop over n elements: enough to cover n, at most 32 per multiprocessor.
+int grid_for(int64_t n, int device) {
+  const int64_t cap = static_cast<int64_t>(multiprocessor_count(device)) * 32;
+  return static_cast<int>(std::min((n + kThreads - 1) / kThreads, cap));
+}
+
+// ---- AdamW -----------------------------------------------------------------------------------------
+
+template <class S>
+struct AdamWCoefficients {
+  S lr, lr_wd, eps, b1, c1, b2, c2, inv_bc1, inv_bc2;
+};
+
+// For each i < n (p, g of type P; m, v of type S; all read once and written once, g only read):
+//   p ← p − lr·wd·p;  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;
+//   p ← p − lr · (m / bc1) / (√(v / bc2) + ε)    with 1/bc1, 1/bc2 premultiplied.
+template <class P, class S>
+__global__ void __launch_bounds__(kThreads)
+    adamw_step_kernel_impl(int64_t n, AdamWCoefficients<S> k, P* p, const P* g, S* m, S* v) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const S gi = convert<S>(g[i]);
+    S pi = convert<S>(p[i]);
+    pi -= k.lr_wd * pi;
+    const S mi = k.b1 * m[i] + k.c1 * gi;
+    const S vi = k.b2 * v[i] + k.c2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    pi -= k.lr * (mi * k.inv_bc1) / (sqrt(vi * k.inv_bc2) + k.eps);
+    p[i] = convert<P>(pi);
+  }
+}
+
+void adamw_step_cuda(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v) {
+  const int64_t n = p.numel();
+  const int device = p.device().index;
+  dispatch_param(p.dtype(), "adamw_step", [&](auto tag) {
+    using P = typename decltype(tag)::type;
+    using S = state_t<P>;
+    const DType state_dtype = std::is_same_v<S, double> ? DType::f64 : DType::f32;
+    check_operand("adamw_step", "p", p, n, p.dtype(), device);
+    check_operand("adamw_step", "g", g, n, p.dtype(), device);
+    check_operand("adamw_step", "m", m, n, state_dtype, device);
+    check_operand("adamw_step", "v", v, n, state_dtype, device);
+    if (n == 0) return;
+    const AdamWCoefficients<S> k{S(s.lr),          S(s.lr * s.weight_decay), S(s.eps),
+                                 S(s.beta1),       S(1.0 - s.beta1),         S(s.beta2),
+                                 S(1.0 - s.beta2), S(1.0 / s.bias_correction1), S(1.0 / s.bias_correction2)};
+    DeviceGuard guard(device);
+    adamw_step_kernel_impl<P, S><<<grid_for(n, device), kThreads, 0, stream(device)>>>(
+        n, k, static_cast<P*>(p.raw_data()), static_cast<const P*>(g.raw_data()), static_cast<S*>(m.raw_data()),
+        static_cast<S*>(v.raw_data()));
+    SEQLAB_CUDA_CHECK_LAUNCH("adamw_step kernel");
+  });
+}
+
+// ---- SGD -------------------------------------------------------------------------------------------
+
+template <class S>
+struct SgdCoefficients {
+  S lr, lr_wd, mu;
+  bool nesterov;
+};
+
+// For each i < n (p, g of type P, b of type S or null; each read once, p and b written once):
+//   p ← p − lr·wd·p;  b ← μ·b + g;  d = nesterov ? g + μ·b : b  (d = g without b);  p ← p − lr·d.
+template <class P, class S>
+__global__ void __launch_bounds__(kThreads) sgd_step_kernel_impl(int64_t n, SgdCoefficients<S> k, P* p, const P* g, S* b) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const S gi = convert<S>(g[i]);
+    S pi = convert<S>(p[i]);
+    pi -= k.lr_wd * pi;
+    S d = gi;
+    if (b) {
+      const S bi = k.mu * b[i] + gi;
+      b[i] = bi;
+      d = k.nesterov ? gi + k.mu * bi : bi;
+    }
+    pi -= k.lr * d;
+    p[i] = convert<P>(pi);
+  }
+}
+
+void sgd_step_cuda(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b) {
+  const int64_t n = p.numel();
+  const int device = p.device().index;
+  dispatch_param(p.dtype(), "sgd_step", [&](auto tag) {
+    using P = typename decltype(tag)::type;
+    using S = state_t<P>;
+    const DType state_dtype = std::is_same_v<S, double> ? DType::f64 : DType::f32;
+    check_operand("sgd_step", "p", p, n, p.dtype(), device);
+    check_operand("sgd_step", "g", g, n, p.dtype(), device);
+    if (b.defined()) check_operand("sgd_step", "the momentum buffer", b, n, state_dtype, device);
+    if (n == 0) return;
+    const SgdCoefficients<S> k{S(s.lr), S(s.lr * s.weight_decay), S(s.momentum), s.nesterov};
+    S* bp = b.defined() ? static_cast<S*>(b.raw_data()) : nullptr;
+    DeviceGuard guard(device);
+    sgd_step_kernel_impl<P, S><<<grid_for(n, device), kThreads, 0, stream(device)>>>(
+        n, k, static_cast<P*>(p.raw_data()), static_cast<const P*>(g.raw_data()), bp);
+    SEQLAB_CUDA_CHECK_LAUNCH("sgd_step kernel");
+  });
+}
+
+// ---- sum of squares --------------------------------------------------------------------------------
+
+// Elements per block in pass 1: 32 per thread, so a 1M-element gradient fills 128 blocks.
+constexpr int64_t kSumChunk = int64_t{kThreads} * 32;
+
+// Sums acc over the block's kThreads threads in a fixed order (a shared-memory tree: thread t adds
+// t + half for half = 128, 64, ..., 1). The result is valid in thread 0.
+__device__ double block_sum(double acc) {
+  __shared__ double buf[kThreads];
+  buf[threadIdx.x] = acc;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half) buf[threadIdx.x] += buf[threadIdx.x + half];
+    __syncthreads();
+  }
+  return buf[0];
+}
+
+// Pass 1: partial[b] = Σ x[i]² over i in [b·kSumChunk, min(n, (b+1)·kSumChunk)), in double. Thread t
+// sums the elements t, t + kThreads, ... of the block's range; block_sum combines the threads. Reads
+// x once, writes gridDim.x doubles. Launched with exactly ceil(n / kSumChunk) blocks.
+template <class T>
+__global__ void __launch_bounds__(kThreads) sum_squares_partials(const T* x, int64_t n, double* partial) {
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kSumChunk;
+  const int64_t end = n - begin < kSumChunk ? n : begin + kSumChunk;
+  double acc = 0.0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+    const double e = convert<double>(x[i]);
+    acc += e * e;
+  }
+  const double total = block_sum(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+// Pass 2, one block: *out = Σ_b partial[b] for b < count, thread t summing b = t, t + kThreads, ...
+__global__ void __launch_bounds__(kThreads) sum_partials(const double* partial, int64_t count, double* out) {
+  double acc = 0.0;
+  for (int64_t b = threadIdx.x; b < count; b += kThreads) acc += partial[b];
+  const double total = block_sum(acc);
+  if (threadIdx.x == 0) *out = total;
+}
+
+double sum_squares_cuda(const Tensor& x) {
+  const int64_t n = x.numel();
+  const int device = x.device().index;
+  double result = 0.0;
+  dispatch_param(x.dtype(), "sum_squares", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    check_operand("sum_squares", "x", x, n, x.dtype(), device);
+    if (n == 0) return;
+    const int64_t blocks = (n + kSumChunk - 1) / kSumChunk;
+    if (blocks > int64_t{0x7fffffff}) {
+      throw std::invalid_argument("sum_squares on CUDA: " + std::to_string(n) + " elements is too many for one grid");
+    }
+    // partial[0, blocks) from pass 1, then the total at partial[blocks]; freed into the cache at
+    // return, which is safe because every later user of the block is queued after us on stream(device).
+    Tensor scratch = Tensor::empty({blocks + 1}, DType::f64, x.device());
+    double* partial = static_cast<double*>(scratch.raw_data());
+    DeviceGuard guard(device);
+    cudaStream_t st = stream(device);
+    sum_squares_partials<T><<<static_cast<unsigned>(blocks), kThreads, 0, st>>>(
+        static_cast<const T*>(x.raw_data()), n, partial);
+    SEQLAB_CUDA_CHECK_LAUNCH("sum_squares partials kernel");
+    sum_partials<<<1, kThreads, 0, st>>>(partial, blocks, partial + blocks);
+    SEQLAB_CUDA_CHECK_LAUNCH("sum_squares final kernel");
+    SEQLAB_CUDA_CHECK(cudaMemcpyAsync(&result, partial + blocks, sizeof(double), cudaMemcpyDeviceToHost, st));
+    SEQLAB_CUDA_CHECK(cudaStreamSynchronize(st));
+  });
+  return result;
+}
+
+// ---- scale -----------------------------------------------------------------------------------------
+
+// x[i] ← k·x[i] for i < n, computed in S (f32 for bf16); reads and writes x once.
+template <class T, class S>
+__global__ void __launch_bounds__(kThreads) scale_inplace_kernel_impl(int64_t n, S k, T* x) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    x[i] = convert<T>(k * convert<S>(x[i]));
+  }
+}
+
+void scale_inplace_cuda(const Tensor& x, double s) {
+  const int64_t n = x.numel();
+  const int device = x.device().index;
+  dispatch_param(x.dtype(), "scale_inplace", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using S = state_t<T>;
+    check_operand("scale_inplace", "x", x, n, x.dtype(), device);
+    if (n == 0) return;
+    DeviceGuard guard(device);
+    scale_inplace_kernel_impl<T, S><<<grid_for(n, device), kThreads, 0, stream(device)>>>(
+        n, S(s), static_cast<T*>(x.raw_data()));
+    SEQLAB_CUDA_CHECK_LAUNCH("scale_inplace kernel");
+  });
+}
+
+}  // namespace
+}  // namespace seqlab::cuda
+
+namespace seqlab {
+SEQLAB_REGISTER_KERNEL(adamw_step_kernel, DeviceType::CUDA, &cuda::adamw_step_cuda);
+SEQLAB_REGISTER_KERNEL(sgd_step_kernel, DeviceType::CUDA, &cuda::sgd_step_cuda);
+SEQLAB_REGISTER_KERNEL(sum_squares_kernel, DeviceType::CUDA, &cuda::sum_squares_cuda);
+SEQLAB_REGISTER_KERNEL(scale_inplace_kernel, DeviceType::CUDA, &cuda::scale_inplace_cuda);
+}  // namespace seqlab
