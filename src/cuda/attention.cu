@@ -1,0 +1,515 @@
+// CUDA side of the fused attention slots declared in src/layers/attention.h (the CPU kernels, the
+// entry points that check shapes, and the equations are in src/layers/attention.cpp and
+// docs/variants/attention.md). Inputs are contiguous: q [B, T, H, Dk], k [B, S, Hk, Dk],
+// v [B, S, Hk, Dv]; query head h reads kv head h / (H/Hk); query i sits at key position i + S − T,
+// so with `causal` it sees keys j < key_end(i) = i + S − T + 1, otherwise all S keys.
+//
+// First version, written for correctness: plain FMA arithmetic, no tensor cores (mma), no
+// asynchronous copies. f32 and bf16 compute and accumulate in f32 (bf16 rounded on store), f64 in
+// f64. Head dims up to 128 (each lane of a warp owns ≤ 4 of a row's dims). The T × S matrix is
+// never formed in global memory; every output element is written by exactly one thread in a fixed
+// order, so results are deterministic (no atomics).
+//
+// Forward (attention_fwd): one block of 4 warps per (batch, query head, tile of 4·RPW query rows).
+//   Key/value tiles of 32 keys are staged in shared memory (in the compute type); for each of its
+//   rows a warp computes the 32 scores with lane c owning key c, updates the running max m and sum ℓ
+//   (online softmax) and rescales/accumulates the output row, lane owning dims lane + 32k.
+//   Writes o_i = Σ_j e^{s_ij − m_i} v_j / ℓ_i and lse_i = m_i + log ℓ_i.
+// Backward, three launches (deterministic):
+//   1. attention_delta: δ_i = dO_i · O_i − dlse_i, one warp per row, in the compute type.
+//   2. attention_dkdv: one block per (batch, kv head, tile of 4·KPW keys); the keys' k and v rows
+//      live in registers (lane owns dims); query tiles of all heads in the group are staged in
+//      shared memory; per (query row, key): P = exp(s − lse), dP = dO·v, dS = P (dP − δ), then
+//      dV_j += P dO_i and dK_j += scale dS q_i.
+//   3. attention_dq: the forward's geometry: per query tile, key/value tiles in shared memory,
+//      lane c computes s and dP for key c, then dQ_i += scale Σ_c dS_ic k_c (lane owns dims).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "cuda/row_kernels.cuh"
+#include "cuda/runtime.h"
+#include "layers/attention.h"
+
+namespace seqlab::cuda {
+namespace {
+
+using rows::compute_t;
+using rows::convert;
+using rows::exp_of;
+using rows::log_of;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kMaxHeadDim = 128;
+constexpr int kDimsPerLane = kMaxHeadDim / 32;  // dims d = lane + 32·k, k < 4
+constexpr int kKeyTile = 32;                    // keys per staged tile in the forward and dQ (lane per key)
+
+// Query rows per warp in the forward and dQ kernels, keys per warp in the dK/dV kernel, and query
+// rows per staged tile there (fewer for f64: twice the registers and shared memory per element).
+template <class A>
+constexpr int kRowsPerWarp = sizeof(A) == 8 ? 2 : 4;
+template <class A>
+constexpr int kKeysPerWarp = sizeof(A) == 8 ? 2 : 4;
+template <class A>
+constexpr int kQueryTile = sizeof(A) == 8 ? 16 : 32;
+
+template <class A>
+__device__ __forceinline__ A warp_sum(A x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+template <class A>
+__device__ __forceinline__ A warp_max(A x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const A y = __shfl_xor_sync(0xffffffffu, x, o);
+    x = y > x ? y : x;
+  }
+  return x;
+}
+
+struct Geo {
+  int64_t B, T, S, H, Hk, Dk, Dv, group;
+  bool causal;
+  __device__ int64_t q_row(int64_t b, int64_t i, int64_t h) const { return (b * T + i) * H + h; }
+  __device__ int64_t kv_row(int64_t b, int64_t j, int64_t hk) const { return (b * S + j) * Hk + hk; }
+  __device__ int64_t key_end(int64_t i) const { return causal ? i + S - T + 1 : S; }
+};
+
+// Copies rows [j0, j0 + n) of one kv head of x [B, S, Hk, D] into sh [kKeyTile][D + 1] (compute
+// type; the padding keeps lane-per-row reads free of bank conflicts); rows past n are zeroed.
+template <class T, class A>
+__device__ void stage_keys(const Geo& g, const T* x, int64_t D, int64_t b, int64_t hk, int64_t j0, int64_t n,
+                           A* sh) {
+  const int64_t ld = D + 1;
+  for (int64_t e = threadIdx.x; e < kKeyTile * D; e += blockDim.x) {
+    const int64_t c = e / D, d = e - c * D;
+    sh[c * ld + d] = c < n ? convert<A>(x[g.kv_row(b, j0 + c, hk) * D + d]) : A(0);
+  }
+}
+
+// Copies rows [i0, i0 + n) of one head of x [B, T, H, D] into sh [rows][D] (zeros past n).
+template <class T, class A>
+__device__ void stage_queries(const Geo& g, const T* x, int64_t D, int64_t b, int64_t h, int64_t i0, int64_t n,
+                              int rows, A* sh) {
+  for (int64_t e = threadIdx.x; e < rows * D; e += blockDim.x) {
+    const int64_t r = e / D, d = e - r * D;
+    sh[e] = r < n ? convert<A>(x[g.q_row(b, i0 + r, h) * D + d]) : A(0);
+  }
+}
+
+// Forward. Block (tile, h, b) owns query rows i0 .. i0 + 4·RPW − 1 of head h; warp w owns rows
+// w·RPW .. w·RPW + RPW − 1 of the tile. Per row, over the key tiles the tile's last row sees:
+//   s_c = scale q_i·k_c (lane c; −∞ beyond key_end(i)),  m' = max(m, max_c s_c),
+//   ℓ ← ℓ e^{m − m'} + Σ_c e^{s_c − m'},  o ← o e^{m − m'} + Σ_c e^{s_c − m'} v_c,  m ← m'
+// then o_i = o / ℓ, lse_i = m + log ℓ. Shared: Q tile [4·RPW][Dk], K tile [32][Dk+1], V tile
+// [32][Dv+1]. Reads q once, k and v once per query tile; writes o and lse once.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    attention_fwd(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                  compute_t<T> scale, T* __restrict__ o, T* __restrict__ lse) {
+  using A = compute_t<T>;
+  constexpr int RPW = kRowsPerWarp<A>, BR = kWarps * RPW;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  A* Qs = reinterpret_cast<A*>(smem_raw);
+  A* Ks = Qs + BR * g.Dk;
+  A* Vs = Ks + kKeyTile * (g.Dk + 1);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / g.group;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * BR, rows = min(static_cast<int64_t>(BR), g.T - i0);
+  stage_queries(g, q, g.Dk, b, h, i0, rows, BR, Qs);
+
+  A m[RPW], l[RPW], acc[RPW][kDimsPerLane];
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    m[rr] = -INFINITY;
+    l[rr] = 0;
+#pragma unroll
+    for (int t = 0; t < kDimsPerLane; ++t) acc[rr][t] = 0;
+  }
+  const int64_t tile_key_end = g.key_end(i0 + rows - 1);
+  for (int64_t j0 = 0; j0 < tile_key_end; j0 += kKeyTile) {
+    const int64_t nk = min(static_cast<int64_t>(kKeyTile), tile_key_end - j0);
+    __syncthreads();  // the previous tile's readers are done (and, the first time, nothing to wait for)
+    stage_keys(g, k, g.Dk, b, hk, j0, nk, Ks);
+    stage_keys(g, v, g.Dv, b, hk, j0, nk, Vs);
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr) {
+      const int r = warp * RPW + rr;
+      if (r >= rows) continue;  // warp-uniform
+      const int64_t seen = min(nk, g.key_end(i0 + r) - j0);  // keys of this tile the row sees (may be ≤ 0)
+      A s = -INFINITY;
+      if (lane < seen) {
+        const A* qr = Qs + r * g.Dk;
+        const A* kc = Ks + lane * (g.Dk + 1);
+        A dot = 0;
+        for (int64_t d = 0; d < g.Dk; ++d) dot += qr[d] * kc[d];
+        s = scale * dot;
+      }
+      const A tile_max = warp_max(s);
+      if (tile_max > m[rr]) {  // rescale what was summed against the old max (0 on the first tile)
+        const A rescale = exp_of(m[rr] - tile_max);
+        l[rr] *= rescale;
+#pragma unroll
+        for (int t = 0; t < kDimsPerLane; ++t) acc[rr][t] *= rescale;
+        m[rr] = tile_max;
+      }
+      const A p = lane < seen ? exp_of(s - m[rr]) : A(0);
+      l[rr] += warp_sum(p);
+      const int64_t n_used = max(seen, static_cast<int64_t>(0));
+      for (int64_t c = 0; c < n_used; ++c) {
+        const A pc = __shfl_sync(0xffffffffu, p, static_cast<int>(c));
+        const A* vc = Vs + c * (g.Dv + 1);
+#pragma unroll
+        for (int t = 0; t < kDimsPerLane; ++t) {
+          const int64_t d = lane + 32 * t;
+          if (d < g.Dv) acc[rr][t] += pc * vc[d];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    const int r = warp * RPW + rr;
+    if (r >= rows) continue;
+    const int64_t row = g.q_row(b, i0 + r, h);
+    const A inv = A(1) / l[rr];
+#pragma unroll
+    for (int t = 0; t < kDimsPerLane; ++t) {
+      const int64_t d = lane + 32 * t;
+      if (d < g.Dv) o[row * g.Dv + d] = convert<T>(acc[rr][t] * inv);
+    }
+    if (lane == 0) lse[row] = convert<T>(m[rr] + log_of(l[rr]));
+  }
+}
+
+// δ_r = Σ_d dO_rd O_rd − dlse_r for every row r < n of [n, Dv]; one warp per row, lanes striding
+// over d, then a warp sum. Reads dO and O once; writes δ (compute type) once.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    attention_delta(int64_t n, int64_t Dv, const T* __restrict__ dout, const T* __restrict__ out,
+                    const T* __restrict__ dlse, compute_t<T>* __restrict__ delta) {
+  using A = compute_t<T>;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; r < n; r += warps_total) {
+    A dot = 0;
+    for (int64_t d = lane; d < Dv; d += 32) dot += convert<A>(dout[r * Dv + d]) * convert<A>(out[r * Dv + d]);
+    dot = warp_sum(dot);
+    if (lane == 0) delta[r] = dot - convert<A>(dlse[r]);
+  }
+}
+
+// dK/dV. Block (tile, hk, b) owns keys j0 .. j0 + 4·KPW − 1 of kv head hk; warp w owns keys
+// j0 + w·KPW + kk, holding k_j and v_j (lane owns dims lane + 32t) and the accumulators. For every
+// query head h of the group and every query row i that sees key j (i ≥ j − (S − T) when causal):
+//   s = scale q_i·k_j,  P = exp(s − lse_i),  dP = dO_i·v_j,  dS = P (dP − δ_i),
+//   dV_j += P dO_i,  dK_j += scale dS q_i
+// (the two dots are warp sums). Query rows are staged QT at a time: Q [QT][Dk], dO [QT][Dv],
+// lse and δ [QT]. Writes each requested dK/dV row once (zeros for keys no query sees).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    attention_dkdv(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                   const T* __restrict__ dout, const T* __restrict__ lse, const compute_t<T>* __restrict__ delta,
+                   compute_t<T> scale, T* __restrict__ dk, T* __restrict__ dv) {
+  using A = compute_t<T>;
+  constexpr int KPW = kKeysPerWarp<A>, BK = kWarps * KPW, QT = kQueryTile<A>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  A* Qs = reinterpret_cast<A*>(smem_raw);
+  A* dOs = Qs + QT * g.Dk;
+  A* Ls = dOs + QT * g.Dv;
+  A* Ds = Ls + QT;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * BK;
+  const int64_t nk = min(static_cast<int64_t>(BK), g.S - j0);
+
+  A kr[KPW][kDimsPerLane], vr[KPW][kDimsPerLane], dka[KPW][kDimsPerLane], dva[KPW][kDimsPerLane];
+#pragma unroll
+  for (int kk = 0; kk < KPW; ++kk) {
+    const int64_t c = warp * KPW + kk;
+#pragma unroll
+    for (int t = 0; t < kDimsPerLane; ++t) {
+      const int64_t d = lane + 32 * t;
+      kr[kk][t] = c < nk && d < g.Dk ? convert<A>(k[g.kv_row(b, j0 + c, hk) * g.Dk + d]) : A(0);
+      vr[kk][t] = c < nk && d < g.Dv ? convert<A>(v[g.kv_row(b, j0 + c, hk) * g.Dv + d]) : A(0);
+      dka[kk][t] = 0;
+      dva[kk][t] = 0;
+    }
+  }
+  // The first query that sees key j0 (every later query sees it too).
+  const int64_t i_first = g.causal ? max(static_cast<int64_t>(0), j0 - (g.S - g.T)) : 0;
+  for (int64_t h = hk * g.group; h < (hk + 1) * g.group; ++h) {
+    for (int64_t i0 = i_first - i_first % QT; i0 < g.T; i0 += QT) {
+      const int64_t rows = min(static_cast<int64_t>(QT), g.T - i0);
+      __syncthreads();
+      stage_queries(g, q, g.Dk, b, h, i0, rows, QT, Qs);
+      stage_queries(g, dout, g.Dv, b, h, i0, rows, QT, dOs);
+      for (int r = threadIdx.x; r < QT; r += blockDim.x) {
+        Ls[r] = r < rows ? convert<A>(lse[g.q_row(b, i0 + r, h)]) : A(0);
+        Ds[r] = r < rows ? delta[g.q_row(b, i0 + r, h)] : A(0);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < KPW; ++kk) {
+        const int64_t c = warp * KPW + kk;
+        if (c >= nk) continue;  // warp-uniform
+        const int64_t j = j0 + c;
+        for (int64_t r = 0; r < rows; ++r) {
+          if (j >= g.key_end(i0 + r)) continue;  // the row does not see this key (uniform)
+          const A* qr = Qs + r * g.Dk;
+          const A* dor = dOs + r * g.Dv;
+          A s = 0, dp = 0;
+#pragma unroll
+          for (int t = 0; t < kDimsPerLane; ++t) {
+            const int64_t d = lane + 32 * t;
+            if (d < g.Dk) s += qr[d] * kr[kk][t];
+            if (d < g.Dv) dp += dor[d] * vr[kk][t];
+          }
+          s = scale * warp_sum(s);
+          dp = warp_sum(dp);
+          const A p = exp_of(s - Ls[r]);
+          const A ds = p * (dp - Ds[r]);
+#pragma unroll
+          for (int t = 0; t < kDimsPerLane; ++t) {
+            const int64_t d = lane + 32 * t;
+            if (d < g.Dv) dva[kk][t] += p * dor[d];
+            if (d < g.Dk) dka[kk][t] += scale * ds * qr[d];
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < KPW; ++kk) {
+    const int64_t c = warp * KPW + kk;
+    if (c >= nk) continue;
+    const int64_t row = g.kv_row(b, j0 + c, hk);
+#pragma unroll
+    for (int t = 0; t < kDimsPerLane; ++t) {
+      const int64_t d = lane + 32 * t;
+      if (dk && d < g.Dk) dk[row * g.Dk + d] = convert<T>(dka[kk][t]);
+      if (dv && d < g.Dv) dv[row * g.Dv + d] = convert<T>(dva[kk][t]);
+    }
+  }
+}
+
+// dQ. The forward's geometry: block (tile, h, b), warp w owns RPW query rows, key/value tiles of 32
+// staged in shared memory. Per row and key tile, lane c computes for key c
+//   s = scale q_i·k_c,  P = exp(s − lse_i),  dP = dO_i·v_c,  dS_c = P (dP − δ_i)   (0 beyond key_end(i))
+// and then dQ_i += scale Σ_c dS_c k_c with lane owning dims lane + 32t. Shared: Q [BR][Dk],
+// dO [BR][Dv], K [32][Dk+1], V [32][Dv+1]. Writes each dQ row once.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    attention_dq(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                 const T* __restrict__ dout, const T* __restrict__ lse, const compute_t<T>* __restrict__ delta,
+                 compute_t<T> scale, T* __restrict__ dq) {
+  using A = compute_t<T>;
+  constexpr int RPW = kRowsPerWarp<A>, BR = kWarps * RPW;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  A* Qs = reinterpret_cast<A*>(smem_raw);
+  A* dOs = Qs + BR * g.Dk;
+  A* Ks = dOs + BR * g.Dv;
+  A* Vs = Ks + kKeyTile * (g.Dk + 1);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / g.group;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * BR, rows = min(static_cast<int64_t>(BR), g.T - i0);
+  stage_queries(g, q, g.Dk, b, h, i0, rows, BR, Qs);
+  stage_queries(g, dout, g.Dv, b, h, i0, rows, BR, dOs);
+
+  A lse_r[RPW], delta_r[RPW], acc[RPW][kDimsPerLane];
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    const int r = warp * RPW + rr;
+    lse_r[rr] = r < rows ? convert<A>(lse[g.q_row(b, i0 + r, h)]) : A(0);
+    delta_r[rr] = r < rows ? delta[g.q_row(b, i0 + r, h)] : A(0);
+#pragma unroll
+    for (int t = 0; t < kDimsPerLane; ++t) acc[rr][t] = 0;
+  }
+  const int64_t tile_key_end = g.key_end(i0 + rows - 1);
+  for (int64_t j0 = 0; j0 < tile_key_end; j0 += kKeyTile) {
+    const int64_t nk = min(static_cast<int64_t>(kKeyTile), tile_key_end - j0);
+    __syncthreads();
+    stage_keys(g, k, g.Dk, b, hk, j0, nk, Ks);
+    stage_keys(g, v, g.Dv, b, hk, j0, nk, Vs);
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr) {
+      const int r = warp * RPW + rr;
+      if (r >= rows) continue;  // warp-uniform
+      const int64_t seen = min(nk, g.key_end(i0 + r) - j0);
+      A ds = 0;
+      if (lane < seen) {
+        const A *qr = Qs + r * g.Dk, *kc = Ks + lane * (g.Dk + 1);
+        const A *dor = dOs + r * g.Dv, *vc = Vs + lane * (g.Dv + 1);
+        A s = 0, dp = 0;
+        for (int64_t d = 0; d < g.Dk; ++d) s += qr[d] * kc[d];
+        for (int64_t d = 0; d < g.Dv; ++d) dp += dor[d] * vc[d];
+        const A p = exp_of(scale * s - lse_r[rr]);
+        ds = p * (dp - delta_r[rr]);
+      }
+      const int64_t n_used = max(seen, static_cast<int64_t>(0));
+      for (int64_t c = 0; c < n_used; ++c) {
+        const A dsc = scale * __shfl_sync(0xffffffffu, ds, static_cast<int>(c));
+        const A* kc = Ks + c * (g.Dk + 1);
+#pragma unroll
+        for (int t = 0; t < kDimsPerLane; ++t) {
+          const int64_t d = lane + 32 * t;
+          if (d < g.Dk) acc[rr][t] += dsc * kc[d];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    const int r = warp * RPW + rr;
+    if (r >= rows) continue;
+    const int64_t row = g.q_row(b, i0 + r, h);
+#pragma unroll
+    for (int t = 0; t < kDimsPerLane; ++t) {
+      const int64_t d = lane + 32 * t;
+      if (d < g.Dk) dq[row * g.Dk + d] = convert<T>(acc[rr][t]);
+    }
+  }
+}
+
+Geo geometry(const Tensor& q, const Tensor& k, const Tensor& v, const kernel::AttentionParams& p) {
+  Geo g{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3), 1, p.causal};
+  g.group = g.H / g.Hk;
+  return g;
+}
+
+void check_tensor(const Tensor& t, const Tensor& q, const char* what) {
+  if (!t.is_contiguous() || t.dtype() != q.dtype() || !t.device().is_cuda() || t.device() != q.device()) {
+    throw std::logic_error(std::string("attention on CUDA: ") + what + " must be a contiguous " +
+                           dtype_name(q.dtype()) + " tensor on " + q.device().str() + ", got " +
+                           shape_str(t.shape()) + " " + dtype_name(t.dtype()) + " on " + t.device().str());
+  }
+}
+
+void check_geometry(const Geo& g) {
+  if (g.Dk > kMaxHeadDim || g.Dv > kMaxHeadDim) {
+    throw std::invalid_argument("attention on CUDA: head dims up to " + std::to_string(kMaxHeadDim) +
+                                " are supported, got Dk = " + std::to_string(g.Dk) + ", Dv = " + std::to_string(g.Dv));
+  }
+  if (g.H > 65535 || g.Hk > 65535 || g.B > 65535) {
+    throw std::invalid_argument("attention on CUDA: batch and head counts up to 65535 are supported, got B = " +
+                                std::to_string(g.B) + ", H = " + std::to_string(g.H));
+  }
+  if (g.Dk == 0 || g.Hk == 0 || g.H % g.Hk != 0 || g.S == 0 || (g.causal && g.T > g.S)) {
+    throw std::logic_error("attention on CUDA: inconsistent shapes (the entry point checks these)");
+  }
+}
+
+// Raises the kernel's dynamic shared memory limit to `bytes` (above the default 48 KiB when needed).
+template <class Kernel>
+void allow_shared(Kernel kernel_fn, size_t bytes) {
+  SEQLAB_CUDA_CHECK(cudaFuncSetAttribute(kernel_fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes)));
+}
+
+void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const kernel::AttentionParams& p,
+                  const Tensor& o, const Tensor& lse) {
+  for (auto [t, what] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"}, {&lse, "lse"}}) check_tensor(*t, q, what);
+  const Geo g = geometry(q, k, v, p);
+  if (g.B == 0 || g.T == 0 || g.H == 0) return;
+  check_geometry(g);
+  const int device = q.device().index;
+  rows::dispatch_floating(q.dtype(), "attention", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = compute_t<T>;
+    constexpr int BR = kWarps * kRowsPerWarp<A>;
+    const size_t smem = sizeof(A) * static_cast<size_t>(BR * g.Dk + kKeyTile * (g.Dk + 1) + kKeyTile * (g.Dv + 1));
+    const dim3 grid(static_cast<unsigned>((g.T + BR - 1) / BR), static_cast<unsigned>(g.H),
+                    static_cast<unsigned>(g.B));
+    DeviceGuard guard(device);
+    allow_shared(attention_fwd<T>, smem);
+    attention_fwd<T><<<grid, kThreads, smem, stream(device)>>>(
+        g, static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
+        static_cast<const T*>(v.raw_data()), static_cast<A>(p.scale), static_cast<T*>(o.raw_data()),
+        static_cast<T*>(lse.raw_data()));
+    SEQLAB_CUDA_CHECK_LAUNCH("attention forward kernel");
+  });
+}
+
+void backward_cuda(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& o, const Tensor& lse, const kernel::AttentionParams& p,
+                   const kernel::AttentionGrads& grads) {
+  for (auto [t, what] : {std::pair{&dout, "dout"}, {&dlse, "dlse"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"},
+                         {&lse, "lse"}}) {
+    check_tensor(*t, q, what);
+  }
+  for (auto [t, what] : {std::pair{&grads.dq, "dq"}, {&grads.dk, "dk"}, {&grads.dv, "dv"}}) {
+    if (t->defined()) check_tensor(*t, q, what);
+  }
+  const Geo g = geometry(q, k, v, p);
+  if (!grads.dq.defined() && !grads.dk.defined() && !grads.dv.defined()) return;
+  check_geometry(g);
+  const int device = q.device().index;
+  rows::dispatch_floating(q.dtype(), "attention backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = compute_t<T>;
+    const A scale = static_cast<A>(p.scale);
+    const T *Q = static_cast<const T*>(q.raw_data()), *K = static_cast<const T*>(k.raw_data()),
+            *V = static_cast<const T*>(v.raw_data()), *dO = static_cast<const T*>(dout.raw_data()),
+            *L = static_cast<const T*>(lse.raw_data());
+    DeviceGuard guard(device);
+    cudaStream_t st = stream(device);
+    if (g.B * g.T * g.H == 0) {  // no queries: dK and dV are zero (dq is empty)
+      if (grads.dk.defined() && grads.dk.numel() > 0) {
+        SEQLAB_CUDA_CHECK(cudaMemsetAsync(grads.dk.raw_data(), 0, grads.dk.numel() * sizeof(T), st));
+      }
+      if (grads.dv.defined() && grads.dv.numel() > 0) {
+        SEQLAB_CUDA_CHECK(cudaMemsetAsync(grads.dv.raw_data(), 0, grads.dv.numel() * sizeof(T), st));
+      }
+      return;
+    }
+    // δ [B, T, H] in the compute type; returned to the allocator's cache at exit, which is safe since
+    // every later user of its block is queued after these kernels on the same stream.
+    const int64_t n = g.B * g.T * g.H;
+    Tensor delta = Tensor::empty({n}, sizeof(A) == 8 ? DType::f64 : DType::f32, q.device());
+    A* D = static_cast<A*>(delta.raw_data());
+    const int64_t delta_blocks = std::min<int64_t>((n + kWarps - 1) / kWarps, 65535);
+    attention_delta<T><<<static_cast<unsigned>(delta_blocks), kThreads, 0, st>>>(
+        n, g.Dv, dO, static_cast<const T*>(o.raw_data()), static_cast<const T*>(dlse.raw_data()), D);
+    SEQLAB_CUDA_CHECK_LAUNCH("attention backward delta kernel");
+
+    if (grads.dk.defined() || grads.dv.defined()) {
+      constexpr int BK = kWarps * kKeysPerWarp<A>, QT = kQueryTile<A>;
+      const size_t smem = sizeof(A) * static_cast<size_t>(QT * (g.Dk + g.Dv + 2));
+      const dim3 grid(static_cast<unsigned>((g.S + BK - 1) / BK), static_cast<unsigned>(g.Hk),
+                      static_cast<unsigned>(g.B));
+      allow_shared(attention_dkdv<T>, smem);
+      attention_dkdv<T><<<grid, kThreads, smem, st>>>(
+          g, Q, K, V, dO, L, D, scale, grads.dk.defined() ? static_cast<T*>(grads.dk.raw_data()) : nullptr,
+          grads.dv.defined() ? static_cast<T*>(grads.dv.raw_data()) : nullptr);
+      SEQLAB_CUDA_CHECK_LAUNCH("attention backward dK/dV kernel");
+    }
+    if (grads.dq.defined()) {
+      constexpr int BR = kWarps * kRowsPerWarp<A>;
+      const size_t smem =
+          sizeof(A) * static_cast<size_t>(BR * (g.Dk + g.Dv) + kKeyTile * (g.Dk + 1) + kKeyTile * (g.Dv + 1));
+      const dim3 grid(static_cast<unsigned>((g.T + BR - 1) / BR), static_cast<unsigned>(g.H),
+                      static_cast<unsigned>(g.B));
+      allow_shared(attention_dq<T>, smem);
+      attention_dq<T><<<grid, kThreads, smem, st>>>(g, Q, K, V, dO, L, D, scale,
+                                                    static_cast<T*>(grads.dq.raw_data()));
+      SEQLAB_CUDA_CHECK_LAUNCH("attention backward dQ kernel");
+    }
+  });
+}
+
+}  // namespace
+}  // namespace seqlab::cuda
+
+namespace seqlab::kernel {
+SEQLAB_REGISTER_KERNEL(attention_forward_kernel, DeviceType::CUDA, &cuda::forward_cuda);
+SEQLAB_REGISTER_KERNEL(attention_backward_kernel, DeviceType::CUDA, &cuda::backward_cuda);
+}  // namespace seqlab::kernel

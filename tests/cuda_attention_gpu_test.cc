@@ -1,0 +1,203 @@
+// CUDA against CPU for the fused attention slots (src/cuda/attention.cu against the CPU kernels in
+// src/layers/attention.cpp). Skipped where no GPU is usable.
+//
+// Each case draws fresh random q, k, v (and dO, dlse for the backward) in the dtype under test,
+// fills every CUDA output with NaN first (an element the kernels fail to write shows up), and
+// compares o, lse, dq, dk and dv element by element with the CPU slots. The CPU kernels take f32 and
+// f64; for bf16 the reference runs in f32 on the same bf16 values (exactly representable), so the
+// difference is the CUDA kernel's f32 arithmetic plus rounding the result to bf16. The backward gets
+// the same o and lse on both sides (the CPU forward's, rounded to the dtype under test).
+// Shapes cover causal and bidirectional, T = S, T < S, T > S (bidirectional only), decoding (T = 1),
+// MHA, GQA and MQA, Dk ≠ Dv, head dims from 1 to 128, and T and S that are not multiples of any tile.
+// Tolerance: |got − want| ≤ rtol · max(|want|, 1); rtol 1e-4 for f32 (the two sides sum scores and
+// gradients over up to a few hundred terms in different orders and use different exp routines),
+// 1e-10 for f64, 2e-2 for bf16.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "layers/attention.h"
+#include "tensor/kernels.h"
+
+namespace seqlab {
+namespace {
+
+const Device kGpu = cuda_device(0);
+const Device kCpu = cpu_device();
+const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
+
+double rtol(DType d) { return d == DType::bf16 ? 2e-2 : d == DType::f64 ? 1e-10 : 1e-4; }
+// The dtype the CPU reference runs in.
+DType ref_type(DType d) { return d == DType::f64 ? DType::f64 : DType::f32; }
+
+Tensor poisoned(const Shape& shape, DType dtype) {
+  return Tensor::full(shape, std::numeric_limits<double>::quiet_NaN(), dtype, kGpu);
+}
+Tensor on_gpu(const Tensor& x) { return kernel::to_device(x, kGpu); }
+Tensor as_ref(const Tensor& x) { return kernel::to_dtype(x, ref_type(x.dtype())); }
+
+void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  ASSERT_TRUE(got.device().is_cuda()) << what;
+  const std::vector<double> g = got.to_doubles(), w = want.to_doubles();
+  int failures = 0;
+  for (size_t i = 0; i < g.size() && failures < 5; ++i) {
+    const bool ok = g[i] == w[i] || std::fabs(g[i] - w[i]) <= tol * std::max(std::fabs(w[i]), 1.0);
+    if (!ok) {
+      ++failures;
+      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " on CUDA, " << w[i] << " on the CPU";
+    }
+  }
+}
+
+struct Case {
+  int64_t B, T, S, H, Hk, Dk, Dv;
+  bool causal;
+  double scale;  // ≤ 0: 1/√Dk
+  std::string name() const {
+    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " S=" + std::to_string(S) +
+           " H=" + std::to_string(H) + " Hk=" + std::to_string(Hk) + " Dk=" + std::to_string(Dk) +
+           " Dv=" + std::to_string(Dv) + (causal ? " causal" : " bidirectional");
+  }
+  kernel::AttentionParams params() const {
+    // The CPU block (16) is not the CUDA tiles' size, so the two tile the work differently.
+    return {causal, scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(Dk)), 16};
+  }
+};
+
+const Case kCases[] = {
+    {2, 37, 37, 4, 4, 16, 16, true, 0},      // MHA, T = S, odd
+    {1, 5, 70, 4, 2, 24, 40, true, 0},       // GQA, a block of new queries against a longer cache, Dk ≠ Dv
+    {2, 1, 33, 6, 1, 32, 32, true, 0},       // decoding, MQA
+    {1, 45, 19, 3, 1, 8, 12, false, 0},      // bidirectional with T > S, MQA
+    {1, 20, 50, 8, 2, 128, 128, false, 0.3}, // the largest head dim, explicit scale
+    {1, 17, 17, 2, 2, 1, 3, true, 0},        // a head dim of 1
+    {1, 70, 70, 2, 1, 64, 48, true, 0},      // several query and key tiles
+    {3, 33, 65, 6, 3, 40, 72, false, 0},     // bidirectional GQA, dims not multiples of 32
+    {1, 1, 1, 1, 1, 5, 7, true, 0},          // one query, one key
+};
+
+class CudaAttentionVsCpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) {
+      GTEST_SKIP() << (cuda_backend() ? cuda_backend()->describe() : std::string("this build has no CUDA backend"));
+    }
+  }
+  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 41};
+};
+
+TEST_F(CudaAttentionVsCpu, Forward) {
+  for (DType dtype : kFloatTypes) {
+    for (const Case& c : kCases) {
+      const std::string what = std::string(dtype_name(dtype)) + " " + c.name();
+      Tensor q = Tensor::randn({c.B, c.T, c.H, c.Dk}, gen_, dtype);
+      Tensor k = Tensor::randn({c.B, c.S, c.Hk, c.Dk}, gen_, dtype);
+      Tensor v = Tensor::randn({c.B, c.S, c.Hk, c.Dv}, gen_, dtype);
+      const kernel::AttentionParams p = c.params();
+      Tensor o = poisoned({c.B, c.T, c.H, c.Dv}, dtype), lse = poisoned({c.B, c.T, c.H}, dtype);
+      kernel::attention_forward_kernel(kGpu, on_gpu(q), on_gpu(k), on_gpu(v), p, o, lse);
+      const DType rd = ref_type(dtype);
+      Tensor o_ref = Tensor::empty(o.shape(), rd), lse_ref = Tensor::empty(lse.shape(), rd);
+      kernel::attention_forward_kernel(kCpu, as_ref(q), as_ref(k), as_ref(v), p, o_ref, lse_ref);
+      expect_close(o, o_ref, rtol(dtype), what + " o");
+      expect_close(lse, lse_ref, rtol(dtype), what + " lse");
+    }
+  }
+}
+
+TEST_F(CudaAttentionVsCpu, BackwardAllAndSomeGradients) {
+  struct Need {
+    bool dq, dk, dv;
+  };
+  for (DType dtype : kFloatTypes) {
+    for (const Case& c : kCases) {
+      for (Need need : {Need{true, true, true}, Need{false, false, true}, Need{true, false, false}}) {
+        const std::string what = std::string(dtype_name(dtype)) + " " + c.name() + (need.dq ? " dq" : "") +
+                                 (need.dk ? " dk" : "") + (need.dv ? " dv" : "");
+        const DType rd = ref_type(dtype);
+        Tensor q = Tensor::randn({c.B, c.T, c.H, c.Dk}, gen_, dtype);
+        Tensor k = Tensor::randn({c.B, c.S, c.Hk, c.Dk}, gen_, dtype);
+        Tensor v = Tensor::randn({c.B, c.S, c.Hk, c.Dv}, gen_, dtype);
+        Tensor dout = Tensor::randn({c.B, c.T, c.H, c.Dv}, gen_, dtype);
+        Tensor dlse = Tensor::randn({c.B, c.T, c.H}, gen_, dtype, 0.5);
+        const kernel::AttentionParams p = c.params();
+        Tensor o_ref = Tensor::empty({c.B, c.T, c.H, c.Dv}, rd), lse_ref = Tensor::empty({c.B, c.T, c.H}, rd);
+        kernel::attention_forward_kernel(kCpu, as_ref(q), as_ref(k), as_ref(v), p, o_ref, lse_ref);
+        // The saved outputs as the dtype under test holds them; both sides read these values.
+        Tensor o = kernel::to_dtype(o_ref, dtype), lse = kernel::to_dtype(lse_ref, dtype);
+
+        kernel::AttentionGrads got, want;
+        if (need.dq) got.dq = poisoned(q.shape(), dtype), want.dq = Tensor::empty(q.shape(), rd);
+        if (need.dk) got.dk = poisoned(k.shape(), dtype), want.dk = Tensor::empty(k.shape(), rd);
+        if (need.dv) got.dv = poisoned(v.shape(), dtype), want.dv = Tensor::empty(v.shape(), rd);
+        kernel::attention_backward_kernel(kGpu, on_gpu(dout), on_gpu(dlse), on_gpu(q), on_gpu(k), on_gpu(v), on_gpu(o),
+                                          on_gpu(lse), p, got);
+        kernel::attention_backward_kernel(kCpu, as_ref(dout), as_ref(dlse), as_ref(q), as_ref(k), as_ref(v), as_ref(o),
+                                          as_ref(lse), p, want);
+        if (need.dq) expect_close(got.dq, want.dq, rtol(dtype), what + " → dq");
+        if (need.dk) expect_close(got.dk, want.dk, rtol(dtype), what + " → dk");
+        if (need.dv) expect_close(got.dv, want.dv, rtol(dtype), what + " → dv");
+      }
+    }
+  }
+}
+
+// The backward is deterministic: the same inputs give the same bits.
+TEST_F(CudaAttentionVsCpu, BackwardIsDeterministic) {
+  const Case c{2, 53, 61, 4, 2, 32, 24, true, 0};
+  Tensor q = on_gpu(Tensor::randn({c.B, c.T, c.H, c.Dk}, gen_));
+  Tensor k = on_gpu(Tensor::randn({c.B, c.S, c.Hk, c.Dk}, gen_));
+  Tensor v = on_gpu(Tensor::randn({c.B, c.S, c.Hk, c.Dv}, gen_));
+  Tensor dout = on_gpu(Tensor::randn({c.B, c.T, c.H, c.Dv}, gen_));
+  Tensor dlse = on_gpu(Tensor::randn({c.B, c.T, c.H}, gen_));
+  const kernel::AttentionParams p = c.params();
+  Tensor o = poisoned({c.B, c.T, c.H, c.Dv}, DType::f32), lse = poisoned({c.B, c.T, c.H}, DType::f32);
+  kernel::attention_forward_kernel(kGpu, q, k, v, p, o, lse);
+  std::vector<double> first[3];
+  for (int run = 0; run < 2; ++run) {
+    kernel::AttentionGrads g{poisoned(q.shape(), DType::f32), poisoned(k.shape(), DType::f32),
+                             poisoned(v.shape(), DType::f32)};
+    kernel::attention_backward_kernel(kGpu, dout, dlse, q, k, v, o, lse, p, g);
+    const Tensor* grads[3] = {&g.dq, &g.dk, &g.dv};
+    for (int t = 0; t < 3; ++t) {
+      std::vector<double> now = grads[t]->to_doubles();
+      if (run == 0) {
+        first[t] = now;
+      } else {
+        EXPECT_EQ(now, first[t]) << "gradient " << t << " changed between runs";
+      }
+    }
+  }
+}
+
+// Through the differentiable op: the same results as on the CPU, and head dims beyond the kernel's
+// reach are refused with a clear message.
+TEST_F(CudaAttentionVsCpu, EntryPointsAndHeadDimLimit) {
+  Tensor q = Tensor::randn({1, 9, 2, 8}, gen_), k = Tensor::randn({1, 11, 1, 8}, gen_),
+         v = Tensor::randn({1, 11, 1, 6}, gen_);
+  AttentionOptions opts;
+  opts.causal = true;
+  kernel::AttentionParams p{true, 1.0 / std::sqrt(8.0), 64};
+  AttentionOutput gpu = kernel::attention_forward(on_gpu(q), on_gpu(k), on_gpu(v), opts);
+  Tensor o_ref = Tensor::empty({1, 9, 2, 6}), lse_ref = Tensor::empty({1, 9, 2});
+  kernel::attention_forward_kernel(kCpu, q, k, v, p, o_ref, lse_ref);
+  expect_close(gpu.o, o_ref, rtol(DType::f32), "attention_forward o");
+  expect_close(gpu.lse, lse_ref, rtol(DType::f32), "attention_forward lse");
+
+  Tensor big_q = on_gpu(Tensor::randn({1, 3, 1, 129}, gen_)), big_k = on_gpu(Tensor::randn({1, 3, 1, 129}, gen_));
+  try {
+    kernel::attention_forward(big_q, big_k, on_gpu(Tensor::randn({1, 3, 1, 4}, gen_)), opts);
+    ADD_FAILURE() << "Dk = 129 was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("head dims up to 128"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace seqlab
