@@ -27,6 +27,7 @@ path = "$WORK/corpus.txt"
 format = "fortune"
 cache_dir = "$WORK/cache"
 [train]
+device = "cpu"          # these tests check the CPU path on any machine
 steps = 30
 batch_size = 4
 seq_len = 32

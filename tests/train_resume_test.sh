@@ -29,6 +29,7 @@ format = "text"
 val_fraction = 0.2
 cache_dir = "$WORK/cache"
 [train]
+device = "cpu"          # these tests check the CPU path on any machine
 steps = 6
 batch_size = 2
 seq_len = 16
