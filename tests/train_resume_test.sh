@@ -141,6 +141,7 @@ if ! nvidia-smi -L > /dev/null 2>&1; then  # only where no GPU is usable
   expect_usage_error "train.device = cuda without a GPU" "no GPU is usable here" "$WORK/tiny.toml" --out "$WORK/g" \
     --set train.device=cuda
 fi
-expect_usage_error "bf16 (not yet)" "mixed precision" "$WORK/tiny.toml" --out "$WORK/h" --set train.dtype=bf16
+expect_usage_error "bf16 (not yet)" "mixed precision" "$WORK/tiny.toml" --out "$WORK/h" --set train.device=auto \
+  --set train.dtype=bf16
 echo "failures: $failures"
 [ "$failures" -eq 0 ]
