@@ -378,7 +378,8 @@ TEST(ExpVec, MatchesExpToAFewUlpAndKeepsTheEdges) {
     EXPECT_NEAR(math::exp_vec(x), want, 3e-7 * want) << x;
   }
   EXPECT_EQ(math::exp_vec(0.0f), 1.0f);
-  EXPECT_EQ(math::exp_vec(-100.0f), 0.0f);
+  EXPECT_NEAR(math::exp_vec(-100.0f), std::exp(-100.0f), 1e-2 * std::exp(-100.0f));  // subnormal, kept
+  EXPECT_EQ(math::exp_vec(-105.0f), 0.0f);
   EXPECT_EQ(math::exp_vec(-std::numeric_limits<float>::infinity()), 0.0f);
   EXPECT_EQ(math::exp_vec(89.0f), std::numeric_limits<float>::infinity());
   EXPECT_EQ(math::exp_vec(std::numeric_limits<float>::infinity()), std::numeric_limits<float>::infinity());

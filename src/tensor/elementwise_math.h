@@ -30,10 +30,11 @@ using std::tanh;
 // eˣ for float without a call or a branch, so that loops over it vectorise (libm's expf is a
 // call per element). x = n·ln2 + r with n = round(x/ln2), |r| ≤ ln2/2; eʳ by Cephes' degree-6
 // polynomial (relative error below 2e-7, about 2 ulp), times 2ⁿ built in the exponent bits.
-// 2ⁿ must stay a normal float (−126 ≤ n ≤ 127): below −87.3 the result is 0 and above 88 it is
-// +∞ (giving up e⁸⁸ … e^88.7 ≈ 1.7e38 … 3.4e38, which no caller needs), NaN stays NaN. (Loops over it vectorise when built with -fno-trapping-math, as the library is.)
+// Results down to the subnormals are kept (2ⁿ is built in two factors below n = −126); below −103.97
+// the result is 0, above 88 it is +∞ (giving up e⁸⁸ … e^88.7 ≈ 1.7e38 … 3.4e38, which no caller
+// needs), NaN stays NaN. (Loops over it vectorise when built with -fno-trapping-math, as the library is.)
 inline float exp_vec(float x) {
-  const float lo = -87.33654f, hi = 88.0f;
+  const float lo = -103.972084f, hi = 88.0f;  // below lo, eˣ rounds to 0 in float
   float xc = x < lo ? lo : x;  // two selects: GCC does not if-convert the nested form
   xc = xc > hi ? hi : xc;
   const float round_magic = 12582912.0f;  // 1.5·2²³: adding it rounds to an integer
@@ -46,8 +47,12 @@ inline float exp_vec(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  // 2ⁿ as a normal float needs n ≥ −126; below, build 2^(n+64) and scale by 2^−64 (a subnormal result).
+  const int32_t ni = static_cast<int32_t>(n);
+  const bool subnormal = ni < -126;
+  const int32_t bits = ((subnormal ? ni + 64 : ni) + 127) << 23;
   float y = p * __builtin_bit_cast(float, bits);
+  y = subnormal ? y * 5.42101086e-20f : y;  // 2^−64
   y = x < lo ? 0.0f : y;
   y = x > hi ? HUGE_VALF : y;
   return x != x ? x : y;
@@ -62,13 +67,11 @@ SEQLAB_HD T exp_vec(T x) {
 
 template <class T>
 SEQLAB_HD T sigmoid(T x) {
-  // Branches keep exp's argument ≤ 0, so neither side overflows.
-  if (x >= T(0)) {
-    T e = exp(-x);
-    return T(1) / (T(1) + e);
-  }
-  T e = exp(x);
-  return e / (T(1) + e);
+  // σ(x) = 1 / (1 + e^(−x)) for x ≥ 0, e^x / (1 + e^x) below: the exponent −|x| ≤ 0 never overflows.
+  // Selects, not branches, and exp_vec, so loops over it (sigmoid, silu, SwiGLU) vectorise.
+  const T e = exp_vec(x >= T(0) ? -x : x);
+  const T r = T(1) / (T(1) + e);
+  return x >= T(0) ? r : e * r;
 }
 
 // GELU, tanh form: ½x(1 + tanh(u)), u = √(2/π)(x + 0.044715x³). Computed as x·σ(2u), the same

@@ -31,6 +31,13 @@ class Progress {
   void step(int64_t step, double loss, double lr, int64_t tokens);
   // A permanent line (evaluation, samples, messages) printed above the bar.
   void line(const std::string& text);
+  // A second reading of the peak, taken right after a step: the higher one counts (a reading taken while
+  // the machine was busy for a moment comes out low and would inflate the MFU). The time it took is not
+  // charged to the next step.
+  void raise_peak(double peak_flops) {
+    peak_flops_ = peak_flops > peak_flops_ ? peak_flops : peak_flops_;
+    last_ = std::chrono::steady_clock::now();
+  }
   // Leaves the terminal on a fresh line.
   void finish();
 

@@ -352,6 +352,7 @@ int train(const std::vector<std::string>& args) {
     tokens_since_log += tokens_per_step;
     seconds_since_log += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     progress.step(done, loss, lr, tokens_per_step);
+    if (step == start) progress.raise_peak(measured_peak_flops(device));  // once more, now the run is warm
     const bool last = done == r.train.steps;
     const bool eval_now = done % r.log.eval_every == 0 || last;
     if (done % r.log.every == 0 || eval_now) {
