@@ -39,13 +39,11 @@
 namespace seqlab::cuda {
 namespace {
 
-using rows::compute_t;
-using rows::convert;
 using rows::exp_of;
 using rows::log_of;
 
 constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
+constexpr int kAttentionThreads = kWarps * 32;
 constexpr int kMaxHeadDim = 128;
 constexpr int kDimsPerLane = kMaxHeadDim / 32;  // dims d = lane + 32·k, k < 4
 constexpr int kKeyTile = 32;                    // keys per staged tile in the forward and dQ (lane per key)
@@ -112,7 +110,7 @@ __device__ void stage_queries(const Geo& g, const T* x, int64_t D, int64_t b, in
 // then o_i = o / ℓ, lse_i = m + log ℓ. Shared: Q tile [4·RPW][Dk], K tile [32][Dk+1], V tile
 // [32][Dv+1]. Reads q once, k and v once per query tile; writes o and lse once.
 template <class T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kAttentionThreads)
     attention_fwd(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                   compute_t<T> scale, T* __restrict__ o, T* __restrict__ lse) {
   using A = compute_t<T>;
@@ -194,7 +192,7 @@ __global__ void __launch_bounds__(kThreads)
 // δ_r = Σ_d dO_rd O_rd − dlse_r for every row r < n of [n, Dv]; one warp per row, lanes striding
 // over d, then a warp sum. Reads dO and O once; writes δ (compute type) once.
 template <class T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kAttentionThreads)
     attention_delta(int64_t n, int64_t Dv, const T* __restrict__ dout, const T* __restrict__ out,
                     const T* __restrict__ dlse, compute_t<T>* __restrict__ delta) {
   using A = compute_t<T>;
@@ -216,7 +214,7 @@ __global__ void __launch_bounds__(kThreads)
 // (the two dots are warp sums). Query rows are staged QT at a time: Q [QT][Dk], dO [QT][Dv],
 // lse and δ [QT]. Writes each requested dK/dV row once (zeros for keys no query sees).
 template <class T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kAttentionThreads)
     attention_dkdv(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                    const T* __restrict__ dout, const T* __restrict__ lse, const compute_t<T>* __restrict__ delta,
                    compute_t<T> scale, T* __restrict__ dk, T* __restrict__ dv) {
@@ -307,7 +305,7 @@ __global__ void __launch_bounds__(kThreads)
 // and then dQ_i += scale Σ_c dS_c k_c with lane owning dims lane + 32t. Shared: Q [BR][Dk],
 // dO [BR][Dv], K [32][Dk+1], V [32][Dv+1]. Writes each dQ row once.
 template <class T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kAttentionThreads)
     attention_dq(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                  const T* __restrict__ dout, const T* __restrict__ lse, const compute_t<T>* __restrict__ delta,
                  compute_t<T> scale, T* __restrict__ dq) {
@@ -422,7 +420,7 @@ void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const kerne
   if (g.B == 0 || g.T == 0 || g.H == 0) return;
   check_geometry(g);
   const int device = q.device().index;
-  rows::dispatch_floating(q.dtype(), "attention", [&](auto tag) {
+  dispatch_floating(q.dtype(), "attention", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = compute_t<T>;
     constexpr int BR = kWarps * kRowsPerWarp<A>;
@@ -431,7 +429,7 @@ void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const kerne
                     static_cast<unsigned>(g.B));
     DeviceGuard guard(device);
     allow_shared(attention_fwd<T>, smem);
-    attention_fwd<T><<<grid, kThreads, smem, stream(device)>>>(
+    attention_fwd<T><<<grid, kAttentionThreads, smem, stream(device)>>>(
         g, static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
         static_cast<const T*>(v.raw_data()), static_cast<A>(p.scale), static_cast<T*>(o.raw_data()),
         static_cast<T*>(lse.raw_data()));
@@ -453,7 +451,7 @@ void backward_cuda(const Tensor& dout, const Tensor& dlse, const Tensor& q, cons
   if (!grads.dq.defined() && !grads.dk.defined() && !grads.dv.defined()) return;
   check_geometry(g);
   const int device = q.device().index;
-  rows::dispatch_floating(q.dtype(), "attention backward", [&](auto tag) {
+  dispatch_floating(q.dtype(), "attention backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = compute_t<T>;
     const A scale = static_cast<A>(p.scale);
@@ -477,7 +475,7 @@ void backward_cuda(const Tensor& dout, const Tensor& dlse, const Tensor& q, cons
     Tensor delta = Tensor::empty({n}, sizeof(A) == 8 ? DType::f64 : DType::f32, q.device());
     A* D = static_cast<A*>(delta.raw_data());
     const int64_t delta_blocks = std::min<int64_t>((n + kWarps - 1) / kWarps, 65535);
-    attention_delta<T><<<static_cast<unsigned>(delta_blocks), kThreads, 0, st>>>(
+    attention_delta<T><<<static_cast<unsigned>(delta_blocks), kAttentionThreads, 0, st>>>(
         n, g.Dv, dO, static_cast<const T*>(o.raw_data()), static_cast<const T*>(dlse.raw_data()), D);
     SEQLAB_CUDA_CHECK_LAUNCH("attention backward delta kernel");
 
@@ -487,7 +485,7 @@ void backward_cuda(const Tensor& dout, const Tensor& dlse, const Tensor& q, cons
       const dim3 grid(static_cast<unsigned>((g.S + BK - 1) / BK), static_cast<unsigned>(g.Hk),
                       static_cast<unsigned>(g.B));
       allow_shared(attention_dkdv<T>, smem);
-      attention_dkdv<T><<<grid, kThreads, smem, st>>>(
+      attention_dkdv<T><<<grid, kAttentionThreads, smem, st>>>(
           g, Q, K, V, dO, L, D, scale, grads.dk.defined() ? static_cast<T*>(grads.dk.raw_data()) : nullptr,
           grads.dv.defined() ? static_cast<T*>(grads.dv.raw_data()) : nullptr);
       SEQLAB_CUDA_CHECK_LAUNCH("attention backward dK/dV kernel");
@@ -499,7 +497,7 @@ void backward_cuda(const Tensor& dout, const Tensor& dlse, const Tensor& q, cons
       const dim3 grid(static_cast<unsigned>((g.T + BR - 1) / BR), static_cast<unsigned>(g.H),
                       static_cast<unsigned>(g.B));
       allow_shared(attention_dq<T>, smem);
-      attention_dq<T><<<grid, kThreads, smem, st>>>(g, Q, K, V, dO, L, D, scale,
+      attention_dq<T><<<grid, kAttentionThreads, smem, st>>>(g, Q, K, V, dO, L, D, scale,
                                                     static_cast<T*>(grads.dq.raw_data()));
       SEQLAB_CUDA_CHECK_LAUNCH("attention backward dQ kernel");
     }

@@ -18,6 +18,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/common.cuh"
 #include "cuda/runtime.h"
 #include "tensor/elementwise_math.h"
 #include "tensor/kernels.h"
@@ -28,69 +29,6 @@ namespace {
 using kernel::BinaryOp;
 using kernel::ScalarOp;
 using kernel::UnaryOp;
-using bf16_t = __nv_bfloat16;
-
-// ---- element types -------------------------------------------------------------------------------
-
-template <class T>
-struct Compute {
-  using type = T;
-};
-template <>
-struct Compute<bf16_t> {
-  using type = float;
-};
-template <class T>
-using compute_t = typename Compute<T>::type;
-
-// One element from one type to another, as convert_scalar does on the CPU (bf16 through f32).
-template <class To, class From>
-__device__ __forceinline__ To convert(From x) {
-  if constexpr (std::is_same_v<From, bf16_t>) {
-    return convert<To>(__bfloat162float(x));
-  } else if constexpr (std::is_same_v<To, bf16_t>) {
-    return __float2bfloat16(static_cast<float>(x));
-  } else {
-    return static_cast<To>(x);
-  }
-}
-
-template <class T>
-struct Tag {
-  using type = T;
-};
-
-// Calls fn(Tag<T>{}) with T the device element type of d.
-template <class Fn>
-void dispatch_all(DType d, Fn&& fn) {
-  switch (d) {
-    case DType::f32:
-      return fn(Tag<float>{});
-    case DType::f64:
-      return fn(Tag<double>{});
-    case DType::bf16:
-      return fn(Tag<bf16_t>{});
-    case DType::i32:
-      return fn(Tag<int32_t>{});
-    case DType::i64:
-      return fn(Tag<int64_t>{});
-  }
-}
-
-template <class Fn>
-void dispatch_floating(DType d, const char* op, Fn&& fn) {
-  switch (d) {
-    case DType::f32:
-      return fn(Tag<float>{});
-    case DType::f64:
-      return fn(Tag<double>{});
-    case DType::bf16:
-      return fn(Tag<bf16_t>{});
-    default:
-      throw std::invalid_argument(std::string(op) + " on CUDA: expected a f32, f64 or bf16 tensor, got " +
-                                  dtype_name(d));
-  }
-}
 
 // Calls fn(std::integral_constant<Enum, op>{}) for the runtime value of op.
 template <class Enum, Enum... Ops, class Fn>
@@ -157,14 +95,6 @@ StridedOffsets<N> strided_offsets(const Shape& shape, const std::array<const Ten
 
 // ---- launching -----------------------------------------------------------------------------------
 
-constexpr int kThreads = 256;
-
-template <class F>
-__global__ void __launch_bounds__(kThreads) grid_stride_loop(int64_t n, F f) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) f(i);
-}
-
 // Runs f(i) for i in [0, n) on the stream of `on`'s device: enough blocks to cover n, at most 32 per
 // multiprocessor (the grid-stride loop covers the rest).
 template <class F>
@@ -172,9 +102,7 @@ void launch(const char* what, const Tensor& on, int64_t n, const F& f) {
   if (n == 0) return;
   const int device = on.device().index;
   DeviceGuard guard(device);
-  const int64_t cap = static_cast<int64_t>(multiprocessor_count(device)) * 32;
-  const int blocks = static_cast<int>(std::min((n + kThreads - 1) / kThreads, cap));
-  grid_stride_loop<<<blocks, kThreads, 0, stream(device)>>>(n, f);
+  grid_stride_loop<<<blocks_for(n, device), kThreads, 0, stream(device)>>>(n, f);
   SEQLAB_CUDA_CHECK_LAUNCH(what);
 }
 

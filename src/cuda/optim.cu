@@ -20,49 +20,16 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/common.cuh"
 #include "cuda/runtime.h"
 #include "train/optim.h"
 
 namespace seqlab::cuda {
 namespace {
 
-using bf16_t = __nv_bfloat16;
-constexpr int kThreads = 256;
-
-template <class T>
-struct Tag {
-  using type = T;
-};
-
 // S for a parameter type P: f64 for f64, f32 for f32 and bf16 (as Compute<P> in optim.cpp).
 template <class P>
 using state_t = std::conditional_t<std::is_same_v<P, double>, double, float>;
-
-// Calls fn(Tag<P>{}) with P the device element type of a floating dtype.
-template <class Fn>
-void dispatch_param(DType d, const char* op, Fn&& fn) {
-  switch (d) {
-    case DType::f32:
-      return fn(Tag<float>{});
-    case DType::f64:
-      return fn(Tag<double>{});
-    case DType::bf16:
-      return fn(Tag<bf16_t>{});
-    default:
-      throw std::invalid_argument(std::string(op) + " on CUDA: expected a floating tensor, got " + dtype_name(d));
-  }
-}
-
-template <class To, class From>
-__device__ __forceinline__ To convert(From x) {
-  if constexpr (std::is_same_v<From, bf16_t>) {
-    return static_cast<To>(__bfloat162float(x));
-  } else if constexpr (std::is_same_v<To, bf16_t>) {
-    return __float2bfloat16(static_cast<float>(x));
-  } else {
-    return static_cast<To>(x);
-  }
-}
 
 // Throws std::logic_error naming the op when a tensor breaks the slots' contract (contiguous, on
 // one CUDA device, n elements of the expected dtype).
@@ -74,12 +41,6 @@ void check_operand(const char* op, const char* name, const Tensor& t, int64_t n,
                            ", got " + shape_str(t.shape()) + " " + dtype_name(t.dtype()) + " on " +
                            t.device().str());
   }
-}
-
-// Blocks for a grid-stride loop over n elements: enough to cover n, at most 32 per multiprocessor.
-int grid_for(int64_t n, int device) {
-  const int64_t cap = static_cast<int64_t>(multiprocessor_count(device)) * 32;
-  return static_cast<int>(std::min((n + kThreads - 1) / kThreads, cap));
 }
 
 // ---- AdamW -----------------------------------------------------------------------------------------
@@ -112,7 +73,7 @@ __global__ void __launch_bounds__(kThreads)
 void adamw_step_cuda(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v) {
   const int64_t n = p.numel();
   const int device = p.device().index;
-  dispatch_param(p.dtype(), "adamw_step", [&](auto tag) {
+  dispatch_floating(p.dtype(), "adamw_step", [&](auto tag) {
     using P = typename decltype(tag)::type;
     using S = state_t<P>;
     const DType state_dtype = std::is_same_v<S, double> ? DType::f64 : DType::f32;
@@ -125,7 +86,7 @@ void adamw_step_cuda(const AdamWStep& s, const Tensor& p, const Tensor& g, const
                                  S(s.beta1),       S(1.0 - s.beta1),         S(s.beta2),
                                  S(1.0 - s.beta2), S(1.0 / s.bias_correction1), S(1.0 / s.bias_correction2)};
     DeviceGuard guard(device);
-    adamw_step_kernel_impl<P, S><<<grid_for(n, device), kThreads, 0, stream(device)>>>(
+    adamw_step_kernel_impl<P, S><<<blocks_for(n, device), kThreads, 0, stream(device)>>>(
         n, k, static_cast<P*>(p.raw_data()), static_cast<const P*>(g.raw_data()), static_cast<S*>(m.raw_data()),
         static_cast<S*>(v.raw_data()));
     SEQLAB_CUDA_CHECK_LAUNCH("adamw_step kernel");
@@ -163,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) sgd_step_kernel_impl(int64_t n, SgdC
 void sgd_step_cuda(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b) {
   const int64_t n = p.numel();
   const int device = p.device().index;
-  dispatch_param(p.dtype(), "sgd_step", [&](auto tag) {
+  dispatch_floating(p.dtype(), "sgd_step", [&](auto tag) {
     using P = typename decltype(tag)::type;
     using S = state_t<P>;
     const DType state_dtype = std::is_same_v<S, double> ? DType::f64 : DType::f32;
@@ -174,7 +135,7 @@ void sgd_step_cuda(const SgdStep& s, const Tensor& p, const Tensor& g, const Ten
     const SgdCoefficients<S> k{S(s.lr), S(s.lr * s.weight_decay), S(s.momentum), s.nesterov};
     S* bp = b.defined() ? static_cast<S*>(b.raw_data()) : nullptr;
     DeviceGuard guard(device);
-    sgd_step_kernel_impl<P, S><<<grid_for(n, device), kThreads, 0, stream(device)>>>(
+    sgd_step_kernel_impl<P, S><<<blocks_for(n, device), kThreads, 0, stream(device)>>>(
         n, k, static_cast<P*>(p.raw_data()), static_cast<const P*>(g.raw_data()), bp);
     SEQLAB_CUDA_CHECK_LAUNCH("sgd_step kernel");
   });
@@ -226,7 +187,7 @@ double sum_squares_cuda(const Tensor& x) {
   const int64_t n = x.numel();
   const int device = x.device().index;
   double result = 0.0;
-  dispatch_param(x.dtype(), "sum_squares", [&](auto tag) {
+  dispatch_floating(x.dtype(), "sum_squares", [&](auto tag) {
     using T = typename decltype(tag)::type;
     check_operand("sum_squares", "x", x, n, x.dtype(), device);
     if (n == 0) return;
@@ -265,13 +226,13 @@ __global__ void __launch_bounds__(kThreads) scale_inplace_kernel_impl(int64_t n,
 void scale_inplace_cuda(const Tensor& x, double s) {
   const int64_t n = x.numel();
   const int device = x.device().index;
-  dispatch_param(x.dtype(), "scale_inplace", [&](auto tag) {
+  dispatch_floating(x.dtype(), "scale_inplace", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using S = state_t<T>;
     check_operand("scale_inplace", "x", x, n, x.dtype(), device);
     if (n == 0) return;
     DeviceGuard guard(device);
-    scale_inplace_kernel_impl<T, S><<<grid_for(n, device), kThreads, 0, stream(device)>>>(
+    scale_inplace_kernel_impl<T, S><<<blocks_for(n, device), kThreads, 0, stream(device)>>>(
         n, S(s), static_cast<T*>(x.raw_data()));
     SEQLAB_CUDA_CHECK_LAUNCH("scale_inplace kernel");
   });

@@ -17,24 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "cuda/common.cuh"
 #include "cuda/runtime.h"
 #include "layers/rope.h"
 
 namespace seqlab::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-
-template <class T>
-struct Tag {
-  using type = T;
-};
-
-// Blocks for a grid-stride loop over n items: enough to cover n, at most 32 per multiprocessor.
-int grid_for(int64_t n, int device) {
-  const int64_t cap = static_cast<int64_t>(multiprocessor_count(device)) * 32;
-  return static_cast<int>(std::min((n + kThreads - 1) / kThreads, cap));
-}
 
 // For j = t·P + i < T·P:  φ = (start + t)·θ_i (in double, θ [P] from the host);
 //   cos_t[j] = cos φ,  sin_t[j] = sign · sin φ  (sign = −1 for the inverse rotation), rounded to T.
@@ -99,10 +87,10 @@ void rope_cuda(const Tensor& x, const RopeOptions& opts, bool inverse, const Ten
     // From pageable memory: the call returns once `theta` has been staged, so it may go out of scope.
     SEQLAB_CUDA_CHECK(cudaMemcpyAsync(theta_dev.raw_data(), theta.data(), static_cast<size_t>(P) * sizeof(double),
                                       cudaMemcpyHostToDevice, st));
-    rope_tables<T><<<grid_for(Tn * P, device), kThreads, 0, st>>>(
+    rope_tables<T><<<blocks_for(Tn * P, device), kThreads, 0, st>>>(
         Tn, P, static_cast<const double*>(theta_dev.raw_data()), opts.start, inverse ? -1.0 : 1.0, c, s);
     SEQLAB_CUDA_CHECK_LAUNCH("rope tables kernel");
-    rope_rotate_pairs<T><<<grid_for(pairs, device), kThreads, 0, st>>>(
+    rope_rotate_pairs<T><<<blocks_for(pairs, device), kThreads, 0, st>>>(
         pairs, Tn, H * P, P, c, s, static_cast<const T*>(x.raw_data()), static_cast<T*>(y.raw_data()));
     SEQLAB_CUDA_CHECK_LAUNCH("rope rotation kernel");
   };

@@ -18,36 +18,11 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/common.cuh"
 #include "cuda/runtime.h"
 #include "tensor/tensor.h"
 
 namespace seqlab::cuda::rows {
-
-using bf16_t = __nv_bfloat16;
-
-template <class T>
-struct Compute {
-  using type = T;
-};
-template <>
-struct Compute<bf16_t> {
-  using type = float;
-};
-// The type a kernel computes and accumulates in: f32 for f32 and bf16, f64 for f64.
-template <class T>
-using compute_t = typename Compute<T>::type;
-
-// One element from one type to another, as convert_scalar does on the CPU (bf16 through f32).
-template <class To, class From>
-__device__ __forceinline__ To convert(From x) {
-  if constexpr (std::is_same_v<From, bf16_t>) {
-    return convert<To>(__bfloat162float(x));
-  } else if constexpr (std::is_same_v<To, bf16_t>) {
-    return __float2bfloat16(static_cast<float>(x));
-  } else {
-    return static_cast<To>(x);
-  }
-}
 
 __device__ __forceinline__ float exp_of(float x) { return expf(x); }
 __device__ __forceinline__ double exp_of(double x) { return exp(x); }
@@ -55,27 +30,6 @@ __device__ __forceinline__ float log_of(float x) { return logf(x); }
 __device__ __forceinline__ double log_of(double x) { return log(x); }
 __device__ __forceinline__ float rsqrt_of(float x) { return 1.0f / sqrtf(x); }
 __device__ __forceinline__ double rsqrt_of(double x) { return 1.0 / sqrt(x); }
-
-template <class T>
-struct Tag {
-  using type = T;
-};
-
-// Calls fn(Tag<T>{}) with T the device element type of a floating dtype; throws for others.
-template <class Fn>
-void dispatch_floating(DType d, const char* op, Fn&& fn) {
-  switch (d) {
-    case DType::f32:
-      return fn(Tag<float>{});
-    case DType::f64:
-      return fn(Tag<double>{});
-    case DType::bf16:
-      return fn(Tag<bf16_t>{});
-    default:
-      throw std::invalid_argument(std::string(op) + " on CUDA: expected a f32, f64 or bf16 tensor, got " +
-                                  dtype_name(d));
-  }
-}
 
 // Calls fn(Tag<I>{}) with I the C++ type of an index dtype (i32, i64); throws for others.
 template <class Fn>
@@ -116,7 +70,7 @@ inline void require_contiguous(const char* op, int device, std::initializer_list
 
 // ---- launching -----------------------------------------------------------------------------------
 
-constexpr int kMaxThreads = 256;  // threads per block, every kernel here
+constexpr int kMaxThreads = kThreads;  // threads per block, every kernel here
 constexpr int kMaxWarps = kMaxThreads / 32;
 
 // Threads for one block per row of `cols` elements: a whole number of warps, at most kMaxThreads, so
@@ -132,19 +86,11 @@ inline int row_blocks(int64_t rows, int device) {
   return static_cast<int>(std::min<int64_t>(rows, int64_t{multiprocessor_count(device)} * 32));
 }
 
-template <class F>
-__global__ void __launch_bounds__(kMaxThreads) grid_stride_loop(int64_t n, F f) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) f(i);
-}
-
 // Runs f(i) for i in [0, n) on the stream of `device` (the caller holds a DeviceGuard for it).
 template <class F>
 void launch_elements(const char* what, int device, int64_t n, const F& f) {
   if (n == 0) return;
-  const int64_t cap = static_cast<int64_t>(multiprocessor_count(device)) * 32;
-  const int blocks = static_cast<int>(std::min((n + kMaxThreads - 1) / kMaxThreads, cap));
-  grid_stride_loop<<<blocks, kMaxThreads, 0, stream(device)>>>(n, f);
+  grid_stride_loop<<<blocks_for(n, device), kThreads, 0, stream(device)>>>(n, f);
   SEQLAB_CUDA_CHECK_LAUNCH(what);
 }
 
