@@ -23,11 +23,12 @@
 
 #include "layers/attention.h"
 #include "tensor/kernels.h"
+#include "cuda_test_util.h"
 
 namespace seqlab {
 namespace {
 
-const Device kGpu = cuda_device(0);
+using testing::kGpu;
 const Device kCpu = cpu_device();
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
 
@@ -35,9 +36,7 @@ double rtol(DType d) { return d == DType::bf16 ? 2e-2 : d == DType::f64 ? 1e-10 
 // The dtype the CPU reference runs in.
 DType ref_type(DType d) { return d == DType::f64 ? DType::f64 : DType::f32; }
 
-Tensor poisoned(const Shape& shape, DType dtype) {
-  return Tensor::full(shape, std::numeric_limits<double>::quiet_NaN(), dtype, kGpu);
-}
+using testing::poisoned;
 Tensor on_gpu(const Tensor& x) { return kernel::to_device(x, kGpu); }
 Tensor as_ref(const Tensor& x) { return kernel::to_dtype(x, ref_type(x.dtype())); }
 
@@ -85,9 +84,7 @@ const Case kCases[] = {
 class CudaAttentionVsCpu : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!cuda_available()) {
-      GTEST_SKIP() << (cuda_backend() ? cuda_backend()->describe() : std::string("this build has no CUDA backend"));
-    }
+    SEQLAB_SKIP_WITHOUT_GPU();
   }
   Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 41};
 };

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tensor/kernels.h"
+#include "cuda_test_util.h"
 
 namespace seqlab {
 namespace {
@@ -24,19 +25,16 @@ using kernel::BinaryOp;
 using kernel::ScalarOp;
 using kernel::UnaryOp;
 
-const Device kGpu = cuda_device(0);
+using testing::kGpu;
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
 const UnaryOp kUnaryOps[] = {UnaryOp::neg,    UnaryOp::exp,  UnaryOp::log,     UnaryOp::sqrt, UnaryOp::rsqrt,
                              UnaryOp::square, UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::silu, UnaryOp::gelu,
                              UnaryOp::relu,   UnaryOp::elu,  UnaryOp::softplus};
 
-double rtol(DType d) { return d == DType::bf16 ? 1e-2 : d == DType::f64 ? 1e-10 : 1e-5; }
-DType reference_type(DType d) { return d == DType::bf16 ? DType::f32 : d; }
+double rtol(DType d) { return testing::gpu_rtol(d); }
+using testing::reference_type;
 
-// An output buffer on the GPU whose every element is a value no kernel should leave behind.
-Tensor poisoned(const Shape& shape, DType dtype) {
-  return Tensor::full(shape, is_floating(dtype) ? std::numeric_limits<double>::quiet_NaN() : -123456789.0, dtype, kGpu);
-}
+using testing::poisoned;
 
 // `x` rounded to `dtype` on the CPU: the input both devices compute from.
 Tensor rounded(const Tensor& x, DType dtype) { return kernel::to_dtype(x, dtype); }
@@ -60,9 +58,7 @@ void expect_close(const Tensor& got, const Tensor& want, double tol, const std::
 class CudaVsCpu : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!cuda_available()) {
-      GTEST_SKIP() << (cuda_backend() ? cuda_backend()->describe() : std::string("this build has no CUDA backend"));
-    }
+    SEQLAB_SKIP_WITHOUT_GPU();
   }
   Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 17};
 };

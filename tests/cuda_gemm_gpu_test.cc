@@ -20,19 +20,20 @@
 #include <vector>
 
 #include "tensor/kernels.h"
+#include "cuda_test_util.h"
 
 namespace seqlab {
 namespace {
 
 using kernel::GemmArgs;
 
-const Device kGpu = cuda_device(0);
+using testing::kGpu;
 const Device kCpu = cpu_device();
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-double rtol(DType d) { return d == DType::bf16 ? 1e-2 : d == DType::f64 ? 1e-10 : 1e-5; }
-DType reference_type(DType d) { return d == DType::bf16 ? DType::f32 : d; }
+double rtol(DType d) { return testing::gpu_rtol(d); }
+using testing::reference_type;
 Tensor rounded(const Tensor& x, DType dtype) { return kernel::to_dtype(x, dtype); }
 Tensor on_gpu(const Tensor& x) { return kernel::to_device(x, kGpu); }
 
@@ -57,9 +58,7 @@ void expect_close(const Tensor& got, const Tensor& want, double tol, const std::
 class CudaGemm : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!cuda_available()) {
-      GTEST_SKIP() << (cuda_backend() ? cuda_backend()->describe() : std::string("this build has no CUDA backend"));
-    }
+    SEQLAB_SKIP_WITHOUT_GPU();
   }
   Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 29};
 };

@@ -20,17 +20,18 @@
 #include "layers/rope.h"
 #include "tensor/kernels.h"
 #include "train/optim.h"
+#include "cuda_test_util.h"
 
 namespace seqlab {
 namespace {
 
-const Device kGpu = cuda_device(0);
+using testing::kGpu;
 const Device kCpu = cpu_device();
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
 // Empty, one element, around the 256-thread block, and large enough for many blocks of each grid.
 const int64_t kSizes[] = {0, 1, 255, 257, 4099, 100003};
 
-double rtol(DType d) { return d == DType::bf16 ? 1e-2 : d == DType::f64 ? 1e-10 : 1e-5; }
+double rtol(DType d) { return testing::gpu_rtol(d); }
 DType state_type(DType param) { return param == DType::f64 ? DType::f64 : DType::f32; }
 std::string size_name(int64_t n, DType d) { return std::string(dtype_name(d)) + " n=" + std::to_string(n); }
 
@@ -55,9 +56,7 @@ void expect_close(const Tensor& got, const Tensor& want, double tol, const std::
 class CudaOptimVsCpu : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!cuda_available()) {
-      GTEST_SKIP() << (cuda_backend() ? cuda_backend()->describe() : std::string("this build has no CUDA backend"));
-    }
+    SEQLAB_SKIP_WITHOUT_GPU();
   }
   Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 29};
 };

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tensor/kernels.h"
+#include "cuda_test_util.h"
 
 namespace seqlab {
 namespace {
@@ -29,17 +30,14 @@ using kernel::NormGrads;
 using kernel::NormOutput;
 
 const Device kCpu = cpu_device();
-const Device kGpu = cuda_device(0);
+using testing::kGpu;
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-double rtol(DType d) { return d == DType::bf16 ? 1e-2 : d == DType::f64 ? 1e-10 : 1e-5; }
-DType reference_type(DType d) { return d == DType::bf16 ? DType::f32 : d; }
+double rtol(DType d) { return testing::gpu_rtol(d); }
+using testing::reference_type;
 
-// An output buffer on the GPU whose every element is a value no kernel should leave behind.
-Tensor poisoned(const Shape& shape, DType dtype) {
-  return Tensor::full(shape, is_floating(dtype) ? kNaN : -123456789.0, dtype, kGpu);
-}
+using testing::poisoned;
 Tensor cpu_empty(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype, kCpu); }
 // `x` (already in the dtype under test) as the CPU reference computes from it.
 Tensor ref(const Tensor& x) { return kernel::to_dtype(x, reference_type(x.dtype())); }
@@ -67,9 +65,7 @@ std::string case_name(const char* op, DType dtype, int64_t rows, int64_t cols) {
 class CudaRowsVsCpu : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!cuda_available()) {
-      GTEST_SKIP() << (cuda_backend() ? cuda_backend()->describe() : std::string("this build has no CUDA backend"));
-    }
+    SEQLAB_SKIP_WITHOUT_GPU();
   }
 
   // Uniform integers in [0, n), with about `ignored_share` of them replaced by `ignored`.
