@@ -1,4 +1,5 @@
-// CUDA against CPU for the fused attention slots (src/cuda/attention.cu against the CPU kernels in
+// CUDA against CPU for the fused attention slots (src/cuda/attention.cu and, for bf16 with
+// Dk = Dv ∈ {64, 128}, the tensor-core kernels of src/cuda/attention_tc.cu, against the CPU kernels in
 // src/layers/attention.cpp). Skipped where no GPU is usable.
 //
 // Each case draws fresh random q, k, v (and dO, dlse for the backward) in the dtype under test,
@@ -9,6 +10,9 @@
 // the same o and lse on both sides (the CPU forward's, rounded to the dtype under test).
 // Shapes cover causal and bidirectional, T = S, T < S, T > S (bidirectional only), decoding (T = 1),
 // MHA, GQA and MQA, Dk ≠ Dv, head dims from 1 to 128, and T and S that are not multiples of any tile.
+// The cases with Dk = Dv = 64 or 128 send bf16 to the tensor-core kernels (64-row query and key tiles):
+// there they cover several tiles each way, partial tiles of queries and keys, causal with S − T not a
+// multiple of the tile (the diagonal crosses tiles), bidirectional with T > S, GQA, MQA and decoding.
 // Tolerance: |got − want| ≤ rtol · max(|want|, 1); rtol 1e-4 for f32 (the two sides sum scores and
 // gradients over up to a few hundred terms in different orders and use different exp routines),
 // 1e-10 for f64, 2e-2 for bf16.
@@ -79,6 +83,13 @@ const Case kCases[] = {
     {1, 70, 70, 2, 1, 64, 48, true, 0},      // several query and key tiles
     {3, 33, 65, 6, 3, 40, 72, false, 0},     // bidirectional GQA, dims not multiples of 32
     {1, 1, 1, 1, 1, 5, 7, true, 0},          // one query, one key
+    // bf16 on tensor cores from here on (and the f32/f64 kernels on larger shapes).
+    {2, 100, 100, 4, 4, 64, 64, true, 0},        // MHA, T = S, a partial second tile
+    {1, 77, 150, 8, 2, 128, 128, true, 0},       // GQA, queries at the end of a longer cache (S − T = 73)
+    {2, 130, 61, 6, 3, 64, 64, false, 0},        // bidirectional GQA, T > S, partial tiles both ways
+    {1, 1, 200, 4, 1, 128, 128, true, 0},        // decoding, MQA
+    {1, 128, 192, 2, 1, 64, 64, true, 0},        // exact multiples of the tile, S − T = 64
+    {1, 150, 150, 2, 2, 128, 128, false, 0.05},  // bidirectional, explicit scale
 };
 
 class CudaAttentionVsCpu : public ::testing::Test {
@@ -114,7 +125,8 @@ TEST_F(CudaAttentionVsCpu, BackwardAllAndSomeGradients) {
   };
   for (DType dtype : kFloatTypes) {
     for (const Case& c : kCases) {
-      for (Need need : {Need{true, true, true}, Need{false, false, true}, Need{true, false, false}}) {
+      for (Need need : {Need{true, true, true}, Need{false, false, true}, Need{true, false, false},
+                        Need{false, true, false}}) {
         const std::string what = std::string(dtype_name(dtype)) + " " + c.name() + (need.dq ? " dq" : "") +
                                  (need.dk ? " dk" : "") + (need.dv ? " dv" : "");
         const DType rd = ref_type(dtype);
@@ -168,6 +180,39 @@ TEST_F(CudaAttentionVsCpu, BackwardIsDeterministic) {
         first[t] = now;
       } else {
         EXPECT_EQ(now, first[t]) << "gradient " << t << " changed between runs";
+      }
+    }
+  }
+}
+
+// The bf16 tensor-core kernels are deterministic too: forward and backward give the same bits twice,
+// for both head dims, causal and not (multi-tile shapes with partial tiles and GQA).
+TEST_F(CudaAttentionVsCpu, TensorCoreKernelsAreDeterministic) {
+  const Case cases[] = {{2, 100, 130, 4, 2, 64, 64, true, 0}, {1, 90, 70, 4, 1, 128, 128, false, 0}};
+  for (const Case& c : cases) {
+    const DType bf = DType::bf16;
+    Tensor q = on_gpu(Tensor::randn({c.B, c.T, c.H, c.Dk}, gen_, bf));
+    Tensor k = on_gpu(Tensor::randn({c.B, c.S, c.Hk, c.Dk}, gen_, bf));
+    Tensor v = on_gpu(Tensor::randn({c.B, c.S, c.Hk, c.Dv}, gen_, bf));
+    Tensor dout = on_gpu(Tensor::randn({c.B, c.T, c.H, c.Dv}, gen_, bf));
+    Tensor dlse = on_gpu(Tensor::randn({c.B, c.T, c.H}, gen_, bf, 0.5));
+    const kernel::AttentionParams p = c.params();
+    std::vector<double> first[5];
+    for (int run = 0; run < 2; ++run) {
+      Tensor o = poisoned({c.B, c.T, c.H, c.Dv}, bf), lse = poisoned({c.B, c.T, c.H}, bf);
+      kernel::attention_forward_kernel(kGpu, q, k, v, p, o, lse);
+      kernel::AttentionGrads g{poisoned(q.shape(), bf), poisoned(k.shape(), bf), poisoned(v.shape(), bf)};
+      kernel::attention_backward_kernel(kGpu, dout, dlse, q, k, v, o, lse, p, g);
+      const Tensor* outs[5] = {&o, &lse, &g.dq, &g.dk, &g.dv};
+      const char* names[5] = {"o", "lse", "dq", "dk", "dv"};
+      for (int t = 0; t < 5; ++t) {
+        std::vector<double> now = outs[t]->to_doubles();
+        for (double x : now) ASSERT_TRUE(std::isfinite(x)) << c.name() << " " << names[t] << " has a non-finite value";
+        if (run == 0) {
+          first[t] = now;
+        } else {
+          EXPECT_EQ(now, first[t]) << c.name() << " " << names[t] << " changed between runs";
+        }
       }
     }
   }

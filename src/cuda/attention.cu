@@ -4,12 +4,19 @@
 // v [B, S, Hk, Dv]; query head h reads kv head h / (H/Hk); query i sits at key position i + S − T,
 // so with `causal` it sees keys j < key_end(i) = i + S − T + 1, otherwise all S keys.
 //
-// First version, written for correctness: plain FMA arithmetic, no tensor cores (mma), no
-// asynchronous copies. f32 and bf16 compute and accumulate in f32 (bf16 rounded on store), f64 in
-// f64. Head dims up to 128 (each lane of a warp owns ≤ 4 of a row's dims). The T × S matrix is
-// never formed in global memory; every output element is written by exactly one thread in a fixed
-// order, so results are deterministic (no atomics).
+// What runs where:
+// - bf16 with Dk = Dv ∈ {64, 128} on compute capability ≥ 8.0 (and 16-byte aligned tensors, enough
+//   shared memory): the tensor-core kernels of src/cuda/attention_tc.cu (wmma 16×16×16 bf16 products
+//   with f32 accumulation; forward, and after this file's δ kernel, dK/dV and dQ), chosen by
+//   attention_tc::supports(). Compiled for sm_80/sm_90 but not yet run on a GPU.
+// - Everything else (f32, f64, other bf16 shapes): the kernels below. Plain FMA arithmetic, no tensor
+//   cores, no asynchronous copies. f32 and bf16 compute and accumulate in f32 (bf16 rounded on
+//   store), f64 in f64. Head dims up to 128 (each lane of a warp owns ≤ 4 of a row's dims). Also not
+//   yet run on a GPU.
+// Either way the T × S matrix is never formed in global memory, and every output element is written
+// by exactly one thread in a fixed order, so results are deterministic (no atomics).
 //
+// The FMA kernels:
 // Forward (attention_fwd): one block of 4 warps per (batch, query head, tile of 4·RPW query rows).
 //   Key/value tiles of 32 keys are staged in shared memory (in the compute type); for each of its
 //   rows a warp computes the 32 scores with lane c owning key c, updates the running max m and sum ℓ
@@ -30,8 +37,10 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
+#include "cuda/attention_tc.cuh"
 #include "cuda/row_kernels.cuh"
 #include "cuda/runtime.h"
 #include "layers/attention.h"
@@ -413,6 +422,12 @@ void allow_shared(Kernel kernel_fn, size_t bytes) {
                                          static_cast<int>(bytes)));
 }
 
+// The tensor-core kernels' view of the call (attention_tc.cuh); they take it only for bf16 with Dk = Dv
+// and when attention_tc::supports() accepts the shape, the device and the pointers.
+attention_tc::Problem tc_problem(const Geo& g, const kernel::AttentionParams& p) {
+  return {g.B, g.T, g.S, g.H, g.Hk, g.Dk, g.causal, static_cast<float>(p.scale)};
+}
+
 void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const kernel::AttentionParams& p,
                   const Tensor& o, const Tensor& lse) {
   for (auto [t, what] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"}, {&lse, "lse"}}) check_tensor(*t, q, what);
@@ -420,6 +435,16 @@ void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const kerne
   if (g.B == 0 || g.T == 0 || g.H == 0) return;
   check_geometry(g);
   const int device = q.device().index;
+  if (q.dtype() == DType::bf16 && g.Dk == g.Dv) {
+    const attention_tc::Problem tp = tc_problem(g, p);
+    DeviceGuard guard(device);
+    if (attention_tc::supports(tp, device, {q.raw_data(), k.raw_data(), v.raw_data(), o.raw_data()})) {
+      attention_tc::forward(tp, stream(device), static_cast<const bf16_t*>(q.raw_data()),
+                            static_cast<const bf16_t*>(k.raw_data()), static_cast<const bf16_t*>(v.raw_data()),
+                            static_cast<bf16_t*>(o.raw_data()), static_cast<bf16_t*>(lse.raw_data()));
+      return;
+    }
+  }
   dispatch_floating(q.dtype(), "attention", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = compute_t<T>;
@@ -478,6 +503,17 @@ void backward_cuda(const Tensor& dout, const Tensor& dlse, const Tensor& q, cons
     attention_delta<T><<<static_cast<unsigned>(delta_blocks), kAttentionThreads, 0, st>>>(
         n, g.Dv, dO, static_cast<const T*>(o.raw_data()), static_cast<const T*>(dlse.raw_data()), D);
     SEQLAB_CUDA_CHECK_LAUNCH("attention backward delta kernel");
+
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      const attention_tc::Problem tp = tc_problem(g, p);
+      T* dq = grads.dq.defined() ? static_cast<T*>(grads.dq.raw_data()) : nullptr;
+      T* dk = grads.dk.defined() ? static_cast<T*>(grads.dk.raw_data()) : nullptr;
+      T* dv = grads.dv.defined() ? static_cast<T*>(grads.dv.raw_data()) : nullptr;
+      if (g.Dk == g.Dv && attention_tc::supports(tp, device, {Q, K, V, dO, dq, dk, dv})) {
+        attention_tc::backward(tp, st, Q, K, V, dO, L, D, dq, dk, dv);
+        return;
+      }
+    }
 
     if (grads.dk.defined() || grads.dv.defined()) {
       constexpr int BK = kWarps * kKeysPerWarp<A>, QT = kQueryTile<A>;
