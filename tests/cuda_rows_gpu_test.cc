@@ -1,4 +1,5 @@
-// CUDA against CPU for the row-wise slots: layer and RMS norm (forward, dx, dweight, dbias), softmax
+// CUDA against CPU for the row-wise slots: layer and RMS norm (forward, dx, dweight, dbias; fused with
+// the residual add before them, and dx with the residual's gradient added), softmax
 // and log-softmax (forward and backward), fused cross-entropy (forward and backward, ignore_index, i32
 // and i64 targets), embedding (gather and deterministic scatter-add), max over rows with its argmax
 // and scatter, and cumsum (both directions). Skipped where no GPU is usable.
@@ -123,6 +124,7 @@ TEST_F(CudaRowsVsCpu, NormBackward) {
       Tensor x = kernel::to_dtype(kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, c}, gen_, rt, 2.0), -1.5),
                                   dtype);
       Tensor w = Tensor::randn({c}, gen_, dtype), dy = Tensor::randn({n, c}, gen_, dtype);
+      Tensor dsum = Tensor::randn({n, c}, gen_, dtype);
       for (bool centered : {true, false}) {
         const std::string what = case_name(centered ? "layer_norm backward" : "rms_norm backward", dtype, n, c);
         // The statistics as the forward saved them: computed, then stored in the dtype under test.
@@ -134,26 +136,79 @@ TEST_F(CudaRowsVsCpu, NormBackward) {
         }
         Tensor mean = centered ? kernel::to_dtype(fwd.mean, dtype) : Tensor();
         Tensor rstd = kernel::to_dtype(fwd.rstd, dtype);
-        // Every gradient, then only the parameter gradients (dx skipped), then only dx.
+        // Every gradient, then only the parameter gradients (dx skipped), then only dx; each asking for
+        // dx again with dsum, the gradient of a fused residual sum, added onto it.
         for (int ask = 0; ask < 3; ++ask) {
           const bool need_dx = ask != 1, need_params = ask != 2;
           NormGrads want{need_dx ? cpu_empty({n, c}, rt) : Tensor(), need_params ? cpu_empty({c}, rt) : Tensor(),
                          need_params && centered ? cpu_empty({c}, rt) : Tensor()};
-          NormGrads got{need_dx ? poisoned({n, c}, dtype) : Tensor(), need_params ? poisoned({c}, dtype) : Tensor(),
-                        need_params && centered ? poisoned({c}, dtype) : Tensor()};
           if (centered) {
-            kernel::layer_norm_backward_kernel(kCpu, ref(dy), ref(x), ref(w), ref(mean), ref(rstd), want);
-            kernel::layer_norm_backward_kernel(kGpu, on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(mean), on_gpu(rstd),
-                                               got);
+            kernel::layer_norm_backward_kernel(kCpu, ref(dy), ref(x), ref(w), ref(mean), ref(rstd), Tensor(), want);
           } else {
-            kernel::rms_norm_backward_kernel(kCpu, ref(dy), ref(x), ref(w), ref(rstd), want);
-            kernel::rms_norm_backward_kernel(kGpu, on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(rstd), got);
+            kernel::rms_norm_backward_kernel(kCpu, ref(dy), ref(x), ref(w), ref(rstd), Tensor(), want);
           }
-          const std::string asked = what + " (ask " + std::to_string(ask) + ")";
-          if (need_dx) expect_close(got.dx, want.dx, rtol(dtype), asked + " dx");
-          if (need_params) expect_close(got.dweight, want.dweight, rtol(dtype), asked + " dweight");
-          if (need_params && centered) expect_close(got.dbias, want.dbias, rtol(dtype), asked + " dbias");
+          for (bool with_dsum : {false, true}) {
+            if (with_dsum && !need_dx) continue;
+            NormGrads got{need_dx ? poisoned({n, c}, dtype) : Tensor(), need_params ? poisoned({c}, dtype) : Tensor(),
+                          need_params && centered ? poisoned({c}, dtype) : Tensor()};
+            const Tensor ds = with_dsum ? on_gpu(dsum) : Tensor();
+            if (centered) {
+              kernel::layer_norm_backward_kernel(kGpu, on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(mean), on_gpu(rstd), ds,
+                                                 got);
+            } else {
+              kernel::rms_norm_backward_kernel(kGpu, on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(rstd), ds, got);
+            }
+            // With dsum: dnorm as stored in the dtype, plus dsum, as a separate add would compute it.
+            const Tensor want_dx =
+                with_dsum ? kernel::binary(kernel::BinaryOp::add, ref(kernel::to_dtype(want.dx, dtype)), ref(dsum))
+                          : want.dx;
+            const std::string asked = what + " (ask " + std::to_string(ask) + (with_dsum ? ", with dsum)" : ")");
+            if (need_dx) expect_close(got.dx, want_dx, rtol(dtype), asked + " dx");
+            if (need_params) expect_close(got.dweight, want.dweight, rtol(dtype), asked + " dweight");
+            if (need_params && centered) expect_close(got.dbias, want.dbias, rtol(dtype), asked + " dbias");
+          }
         }
+      }
+    }
+  }
+}
+
+// s = x + residual written and normalised in one kernel. The reference sum comes from the CPU's fused
+// slot; y and the statistics from the CPU's plain norm of that sum as stored in the dtype under test
+// (for bf16 the kernel normalises the rounded s it writes, which the backward reads back).
+TEST_F(CudaRowsVsCpu, AddNormForward) {
+  for (DType dtype : kFloatTypes) {
+    const DType rt = reference_type(dtype);
+    for (auto [n, c] : kRowShapes) {
+      Tensor x =
+          kernel::to_dtype(kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, c}, gen_, rt, 2.0), 3.0), dtype);
+      Tensor res = Tensor::randn({n, c}, gen_, dtype), w = Tensor::randn({c}, gen_, dtype);
+      Tensor b = Tensor::randn({c}, gen_, dtype);
+      for (int kind = 0; kind < 3; ++kind) {  // layer norm, layer norm without bias, rms norm
+        const bool centered = kind < 2, with_bias = kind == 0;
+        const std::string what = case_name(kind == 0   ? "add_layer_norm"
+                                           : kind == 1 ? "add_layer_norm without bias"
+                                                       : "add_rms_norm",
+                                           dtype, n, c);
+        const Tensor bias_ref = with_bias ? ref(b) : Tensor(), bias_gpu = with_bias ? on_gpu(b) : Tensor();
+        Tensor want_sum = cpu_empty({n, c}, rt);
+        NormOutput fused{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
+        NormOutput want{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
+        Tensor got_sum = poisoned({n, c}, dtype);
+        NormOutput got{poisoned({n, c}, dtype), centered ? poisoned({n}, dtype) : Tensor(), poisoned({n}, dtype)};
+        if (centered) {
+          kernel::add_layer_norm_kernel(kCpu, ref(x), ref(res), ref(w), bias_ref, 1e-5, want_sum, fused);
+          kernel::layer_norm_kernel(kCpu, ref(kernel::to_dtype(want_sum, dtype)), ref(w), bias_ref, 1e-5, want);
+          kernel::add_layer_norm_kernel(kGpu, on_gpu(x), on_gpu(res), on_gpu(w), bias_gpu, 1e-5, got_sum, got);
+        } else {
+          kernel::add_rms_norm_kernel(kCpu, ref(x), ref(res), ref(w), 1e-6, want_sum, fused);
+          kernel::rms_norm_kernel(kCpu, ref(kernel::to_dtype(want_sum, dtype)), ref(w), 1e-6, want);
+          kernel::add_rms_norm_kernel(kGpu, on_gpu(x), on_gpu(res), on_gpu(w), 1e-6, got_sum, got);
+        }
+        expect_close(got_sum, want_sum, rtol(dtype), what + " sum");
+        expect_close(got.y, want.y, rtol(dtype), what + " y");
+        if (centered) expect_close(got.mean, want.mean, rtol(dtype), what + " mean");
+        expect_close(got.rstd, want.rstd, rtol(dtype), what + " rstd");
       }
     }
   }
@@ -178,6 +233,43 @@ TEST_F(CudaRowsVsCpu, NormThroughTheEntryPoints) {
     NormOutput rwant = kernel::rms_norm(ref(x), ref(w), 1e-6);
     NormOutput rgot = kernel::rms_norm(on_gpu(x), on_gpu(w), 1e-6);
     expect_close(rgot.y, rwant.y, rtol(dtype), std::string("rms_norm entry ") + dtype_name(dtype));
+  }
+}
+
+TEST_F(CudaRowsVsCpu, AddNormThroughTheEntryPoints) {
+  // [B, T, C] through add_layer_norm / add_rms_norm and the backward with dsum: the sum, the norm of
+  // the sum as stored, and dx = dnorm + dsum, on both devices (CPU references in f32 for bf16).
+  for (DType dtype : kFloatTypes) {
+    Tensor x = Tensor::randn({3, 17, 70}, gen_, dtype, 1.5), res = Tensor::randn({3, 17, 70}, gen_, dtype);
+    Tensor w = Tensor::randn({70}, gen_, dtype), b = Tensor::randn({70}, gen_, dtype);
+    Tensor dy = Tensor::randn({3, 17, 70}, gen_, dtype), ds = Tensor::randn({3, 17, 70}, gen_, dtype);
+    const std::string type = dtype_name(dtype);
+    for (bool centered : {true, false}) {
+      const std::string op = centered ? "add_layer_norm" : "add_rms_norm";
+      kernel::AddNormOutput got = centered ? kernel::add_layer_norm(on_gpu(x), on_gpu(res), on_gpu(w), on_gpu(b), 1e-5)
+                                           : kernel::add_rms_norm(on_gpu(x), on_gpu(res), on_gpu(w), 1e-6);
+      kernel::AddNormOutput fused = centered ? kernel::add_layer_norm(ref(x), ref(res), ref(w), ref(b), 1e-5)
+                                             : kernel::add_rms_norm(ref(x), ref(res), ref(w), 1e-6);
+      const Tensor sum = kernel::to_dtype(fused.sum, dtype);  // s as the dtype under test stores it
+      NormOutput want =
+          centered ? kernel::layer_norm(ref(sum), ref(w), ref(b), 1e-5) : kernel::rms_norm(ref(sum), ref(w), 1e-6);
+      expect_close(got.sum, fused.sum, rtol(dtype), op + " entry sum " + type);
+      expect_close(got.norm.y, want.y, rtol(dtype), op + " entry y " + type);
+
+      const Tensor mean = centered ? kernel::to_dtype(want.mean, dtype) : Tensor();
+      const Tensor rstd = kernel::to_dtype(want.rstd, dtype);
+      NormGrads gw =
+          centered ? kernel::layer_norm_backward(ref(dy), ref(sum), ref(w), ref(mean), ref(rstd), true, true, true)
+                   : kernel::rms_norm_backward(ref(dy), ref(sum), ref(w), ref(rstd), true, true);
+      NormGrads gg = centered ? kernel::layer_norm_backward(on_gpu(dy), on_gpu(sum), on_gpu(w), on_gpu(mean),
+                                                            on_gpu(rstd), true, true, true, on_gpu(ds))
+                              : kernel::rms_norm_backward(on_gpu(dy), on_gpu(sum), on_gpu(w), on_gpu(rstd), true, true,
+                                                          on_gpu(ds));
+      const Tensor want_dx = kernel::binary(kernel::BinaryOp::add, ref(kernel::to_dtype(gw.dx, dtype)), ref(ds));
+      expect_close(gg.dx, want_dx, rtol(dtype), op + " backward entry dx + dsum " + type);
+      expect_close(gg.dweight, gw.dweight, rtol(dtype), op + " backward entry dw " + type);
+      if (centered) expect_close(gg.dbias, gw.dbias, rtol(dtype), op + " backward entry db " + type);
+    }
   }
 }
 

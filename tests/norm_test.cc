@@ -1,14 +1,18 @@
 // Layer norm and RMS norm against the textbook formulas, written here with loops in double:
 // outputs from the mean and biased variance of each row, gradients through the full Jacobian
 // ∂y_j/∂x_c (not the compact formulas the kernels use). f64 must agree to 1e-12, f32 to 1e-5.
+// The fused residual forms (add_layer_norm, add_rms_norm) against add followed by the norm, which
+// they must reproduce bit for bit, forward and backward, and against finite differences.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
+#include "tensor/kernels.h"
 
 namespace seqlab {
 namespace {
@@ -142,6 +146,141 @@ TEST_P(Norm, RejectsMismatchedWeight) {
   EXPECT_THROW(layer_norm(x, Tensor::ones({5}, dtype()), Tensor::ones({6}, dtype())), std::invalid_argument);
 }
 
+// ---- residual add fused with the norm ----
+
+enum class AddNormKind { layer, layer_without_bias, rms };
+
+struct AddNormInputs {
+  Tensor x, residual, weight, bias;
+};
+
+AddNormInputs add_norm_inputs(DType dtype, AddNormKind kind, const Shape& shape, uint64_t seed) {
+  Generator gen(seed);
+  const int64_t c = shape.back();
+  AddNormInputs in;
+  in.x = Tensor::randn(shape, gen, dtype, 1.5);
+  in.residual = Tensor::randn(shape, gen, dtype);
+  in.weight = Tensor::from_vector(random_values(static_cast<size_t>(c), gen, 1.0, 1.0), {c}, dtype);
+  if (kind == AddNormKind::layer) in.bias = Tensor::randn({c}, gen, dtype);
+  return in;
+}
+
+AddNormResult fused(const AddNormInputs& in, AddNormKind kind) {
+  return kind == AddNormKind::rms ? add_rms_norm(in.x, in.residual, in.weight, 1e-6)
+                                  : add_layer_norm(in.x, in.residual, in.weight, in.bias, 1e-5);
+}
+
+// The composition the fused op replaces: sum = x + residual, then the norm of sum.
+AddNormResult unfused(const AddNormInputs& in, AddNormKind kind) {
+  Tensor sum = add(in.x, in.residual);
+  return {sum, kind == AddNormKind::rms ? rms_norm(sum, in.weight, 1e-6) : layer_norm(sum, in.weight, in.bias, 1e-5)};
+}
+
+AddNormInputs requiring_grad(const AddNormInputs& in) {
+  AddNormInputs out{kernel::clone(in.x).set_requires_grad(), kernel::clone(in.residual).set_requires_grad(),
+                    kernel::clone(in.weight).set_requires_grad(), Tensor()};
+  if (in.bias.defined()) out.bias = kernel::clone(in.bias).set_requires_grad();
+  return out;
+}
+
+void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  std::vector<double> g = got.to_doubles(), w = want.to_doubles();
+  int64_t differ = 0;
+  for (size_t i = 0; i < g.size(); ++i) differ += g[i] != w[i];
+  EXPECT_EQ(differ, 0) << what << ": " << differ << " of " << g.size() << " elements differ";
+}
+
+class AddNorm : public ::testing::TestWithParam<std::tuple<DType, AddNormKind>> {
+ protected:
+  DType dtype() const { return std::get<0>(GetParam()); }
+  AddNormKind kind() const { return std::get<1>(GetParam()); }
+};
+
+// Forward and backward of the fused op against add + norm, with gradients flowing into both outputs
+// (sum and y, as in a transformer block where the sum is the residual stream): the same arithmetic,
+// so the same bits. Two shapes: 40 rows of 96 and 3 rows of 7.
+TEST_P(AddNorm, SameBitsAsAddThenNorm) {
+  for (const Shape& shape : {Shape{2, 20, 96}, Shape{3, 7}}) {
+    const AddNormInputs in = add_norm_inputs(dtype(), kind(), shape, 31);
+    Generator gen(5);
+    const Tensor ds = Tensor::randn(shape, gen, dtype()), dy = Tensor::randn(shape, gen, dtype());
+    AddNormInputs a = requiring_grad(in), b = requiring_grad(in);
+    AddNormResult got = fused(a, kind()), want = unfused(b, kind());
+    expect_same_bits(got.sum, want.sum, "sum");
+    expect_same_bits(got.y, want.y, "y");
+    backward({got.sum, got.y}, {ds, dy});
+    backward({want.sum, want.y}, {ds, dy});
+    expect_same_bits(a.x.grad(), b.x.grad(), "dx");
+    expect_same_bits(a.residual.grad(), b.residual.grad(), "dresidual");
+    expect_same_bits(a.weight.grad(), b.weight.grad(), "dweight");
+    if (in.bias.defined()) expect_same_bits(a.bias.grad(), b.bias.grad(), "dbias");
+  }
+}
+
+// y unused: the sum's gradient passes straight to x and residual, and the norm's parameters get zero.
+// sum unused: x and residual both get the norm's dx.
+TEST_P(AddNorm, GradientIntoOneOutput) {
+  const Shape shape{4, 9};
+  const AddNormInputs in = add_norm_inputs(dtype(), kind(), shape, 8);
+  Generator gen(6);
+  const Tensor g = Tensor::randn(shape, gen, dtype());
+  {
+    AddNormInputs a = requiring_grad(in);
+    fused(a, kind()).sum.backward(g);
+    expect_same_bits(a.x.grad(), g, "dx from the sum alone");
+    expect_same_bits(a.residual.grad(), g, "dresidual from the sum alone");
+    expect_same_bits(a.weight.grad(), Tensor::zeros({9}, dtype()), "dweight from the sum alone");
+  }
+  {
+    AddNormInputs a = requiring_grad(in), b = requiring_grad(in);
+    fused(a, kind()).y.backward(g);
+    unfused(b, kind()).y.backward(g);
+    expect_same_bits(a.x.grad(), b.x.grad(), "dx from y alone");
+    expect_same_bits(a.residual.grad(), b.residual.grad(), "dresidual from y alone");
+    expect_same_bits(a.weight.grad(), b.weight.grad(), "dweight from y alone");
+  }
+}
+
+// Only the inputs that require a gradient get one; dx is still computed when only the residual asks.
+TEST_P(AddNorm, ComputesOnlyRequestedGradients) {
+  const Shape shape{3, 5};
+  AddNormInputs in = add_norm_inputs(dtype(), kind(), shape, 4);
+  in.residual.set_requires_grad();
+  AddNormResult r = fused(in, kind());
+  backward({r.sum, r.y}, {Tensor::ones(shape, dtype()), Tensor::ones(shape, dtype())});
+  EXPECT_TRUE(in.residual.grad().defined());
+  EXPECT_FALSE(in.x.grad().defined());
+  EXPECT_FALSE(in.weight.grad().defined());
+  if (in.bias.defined()) {
+    EXPECT_FALSE(in.bias.grad().defined());
+  }
+}
+
+TEST_P(AddNorm, RejectsMismatchedResidual) {
+  const AddNormInputs in = add_norm_inputs(dtype(), kind(), {2, 5}, 1);
+  const DType other = dtype() == DType::f32 ? DType::f64 : DType::f32;
+  for (const Tensor& bad :
+       {Tensor::zeros({1, 5}, dtype()), Tensor::zeros({10}, dtype()), Tensor::zeros({2, 5}, other), Tensor()}) {
+    AddNormInputs b = in;
+    b.residual = bad;
+    EXPECT_THROW(fused(b, kind()), std::invalid_argument);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, AddNorm,
+                         ::testing::Combine(::testing::Values(DType::f64, DType::f32),
+                                            ::testing::Values(AddNormKind::layer, AddNormKind::layer_without_bias,
+                                                              AddNormKind::rms)),
+                         [](const ::testing::TestParamInfo<std::tuple<DType, AddNormKind>>& info) {
+                           const AddNormKind k = std::get<1>(info.param);
+                           return std::string(dtype_name(std::get<0>(info.param))) + "_" +
+                                  (k == AddNormKind::layer                ? "layer"
+                                   : k == AddNormKind::layer_without_bias ? "layer_without_bias"
+                                                                          : "rms");
+                         });
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, Norm, ::testing::Values(Precision{DType::f64, 1e-12}, Precision{DType::f32, 1e-5}),
                          [](const ::testing::TestParamInfo<Precision>& info) { return dtype_name(info.param.dtype); });
 
@@ -161,6 +300,39 @@ TEST(NormGradcheck, RmsNormOnAStridedInput) {
   GradcheckResult r = gradcheck(
       [](const std::vector<Tensor>& in) { return std::vector<Tensor>{rms_norm(transpose(in[0], 0, 1), in[1], 1e-2)}; },
       {Tensor::randn({5, 3, 7}, gen, DType::f64), Tensor::randn({7}, gen, DType::f64)});
+  EXPECT_TRUE(r.ok) << r.worst;
+}
+
+// Every input of the fused ops (x, residual, weight, bias) with random cotangents on both outputs, the
+// residual a strided view (so the entry point's copy to rows is differentiated too).
+TEST(NormGradcheck, AddLayerNormBothOutputs) {
+  Generator gen(11);
+  for (bool with_bias : {true, false}) {
+    std::vector<Tensor> inputs{Tensor::randn({3, 4, 6}, gen, DType::f64), Tensor::randn({4, 3, 6}, gen, DType::f64),
+                               Tensor::randn({6}, gen, DType::f64)};
+    if (with_bias) inputs.push_back(Tensor::randn({6}, gen, DType::f64));
+    GradcheckResult r = gradcheck(
+        [](const std::vector<Tensor>& in) {
+          AddNormResult o =
+              add_layer_norm(in[0], transpose(in[1], 0, 1), in[2], in.size() > 3 ? in[3] : Tensor(), 1e-5);
+          return std::vector<Tensor>{o.sum, o.y};
+        },
+        inputs);
+    EXPECT_EQ(r.elements_checked, 72 + 72 + 6 + (with_bias ? 6 : 0));
+    EXPECT_TRUE(r.ok) << r.worst;
+  }
+}
+
+TEST(NormGradcheck, AddRmsNormBothOutputs) {
+  Generator gen(12);
+  GradcheckResult r = gradcheck(
+      [](const std::vector<Tensor>& in) {
+        AddNormResult o = add_rms_norm(in[0], transpose(in[1], 0, 1), in[2], 1e-2);
+        return std::vector<Tensor>{o.sum, o.y};
+      },
+      {Tensor::randn({3, 4, 6}, gen, DType::f64), Tensor::randn({4, 3, 6}, gen, DType::f64),
+       Tensor::randn({6}, gen, DType::f64)});
+  EXPECT_EQ(r.elements_checked, 72 + 72 + 6);
   EXPECT_TRUE(r.ok) << r.worst;
 }
 

@@ -82,6 +82,17 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 // ---- normalisation (ops_norm.cpp) over the last dimension ----
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+// The residual add fused with the norm after it (a pre-norm block's x = x + f(·); h = norm(x)), in one
+// pass over each row: sum = x + residual (the new residual stream) and y = norm(sum). x and residual
+// have the same shape. Both outputs are differentiable: with ds and dy their incoming gradients,
+// dx = dresidual = ds + dnorm(dy) at sum. The same bits as add followed by layer_norm / rms_norm.
+struct AddNormResult {
+  Tensor sum;  // x + residual
+  Tensor y;    // norm(x + residual)
+};
+AddNormResult add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                             double eps = 1e-5);
+AddNormResult add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps = 1e-6);
 
 // ---- indexing and structure (ops_index.cpp) ----
 Tensor embedding(const Tensor& weight, const Tensor& index);  // weight [V, C], index [...] → [..., C]

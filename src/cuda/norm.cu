@@ -1,5 +1,6 @@
-// CUDA layer norm and RMS norm over the rows of a contiguous x [N, C]: the CUDA side of the slots that
-// src/tensor/cpu/norm.cpp fills, with the same equations and the same saved statistics.
+// CUDA layer norm and RMS norm over the rows of a contiguous x [N, C], plain or fused with the residual
+// add before them: the CUDA side of the slots that src/tensor/cpu/norm.cpp fills, with the same
+// equations and the same saved statistics.
 //
 //   layer:  μ = mean_c x_c,  rstd = 1 / √(mean_c (x_c − μ)² + eps),  x̂ = (x − μ)·rstd,  y = x̂ ⊙ w + b
 //   rms:    μ = 0,           rstd = 1 / √(mean_c x_c² + eps),         x̂ = x·rstd,        y = x̂ ⊙ w
@@ -8,6 +9,9 @@
 //   rms:    dx = rstd · (g − x̂ · mean(g ⊙ x̂))
 //   dw = Σ_rows dy ⊙ x̂,  db = Σ_rows dy
 // where the backward rebuilds x̂ from the saved (dtype-rounded) μ and rstd, as the CPU does.
+// Fused with the residual add: s = x + residual (rounded to T) is written and normalised, and the
+// backward at s is ds_total = ds + dnorm: the dx kernel adds dsum = ds (onto dnorm rounded to T, as a
+// separate add kernel would) in the same pass, so dx = dresidual = ds_total costs no extra launch.
 //
 // Forward and dx: one block per row (row_kernels.cuh). The variance is taken around μ in a second pass
 // over the row, as on the CPU (mean(x²) − μ² cancels when |μ| ≫ σ). dw and db: column sums over all
@@ -30,16 +34,32 @@ using namespace rows;
 // One block per row r of x [n, c]: mean[r] = μ (layer only), rstd[r], y[r, :] = x̂ ⊙ w (+ b).
 // Reads the row three times (μ, variance, output; the second and third from cache), w and b once per
 // row; writes c + 2 values per row. mean is null for rms; bias is null when undefined.
+// Fused (residual and sum non-null): the first pass reads x and residual once, writes
+// sum[r, :] = s = x + residual rounded to T, and the later passes read s back; each thread reads only
+// the elements it wrote itself, so no barrier is needed, and they come from cache. The row
+// normalised is then s, so y, μ and rstd are those of the stored (rounded) s that the backward reads.
 template <class T, bool kCentered>
 __global__ void __launch_bounds__(kMaxThreads)
-    norm_forward_rows(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t n, int64_t c, double eps) {
+    norm_forward_rows(const T* x, const T* residual, T* sum, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t n,
+                      int64_t c, double eps) {
   using A = compute_t<T>;
   __shared__ A scratch[kMaxWarps];
   const A inv_c = A(1) / static_cast<A>(c);
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const T* xr = x + r * c;
     A mu = 0;
-    if (kCentered) {
+    if (residual != nullptr) {
+      const T* rr = residual + r * c;
+      T* sr = sum + r * c;
+      A acc = 0;
+      for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+        const T v = convert<T>(convert<A>(xr[i]) + convert<A>(rr[i]));
+        sr[i] = v;
+        acc += convert<A>(v);
+      }
+      xr = sr;
+      if (kCentered) mu = block_sum(acc, scratch) * inv_c;
+    } else if (kCentered) {
       A s = 0;
       for (int64_t i = threadIdx.x; i < c; i += blockDim.x) s += convert<A>(xr[i]);
       mu = block_sum(s, scratch) * inv_c;
@@ -63,11 +83,13 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// One block per row r: dx[r, :] = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂)), mean(g) dropped for rms.
-// Reads dy, x and w twice per row (the second time from cache), mean and rstd once; writes dx.
+// One block per row r: dx[r, :] = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂)) (+ dsum[r, :]), mean(g)
+// dropped for rms. Reads dy, x and w twice per row (the second time from cache), dsum once where
+// given, mean and rstd once; writes dx.
 template <class T, bool kCentered>
-__global__ void __launch_bounds__(kMaxThreads) norm_backward_dx_rows(const T* dy, const T* x, const T* w, const T* mean,
-                                                                     const T* rstd, T* dx, int64_t n, int64_t c) {
+__global__ void __launch_bounds__(kMaxThreads)
+    norm_backward_dx_rows(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, const T* dsum, T* dx,
+                          int64_t n, int64_t c) {
   using A = compute_t<T>;
   __shared__ A scratch[kMaxWarps];
   const A inv_c = A(1) / static_cast<A>(c);
@@ -87,7 +109,8 @@ __global__ void __launch_bounds__(kMaxThreads) norm_backward_dx_rows(const T* dy
     for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
       const A g = convert<A>(gr[i]) * convert<A>(w[i]);
       const A xhat = (convert<A>(xr[i]) - mu) * rs;
-      dr[i] = convert<T>(rs * (g - mean_g - xhat * mean_gx));
+      const T d = convert<T>(rs * (g - mean_g - xhat * mean_gx));
+      dr[i] = dsum != nullptr ? convert<T>(convert<A>(d) + convert<A>(dsum[r * c + i])) : d;
     }
   }
 }
@@ -135,13 +158,20 @@ void check_rows(const char* op, const Tensor& x, const Tensor& other, int64_t ex
   }
 }
 
-void norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, bool centered,
-                  const NormOutput& out) {
-  const char* op = centered ? "layer_norm" : "rms_norm";
+// residual and sum are both defined (fused: sum = x + residual is normalised) or both undefined.
+void norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias, double eps,
+                  bool centered, const Tensor& sum, const NormOutput& out) {
+  const bool fused = residual.defined();
+  const char* op = fused ? (centered ? "add_layer_norm" : "add_rms_norm") : (centered ? "layer_norm" : "rms_norm");
   const int device = x.device().index;
   require_contiguous(op, device, {&x, &weight, &out.y, &out.rstd});
   if (bias.defined()) require_contiguous(op, device, {&bias});
   if (centered) require_contiguous(op, device, {&out.mean});
+  if (fused) {
+    require_contiguous(op, device, {&residual, &sum});
+    check_rows(op, x, residual, x.numel());
+    check_rows(op, x, sum, x.numel());
+  }
   check_rows(op, x, weight, x.size(1));
   check_rows(op, x, out.rstd, x.size(0));
   const int64_t n = x.size(0), c = x.size(1);
@@ -150,15 +180,17 @@ void norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   dispatch_floating(x.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* b = bias.defined() ? cptr<T>(bias) : nullptr;
+    const T* res = fused ? cptr<T>(residual) : nullptr;
+    T* s = fused ? mptr<T>(sum) : nullptr;
     const dim3 grid(row_blocks(n, device)), block(row_threads(c));
     if (centered) {
-      norm_forward_rows<T, true><<<grid, block, 0, stream(device)>>>(cptr<T>(x), cptr<T>(weight), b, mptr<T>(out.y),
-                                                                     mptr<T>(out.mean), mptr<T>(out.rstd), n, c, eps);
+      norm_forward_rows<T, true><<<grid, block, 0, stream(device)>>>(
+          cptr<T>(x), res, s, cptr<T>(weight), b, mptr<T>(out.y), mptr<T>(out.mean), mptr<T>(out.rstd), n, c, eps);
     } else {
-      norm_forward_rows<T, false><<<grid, block, 0, stream(device)>>>(cptr<T>(x), cptr<T>(weight), b, mptr<T>(out.y),
-                                                                      nullptr, mptr<T>(out.rstd), n, c, eps);
+      norm_forward_rows<T, false><<<grid, block, 0, stream(device)>>>(
+          cptr<T>(x), res, s, cptr<T>(weight), b, mptr<T>(out.y), nullptr, mptr<T>(out.rstd), n, c, eps);
     }
-    SEQLAB_CUDA_CHECK_LAUNCH(centered ? "layer_norm forward" : "rms_norm forward");
+    SEQLAB_CUDA_CHECK_LAUNCH(op);
   });
 }
 
@@ -171,7 +203,7 @@ int64_t param_chunks(int64_t n, int64_t c, int device) {
 }
 
 void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                   bool centered, const NormGrads& grads) {
+                   const Tensor& dsum, bool centered, const NormGrads& grads) {
   const char* op = centered ? "layer_norm backward" : "rms_norm backward";
   const int device = x.device().index;
   require_contiguous(op, device, {&dy, &x, &weight, &rstd});
@@ -188,13 +220,18 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
 
     if (grads.dx.defined() && n > 0 && c > 0) {
       require_contiguous(op, device, {&grads.dx});
+      if (dsum.defined()) {
+        require_contiguous(op, device, {&dsum});
+        check_rows(op, x, dsum, x.numel());
+      }
+      const T* ds = dsum.defined() ? cptr<T>(dsum) : nullptr;
       const dim3 grid(row_blocks(n, device)), block(row_threads(c));
       if (centered) {
-        norm_backward_dx_rows<T, true><<<grid, block, 0, stream(device)>>>(
-            cptr<T>(dy), cptr<T>(x), cptr<T>(weight), mu, cptr<T>(rstd), mptr<T>(grads.dx), n, c);
+        norm_backward_dx_rows<T, true><<<grid, block, 0, stream(device)>>>(cptr<T>(dy), cptr<T>(x), cptr<T>(weight), mu,
+                                                                           cptr<T>(rstd), ds, mptr<T>(grads.dx), n, c);
       } else {
         norm_backward_dx_rows<T, false><<<grid, block, 0, stream(device)>>>(
-            cptr<T>(dy), cptr<T>(x), cptr<T>(weight), nullptr, cptr<T>(rstd), mptr<T>(grads.dx), n, c);
+            cptr<T>(dy), cptr<T>(x), cptr<T>(weight), nullptr, cptr<T>(rstd), ds, mptr<T>(grads.dx), n, c);
       }
       SEQLAB_CUDA_CHECK_LAUNCH(centered ? "layer_norm backward dx" : "rms_norm backward dx");
     }
@@ -225,18 +262,26 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
 }
 
 void layer_norm_cuda(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const NormOutput& out) {
-  norm_forward(x, w, b, eps, true, out);
+  norm_forward(x, Tensor(), w, b, eps, true, Tensor(), out);
 }
 void rms_norm_cuda(const Tensor& x, const Tensor& w, double eps, const NormOutput& out) {
-  norm_forward(x, w, Tensor(), eps, false, out);
+  norm_forward(x, Tensor(), w, Tensor(), eps, false, Tensor(), out);
+}
+void add_layer_norm_cuda(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, double eps,
+                         const Tensor& sum, const NormOutput& out) {
+  norm_forward(x, residual, w, b, eps, true, sum, out);
+}
+void add_rms_norm_cuda(const Tensor& x, const Tensor& residual, const Tensor& w, double eps, const Tensor& sum,
+                       const NormOutput& out) {
+  norm_forward(x, residual, w, Tensor(), eps, false, sum, out);
 }
 void layer_norm_backward_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                              const Tensor& rstd, const NormGrads& grads) {
-  norm_backward(dy, x, w, mean, rstd, true, grads);
+                              const Tensor& rstd, const Tensor& dsum, const NormGrads& grads) {
+  norm_backward(dy, x, w, mean, rstd, dsum, true, grads);
 }
-void rms_norm_backward_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+void rms_norm_backward_cuda(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dsum,
                             const NormGrads& grads) {
-  norm_backward(dy, x, w, Tensor(), rstd, false, grads);
+  norm_backward(dy, x, w, Tensor(), rstd, dsum, false, grads);
 }
 
 }  // namespace
@@ -247,4 +292,6 @@ SEQLAB_REGISTER_KERNEL(layer_norm_kernel, DeviceType::CUDA, &cuda::layer_norm_cu
 SEQLAB_REGISTER_KERNEL(layer_norm_backward_kernel, DeviceType::CUDA, &cuda::layer_norm_backward_cuda);
 SEQLAB_REGISTER_KERNEL(rms_norm_kernel, DeviceType::CUDA, &cuda::rms_norm_cuda);
 SEQLAB_REGISTER_KERNEL(rms_norm_backward_kernel, DeviceType::CUDA, &cuda::rms_norm_backward_cuda);
+SEQLAB_REGISTER_KERNEL(add_layer_norm_kernel, DeviceType::CUDA, &cuda::add_layer_norm_cuda);
+SEQLAB_REGISTER_KERNEL(add_rms_norm_kernel, DeviceType::CUDA, &cuda::add_rms_norm_cuda);
 }  // namespace seqlab::kernel

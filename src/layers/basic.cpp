@@ -25,4 +25,10 @@ Tensor Norm::forward(const Tensor& x) const {
   return kind_ == NormKind::layer_norm ? layer_norm(x, weight_, *bias_, eps_) : rms_norm(x, weight_, eps_);
 }
 
+AddNormResult Norm::add_forward(const Tensor& x, const Tensor& residual) const {
+  if (!residual.defined()) return {x, forward(x)};
+  return kind_ == NormKind::layer_norm ? add_layer_norm(x, residual, weight_, *bias_, eps_)
+                                       : add_rms_norm(x, residual, weight_, eps_);
+}
+
 }  // namespace seqlab

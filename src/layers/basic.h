@@ -2,6 +2,7 @@
 // differentiable op of src/autograd/ops.h.
 #pragma once
 
+#include "autograd/ops.h"
 #include "layers/module.h"
 
 namespace seqlab {
@@ -36,6 +37,9 @@ class Norm : public Module {
  public:
   Norm(NormKind kind, int64_t dim, double eps);
   Tensor forward(const Tensor& x) const;
+  // The residual add before the norm, fused with it: sum = x + residual, y = norm(sum) (one pass,
+  // add_layer_norm / add_rms_norm). With residual undefined, sum is x and y = forward(x).
+  AddNormResult add_forward(const Tensor& x, const Tensor& residual) const;
 
  private:
   NormKind kind_;

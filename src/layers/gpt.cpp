@@ -3,6 +3,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "autograd/ops.h"
 #include "layers/attention.h"
@@ -112,10 +113,13 @@ Tensor GptBlock::drop(const Tensor& x) const {
   return dropout_ > 0 && training() ? dropout(x, dropout_, dropout_gen_) : x;
 }
 
-Tensor GptBlock::forward(const Tensor& x, int64_t start, Tensor* cache_k, Tensor* cache_v) const {
-  // Pre-norm residual: x + drop(attn(ln1 x)), then + drop(mlp(ln2 ·)).
-  Tensor h = add(x, drop(attn_.forward(ln1_.forward(x), start, cache_k, cache_v)));
-  return add(h, drop(mlp_.forward(ln2_.forward(h))));
+std::pair<Tensor, Tensor> GptBlock::forward(const Tensor& x, const Tensor& branch, int64_t start, Tensor* cache_k,
+                                            Tensor* cache_v) const {
+  // Pre-norm residual: x + drop(attn(ln1 x)), then + drop(mlp(ln2 ·)), each add fused with the norm
+  // that reads its result.
+  AddNormResult in = ln1_.add_forward(x, branch);
+  AddNormResult mid = ln2_.add_forward(in.sum, drop(attn_.forward(in.y, start, cache_k, cache_v)));
+  return {mid.sum, drop(mlp_.forward(mid.y))};
 }
 
 Gpt::Gpt(const GptConfig& cfg, Generator& gen)
@@ -152,12 +156,14 @@ Tensor Gpt::run(const Tensor& tokens, GptCache* cache) {
     cache->k.resize(blocks_.size());
     cache->v.resize(blocks_.size());
   }
+  Tensor branch;  // the last block's MLP output, not yet added to x
   for (size_t i = 0; i < blocks_.size(); ++i) {
-    x = cache != nullptr ? blocks_[i]->forward(x, start, &cache->k[i], &cache->v[i]) : blocks_[i]->forward(x, start);
+    std::tie(x, branch) = cache != nullptr ? blocks_[i]->forward(x, branch, start, &cache->k[i], &cache->v[i])
+                                           : blocks_[i]->forward(x, branch, start);
   }
   if (cache != nullptr) cache->position = start + T;
-  // Tied output: logits = ln_f(x) · wteᵀ.
-  return linear(ln_f_->forward(x), wte_.weight());
+  // Tied output: logits = ln_f(x + branch) · wteᵀ.
+  return linear(ln_f_->add_forward(x, branch).y, wte_.weight());
 }
 
 Tensor Gpt::forward(const Tensor& tokens) { return run(tokens, nullptr); }

@@ -7,6 +7,8 @@
 //   x   = x + drop(proj(attention(q, [K_cache; k], [V_cache; v])))          per block
 //   x   = x + drop(mlp(norm2(x)))  mlp = proj(gelu(fc x))  or  proj(silu(fc x) ⊙ gate x)  (SwiGLU)
 //   logits = norm_f(x) · wteᵀ
+// Every norm that follows a residual add (norm2, the next block's norm1, norm_f) is fused with it
+// (add_layer_norm / add_rms_norm): the same arithmetic, without a separate pass reading the sum back.
 //
 // Token t of a call sits at position start + t, where start is 0 for a full forward and the
 // cache position when decoding, so rotary positions of new tokens are their true positions.
@@ -21,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "layers/basic.h"
@@ -91,8 +94,13 @@ class GptBlock : public Module {
   // Weights are drawn from `init_gen`; dropout masks from `dropout_gen`, which must outlive the
   // block (Gpt passes its own generator).
   GptBlock(const GptConfig& cfg, Generator& init_gen, Generator& dropout_gen);
-  // As GptAttention::forward: the tokens of x sit at positions start … start+T−1.
-  Tensor forward(const Tensor& x, int64_t start = 0, Tensor* cache_k = nullptr, Tensor* cache_v = nullptr) const;
+  // The residual stream arrives as x + branch, where branch is the previous block's MLP output not
+  // yet added (undefined for the first block): the add is fused with ln1, as the attention output's
+  // is with ln2 (Norm::add_forward). Returns the stream and this block's MLP output, whose sum is the
+  // block's output; the next block or the final norm adds them. As GptAttention::forward: the tokens
+  // of x sit at positions start … start+T−1.
+  std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& branch, int64_t start = 0, Tensor* cache_k = nullptr,
+                                    Tensor* cache_v = nullptr) const;
 
  private:
   Tensor drop(const Tensor& x) const;  // dropout in training mode, else x

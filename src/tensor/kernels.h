@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -138,20 +139,52 @@ struct NormOutput {
 struct NormGrads {
   Tensor dx, dweight, dbias;
 };
+inline auto tensor_fields(NormOutput& o) { return std::tie(o.y, o.mean, o.rstd); }  // see dispatch.h
+inline auto tensor_fields(NormGrads& g) { return std::tie(g.dx, g.dweight, g.dbias); }
 NormOutput layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
-NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                              const Tensor& rstd, bool need_dx, bool need_dweight, bool need_dbias);
 NormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps);  // mean is undefined
-NormGrads rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                            bool need_dx, bool need_dweight);
+// With `dsum` defined (x's shape), dx = dnorm + dsum: the gradient that reaches the normalised tensor
+// directly, besides through the norm (the residual stream of add_layer_norm / add_rms_norm), is added
+// in the same pass. dnorm is rounded to x's dtype before the add, as a separate add would see it.
+NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd, bool need_dx, bool need_dweight, bool need_dbias,
+                              const Tensor& dsum = Tensor());
+NormGrads rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, bool need_dx,
+                            bool need_dweight, const Tensor& dsum = Tensor());
+
+// Residual add fused with the norm that follows it (the pre-norm block's x = x + f(x); h = norm(x)):
+//   s = x + residual          (rounded to the dtype: the new residual stream, returned as `sum`)
+//   y = layer_norm(s) or rms_norm(s), with the statistics of s saved in `norm` as above.
+// One pass over each row: x and residual are read once, s and y written once (s is re-read from
+// cache for the statistics). The arithmetic is that of binary add followed by the norm, so the
+// results are the same bits. x and residual have the same shape, dtype and device.
+// Backward: ds_total = ds + dnorm(dy) at s, and dx = dresidual = ds_total; that is
+// layer_norm_backward / rms_norm_backward on (dy, s) with dsum = ds, one pass with no extra kernel.
+struct AddNormOutput {
+  Tensor sum;       // s = x + residual, x's shape
+  NormOutput norm;  // y = norm(s), mean, rstd
+};
+AddNormOutput add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                             double eps);
+AddNormOutput add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps);
+
 SEQLAB_DECLARE_KERNEL(layer_norm_kernel, void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                                   double eps, const NormOutput& out));
+SEQLAB_DECLARE_KERNEL(rms_norm_kernel,
+                      void (*)(const Tensor& x, const Tensor& weight, double eps, const NormOutput& out));
+// x, residual and sum are rows [N, C]; sum = x + residual is written, then normalised into out.
+SEQLAB_DECLARE_KERNEL(add_layer_norm_kernel,
+                      void (*)(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                               double eps, const Tensor& sum, const NormOutput& out));
+SEQLAB_DECLARE_KERNEL(add_rms_norm_kernel, void (*)(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                                    double eps, const Tensor& sum, const NormOutput& out));
+// Undefined grads are skipped; dsum (rows [N, C], or undefined) is added onto dx.
 SEQLAB_DECLARE_KERNEL(layer_norm_backward_kernel,
                       void (*)(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                               const Tensor& rstd, const NormGrads& grads));  // undefined grads are skipped
-SEQLAB_DECLARE_KERNEL(rms_norm_kernel, void (*)(const Tensor& x, const Tensor& weight, double eps, const NormOutput& out));
-SEQLAB_DECLARE_KERNEL(rms_norm_backward_kernel, void (*)(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                                                         const Tensor& rstd, const NormGrads& grads));
+                               const Tensor& rstd, const Tensor& dsum, const NormGrads& grads));
+SEQLAB_DECLARE_KERNEL(rms_norm_backward_kernel,
+                      void (*)(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                               const Tensor& dsum, const NormGrads& grads));
 
 // ------------------------------------------------------------------------------------------------
 // Embedding: out[..., :] = weight[index[...], :]; backward scatter-adds rows into a [V, C] gradient.

@@ -1,5 +1,6 @@
-// Layer norm and RMS norm entry points. x [..., C] is viewed as contiguous rows [N, C]; the
-// per-row statistics (mean, rstd) are [N] in x's dtype and are what the backward reads.
+// Layer norm and RMS norm entry points, plain and fused with the residual add before them. x [..., C]
+// is viewed as contiguous rows [N, C]; the per-row statistics (mean, rstd) are [N] in x's dtype and
+// are what the backward reads.
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -12,6 +13,8 @@ SEQLAB_DEFINE_KERNEL(layer_norm_kernel);
 SEQLAB_DEFINE_KERNEL(layer_norm_backward_kernel);
 SEQLAB_DEFINE_KERNEL(rms_norm_kernel);
 SEQLAB_DEFINE_KERNEL(rms_norm_backward_kernel);
+SEQLAB_DEFINE_KERNEL(add_layer_norm_kernel);
+SEQLAB_DEFINE_KERNEL(add_rms_norm_kernel);
 
 namespace {
 
@@ -50,6 +53,31 @@ void check_grad(const Tensor& dy, const Tensor& x, const Tensor& stat, const cha
   }
 }
 
+// The residual added before a fused norm: x's shape, dtype and device, as contiguous rows like `rows`.
+Tensor residual_rows(const Tensor& residual, const Tensor& x, const Tensor& rows, const char* op) {
+  if (!residual.defined() || residual.shape() != x.shape() || residual.dtype() != x.dtype() ||
+      residual.device() != x.device()) {
+    throw std::invalid_argument(std::string(op) + ": residual " +
+                                (residual.defined() ? shape_str(residual.shape()) + " " + dtype_name(residual.dtype()) +
+                                                          " on " + residual.device().str()
+                                                    : std::string("undefined")) +
+                                " does not match input " + shape_str(x.shape()) + " " + dtype_name(x.dtype()) + " on " +
+                                x.device().str() + " (expected the same shape, dtype and device)");
+  }
+  return reshape(residual, rows.shape());
+}
+
+// dsum as contiguous rows, or undefined when not given.
+Tensor dsum_rows(const Tensor& dsum, const Tensor& x, const Tensor& rows, const char* op) {
+  if (!dsum.defined()) return dsum;
+  if (dsum.shape() != x.shape() || dsum.dtype() != x.dtype() || dsum.device() != x.device()) {
+    throw std::invalid_argument(std::string(op) + ": gradient of the sum " + shape_str(dsum.shape()) + " " +
+                                dtype_name(dsum.dtype()) + " does not match input " + shape_str(x.shape()) + " " +
+                                dtype_name(x.dtype()));
+  }
+  return reshape(dsum, rows.shape());
+}
+
 // Allocates the gradients asked for; the rest stay undefined so the kernel skips them.
 NormGrads alloc_grads(const Tensor& rows, bool need_dx, bool need_dweight, bool need_dbias) {
   NormGrads g;
@@ -73,14 +101,16 @@ NormOutput layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
 }
 
 NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                              const Tensor& rstd, bool need_dx, bool need_dweight, bool need_dbias) {
+                              const Tensor& rstd, bool need_dx, bool need_dweight, bool need_dbias,
+                              const Tensor& dsum) {
   Tensor rows = as_rows(x, weight, Tensor(), "layer_norm backward");
   check_grad(dy, x, mean, "layer_norm backward");
   check_grad(dy, x, rstd, "layer_norm backward");
+  Tensor ds = need_dx ? dsum_rows(dsum, x, rows, "layer_norm backward") : Tensor();
   NormGrads g = alloc_grads(rows, need_dx, need_dweight, need_dbias);
   if (!need_dx && !need_dweight && !need_dbias) return g;
   layer_norm_backward_kernel(x.device(), reshape(dy, rows.shape()), rows, contiguous(weight), contiguous(mean),
-                             contiguous(rstd), g);
+                             contiguous(rstd), ds, g);
   if (g.dx.defined()) g.dx = view(g.dx, x.shape());
   return g;
 }
@@ -96,14 +126,44 @@ NormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps) {
 }
 
 NormGrads rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, bool need_dx,
-                            bool need_dweight) {
+                            bool need_dweight, const Tensor& dsum) {
   Tensor rows = as_rows(x, weight, Tensor(), "rms_norm backward");
   check_grad(dy, x, rstd, "rms_norm backward");
+  Tensor ds = need_dx ? dsum_rows(dsum, x, rows, "rms_norm backward") : Tensor();
   NormGrads g = alloc_grads(rows, need_dx, need_dweight, false);
   if (!need_dx && !need_dweight) return g;
-  rms_norm_backward_kernel(x.device(), reshape(dy, rows.shape()), rows, contiguous(weight), contiguous(rstd), g);
+  rms_norm_backward_kernel(x.device(), reshape(dy, rows.shape()), rows, contiguous(weight), contiguous(rstd), ds, g);
   if (g.dx.defined()) g.dx = view(g.dx, x.shape());
   return g;
+}
+
+AddNormOutput add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                             double eps) {
+  check_eps(eps, "add_layer_norm");
+  Tensor rows = as_rows(x, weight, bias, "add_layer_norm");
+  Tensor res = residual_rows(residual, x, rows, "add_layer_norm");
+  const int64_t n = rows.size(0);
+  AddNormOutput out{Tensor::empty(rows.shape(), x.dtype(), x.device()),
+                    {Tensor::empty(rows.shape(), x.dtype(), x.device()), Tensor::empty({n}, x.dtype(), x.device()),
+                     Tensor::empty({n}, x.dtype(), x.device())}};
+  add_layer_norm_kernel(x.device(), rows, res, contiguous(weight), bias.defined() ? contiguous(bias) : bias, eps,
+                        out.sum, out.norm);
+  out.sum = view(out.sum, x.shape());
+  out.norm.y = view(out.norm.y, x.shape());
+  return out;
+}
+
+AddNormOutput add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps) {
+  check_eps(eps, "add_rms_norm");
+  Tensor rows = as_rows(x, weight, Tensor(), "add_rms_norm");
+  Tensor res = residual_rows(residual, x, rows, "add_rms_norm");
+  AddNormOutput out{Tensor::empty(rows.shape(), x.dtype(), x.device()),
+                    {Tensor::empty(rows.shape(), x.dtype(), x.device()), Tensor(),
+                     Tensor::empty({rows.size(0)}, x.dtype(), x.device())}};
+  add_rms_norm_kernel(x.device(), rows, res, contiguous(weight), eps, out.sum, out.norm);
+  out.sum = view(out.sum, x.shape());
+  out.norm.y = view(out.norm.y, x.shape());
+  return out;
 }
 
 }  // namespace seqlab::kernel

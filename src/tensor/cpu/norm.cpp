@@ -1,4 +1,5 @@
-// CPU layer norm and RMS norm over rows of contiguous x [N, C], one row per loop iteration.
+// CPU layer norm and RMS norm over rows of contiguous x [N, C], one row per loop iteration, plain or
+// fused with the residual add before them (s = x + residual written, then normalised).
 // Row statistics accumulate in double (an f32 sum over C terms would lose digits to the running
 // total); dweight and dbias are column sums over all rows, computed column-parallel so every
 // column is summed in row order and the result does not depend on the thread count.
@@ -8,6 +9,8 @@
 //   rms:    dx = rstd · (g − x̂ · mean(g ⊙ x̂))
 //   dw = Σ_rows dy ⊙ x̂,  db = Σ_rows dy
 // (differentiate x̂ through μ and rstd: ∂rstd/∂x_c = −rstd³ (x_c − μ) / C, ∂μ/∂x_c = 1 / C).
+// The fused forms: s = x + residual, y = norm(s); the backward at s is ds_total = ds + dnorm, the
+// dx above with dsum = ds added in the same loop (dnorm rounded to T first, as a separate add sees it).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -28,16 +31,28 @@ int64_t grain(int64_t work_per_item) {
 // layer (centered): μ = mean_c x_c,  rstd = 1 / √(mean_c (x_c − μ)² + eps),  y = x̂ ⊙ w + b
 // rms:              μ = 0,           rstd = 1 / √(mean_c x_c² + eps),         y = x̂ ⊙ w
 // The variance is taken around μ in a second pass: mean(x²) − μ² cancels badly when |μ| ≫ σ.
-void norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, bool centered,
-                  const NormOutput& out) {
-  dispatch_float(x.dtype(), centered ? "layer_norm" : "rms_norm", [&](auto tag) {
+// With `residual` defined, the row normalised is s = x + residual (in T, as binary add computes it),
+// written to `sum` first: x and residual are read once, and the passes over s hit the cache.
+void norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias, double eps,
+                  bool centered, const Tensor& sum, const NormOutput& out) {
+  const bool fused = residual.defined();
+  const char* op = fused ? (centered ? "add_layer_norm" : "add_rms_norm") : (centered ? "layer_norm" : "rms_norm");
+  dispatch_float(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     const int64_t n = x.size(0), c = x.size(1);
     const T *in = x.data<T>(), *w = weight.data<T>(), *b = bias.defined() ? bias.data<T>() : nullptr;
+    const T* res = fused ? residual.data<T>() : nullptr;
+    T* s = fused ? sum.data<T>() : nullptr;
     T *y = out.y.data<T>(), *mean = centered ? out.mean.data<T>() : nullptr, *rstd = out.rstd.data<T>();
     parallel_for(n, grain(c), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* xr = in + r * c;
+        if (fused) {
+          T* sr = s + r * c;
+          const T* rr = res + r * c;
+          for (int64_t i = 0; i < c; ++i) sr[i] = static_cast<T>(xr[i] + rr[i]);
+          xr = sr;
+        }
         double mu = 0, var = 0;
         if (centered) {
           for (int64_t i = 0; i < c; ++i) mu += xr[i];
@@ -56,7 +71,7 @@ void norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 }
 
 void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                   bool centered, const NormGrads& grads) {
+                   const Tensor& dsum, bool centered, const NormGrads& grads) {
   dispatch_float(x.dtype(), centered ? "layer_norm backward" : "rms_norm backward", [&](auto tag) {
     using T = decltype(tag);
     const int64_t n = x.size(0), c = x.size(1);
@@ -66,6 +81,7 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
 
     if (grads.dx.defined()) {
       T* dx = grads.dx.data<T>();
+      const T* ds = dsum.defined() ? dsum.data<T>() : nullptr;
       parallel_for(n, grain(c), [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
           double mean_g = 0, mean_gx = 0;  // mean(g), mean(g ⊙ x̂)
@@ -78,7 +94,8 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
           mean_gx /= static_cast<double>(c);
           for (int64_t i = 0; i < c; ++i) {
             const double gi = double(g[r * c + i]) * w[i];
-            dx[r * c + i] = static_cast<T>(rs[r] * (gi - mean_g - xhat(r, i) * mean_gx));
+            const T d = static_cast<T>(rs[r] * (gi - mean_g - xhat(r, i) * mean_gx));
+            dx[r * c + i] = ds ? static_cast<T>(d + ds[r * c + i]) : d;
           }
         }
       });
@@ -105,18 +122,26 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
 }
 
 void layer_norm_cpu(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const NormOutput& out) {
-  norm_forward(x, w, b, eps, true, out);
+  norm_forward(x, Tensor(), w, b, eps, true, Tensor(), out);
 }
 void rms_norm_cpu(const Tensor& x, const Tensor& w, double eps, const NormOutput& out) {
-  norm_forward(x, w, Tensor(), eps, false, out);
+  norm_forward(x, Tensor(), w, Tensor(), eps, false, Tensor(), out);
+}
+void add_layer_norm_cpu(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, double eps,
+                        const Tensor& sum, const NormOutput& out) {
+  norm_forward(x, residual, w, b, eps, true, sum, out);
+}
+void add_rms_norm_cpu(const Tensor& x, const Tensor& residual, const Tensor& w, double eps, const Tensor& sum,
+                      const NormOutput& out) {
+  norm_forward(x, residual, w, Tensor(), eps, false, sum, out);
 }
 void layer_norm_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                             const NormGrads& grads) {
-  norm_backward(dy, x, w, mean, rstd, true, grads);
+                             const Tensor& dsum, const NormGrads& grads) {
+  norm_backward(dy, x, w, mean, rstd, dsum, true, grads);
 }
-void rms_norm_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+void rms_norm_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dsum,
                            const NormGrads& grads) {
-  norm_backward(dy, x, w, Tensor(), rstd, false, grads);
+  norm_backward(dy, x, w, Tensor(), rstd, dsum, false, grads);
 }
 
 }  // namespace
@@ -127,4 +152,6 @@ SEQLAB_REGISTER_KERNEL(layer_norm_kernel, DeviceType::CPU, &cpu::layer_norm_cpu)
 SEQLAB_REGISTER_KERNEL(layer_norm_backward_kernel, DeviceType::CPU, &cpu::layer_norm_backward_cpu);
 SEQLAB_REGISTER_KERNEL(rms_norm_kernel, DeviceType::CPU, &cpu::rms_norm_cpu);
 SEQLAB_REGISTER_KERNEL(rms_norm_backward_kernel, DeviceType::CPU, &cpu::rms_norm_backward_cpu);
+SEQLAB_REGISTER_KERNEL(add_layer_norm_kernel, DeviceType::CPU, &cpu::add_layer_norm_cpu);
+SEQLAB_REGISTER_KERNEL(add_rms_norm_kernel, DeviceType::CPU, &cpu::add_rms_norm_cpu);
 }  // namespace seqlab::kernel
