@@ -1,24 +1,31 @@
-// Training throughput of seqlab's Gpt on the CPU, the counterpart of bench/torch_gpt.py (the
-// project's PyTorch peer, /work/shared/bench/torch_gpt.py): same flags, same model (learned
+// Training throughput of seqlab's Gpt on the CPU or a GPU, the counterpart of bench/peers/torch_gpt.py
+// (the project's PyTorch peer, copied from /work/shared/bench): same flags, same model (learned
 // positions, LayerNorm, GELU(tanh) MLP of 4·d, tied embeddings, biases), same AdamW settings as
 // torch.optim.AdamW(lr=1e-3, weight_decay=0.1) — betas (0.9, 0.999), eps 1e-8, decay on every
 // parameter — on one fixed random batch, 3 warm-up steps, then --steps timed steps. Prints one
-// line in the peer's format, with the same flops_per_token, so that bench/gpt_vs_torch.sh can
-// quote the ratio of the two.
+// line in the peer's format, with the same flops_per_token, so that bench/gpt_vs_torch.sh and
+// bench/gpu_vs_torch.sh can quote the ratio of the two (and the latter the MFU, from model_TFLOP/s).
+//
+// --device cuda trains on the first GPU; --dtype bf16 (GPU only) converts the weights with
+// model.to(cuda, bf16) as train.dtype = "bf16" does, the optimizer keeping f32 master weights and
+// state. The clock starts and stops after a device synchronisation; the loss is read once, at the
+// end, so the host queues steps ahead of the GPU as PyTorch's loop does.
 //
 // Usage: gpt_train_bench [--d 256] [--layers 4] [--heads 4] [--T 256] [--B 8] [--vocab 256]
-//                        [--steps 20] [--threads 0]      (0: the OpenMP / OpenBLAS default)
+//                        [--steps 20] [--threads 0] [--device cpu|cuda] [--dtype f32|bf16]
+//        (--threads 0: the OpenMP / OpenBLAS default)
 #include <cblas.h>
 #include <omp.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "layers/gpt.h"
+#include "tensor/device.h"
+#include "tensor/kernels.h"
 #include "train/optim.h"
 
 using namespace seqlab;
@@ -27,13 +34,15 @@ namespace {
 
 struct Flags {
   int64_t d = 256, layers = 4, heads = 4, T = 256, B = 8, vocab = 256, steps = 20, threads = 0;
+  Device device = cpu_device();
+  DType dtype = DType::f32;
 };
 
-[[noreturn]] void usage(const char* why) {
+[[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "gpt_train_bench: %s\nusage: gpt_train_bench [--d N] [--layers N] [--heads N] [--T N] [--B N] "
-               "[--vocab N] [--steps N] [--threads N]\n",
-               why);
+               "[--vocab N] [--steps N] [--threads N] [--device cpu|cuda] [--dtype f32|bf16]\n",
+               why.c_str());
   std::exit(2);
 }
 
@@ -44,28 +53,46 @@ Flags parse(int argc, char** argv) {
                                                     {"--B", &f.B},         {"--vocab", &f.vocab},
                                                     {"--steps", &f.steps}, {"--threads", &f.threads}};
   for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) usage(flag + " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--device") {
+      if (value == "cpu") f.device = cpu_device();
+      else if (value == "cuda") f.device = cuda_device(0);
+      else usage("--device must be cpu or cuda, not " + value);
+      continue;
+    }
+    if (flag == "--dtype") {
+      if (value == "f32") f.dtype = DType::f32;
+      else if (value == "bf16") f.dtype = DType::bf16;
+      else usage("--dtype must be f32 or bf16, not " + value);
+      continue;
+    }
     int64_t* slot = nullptr;
     for (const auto& [name, dst] : names) {
-      if (std::strcmp(argv[i], name) == 0) slot = dst;
+      if (flag == name) slot = dst;
     }
-    if (slot == nullptr) usage((std::string("unknown flag ") + argv[i]).c_str());
-    if (i + 1 >= argc) usage((std::string(argv[i]) + " needs a value").c_str());
+    if (slot == nullptr) usage("unknown flag " + flag);
     char* end = nullptr;
-    *slot = std::strtoll(argv[++i], &end, 10);
-    if (*end != '\0' || *slot < 0) usage((std::string("bad value for ") + argv[i - 1]).c_str());
+    *slot = std::strtoll(value.c_str(), &end, 10);
+    if (*end != '\0' || *slot < 0) usage("bad value for " + flag + ": " + value);
   }
   if (f.steps < 1) usage("--steps must be at least 1");
+  if (f.device.is_cuda() && !cuda_available()) {
+    usage("--device cuda: no usable GPU here (or a build without the CUDA backend; seqlab --version says which)");
+  }
+  if (f.dtype == DType::bf16 && f.device.is_cpu()) usage("--dtype bf16 needs --device cuda (bf16 is a GPU dtype)");
   return f;
 }
 
-// The tensor of rows data[:, first : first + T] of a [B, T + 1] token table, as i64 [B, T].
-Tensor columns(const std::vector<int64_t>& data, int64_t B, int64_t T, int64_t first) {
+// The tensor of rows data[:, first : first + T] of a [B, T + 1] token table, as i64 [B, T] on `device`.
+Tensor columns(const std::vector<int64_t>& data, int64_t B, int64_t T, int64_t first, Device device) {
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(B * T));
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) out.push_back(data[static_cast<size_t>(b * (T + 1) + first + t)]);
   }
-  return Tensor::from_indices(out, {B, T}, DType::i64);
+  return kernel::to_device(Tensor::from_indices(out, {B, T}, DType::i64), device);
 }
 
 }  // namespace
@@ -91,6 +118,7 @@ int main(int argc, char** argv) {
   cfg.init_std = 0.02;
   Generator gen(0);
   Gpt model(cfg, gen);
+  if (f.device.is_cuda() || f.dtype != DType::f32) model.to(f.device, f.dtype);  // before the optimizer
 
   OptimConfig oc;
   oc.name = "adamw";
@@ -104,27 +132,33 @@ int main(int argc, char** argv) {
 
   std::vector<int64_t> data(static_cast<size_t>(f.B * (f.T + 1)));
   for (int64_t& t : data) t = static_cast<int64_t>(gen.next_u64() % static_cast<uint64_t>(f.vocab));
-  const Tensor inputs = columns(data, f.B, f.T, 0), targets = columns(data, f.B, f.T, 1);
+  const Tensor inputs = columns(data, f.B, f.T, 0, f.device), targets = columns(data, f.B, f.T, 1, f.device);
 
-  double loss = 0;
+  auto sync = [&] {
+    if (f.device.is_cuda()) cuda_backend()->synchronize(f.device.index);
+  };
+  Tensor last;
   auto step = [&] {
     Tensor l = model.loss(inputs, targets);
     opt.zero_grad();
     l.backward();
     opt.step(oc.lr);
-    loss = l.item();
+    last = l.detach();
   };
   for (int i = 0; i < 3; ++i) step();
+  sync();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < f.steps; ++i) step();
+  sync();
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double loss = last.item();
 
   const int64_t n = model.num_parameters();
   // Weights (forward + backward) plus causal attention scores and mixing: the peer's formula.
   const double flops_per_token = 6.0 * static_cast<double>(n) + 6.0 * static_cast<double>(f.layers * f.T * f.d);
   const double tps = static_cast<double>(f.steps * f.B * f.T) / dt;
-  std::printf("seqlab device=cpu dtype=f32 params=%ld tokens/s=%.0f step_ms=%.1f model_TFLOP/s=%.3f loss=%.3f\n",
-              static_cast<long>(n), tps, 1000.0 * dt / static_cast<double>(f.steps), tps * flops_per_token / 1e12,
-              loss);
+  std::printf("seqlab device=%s dtype=%s params=%ld tokens/s=%.0f step_ms=%.1f model_TFLOP/s=%.3f loss=%.3f\n",
+              f.device.is_cuda() ? "cuda" : "cpu", dtype_name(f.dtype), static_cast<long>(n), tps,
+              1000.0 * dt / static_cast<double>(f.steps), tps * flops_per_token / 1e12, loss);
   return 0;
 }

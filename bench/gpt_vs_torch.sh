@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# CPU training throughput of seqlab's GPT (build/gpt_train_bench) against the PyTorch peer
-# (bench/torch_gpt.py from the shared bench folder) at the same shapes and thread count, run
+# Training throughput of seqlab's GPT (build/gpt_train_bench) against the PyTorch peer
+# (bench/peers/torch_gpt.py, a copy of the shared bench folder's) at the same shapes and thread count, run
 # alternately (seqlab, torch, seqlab, torch, ...) so that drift on a shared machine hits both alike.
-# Prints every run, both medians and the ratio seqlab / torch in tokens/s.
+# Prints every run, both medians and the ratio seqlab / torch in tokens/s. On the CPU by default; the
+# extra flags reach both programs, so `-- --device cuda --dtype bf16` compares them on a GPU
+# (bench/gpu_vs_torch.sh does that at GPT-2 124M shapes, with torch.compile and MFU).
 #
 # Usage: bench/gpt_vs_torch.sh [rounds (3)] [steps per run (10)] [-- extra flags for both, e.g. --threads 2]
 # Environment: SEQLAB_BUILD (build folder, default build/), TORCH_PYTHON (default /usr/bin/python3,
-# Debian's python3 with python3-torch), TORCH_GPT (default /work/shared/bench/torch_gpt.py).
+# Debian's python3 with python3-torch), TORCH_GPT (default bench/peers/torch_gpt.py).
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 rounds="${1:-3}"
@@ -16,7 +18,7 @@ shift $(($# < 2 ? $# : 2))
 extra=("$@")
 bench_bin="${SEQLAB_BUILD:-$root/build}/gpt_train_bench"
 python="${TORCH_PYTHON:-/usr/bin/python3}"
-torch_gpt="${TORCH_GPT:-/work/shared/bench/torch_gpt.py}"
+torch_gpt="${TORCH_GPT:-$root/bench/peers/torch_gpt.py}"
 
 fail() { printf 'gpt_vs_torch: %s\n' "$*" >&2; exit 1; }
 [ -x "$bench_bin" ] || fail "$bench_bin not found: build it first (ninja -C ${SEQLAB_BUILD:-build} gpt_train_bench)"

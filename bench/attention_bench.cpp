@@ -1,0 +1,119 @@
+// Forward + backward time of the fused causal attention op (src/layers/attention.h) at its kernel-level
+// entry points, the counterpart of bench/peers/torch_attention.py (the project's PyTorch peer: SDPA on a
+// GPU, the materialised form on the CPU): same flags, same FLOP count, one line in the peer's format, so
+// that bench/gpu_vs_torch.sh can quote the ratio.
+//
+// One repetition is kernel::attention_forward (o, lse) then kernel::attention_backward (dq, dk, dv from a
+// fixed random dO and a zero dlse, made once outside the timing), on q, k, v of [B, T, H, d] (the op's
+// layout; the peer's [B, H, T, d] is the same work). On CUDA every repetition ends with a device
+// synchronisation, so the time is the kernels' and not their launch. Median of --reps after 3 warm-ups.
+// FLOPs: 4·B·H·T²·d for the forward over the causal half (Q Kᵀ and P V), ×3.5 for forward + backward.
+//
+// Usage: attention_bench [--B 4] [--H 8] [--T 1024] [--d 64] [--device cpu|cuda] [--dtype f32|bf16]
+//                        [--reps 10] [--threads 0]
+#include <cblas.h>
+#include <omp.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "bench/bench_util.h"
+#include "layers/attention.h"
+#include "tensor/device.h"
+#include "tensor/kernels.h"
+
+using namespace seqlab;
+
+namespace {
+
+struct Flags {
+  int64_t B = 4, H = 8, T = 1024, d = 64, reps = 10, threads = 0;
+  Device device = cpu_device();
+  DType dtype = DType::f32;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "attention_bench: %s\nusage: attention_bench [--B N] [--H N] [--T N] [--d N] [--device cpu|cuda] "
+               "[--dtype f32|bf16] [--reps N] [--threads N]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+Flags parse(int argc, char** argv) {
+  Flags f;
+  const std::pair<const char*, int64_t*> names[] = {{"--B", &f.B}, {"--H", &f.H},       {"--T", &f.T},
+                                                    {"--d", &f.d}, {"--reps", &f.reps}, {"--threads", &f.threads}};
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) usage(flag + " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--device") {
+      if (value == "cpu") f.device = cpu_device();
+      else if (value == "cuda") f.device = cuda_device(0);
+      else usage("--device must be cpu or cuda, not " + value);
+      continue;
+    }
+    if (flag == "--dtype") {
+      if (value == "f32") f.dtype = DType::f32;
+      else if (value == "bf16") f.dtype = DType::bf16;
+      else usage("--dtype must be f32 or bf16, not " + value);
+      continue;
+    }
+    int64_t* slot = nullptr;
+    for (const auto& [name, dst] : names) {
+      if (flag == name) slot = dst;
+    }
+    if (slot == nullptr) usage("unknown flag " + flag);
+    char* end = nullptr;
+    *slot = std::strtoll(value.c_str(), &end, 10);
+    if (*end != '\0' || *slot < 0) usage("bad value for " + flag + ": " + value);
+  }
+  if (f.B < 1 || f.H < 1 || f.T < 1 || f.d < 1 || f.reps < 1) usage("--B, --H, --T, --d and --reps must be ≥ 1");
+  if (f.device.is_cuda() && !cuda_available()) {
+    usage("--device cuda: no usable GPU here (or a build without the CUDA backend; seqlab --version says which)");
+  }
+  if (f.dtype == DType::bf16 && f.device.is_cpu()) usage("--dtype bf16 needs --device cuda (bf16 is a GPU dtype)");
+  return f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Flags f = parse(argc, argv);
+  if (f.threads > 0) {
+    omp_set_num_threads(static_cast<int>(f.threads));
+    openblas_set_num_threads(static_cast<int>(f.threads));
+  }
+  // Standard normal q, k, v and dO, drawn in f32 on the host, then moved and converted.
+  Generator gen(0);
+  auto input = [&](const Shape& shape) {
+    return kernel::to_dtype(kernel::to_device(Tensor::randn(shape, gen), f.device), f.dtype);
+  };
+  const Shape shape{f.B, f.T, f.H, f.d};
+  const Tensor q = input(shape), k = input(shape), v = input(shape), dout = input(shape);
+  const Tensor dlse = Tensor::zeros({f.B, f.T, f.H}, f.dtype, f.device);
+  AttentionOptions opts;
+  opts.causal = true;
+
+  auto sync = [&] {
+    if (f.device.is_cuda()) cuda_backend()->synchronize(f.device.index);
+  };
+  auto rep = [&] {
+    const AttentionOutput out = kernel::attention_forward(q, k, v, opts);
+    kernel::attention_backward(dout, dlse, q, k, v, out.o, out.lse, opts, true, true, true);
+    sync();
+  };
+  sync();
+  const double seconds = bench::time_median(rep, 3, static_cast<int>(f.reps));
+
+  const double ms = 1000.0 * seconds;
+  // Forward: Q Kᵀ and P V over the causal half, 2 · (2·B·H·T·T·d) / 2; backward ≈ 2.5× the forward.
+  const double flops = 3.5 * 2.0 * static_cast<double>(f.B * f.H) * static_cast<double>(f.T) *
+                       static_cast<double>(f.T) * static_cast<double>(f.d);
+  std::printf("seqlab device=%s dtype=%s B=%ld H=%ld T=%ld d=%ld fwd+bwd_ms=%.2f TFLOP/s=%.3f\n",
+              f.device.is_cuda() ? "cuda" : "cpu", dtype_name(f.dtype), static_cast<long>(f.B),
+              static_cast<long>(f.H), static_cast<long>(f.T), static_cast<long>(f.d), ms, flops / ms / 1e9);
+  return 0;
+}
