@@ -79,11 +79,15 @@ TEST_F(CudaOptimVsCpu, AdamWStep) {
         Tensor g = Tensor::randn({n}, gen_, dtype, 0.5);
         Tensor m = Tensor::randn({n}, gen_, sdt, 0.1);
         Tensor v = Tensor::rand({n}, gen_, sdt, 0.01, 1.0);
-        Tensor pg = on_gpu(p), gg = on_gpu(g), mg = on_gpu(m), vg = on_gpu(v);
-        adamw_step_kernel(kGpu, s, pg, gg, mg, vg);
-        Tensor pc = on_cpu_copy(p), mc = on_cpu_copy(m), vc = on_cpu_copy(v);
-        adamw_step_kernel(kCpu, s, pc, g, mc, vc);
+        // bf16 parameters carry an f32 master (mixed precision), p = bf16(master).
+        Tensor w = dtype == DType::bf16 ? Tensor::randn({n}, gen_, DType::f32) : Tensor();
+        if (w.defined()) p = kernel::to_dtype(w, DType::bf16);
+        Tensor pg = on_gpu(p), gg = on_gpu(g), mg = on_gpu(m), vg = on_gpu(v), wg = w.defined() ? on_gpu(w) : w;
+        adamw_step_kernel(kGpu, s, pg, gg, mg, vg, wg);
+        Tensor pc = on_cpu_copy(p), mc = on_cpu_copy(m), vc = on_cpu_copy(v), wc = w.defined() ? on_cpu_copy(w) : w;
+        adamw_step_kernel(kCpu, s, pc, g, mc, vc, wc);
         expect_close(pg, pc, rtol(dtype), what + " p");
+        if (w.defined()) expect_close(wg, wc, rtol(DType::f32), what + " master");
         expect_close(mg, mc, rtol(sdt), what + " m");
         expect_close(vg, vc, rtol(sdt), what + " v");
         expect_close(gg, g, 0.0, what + " g (read only)");
@@ -111,11 +115,16 @@ TEST_F(CudaOptimVsCpu, SgdStepPlainMomentumAndNesterov) {
         Tensor p = Tensor::randn({n}, gen_, dtype);
         Tensor g = Tensor::randn({n}, gen_, dtype);
         Tensor b = c.momentum > 0 ? Tensor::randn({n}, gen_, sdt) : Tensor();
+        Tensor w = dtype == DType::bf16 ? Tensor::randn({n}, gen_, DType::f32) : Tensor();
+        if (w.defined()) p = kernel::to_dtype(w, DType::bf16);
         Tensor pg = on_gpu(p), gg = on_gpu(g), bg = b.defined() ? on_gpu(b) : Tensor();
-        sgd_step_kernel(kGpu, s, pg, gg, bg);
+        Tensor wg = w.defined() ? on_gpu(w) : w;
+        sgd_step_kernel(kGpu, s, pg, gg, bg, wg);
         Tensor pc = on_cpu_copy(p), bc = b.defined() ? on_cpu_copy(b) : Tensor();
-        sgd_step_kernel(kCpu, s, pc, g, bc);
+        Tensor wc = w.defined() ? on_cpu_copy(w) : w;
+        sgd_step_kernel(kCpu, s, pc, g, bc, wc);
         expect_close(pg, pc, rtol(dtype), what + " p");
+        if (w.defined()) expect_close(wg, wc, rtol(DType::f32), what + " master");
         if (b.defined()) expect_close(bg, bc, rtol(sdt), what + " momentum buffer");
       }
     }

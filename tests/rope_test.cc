@@ -207,7 +207,7 @@ TEST(Rope, ErrorsNameTheShape) {
   e = error_of(Tensor::zeros({2, 5, 6}));
   EXPECT_NE(e.find("4 dimensions"), std::string::npos) << e;
   e = error_of(Tensor::zeros({2, 5, 3, 4}, DType::i64));
-  EXPECT_NE(e.find("f32 or f64"), std::string::npos) << e;
+  EXPECT_NE(e.find("f32, f64 or bf16"), std::string::npos) << e;
   e = error_of(Tensor::zeros({2, 5, 3, 4}), {0.0, 0});
   EXPECT_NE(e.find("base must be positive"), std::string::npos) << e;
   e = error_of(Tensor::zeros({2, 5, 3, 4}), {10000, -1});

@@ -5,8 +5,9 @@
 // The updates and the scale are elementwise, one grid-stride loop each, and compute exactly the
 // CPU formulas in the same type: S = f64 for f64 parameters and f32 otherwise; bf16 parameters and
 // gradients (__nv_bfloat16, bit-identical to seqlab::bf16) are widened to f32 and rounded to nearest
-// even on store; the moments are always S. The scalar coefficients are formed in double on the host
-// and rounded to S once, as on the CPU.
+// even on store; the moments are always S. A bf16 parameter with an f32 master w (mixed precision)
+// is updated on w, and p ← bf16(w). The scalar coefficients are formed in double on the host and
+// rounded to S once, as on the CPU.
 //
 // The sum of squares is deterministic run to run: pass 1 gives each block a fixed range of
 // kSumChunk elements and reduces it in a fixed order (per-thread strided sums, then a fixed
@@ -50,27 +51,41 @@ struct AdamWCoefficients {
   S lr, lr_wd, eps, b1, c1, b2, c2, inv_bc1, inv_bc2;
 };
 
-// For each i < n (p, g of type P; m, v of type S; all read once and written once, g only read):
-//   p ← p − lr·wd·p;  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;
-//   p ← p − lr · (m / bc1) / (√(v / bc2) + ε)    with 1/bc1, 1/bc2 premultiplied.
+// For each i < n (p, g of type P; m, v and the master w (or null) of type S; all read once and
+// written once, g only read), with x = w when w is given, else p:
+//   x ← x − lr·wd·x;  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;
+//   x ← x − lr · (m / bc1) / (√(v / bc2) + ε)    with 1/bc1, 1/bc2 premultiplied;  p ← P(x).
 template <class P, class S>
 __global__ void __launch_bounds__(kThreads)
-    adamw_step_kernel_impl(int64_t n, AdamWCoefficients<S> k, P* p, const P* g, S* m, S* v) {
+    adamw_step_kernel_impl(int64_t n, AdamWCoefficients<S> k, P* p, const P* g, S* m, S* v, S* w) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const S gi = convert<S>(g[i]);
-    S pi = convert<S>(p[i]);
+    S pi = w ? w[i] : convert<S>(p[i]);
     pi -= k.lr_wd * pi;
     const S mi = k.b1 * m[i] + k.c1 * gi;
     const S vi = k.b2 * v[i] + k.c2 * gi * gi;
     m[i] = mi;
     v[i] = vi;
     pi -= k.lr * (mi * k.inv_bc1) / (sqrt(vi * k.inv_bc2) + k.eps);
+    if (w) w[i] = pi;
     p[i] = convert<P>(pi);
   }
 }
 
-void adamw_step_cuda(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v) {
+// The master w of a bf16 parameter, checked (f32, p's size, on p's device), or null.
+float* master_of(const char* op, const Tensor& p, const Tensor& w, int device) {
+  if (!w.defined()) return nullptr;
+  if (p.dtype() != DType::bf16) {
+    throw std::logic_error(std::string(op) + " on CUDA: a master weight is for bf16 parameters, got " +
+                           dtype_name(p.dtype()));
+  }
+  check_operand(op, "the master weight", w, p.numel(), DType::f32, device);
+  return static_cast<float*>(w.raw_data());
+}
+
+void adamw_step_cuda(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                     const Tensor& w) {
   const int64_t n = p.numel();
   const int device = p.device().index;
   dispatch_floating(p.dtype(), "adamw_step", [&](auto tag) {
@@ -81,6 +96,9 @@ void adamw_step_cuda(const AdamWStep& s, const Tensor& p, const Tensor& g, const
     check_operand("adamw_step", "g", g, n, p.dtype(), device);
     check_operand("adamw_step", "m", m, n, state_dtype, device);
     check_operand("adamw_step", "v", v, n, state_dtype, device);
+    float* const master = master_of("adamw_step", p, w, device);  // throws for a master beside a non-bf16 p
+    S* wp = nullptr;
+    if constexpr (std::is_same_v<S, float>) wp = master;
     if (n == 0) return;
     const AdamWCoefficients<S> k{S(s.lr),          S(s.lr * s.weight_decay), S(s.eps),
                                  S(s.beta1),       S(1.0 - s.beta1),         S(s.beta2),
@@ -88,7 +106,7 @@ void adamw_step_cuda(const AdamWStep& s, const Tensor& p, const Tensor& g, const
     DeviceGuard guard(device);
     adamw_step_kernel_impl<P, S><<<blocks_for(n, device), kThreads, 0, stream(device)>>>(
         n, k, static_cast<P*>(p.raw_data()), static_cast<const P*>(g.raw_data()), static_cast<S*>(m.raw_data()),
-        static_cast<S*>(v.raw_data()));
+        static_cast<S*>(v.raw_data()), wp);
     SEQLAB_CUDA_CHECK_LAUNCH("adamw_step kernel");
   });
 }
@@ -101,14 +119,17 @@ struct SgdCoefficients {
   bool nesterov;
 };
 
-// For each i < n (p, g of type P, b of type S or null; each read once, p and b written once):
-//   p ← p − lr·wd·p;  b ← μ·b + g;  d = nesterov ? g + μ·b : b  (d = g without b);  p ← p − lr·d.
+// For each i < n (p, g of type P, b and the master w of type S or null; each read once, p, b and w
+// written once), with x = w when w is given, else p:
+//   x ← x − lr·wd·x;  b ← μ·b + g;  d = nesterov ? g + μ·b : b  (d = g without b);  x ← x − lr·d;
+//   p ← P(x).
 template <class P, class S>
-__global__ void __launch_bounds__(kThreads) sgd_step_kernel_impl(int64_t n, SgdCoefficients<S> k, P* p, const P* g, S* b) {
+__global__ void __launch_bounds__(kThreads)
+    sgd_step_kernel_impl(int64_t n, SgdCoefficients<S> k, P* p, const P* g, S* b, S* w) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const S gi = convert<S>(g[i]);
-    S pi = convert<S>(p[i]);
+    S pi = w ? w[i] : convert<S>(p[i]);
     pi -= k.lr_wd * pi;
     S d = gi;
     if (b) {
@@ -117,11 +138,12 @@ __global__ void __launch_bounds__(kThreads) sgd_step_kernel_impl(int64_t n, SgdC
       d = k.nesterov ? gi + k.mu * bi : bi;
     }
     pi -= k.lr * d;
+    if (w) w[i] = pi;
     p[i] = convert<P>(pi);
   }
 }
 
-void sgd_step_cuda(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b) {
+void sgd_step_cuda(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b, const Tensor& w) {
   const int64_t n = p.numel();
   const int device = p.device().index;
   dispatch_floating(p.dtype(), "sgd_step", [&](auto tag) {
@@ -134,9 +156,12 @@ void sgd_step_cuda(const SgdStep& s, const Tensor& p, const Tensor& g, const Ten
     if (n == 0) return;
     const SgdCoefficients<S> k{S(s.lr), S(s.lr * s.weight_decay), S(s.momentum), s.nesterov};
     S* bp = b.defined() ? static_cast<S*>(b.raw_data()) : nullptr;
+    float* const master = master_of("sgd_step", p, w, device);  // throws for a master beside a non-bf16 p
+    S* wp = nullptr;
+    if constexpr (std::is_same_v<S, float>) wp = master;
     DeviceGuard guard(device);
     sgd_step_kernel_impl<P, S><<<blocks_for(n, device), kThreads, 0, stream(device)>>>(
-        n, k, static_cast<P*>(p.raw_data()), static_cast<const P*>(g.raw_data()), bp);
+        n, k, static_cast<P*>(p.raw_data()), static_cast<const P*>(g.raw_data()), bp, wp);
     SEQLAB_CUDA_CHECK_LAUNCH("sgd_step kernel");
   });
 }

@@ -69,10 +69,12 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_backward_rows(const T* dy
 // One block per row r of logits [n, v]:
 //   lse_r = m + log Σ_j exp(x_rj − m) with m = max_j x_rj,  loss_r = lse_r − x_r,target (0 if ignored)
 // The final per-row arithmetic is in f64 as on the CPU, so lse − x_target loses nothing to the f32
-// rounding of lse. Reads the row twice (the second time from cache) and the target; writes lse, loss.
+// rounding of lse. lse and the losses are stored in the compute type (f32 for bf16 logits). Reads the
+// row twice (the second time from cache) and the target; writes lse, loss.
 template <class T, class I>
 __global__ void __launch_bounds__(kMaxThreads) cross_entropy_rows(const T* x, const I* targets, int64_t ignore_index,
-                                                                  T* losses, T* lse, int64_t n, int64_t v) {
+                                                                  compute_t<T>* losses, compute_t<T>* lse, int64_t n,
+                                                                  int64_t v) {
   using A = compute_t<T>;
   __shared__ A scratch[kMaxWarps];
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
@@ -85,9 +87,9 @@ __global__ void __launch_bounds__(kMaxThreads) cross_entropy_rows(const T* x, co
     s = block_sum(s, scratch);
     if (threadIdx.x == 0) {
       const double lse_r = static_cast<double>(m) + log(static_cast<double>(s));
-      lse[r] = convert<T>(lse_r);
+      lse[r] = static_cast<A>(lse_r);
       const int64_t t = static_cast<int64_t>(targets[r]);
-      losses[r] = t == ignore_index ? convert<T>(0.0) : convert<T>(lse_r - convert<double>(xr[t]));
+      losses[r] = t == ignore_index ? A(0) : static_cast<A>(lse_r - convert<double>(xr[t]));
     }
   }
 }
@@ -97,7 +99,8 @@ __global__ void __launch_bounds__(kMaxThreads) cross_entropy_rows(const T* x, co
 // element (cached across the row), writes dlogits once.
 template <class T, class I>
 struct CrossEntropyBackwardFn {
-  const T *x, *lse;
+  const T* x;
+  const compute_t<T>* lse;
   const I* targets;
   T* dx;
   int64_t v, ignore_index;
@@ -109,7 +112,7 @@ struct CrossEntropyBackwardFn {
       dx[i] = convert<T>(A(0));
       return;
     }
-    A d = k * exp_of(convert<A>(x[i]) - convert<A>(lse[r]));
+    A d = k * exp_of(convert<A>(x[i]) - lse[r]);
     if (j == t) d -= k;
     dx[i] = convert<T>(d);
   }
@@ -161,11 +164,14 @@ void softmax_backward_cuda(const Tensor& dy, const Tensor& y, bool log, const Te
   });
 }
 
+// lse (and the losses) are [N] in accumulate_dtype(logits' dtype).
 void check_cross_entropy(const char* op, const Tensor& logits, const Tensor& targets, const Tensor& lse) {
-  if (logits.dim() != 2 || targets.numel() != logits.size(0) || lse.numel() != logits.size(0)) {
-    throw std::logic_error(std::string(op) + " on CUDA: expected logits [N, V], targets [N] and lse [N], got " +
-                           shape_str(logits.shape()) + ", " + shape_str(targets.shape()) + " and " +
-                           shape_str(lse.shape()));
+  if (logits.dim() != 2 || targets.numel() != logits.size(0) || lse.numel() != logits.size(0) ||
+      lse.dtype() != accumulate_dtype(logits.dtype())) {
+    throw std::logic_error(std::string(op) + " on CUDA: expected logits [N, V], targets [N] and lse [N] " +
+                           dtype_name(accumulate_dtype(logits.dtype())) + ", got " + shape_str(logits.shape()) +
+                           ", " + shape_str(targets.shape()) + " and " + shape_str(lse.shape()) + " " +
+                           dtype_name(lse.dtype()));
   }
 }
 
@@ -183,7 +189,8 @@ void cross_entropy_cuda(const Tensor& logits, const Tensor& targets, int64_t ign
     dispatch_index_type(targets.dtype(), "cross_entropy", [&](auto itag) {
       using I = typename decltype(itag)::type;
       cross_entropy_rows<T, I><<<row_blocks(n, device), row_threads(v), 0, stream(device)>>>(
-          cptr<T>(logits), cptr<I>(targets), ignore_index, mptr<T>(losses), mptr<T>(lse), n, v);
+          cptr<T>(logits), cptr<I>(targets), ignore_index, mptr<compute_t<T>>(losses), mptr<compute_t<T>>(lse), n,
+          v);
       SEQLAB_CUDA_CHECK_LAUNCH("cross_entropy forward");
     });
   });
@@ -201,7 +208,7 @@ void cross_entropy_backward_cuda(double scale, const Tensor& logits, const Tenso
     dispatch_index_type(targets.dtype(), "cross_entropy backward", [&](auto itag) {
       using I = typename decltype(itag)::type;
       launch_elements("cross_entropy backward", device, logits.numel(),
-                      CrossEntropyBackwardFn<T, I>{cptr<T>(logits), cptr<T>(lse), cptr<I>(targets), mptr<T>(dlogits),
+                      CrossEntropyBackwardFn<T, I>{cptr<T>(logits), cptr<compute_t<T>>(lse), cptr<I>(targets), mptr<T>(dlogits),
                                                    logits.size(1), ignore_index, static_cast<compute_t<T>>(scale)});
     });
   });

@@ -69,8 +69,8 @@ Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, bool causal
         "causal attention needs T ≤ S: query i sits at key position i + S − T, so T > S puts queries before the "
         "first key");
   }
-  if (q.dtype() != k.dtype() || q.dtype() != v.dtype() || (q.dtype() != DType::f32 && q.dtype() != DType::f64)) {
-    fail(std::string("q, k and v must share dtype f32 or f64, got ") + dtype_name(q.dtype()) + ", " +
+  if (q.dtype() != k.dtype() || q.dtype() != v.dtype() || !is_floating(q.dtype())) {
+    fail(std::string("q, k and v must share dtype f32, f64 or bf16, got ") + dtype_name(q.dtype()) + ", " +
          dtype_name(k.dtype()) + ", " + dtype_name(v.dtype()));
   }
   if (q.device() != k.device() || q.device() != v.device()) fail("q, k and v are on different devices");
@@ -97,7 +97,7 @@ AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor
   const Dims d = check_inputs(q, k, v, opts.causal);
   const AttentionParams p = resolve(opts, d.Dk);
   AttentionOutput out{Tensor::empty({d.B, d.T, d.H, d.Dv}, q.dtype(), q.device()),
-                      Tensor::empty({d.B, d.T, d.H}, q.dtype(), q.device())};
+                      Tensor::empty({d.B, d.T, d.H}, accumulate_dtype(q.dtype()), q.device())};
   attention_forward_kernel(q.device(), kernel::contiguous(q), kernel::contiguous(k), kernel::contiguous(v), p, out.o,
                            out.lse);
   return out;
@@ -111,14 +111,14 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& dlse, const 
   const Shape o_shape{d.B, d.T, d.H, d.Dv}, lse_shape{d.B, d.T, d.H};
   check_like(dout, o_shape, q.dtype(), "dout");
   check_like(out, o_shape, q.dtype(), "o");
-  check_like(lse, lse_shape, q.dtype(), "lse");
-  if (dlse.defined()) check_like(dlse, lse_shape, q.dtype(), "dlse");
+  check_like(lse, lse_shape, accumulate_dtype(q.dtype()), "lse");
+  if (dlse.defined()) check_like(dlse, lse_shape, accumulate_dtype(q.dtype()), "dlse");
   AttentionGrads g;
   if (need_dq) g.dq = Tensor::empty(q.shape(), q.dtype(), q.device());
   if (need_dk) g.dk = Tensor::empty(k.shape(), k.dtype(), k.device());
   if (need_dv) g.dv = Tensor::empty(v.shape(), v.dtype(), v.device());
   if (!need_dq && !need_dk && !need_dv) return g;
-  Tensor dl = dlse.defined() ? kernel::contiguous(dlse) : Tensor::zeros(lse_shape, q.dtype(), q.device());
+  Tensor dl = dlse.defined() ? kernel::contiguous(dlse) : Tensor::zeros(lse_shape, accumulate_dtype(q.dtype()), q.device());
   attention_backward_kernel(q.device(), kernel::contiguous(dout), dl, kernel::contiguous(q), kernel::contiguous(k),
                             kernel::contiguous(v), kernel::contiguous(out), kernel::contiguous(lse), p, g);
   return g;

@@ -3,7 +3,7 @@
 //   q [B, T, H, Dk],  k [B, S, Hk, Dk],  v [B, S, Hk, Dv],  H divisible by Hk
 //   s_ij = scale · q_i · k_j          (query head h reads kv head h / (H/Hk))
 //   lse_i = log Σ_{j visible} exp(s_ij),   o_i = Σ_{j visible} exp(s_ij − lse_i) v_j
-//   o [B, T, H, Dv],  lse [B, T, H]
+//   o [B, T, H, Dv],  lse [B, T, H]   (lse in f32 for bf16 inputs: accumulate_dtype)
 //
 // Query i sits at key position i + S − T, so a block of new queries against a longer KV cache
 // needs no offset; with `causal` it sees keys j ≤ i + S − T. The fused op never forms a T×S
@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <tuple>
 
 #include "tensor/dispatch.h"
 #include "tensor/tensor.h"
@@ -27,7 +28,7 @@ struct AttentionOptions {
 
 struct AttentionOutput {
   Tensor o;    // [B, T, H, Dv]
-  Tensor lse;  // [B, T, H]
+  Tensor lse;  // [B, T, H], accumulate_dtype of the inputs' (f32 for bf16)
 };
 
 // The fused op (differentiable in q, k, v through both outputs). Throws std::invalid_argument
@@ -55,6 +56,7 @@ struct AttentionParams {
 struct AttentionGrads {
   Tensor dq, dk, dv;  // undefined where not asked for
 };
+inline auto tensor_fields(AttentionGrads& g) { return std::tie(g.dq, g.dk, g.dv); }  // see tensor/dispatch.h
 
 // Raw entry points: check shapes, make inputs contiguous, allocate outputs, call the slots.
 AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts);
@@ -63,7 +65,7 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& dlse, const 
                                   const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionOptions& opts,
                                   bool need_dq, bool need_dk, bool need_dv);
 
-// Slots. All tensors contiguous, one dtype, shapes as above. The forward writes every element of
+// Slots. All tensors contiguous, one dtype (lse and dlse: its accumulate_dtype), shapes as above. The forward writes every element of
 // o and lse. The backward reads dout [B, T, H, Dv] and dlse [B, T, H] (zeros when unused) and
 // writes every element of each defined gradient in `grads`; undefined ones are skipped.
 SEQLAB_DECLARE_KERNEL(attention_forward_kernel, void (*)(const Tensor& q, const Tensor& k, const Tensor& v,

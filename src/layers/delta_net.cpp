@@ -79,7 +79,7 @@ Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   if (s0.defined() && s0.shape() != Shape{d.B, d.H, d.dk, d.dv}) fail("initial_state must be [B, H, dk, dv]");
   if (d.dk == 0 || d.dv == 0) fail("the head dims dk and dv must be positive");
   const DType dt = q.dtype();
-  if (dt != DType::f32 && dt != DType::f64) fail(std::string("dtype must be f32 or f64, got ") + dtype_name(dt));
+  if (!is_floating(dt)) fail(std::string("dtype must be f32, f64 or bf16, got ") + dtype_name(dt));
   for (const Tensor* t : {&k, &v, &beta, &g, &s0}) {
     if (!t->defined()) continue;
     if (t->dtype() != dt) {

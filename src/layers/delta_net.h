@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <tuple>
 #include <string>
 
 #include "tensor/dispatch.h"
@@ -68,6 +69,9 @@ struct DeltaNetGrads {
   Tensor dq, dk, dv, dbeta;   // always defined by the entry point
   Tensor dg, dinitial_state;  // defined when the input is
 };
+inline auto tensor_fields(DeltaNetGrads& g) {  // see tensor/dispatch.h
+  return std::tie(g.dq, g.dk, g.dv, g.dbeta, g.dg, g.dinitial_state);
+}
 
 // Raw entry points: check shapes, make inputs contiguous, allocate outputs, call the slots.
 DeltaNetOutput delta_net_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,

@@ -72,7 +72,7 @@ Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   if (gv.defined() && gv.shape() != v.shape()) fail("gv must have v's shape");
   if (h0.defined() && h0.shape() != Shape{d.B, d.H, d.dk, d.dv}) fail("initial_state must be [B, H, dk, dv]");
   const DType dt = q.dtype();
-  if (dt != DType::f32 && dt != DType::f64) fail(std::string("inputs must be f32 or f64, got ") + dtype_name(dt));
+  if (!is_floating(dt)) fail(std::string("inputs must be f32, f64 or bf16, got ") + dtype_name(dt));
   for (const Tensor* t : {&k, &v, &g, &gv, &h0}) {
     if (t->defined() && t->dtype() != dt) fail("inputs must share one dtype");
     if (t->defined() && t->device() != q.device()) fail("inputs are on different devices");

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,9 @@ struct GlaParams {
 struct GlaGrads {
   Tensor dq, dk, dv, dg, dgv, dinitial_state;  // undefined where not asked for
 };
+inline auto tensor_fields(GlaGrads& g) {  // see tensor/dispatch.h
+  return std::tie(g.dq, g.dk, g.dv, g.dg, g.dgv, g.dinitial_state);
+}
 
 // Raw entry points: check shapes, make inputs contiguous, allocate outputs, call the slots.
 GlaOutput gla_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,

@@ -79,9 +79,9 @@ Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   if (s0.defined() && s0.shape() != Shape{d.B, d.H, d.Dk, d.Dv}) fail("initial_state has the wrong shape");
   if (z0.defined() && z0.shape() != Shape{d.B, d.H, d.Dk}) fail("initial_normalizer has the wrong shape");
   const DType dt = q.dtype();
-  if ((dt != DType::f32 && dt != DType::f64) || k.dtype() != dt || v.dtype() != dt ||
-      (s0.defined() && s0.dtype() != dt) || (z0.defined() && z0.dtype() != dt)) {
-    fail("all inputs must share dtype f32 or f64");
+  if (!is_floating(dt) || k.dtype() != dt || v.dtype() != dt || (s0.defined() && s0.dtype() != dt) ||
+      (z0.defined() && z0.dtype() != dt)) {
+    fail("all inputs must share dtype f32, f64 or bf16");
   }
   for (const Tensor* t : {&k, &v, &s0, &z0}) {
     if (t->defined() && t->device() != q.device()) fail("inputs are on different devices");
@@ -600,8 +600,8 @@ void check_performer(const Tensor& x, const Tensor& omega) {
   if (x.dim() != 4 || omega.dim() != 2) fail("x must have 4 dimensions and omega 2");
   if (omega.size(1) != x.size(3)) fail("omega's row length differs from x's head dim");
   if (omega.size(0) == 0) fail("omega has no rows");
-  if ((x.dtype() != DType::f32 && x.dtype() != DType::f64) || omega.dtype() != x.dtype()) {
-    fail("x and omega must share dtype f32 or f64");
+  if (!is_floating(x.dtype()) || omega.dtype() != x.dtype()) {
+    fail("x and omega must share dtype f32, f64 or bf16");
   }
   if (x.device() != omega.device()) fail("x and omega are on different devices");
 }

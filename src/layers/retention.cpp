@@ -68,9 +68,8 @@ Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   if (v.size(0) != d.B || v.size(1) != d.T || v.size(2) != d.H) fail("v differs from q in batch, length or heads");
   if (s0.defined() && s0.shape() != Shape{d.B, d.H, d.Dk, d.Dv}) fail("initial_state has the wrong shape");
   const DType dt = q.dtype();
-  if ((dt != DType::f32 && dt != DType::f64) || k.dtype() != dt || v.dtype() != dt ||
-      (s0.defined() && s0.dtype() != dt)) {
-    fail("all inputs must share dtype f32 or f64");
+  if (!is_floating(dt) || k.dtype() != dt || v.dtype() != dt || (s0.defined() && s0.dtype() != dt)) {
+    fail("all inputs must share dtype f32, f64 or bf16");
   }
   for (const Tensor* t : {&k, &v, &s0}) {
     if (t->defined() && t->device() != q.device()) fail("inputs are on different devices");

@@ -31,8 +31,8 @@ void check_input(const Tensor& x, const RopeOptions& opts) {
   if (!x.defined()) fail("x must be given");
   if (x.dim() != 4) fail("x must have 4 dimensions");
   if (x.size(3) % 2 != 0) fail("the head dim D must be even: dims are rotated in pairs");
-  if (x.dtype() != DType::f32 && x.dtype() != DType::f64) {
-    fail(std::string("x must be f32 or f64, got ") + dtype_name(x.dtype()));
+  if (!is_floating(x.dtype())) {
+    fail(std::string("x must be f32, f64 or bf16, got ") + dtype_name(x.dtype()));
   }
   if (!(opts.base > 0)) fail("base must be positive, got " + std::to_string(opts.base));
   if (opts.start < 0) fail("start must be ≥ 0, got " + std::to_string(opts.start));

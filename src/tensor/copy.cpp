@@ -71,3 +71,29 @@ Tensor to_device(const Tensor& x, Device device) {
 }
 
 }  // namespace seqlab::kernel
+
+namespace seqlab::bf16_on_cpu {
+
+Tensor Widening::widen(const Tensor& t) {
+  if (!is_bf16(t)) return t;
+  for (const auto& [original, standin] : originals_and_standins_) {
+    if (original.storage() == t.storage() && original.offset() == t.offset() && original.shape() == t.shape() &&
+        original.strides() == t.strides()) {
+      return standin;
+    }
+  }
+  Tensor standin = kernel::to_dtype(t, DType::f32);
+  originals_and_standins_.emplace_back(t, standin);
+  return standin;
+}
+
+// Only contiguous originals can be outputs (outputs are contiguous by the slots' contract); a
+// strided bf16 argument is an input and is left alone. Rounding back an input's unchanged stand-in
+// gives back its own bits.
+void Widening::narrow_back() {
+  for (const auto& [original, standin] : originals_and_standins_) {
+    if (original.is_contiguous()) kernel::copy_kernel(original.device(), original, standin);
+  }
+}
+
+}  // namespace seqlab::bf16_on_cpu

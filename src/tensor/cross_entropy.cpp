@@ -51,8 +51,9 @@ CrossEntropyOutput cross_entropy(const Tensor& logits, const Tensor& targets, in
     }
     ++out.count;
   }
-  Tensor losses = Tensor::empty({n}, logits.dtype(), logits.device());
-  out.lse = Tensor::empty({n}, logits.dtype(), logits.device());
+  // Losses and lse in f32 for bf16 logits (mixed precision keeps the loss in f32).
+  Tensor losses = Tensor::empty({n}, accumulate_dtype(logits.dtype()), logits.device());
+  out.lse = Tensor::empty({n}, accumulate_dtype(logits.dtype()), logits.device());
   cross_entropy_kernel(logits.device(), r.logits, r.targets, ignore_index, losses, out.lse);
   // Ignored rows hold 0, so with no counted target the sum is 0 and the mean is defined as 0.
   const double scale = out.count > 0 ? 1.0 / static_cast<double>(out.count) : 0.0;

@@ -55,6 +55,9 @@ inline const char* dtype_name(DType d) {
   return "?";
 }
 
+// The dtype in which sums over a tensor of dtype d are kept when they are stored: softmax
+// statistics, norm statistics, losses. f32 for bf16 (8 significant bits would lose them), d otherwise.
+inline DType accumulate_dtype(DType d) { return d == DType::bf16 ? DType::f32 : d; }
 inline bool is_floating(DType d) { return d == DType::f32 || d == DType::f64 || d == DType::bf16; }
 inline bool is_integer(DType d) { return d == DType::i32 || d == DType::i64; }
 

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <set>
 #include <stdexcept>
-#include <type_traits>
 
 #include "tensor/cpu/parallel.h"
 #include "tensor/kernels.h"
@@ -81,8 +80,9 @@ Optimizer::Optimizer(const OptimConfig& config, std::vector<ParamGroup> groups)
         throw std::invalid_argument("optimizer: parameter '" + p.name +
                                     "' must be a defined, contiguous floating tensor");
       }
-      Slot s{p, group.lr_scale, group.weight_decay, Tensor(), Tensor(), 0};
+      Slot s{p, group.lr_scale, group.weight_decay, Tensor(), Tensor(), Tensor(), 0};
       DType sd = state_dtype(t.dtype());
+      if (t.dtype() == DType::bf16) s.master = kernel::to_dtype(t, DType::f32);
       if (adamw()) {
         s.m = Tensor::zeros(t.shape(), sd, t.device());
         s.v = Tensor::zeros(t.shape(), sd, t.device());
@@ -115,10 +115,10 @@ void Optimizer::step(double lr) {
       const double t = static_cast<double>(s.updates);
       AdamWStep a{group_lr, s.weight_decay, config_.beta1, config_.beta2, config_.eps,
                   1.0 - std::pow(config_.beta1, t), 1.0 - std::pow(config_.beta2, t)};
-      adamw_step_kernel(p.device(), a, p, g, s.m, s.v);
+      adamw_step_kernel(p.device(), a, p, g, s.m, s.v, s.master);
     } else {
       SgdStep a{group_lr, s.weight_decay, config_.momentum, config_.nesterov};
-      sgd_step_kernel(p.device(), a, p, g, s.m);
+      sgd_step_kernel(p.device(), a, p, g, s.m, s.master);
     }
   }
   ++steps_;
@@ -164,6 +164,16 @@ absl::Status Optimizer::load_state(const std::map<std::string, Tensor>& state) {
       return absl::InvalidArgumentError(absl::StrCat("optimizer state: '", name, "' is negative (", t.item(), ")"));
     }
   }
+  for (const Slot& s : slots_) {
+    if (!s.master.defined()) continue;
+    auto it = state.find(s.param.name);
+    if (it == state.end() || !it->second.defined() || it->second.shape() != s.master.shape() ||
+        it->second.dtype() != DType::f32) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state: the f32 master weight of bf16 parameter '",
+                                                     s.param.name, "' needs the saved weight '", s.param.name, "' ",
+                                                     shape_str(s.master.shape()), " f32"));
+    }
+  }
   for (const auto& [name, t] : state) {
     if (absl::StartsWith(name, "optim.") && !known.count(name)) {
       return absl::InvalidArgumentError(absl::StrCat("optimizer state: unexpected '", name, "' (no such state in this ",
@@ -173,6 +183,7 @@ absl::Status Optimizer::load_state(const std::map<std::string, Tensor>& state) {
   // Everything matches: now restore.
   steps_ = state.at("optim.step").to_indices()[0];
   for (Slot& s : slots_) {
+    if (s.master.defined()) kernel::copy_(s.master, state.at(s.param.name));
     if (adamw()) {
       kernel::copy_(s.m, state.at("optim.exp_avg." + s.param.name));
       kernel::copy_(s.v, state.at("optim.exp_avg_sq." + s.param.name));
@@ -182,6 +193,14 @@ absl::Status Optimizer::load_state(const std::map<std::string, Tensor>& state) {
     }
   }
   return absl::OkStatus();
+}
+
+std::map<std::string, Tensor> Optimizer::master_weights() const {
+  std::map<std::string, Tensor> out;
+  for (const Slot& s : slots_) {
+    if (s.master.defined()) out.emplace(s.param.name, s.master);
+  }
+  return out;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -230,26 +249,18 @@ void scale_grads(const std::vector<Parameter>& params, double s) {
 
 namespace {
 
-// Calls fn(P{}) for a floating parameter type: float, double or bf16 (computed in float).
-template <class Fn>
-void dispatch_param(DType d, const char* op, Fn&& fn) {
-  switch (d) {
-    case DType::f32: return fn(float{});
-    case DType::f64: return fn(double{});
-    case DType::bf16: return fn(bf16{});
-    default: throw std::invalid_argument(std::string(op) + ": expected a floating tensor, got " + dtype_name(d));
-  }
-}
+// The update of one parameter element in its compute type S (f32 or f64). With a master w (f32, for
+// a bf16 parameter, which reaches these kernels widened to f32 by the dispatch layer, see
+// tensor/dispatch.h) the update reads and writes w[i], and p[i] gets the same value, which the
+// dispatch layer rounds to bf16.
 
-template <class P>
-using Compute = std::conditional_t<std::is_same_v<P, double>, double, float>;
-
-void adamw_step_cpu(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v) {
-  dispatch_param(p.dtype(), "adamw_step", [&](auto tag) {
-    using P = decltype(tag);
-    using S = Compute<P>;
-    P* pp = p.data<P>();
-    const P* gp = g.data<P>();
+void adamw_step_cpu(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                    const Tensor& w) {
+  dispatch_float(p.dtype(), "adamw_step", [&](auto tag) {
+    using S = decltype(tag);
+    S* pp = p.data<S>();
+    S* wp = w.defined() ? w.data<S>() : pp;
+    const S* gp = g.data<S>();
     S* mp = m.data<S>();
     S* vp = v.data<S>();
     const S lr = S(s.lr), lr_wd = S(s.lr * s.weight_decay), eps = S(s.eps);
@@ -257,33 +268,34 @@ void adamw_step_cpu(const AdamWStep& s, const Tensor& p, const Tensor& g, const 
     const S inv_bc1 = S(1.0 / s.bias_correction1), inv_bc2 = S(1.0 / s.bias_correction2);
     cpu::parallel_for(p.numel(), cpu::kParallelGrain / 4, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        const S gi = convert_scalar<S>(gp[i]);
-        S pi = convert_scalar<S>(pp[i]);
+        const S gi = gp[i];
+        S pi = wp[i];
         pi -= lr_wd * pi;
         const S mi = b1 * mp[i] + c1 * gi;
         const S vi = b2 * vp[i] + c2 * gi * gi;
         mp[i] = mi;
         vp[i] = vi;
         pi -= lr * (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps);
-        pp[i] = convert_scalar<P>(pi);
+        wp[i] = pi;
+        pp[i] = pi;
       }
     });
   });
 }
 
-void sgd_step_cpu(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b) {
-  dispatch_param(p.dtype(), "sgd_step", [&](auto tag) {
-    using P = decltype(tag);
-    using S = Compute<P>;
-    P* pp = p.data<P>();
-    const P* gp = g.data<P>();
+void sgd_step_cpu(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b, const Tensor& w) {
+  dispatch_float(p.dtype(), "sgd_step", [&](auto tag) {
+    using S = decltype(tag);
+    S* pp = p.data<S>();
+    S* wp = w.defined() ? w.data<S>() : pp;
+    const S* gp = g.data<S>();
     S* bp = b.defined() ? b.data<S>() : nullptr;
     const S lr = S(s.lr), lr_wd = S(s.lr * s.weight_decay), mu = S(s.momentum);
     const bool nesterov = s.nesterov;
     cpu::parallel_for(p.numel(), cpu::kParallelGrain / 4, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        const S gi = convert_scalar<S>(gp[i]);
-        S pi = convert_scalar<S>(pp[i]);
+        const S gi = gp[i];
+        S pi = wp[i];
         pi -= lr_wd * pi;
         S d = gi;
         if (bp) {
@@ -292,7 +304,8 @@ void sgd_step_cpu(const SgdStep& s, const Tensor& p, const Tensor& g, const Tens
           d = nesterov ? gi + mu * bi : bi;
         }
         pi -= lr * d;
-        pp[i] = convert_scalar<P>(pi);
+        wp[i] = pi;
+        pp[i] = pi;
       }
     });
   });
@@ -303,7 +316,7 @@ double sum_squares_cpu(const Tensor& x) {
   constexpr int64_t kBlock = 1 << 15;
   const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
   std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
-  dispatch_param(x.dtype(), "sum_squares", [&](auto tag) {
+  dispatch_float(x.dtype(), "sum_squares", [&](auto tag) {
     using T = decltype(tag);
     const T* p = x.data<T>();
 #pragma omp parallel for schedule(static) if (blocks > 1)
@@ -323,13 +336,12 @@ double sum_squares_cpu(const Tensor& x) {
 }
 
 void scale_inplace_cpu(const Tensor& x, double s) {
-  dispatch_param(x.dtype(), "scale_inplace", [&](auto tag) {
-    using T = decltype(tag);
-    using S = Compute<T>;
-    T* p = x.data<T>();
+  dispatch_float(x.dtype(), "scale_inplace", [&](auto tag) {
+    using S = decltype(tag);
+    S* p = x.data<S>();
     const S k = S(s);
     cpu::parallel_for(x.numel(), cpu::kParallelGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) p[i] = convert_scalar<T>(k * convert_scalar<S>(p[i]));
+      for (int64_t i = begin; i < end; ++i) p[i] = k * p[i];
     });
   });
 }

@@ -7,6 +7,11 @@
 // optimizer's own update.
 //
 // Each parameter is updated by one fused in-place kernel that reads and writes p, g, m (and v) once.
+//
+// Mixed precision: a bf16 parameter gets an f32 master copy, made when the optimizer is built. The
+// update is computed on the master and the parameter becomes the master rounded to bf16, so small
+// updates accumulate instead of vanishing under bf16's 8 significant bits. The masters are the
+// weights that checkpoints save (master_weights()) and that load_state restores.
 // The kernels are dispatch slots (declared below) so a CUDA backend can register its own; the CPU
 // implementation is in optim.cpp.
 #pragma once
@@ -75,14 +80,20 @@ class Optimizer {
   std::vector<std::pair<std::string, Tensor>> state_tensors() const;
   // Restores the state from a map that may also hold other entries (model weights): every name
   // above must be present with the same shape and dtype, and no other "optim." name may appear.
-  // Nothing is changed unless everything matches; the error names the first mismatch.
+  // The f32 master of a bf16 parameter NAME is restored from the entry NAME (the saved weight,
+  // which must then be present, of the parameter's shape, in f32). Nothing is changed unless
+  // everything matches; the error names the first mismatch.
   absl::Status load_state(const std::map<std::string, Tensor>& state);
+
+  // The f32 masters of the bf16 parameters, by parameter name (live views; empty without bf16).
+  std::map<std::string, Tensor> master_weights() const;
 
  private:
   struct Slot {
     Parameter param;
     double lr_scale, weight_decay;
     Tensor m, v;         // adamw: exp_avg, exp_avg_sq; sgd: m is the momentum buffer (or undefined)
+    Tensor master;       // f32 copy of a bf16 parameter (undefined otherwise)
     int64_t updates = 0; // adamw: times this parameter was updated
   };
   bool adamw() const { return config_.name == "adamw"; }
@@ -101,7 +112,9 @@ double clip_grad_norm(const std::vector<Parameter>& params, double max_norm);
 void scale_grads(const std::vector<Parameter>& params, double s);
 
 // ---- kernel slots: contiguous tensors of one device; g has p's dtype; m, v are f64 for f64
-// parameters and f32 otherwise (bf16 parameters are computed in f32) ----
+// parameters and f32 otherwise (bf16 parameters are computed in f32). `w` is the f32 master of a
+// bf16 p, or undefined: when defined the update reads and writes w instead of p, and then
+// p ← bf16(w). Below, p stands for w when w is defined. ----
 
 struct AdamWStep {
   double lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0;
@@ -110,7 +123,7 @@ struct AdamWStep {
 // p ← p − lr·wd·p;  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;
 // p ← p − lr · (m / bc1) / (√(v / bc2) + ε).
 SEQLAB_DECLARE_KERNEL(adamw_step_kernel, void (*)(const AdamWStep& s, const Tensor& p, const Tensor& g,
-                                                  const Tensor& m, const Tensor& v));
+                                                  const Tensor& m, const Tensor& v, const Tensor& w));
 
 struct SgdStep {
   double lr = 0, weight_decay = 0, momentum = 0;
@@ -118,7 +131,8 @@ struct SgdStep {
 };
 // p ← p − lr·wd·p;  b ← μ·b + g;  d = nesterov ? g + μ·b : b  (d = g when b is undefined);
 // p ← p − lr·d.
-SEQLAB_DECLARE_KERNEL(sgd_step_kernel, void (*)(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b));
+SEQLAB_DECLARE_KERNEL(sgd_step_kernel,
+                      void (*)(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b, const Tensor& w));
 
 // Σ x² over a contiguous floating tensor, accumulated in double in an order independent of threads.
 SEQLAB_DECLARE_KERNEL(sum_squares_kernel, double (*)(const Tensor& x));

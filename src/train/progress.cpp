@@ -10,11 +10,11 @@
 
 namespace seqlab::cli {
 
-double measured_peak_flops(Device device) {
+double measured_peak_flops(Device device, DType dtype) {
   constexpr int64_t n = 1024;
   Generator gen(0);
-  Tensor a = Tensor::randn({n, n}, gen, DType::f32, 1.0, device);
-  Tensor b = Tensor::randn({n, n}, gen, DType::f32, 1.0, device);
+  Tensor a = kernel::to_dtype(Tensor::randn({n, n}, gen, DType::f32, 1.0, device), dtype);
+  Tensor b = kernel::to_dtype(Tensor::randn({n, n}, gen, DType::f32, 1.0, device), dtype);
   double best = 0;
   (void)kernel::narrow(kernel::narrow(kernel::matmul(a, b), 0, 0, 1), 1, 0, 1).item();  // warm-up
   for (int i = 0; i < 10; ++i) {

@@ -5,9 +5,9 @@
 //   MFU = tokens/s · flops_per_token / peak FLOP/s,   flops_per_token = 6·N + mixing
 // (N parameters: forward and backward through every weight; mixing is the model's
 // mixing_flops_per_token: 6·L·T·d for causal attention, the count ../shared/bench/torch_gpt.py
-// prints, and the chunkwise cost for the recurrent mixers). On the CPU the peak is not a datasheet
-// figure but the f32 GEMM rate this machine reaches at start-up (measured_peak_flops), so the MFU says
-// how close training runs to the best matrix multiply here.
+// prints, and the chunkwise cost for the recurrent mixers). The peak is not a datasheet figure but
+// the GEMM rate the device reaches at start-up in the training dtype (measured_peak_flops), so the
+// MFU says how close training runs to the best matrix multiply of that size there.
 #pragma once
 
 #include <chrono>
@@ -18,9 +18,9 @@
 
 namespace seqlab::cli {
 
-// f32 GEMM throughput on `device`: the best of ten 1024×1024×1024 products after one warm-up (about
-// 0.1 s on this machine's two cores), so sleeping worker threads are awake when it counts.
-double measured_peak_flops(Device device);
+// GEMM throughput in `dtype` on `device`: the best of ten 1024×1024×1024 products after one warm-up
+// (about 0.1 s in f32 on a two-core CPU), so sleeping worker threads are awake when it counts.
+double measured_peak_flops(Device device, DType dtype = DType::f32);
 
 class Progress {
  public:

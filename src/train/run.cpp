@@ -134,8 +134,13 @@ std::string newest_checkpoint(const std::string& run_dir) {
 
 void save_checkpoint(const std::string& run_dir, int64_t step, LanguageModel& model, const Optimizer& optimizer,
                      const LoaderState& loader, const Recipe& recipe, int64_t keep) {
+  // Weights are saved in f32 whatever train.dtype is: a bf16 parameter's f32 master stands for it.
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const Parameter& p : model.parameters()) tensors.emplace_back(p.name, p.tensor->detach());
+  const std::map<std::string, Tensor> masters = optimizer.master_weights();
+  for (const Parameter& p : model.parameters()) {
+    auto master = masters.find(p.name);
+    tensors.emplace_back(p.name, master != masters.end() ? master->second : p.tensor->detach());
+  }
   for (auto& entry : optimizer.state_tensors()) tensors.push_back(entry);
   std::map<std::string, std::string> meta = {{"format", "seqlab-checkpoint 1"},
                                              {"step", std::to_string(step)},
@@ -169,7 +174,10 @@ void restore_weights(const Checkpoint& checkpoint, LanguageModel& model) {
   for (const Parameter& p : model.parameters()) {
     auto it = checkpoint.contents.tensors.find(p.name);
     if (it == checkpoint.contents.tensors.end()) throw UserError(checkpoint.file + ": no weight named " + p.name);
-    if (it->second.shape() != p.tensor->shape() || it->second.dtype() != p.tensor->dtype()) {
+    // A bf16 model (mixed precision) takes the f32 weights that checkpoints hold, rounded.
+    const bool dtype_ok = it->second.dtype() == p.tensor->dtype() ||
+                          (p.tensor->dtype() == DType::bf16 && it->second.dtype() == DType::f32);
+    if (it->second.shape() != p.tensor->shape() || !dtype_ok) {
       throw UserError(checkpoint.file + ": " + p.name + " is " + shape_str(it->second.shape()) + " " +
                       dtype_name(it->second.dtype()) + ", the recipe's model has " + shape_str(p.tensor->shape()) +
                       " " + dtype_name(p.tensor->dtype()));

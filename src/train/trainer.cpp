@@ -141,9 +141,6 @@ Data open_data(const Recipe& r) {
 
 // train.device: "cpu"; "cuda" (an error without a usable GPU); "auto": the first GPU if one is usable.
 Device training_device(const Recipe& r) {
-  if (r.train.dtype == "bf16") {
-    throw UserError(r.source_path + ": train.dtype = \"bf16\" (mixed precision) is not supported by the trainer yet");
-  }
   if (r.train.device == "cpu") return cpu_device();
   if (cuda_available()) return cuda_device(0);
   if (r.train.device == "cuda") {
@@ -153,12 +150,18 @@ Device training_device(const Recipe& r) {
   return cpu_device();
 }
 
-// Moves the model to `wanted` and checks, with one forward and backward on a tiny batch in evaluation
-// mode (no dropout draws, gradients cleared after), that every kernel it needs exists there. Where one
-// does not: an error for train.device = "cuda", the CPU for "auto" (said on stderr).
+// train.dtype: the dtype of the weights and activations (bf16: mixed precision, whose f32 master
+// weights the optimizer keeps).
+DType training_dtype(const Recipe& r) { return r.train.dtype == "bf16" ? DType::bf16 : DType::f32; }
+
+// Moves the model to `wanted` in the training dtype and checks, with one forward and backward on a
+// tiny batch in evaluation mode (no dropout draws, gradients cleared after), that every kernel it
+// needs exists there. Where one does not: an error for train.device = "cuda", the CPU for "auto"
+// (said on stderr).
 Device place_model(LanguageModel& model, const Recipe& r, Device wanted) {
+  const DType dtype = training_dtype(r);
+  model.to(wanted, dtype);
   if (wanted == cpu_device()) return wanted;
-  model.to(wanted, DType::f32);
   try {
     model.set_training(false);
     const int64_t T = std::min<int64_t>(8, r.train.seq_len);
@@ -173,7 +176,7 @@ Device place_model(LanguageModel& model, const Recipe& r, Device wanted) {
     }
     std::cerr << "seqlab: training on the CPU: the model cannot run on " << wanted.str() << " yet (" << e.what()
               << ")\n";
-    model.to(cpu_device(), DType::f32);
+    model.to(cpu_device(), dtype);
     model.zero_grad();
     model.set_training(true);
     return cpu_device();
@@ -315,7 +318,7 @@ int train(const std::vector<std::string>& args) {
   const bool bar = r.log.progress == "bar" || (r.log.progress == "auto" && ::isatty(STDOUT_FILENO));
   const double flops_per_token = 6.0 * static_cast<double>(model->num_parameters()) +
                                  model->mixing_flops_per_token(r.train.seq_len);
-  Progress progress(bar, r.log.every, r.train.steps, flops_per_token, measured_peak_flops(device));
+  Progress progress(bar, r.log.every, r.train.steps, flops_per_token, measured_peak_flops(device, training_dtype(r)));
   progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s", r.name,
                                 model->num_parameters(), data.description, run,
                                 start > 0 ? absl::StrFormat(" (resumed at step %d)", start) : ""));
@@ -352,7 +355,7 @@ int train(const std::vector<std::string>& args) {
     tokens_since_log += tokens_per_step;
     seconds_since_log += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     progress.step(done, loss, lr, tokens_per_step);
-    if (step == start) progress.raise_peak(measured_peak_flops(device));  // once more, now the run is warm
+    if (step == start) progress.raise_peak(measured_peak_flops(device, training_dtype(r)));  // once more, now warm
     const bool last = done == r.train.steps;
     const bool eval_now = done % r.log.eval_every == 0 || last;
     if (done % r.log.every == 0 || eval_now) {

@@ -83,6 +83,6 @@ void fill_cpu(const Tensor& dst, double value) {
 }  // namespace seqlab::cpu
 
 namespace seqlab::kernel {
-SEQLAB_REGISTER_KERNEL(copy_kernel, DeviceType::CPU, &cpu::copy_cpu);
-SEQLAB_REGISTER_KERNEL(fill_kernel, DeviceType::CPU, &cpu::fill_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(copy_kernel, DeviceType::CPU, &cpu::copy_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(fill_kernel, DeviceType::CPU, &cpu::fill_cpu);
 }  // namespace seqlab::kernel

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <type_traits>
+#include <vector>
 
 #include "tensor/kernels.h"
 
@@ -82,6 +83,40 @@ void gemm_typed(const kernel::GemmArgs& g) {
   }
 }
 
+// Elements from the first of a batch of row-major matrices (rows × cols, leading dimension ld,
+// `stride` apart) to the last element of the last one.
+int64_t span(int64_t batch, int64_t stride, int64_t rows, int64_t cols, int64_t ld) {
+  if (batch == 0 || rows == 0 || cols == 0) return 0;
+  return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+template <class To, class From>
+std::vector<To> converted(const From* x, int64_t n) {
+  std::vector<To> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = convert_scalar<To>(x[i]);
+  return out;
+}
+
+// bf16 as the CUDA backend computes it (bf16 operands, f32 accumulation, C rounded to bf16 once):
+// the operands' spans are widened to f32 with the same layout, multiplied in f32, and C's span is
+// rounded back.
+void gemm_bf16(const kernel::GemmArgs& g) {
+  const int64_t na = span(g.batch, g.stride_a, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda);
+  const int64_t nb = span(g.batch, g.stride_b, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb);
+  const int64_t nc = span(g.batch, g.stride_c, g.m, g.n, g.ldc);
+  const std::vector<float> a = converted<float>(static_cast<const bf16*>(g.a), na);
+  const std::vector<float> b = converted<float>(static_cast<const bf16*>(g.b), nb);
+  std::vector<float> c = converted<float>(static_cast<const bf16*>(g.c), nc);
+  kernel::GemmArgs wide = g;
+  wide.a = a.data();
+  wide.b = b.data();
+  wide.c = c.data();
+  wide.dtype = DType::f32;
+  gemm_typed<float>(wide);
+  bf16* out = static_cast<bf16*>(g.c);
+  for (int64_t i = 0; i < nc; ++i) out[i] = bf16(c[static_cast<size_t>(i)]);
+}
+
 void gemm_cpu(const kernel::GemmArgs& g, Device) {
   // Keep OpenBLAS single-threaded (see the top of the file). Someone else (a benchmark's peer)
   // may have raised its thread count since the last call; setting it is only safe outside a
@@ -91,8 +126,11 @@ void gemm_cpu(const kernel::GemmArgs& g, Device) {
     gemm_typed<float>(g);
   } else if (g.dtype == DType::f64) {
     gemm_typed<double>(g);
+  } else if (g.dtype == DType::bf16) {
+    gemm_bf16(g);
   } else {
-    throw std::invalid_argument(std::string("matmul on the CPU supports f32 and f64, got ") + dtype_name(g.dtype));
+    throw std::invalid_argument(std::string("matmul on the CPU supports f32, f64 and bf16, got ") +
+                                dtype_name(g.dtype));
   }
 }
 

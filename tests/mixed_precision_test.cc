@@ -1,0 +1,183 @@
+// Mixed precision (train.dtype = "bf16") on the CPU, where it is the reference for the GPU:
+// - bf16 kernels on the CPU are the f32 kernels on the same (exactly widened) values with the outputs
+//   rounded to bf16 once, including GEMMs with strides and β = 1, in-place updates and struct outputs;
+// - statistics stay f32: cross-entropy's loss and lse, attention's lse;
+// - the optimizer's f32 master weights: updates far below bf16's resolution accumulate, p = bf16(w),
+//   and load_state restores the master from the f32 weight a checkpoint holds;
+// - a small GPT trained in bf16 follows its f32 twin's losses within bf16's tolerance.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "layers/attention.h"
+#include "layers/gpt.h"
+#include "tensor/kernels.h"
+#include "train/optim.h"
+
+namespace seqlab {
+namespace {
+
+Tensor bf16_randn(const Shape& shape, Generator& gen, double stddev = 1.0) {
+  return kernel::to_dtype(Tensor::randn(shape, gen, DType::f32, stddev), DType::bf16);
+}
+Tensor f32(const Tensor& x) { return kernel::to_dtype(x, DType::f32); }
+Tensor rounded(const Tensor& x) { return kernel::to_dtype(x, DType::bf16); }
+
+// Bit equality of two bf16 tensors (as their exactly widened f32 values).
+void expect_same_bf16(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.dtype(), DType::bf16) << what;
+  ASSERT_EQ(want.dtype(), DType::bf16) << what;
+  EXPECT_EQ(f32(got).to_doubles(), f32(want).to_doubles()) << what;
+}
+
+TEST(Bf16OnCpu, KernelsAreTheF32KernelsRoundedOnce) {
+  Generator gen(1);
+  const Tensor x = bf16_randn({6, 10}, gen), y = bf16_randn({6, 10}, gen), w = bf16_randn({10}, gen);
+  const Tensor b = bf16_randn({10}, gen);
+  using kernel::BinaryOp;
+  using kernel::UnaryOp;
+  expect_same_bf16(kernel::unary(UnaryOp::gelu, x), rounded(kernel::unary(UnaryOp::gelu, f32(x))), "gelu");
+  expect_same_bf16(kernel::binary(BinaryOp::mul, x, w), rounded(kernel::binary(BinaryOp::mul, f32(x), f32(w))),
+                   "broadcast mul");
+  expect_same_bf16(kernel::softmax(x), rounded(kernel::softmax(f32(x))), "softmax");
+  const kernel::NormOutput n16 = kernel::layer_norm(x, w, b, 1e-5), n32 = kernel::layer_norm(f32(x), f32(w), f32(b), 1e-5);
+  expect_same_bf16(n16.y, rounded(n32.y), "layer_norm y");
+  // GEMM: transposed operands, a batch of strided views, and β = 1 onto an existing C.
+  expect_same_bf16(kernel::matmul(x, y, false, true), rounded(kernel::matmul(f32(x), f32(y), false, true)), "x yᵀ");
+  const Tensor a3 = bf16_randn({3, 4, 5}, gen), b3 = bf16_randn({3, 5, 2}, gen);
+  expect_same_bf16(kernel::matmul(a3, b3), rounded(kernel::matmul(f32(a3), f32(b3))), "batched");
+  const Tensor onto = bf16_randn({6, 6}, gen);
+  const Tensor want = rounded(kernel::matmul(f32(x), f32(y), false, true, kernel::clone(f32(onto))));
+  expect_same_bf16(kernel::matmul(x, y, false, true, kernel::clone(onto)), want, "onto (β = 1)");
+  // A kernel with a struct of outputs, and one that reads and writes one tensor in place.
+  const kernel::NormGrads g16 = kernel::layer_norm_backward(y, x, w, n16.mean, n16.rstd, true, true, true);
+  const kernel::NormGrads g32 =
+      kernel::layer_norm_backward(f32(y), f32(x), f32(w), f32(n16.mean), f32(n16.rstd), true, true, true);
+  expect_same_bf16(g16.dx, rounded(g32.dx), "layer_norm dx");
+  expect_same_bf16(g16.dweight, rounded(g32.dweight), "layer_norm dweight");
+}
+
+TEST(Bf16OnCpu, StatisticsAndLossesStayF32) {
+  Generator gen(2);
+  const Tensor logits = bf16_randn({5, 7}, gen, 3.0);
+  const Tensor targets = Tensor::from_indices({0, 6, 3, 3, 1}, {5});
+  const kernel::CrossEntropyOutput ce = kernel::cross_entropy(logits, targets, -1);
+  EXPECT_EQ(ce.loss.dtype(), DType::f32);
+  EXPECT_EQ(ce.lse.dtype(), DType::f32);
+  const kernel::CrossEntropyOutput ref = kernel::cross_entropy(f32(logits), targets, -1);
+  EXPECT_EQ(ce.loss.item(), ref.loss.item());  // the same f32 arithmetic on the same values
+
+  const Tensor q = bf16_randn({1, 4, 2, 8}, gen), k = bf16_randn({1, 4, 2, 8}, gen), v = bf16_randn({1, 4, 2, 8}, gen);
+  const AttentionOutput a16 = kernel::attention_forward(q, k, v, AttentionOptions{});
+  const AttentionOutput a32 = kernel::attention_forward(f32(q), f32(k), f32(v), AttentionOptions{});
+  EXPECT_EQ(a16.lse.dtype(), DType::f32);
+  EXPECT_EQ(a16.lse.to_doubles(), a32.lse.to_doubles());
+  expect_same_bf16(a16.o, rounded(a32.o), "attention o");
+}
+
+OptimConfig plain_sgd() {
+  OptimConfig c;
+  c.name = "sgd";
+  c.momentum = 0;
+  c.weight_decay = 0;
+  return c;
+}
+
+TEST(MasterWeights, SmallUpdatesAccumulateInTheMaster) {
+  // 1 + 100 · 1e-4 = 1.01, but bf16 has no number between 1 and 1 + 2⁻⁷ ≈ 1.0078: updated in bf16,
+  // p would stay at 1 forever; through the master it crosses 1.0078.
+  Tensor p = Tensor::from_vector({1.0, -1.0}, {2}, DType::bf16);
+  p.set_requires_grad(true);
+  Optimizer opt(plain_sgd(), {Parameter{"p", &p, ParamRole::matrix}});
+  for (int i = 0; i < 100; ++i) {
+    p.set_grad(Tensor::from_vector({-1.0, 1.0}, {2}, DType::bf16));
+    opt.step(1e-4);
+  }
+  const Tensor w = opt.master_weights().at("p");
+  EXPECT_EQ(w.dtype(), DType::f32);
+  EXPECT_NEAR(w.to_doubles()[0], 1.01, 1e-5);
+  EXPECT_NEAR(w.to_doubles()[1], -1.01, 1e-5);
+  EXPECT_EQ(p.to_doubles(), rounded(w).to_doubles());
+  EXPECT_EQ(p.to_doubles()[0], 1.0078125);
+}
+
+TEST(MasterWeights, AdamWKeepsP_AsTheRoundedMasterAndLoadStateRestoresIt) {
+  OptimConfig c;
+  c.name = "adamw";
+  Tensor p = Tensor::from_vector({0.3, -0.7, 2.0}, {3}, DType::bf16);
+  p.set_requires_grad(true);
+  Optimizer opt(c, {Parameter{"p", &p, ParamRole::matrix}});
+  for (int i = 0; i < 3; ++i) {
+    p.set_grad(Tensor::from_vector({0.5, -0.25, 1.0}, {3}, DType::bf16));
+    opt.step(1e-3);
+  }
+  const Tensor w = kernel::clone(opt.master_weights().at("p"));
+  EXPECT_EQ(p.to_doubles(), rounded(w).to_doubles());
+
+  // A checkpoint holds the master as the weight "p": a fresh optimizer takes it back exactly.
+  std::map<std::string, Tensor> state;
+  for (const auto& [name, t] : opt.state_tensors()) state[name] = kernel::clone(t);
+  state["p"] = w;
+  Tensor p2 = rounded(w);
+  p2.set_requires_grad(true);
+  Optimizer again(c, {Parameter{"p", &p2, ParamRole::matrix}});
+  ASSERT_TRUE(again.load_state(state).ok());
+  EXPECT_EQ(again.master_weights().at("p").to_doubles(), w.to_doubles());
+
+  state.erase("p");
+  const absl::Status missing = again.load_state(state);
+  EXPECT_FALSE(missing.ok());
+  EXPECT_NE(std::string(missing.message()).find("master weight of bf16 parameter 'p'"), std::string::npos)
+      << missing.message();
+}
+
+TEST(MixedPrecisionGpt, FollowsTheF32LossesWithinBf16Tolerance) {
+  GptConfig cfg;
+  cfg.vocab_size = 13;
+  cfg.d_model = 16;
+  cfg.n_layers = 2;
+  cfg.n_heads = 2;
+  cfg.max_seq_len = 8;
+  Generator gen_a(5), gen_b(5);
+  Gpt full(cfg, gen_a), mixed(cfg, gen_b);
+  mixed.to(cpu_device(), DType::bf16);
+  OptimConfig c;
+  c.lr = 3e-3;
+  Optimizer opt_full(c, full.parameters()), opt_mixed(c, mixed.parameters());
+  Generator data(9);
+  std::vector<int64_t> ids(2 * 9);
+  for (int64_t& t : ids) t = static_cast<int64_t>(data.next_u64() % 13);
+  std::vector<int64_t> in, out;
+  for (int b = 0; b < 2; ++b) {
+    for (int t = 0; t < 8; ++t) {
+      in.push_back(ids[static_cast<size_t>(b * 9 + t)]);
+      out.push_back(ids[static_cast<size_t>(b * 9 + t + 1)]);
+    }
+  }
+  const Tensor inputs = Tensor::from_indices(in, {2, 8}), targets = Tensor::from_indices(out, {2, 8});
+  double first = 0, last = 0;
+  for (int step = 0; step < 20; ++step) {
+    Tensor lf = full.loss(inputs, targets), lm = mixed.loss(inputs, targets);
+    EXPECT_EQ(lm.dtype(), DType::f32);
+    EXPECT_NEAR(lm.item(), lf.item(), 2e-2 * lf.item()) << "step " << step;
+    opt_full.zero_grad();
+    opt_mixed.zero_grad();
+    lf.backward();
+    lm.backward();
+    opt_full.step(c.lr);
+    opt_mixed.step(c.lr);
+    (step == 0 ? first : last) = lm.item();
+  }
+  EXPECT_LT(last, first - 0.3) << "the bf16 model learns the batch";
+  for (const Parameter& p : mixed.parameters()) {
+    EXPECT_EQ(p.tensor->dtype(), DType::bf16) << p.name;
+    EXPECT_EQ(p.tensor->to_doubles(), rounded(opt_mixed.master_weights().at(p.name)).to_doubles()) << p.name;
+  }
+}
+
+}  // namespace
+}  // namespace seqlab
