@@ -40,7 +40,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "cuda/attention_tc.cuh"
+#include "cuda/attention_tc.h"
 #include "cuda/row_kernels.cuh"
 #include "cuda/runtime.h"
 #include "layers/attention.h"
@@ -439,9 +439,8 @@ void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const kerne
     const attention_tc::Problem tp = tc_problem(g, p);
     DeviceGuard guard(device);
     if (attention_tc::supports(tp, device, {q.raw_data(), k.raw_data(), v.raw_data(), o.raw_data()})) {
-      attention_tc::forward(tp, stream(device), static_cast<const bf16_t*>(q.raw_data()),
-                            static_cast<const bf16_t*>(k.raw_data()), static_cast<const bf16_t*>(v.raw_data()),
-                            static_cast<bf16_t*>(o.raw_data()), static_cast<bf16_t*>(lse.raw_data()));
+      attention_tc::forward(tp, device, q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), o.data<bf16>(),
+                            lse.data<bf16>());
       return;
     }
   }
@@ -506,11 +505,12 @@ void backward_cuda(const Tensor& dout, const Tensor& dlse, const Tensor& q, cons
 
     if constexpr (std::is_same_v<T, bf16_t>) {
       const attention_tc::Problem tp = tc_problem(g, p);
-      T* dq = grads.dq.defined() ? static_cast<T*>(grads.dq.raw_data()) : nullptr;
-      T* dk = grads.dk.defined() ? static_cast<T*>(grads.dk.raw_data()) : nullptr;
-      T* dv = grads.dv.defined() ? static_cast<T*>(grads.dv.raw_data()) : nullptr;
+      bf16* dq = grads.dq.defined() ? grads.dq.data<bf16>() : nullptr;
+      bf16* dk = grads.dk.defined() ? grads.dk.data<bf16>() : nullptr;
+      bf16* dv = grads.dv.defined() ? grads.dv.data<bf16>() : nullptr;
       if (g.Dk == g.Dv && attention_tc::supports(tp, device, {Q, K, V, dO, dq, dk, dv})) {
-        attention_tc::backward(tp, st, Q, K, V, dO, L, D, dq, dk, dv);
+        attention_tc::backward(tp, device, q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), dout.data<bf16>(),
+                               lse.data<bf16>(), D, dq, dk, dv);
         return;
       }
     }

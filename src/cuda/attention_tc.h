@@ -1,0 +1,36 @@
+// The tensor-core (bf16) kernels of the fused attention op, as src/cuda/attention.cu calls them. Plain
+// C++ (no CUDA types), so tests/attention_tc_emulation_test.cc can share Problem. Layouts, equations
+// and the reasoning behind the kernels: src/cuda/attention_tc.cu.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "tensor/dtype.h"
+
+namespace seqlab::cuda::attention_tc {
+
+// One call: q [B, T, H, D], k and v [B, S, Hk, D] (Dk = Dv = D), contiguous bf16; query head h reads
+// kv head h / (H/Hk); query i sees keys j < i + S − T + 1 when causal, all S otherwise. scale > 0.
+struct Problem {
+  int64_t B, T, S, H, Hk, D;
+  bool causal;
+  float scale;
+};
+
+// Whether these kernels take the call on `device`: D is 64 or 128, the device has compute capability
+// ≥ 8.0 (bf16 tensor cores), the kernels were compiled for it, it has enough opt-in shared memory for
+// all three kernels, and every pointer is 16-byte aligned (tiles are read 16 bytes at a time).
+// Otherwise the caller uses its FMA kernels. Call with `device` current.
+bool supports(const Problem& p, int device, std::initializer_list<const void*> pointers);
+
+// Writes o [B, T, H, D] and lse [B, T, H] (bf16, like the inputs), every element once, on the device's
+// stream.
+void forward(const Problem& p, int device, const bf16* q, const bf16* k, const bf16* v, bf16* o, bf16* lse);
+
+// Reads dout [B, T, H, D], lse [B, T, H] and delta [B, T, H] (f32, δ_i = dO_i·O_i − dlse_i, computed by
+// the caller); writes every element of each non-null gradient (dq like q, dk and dv like k and v).
+void backward(const Problem& p, int device, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+              const bf16* lse, const float* delta, bf16* dq, bf16* dk, bf16* dv);
+
+}  // namespace seqlab::cuda::attention_tc

@@ -1,0 +1,333 @@
+// The bf16 tensor-core attention kernels (src/cuda/attention_tc_kernels.cuh), run on the CPU against the
+// CPU attention slots. No GPU needed: this is the check those kernels get on every build until a GPU runs
+// tests/cuda_attention_gpu_test.cc.
+//
+// The kernel source is compiled by the host compiler over a small emulation of what it uses from CUDA:
+// each block runs as 128 std::threads (one per CUDA thread) with its own shared-memory buffer, filled
+// with 0xff bytes (NaN as bf16 and f32) so a read of anything not written shows up; __syncthreads and
+// __syncwarp are barriers of the block's 128 and the warp's 32 threads (a barrier also orders memory,
+// as on the GPU); __shfl_xor_sync goes through a per-warp buffer between two warp barriers. wmma
+// fragments hold the whole 16×16 matrix in every lane, which is exactly the documented meaning of
+// load_matrix_sync / mma_sync / store_matrix_sync on row- and column-major matrices in memory (the
+// kernels never depend on which lane holds which element); the loads and stores check the documented
+// 256-bit pointer alignment and 16-byte leading dimension, and each lane stores only its own part of
+// an accumulator, so a missing __syncwarp between a fragment store and the lanes' reads shows up too
+// (checked by deleting barriers from the kernels: each deletion failed this test, except one right
+// after a shuffle, which the emulation's shuffle itself synchronises).
+// What this cannot check: the real compiler, the wmma library's implementation, the hardware's
+// scheduling and memory system, and performance.
+//
+// Shapes: head dims 64 and 128, T and S not multiples of the 64-row tiles, T < S and T > S, causal and
+// bidirectional, MHA, GQA and MQA, decoding. Tolerance as for bf16 in the GPU test:
+// |got − want| ≤ 2e-2 · max(|want|, 1), the reference being the CPU kernels in f32 on the same bf16
+// values.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "layers/attention.h"
+#include "tensor/kernels.h"
+#include "tensor/tensor.h"
+
+// ---- the emulated CUDA pieces (global names, as the CUDA headers declare them) ----------------------
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(threads)
+
+struct Dim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+inline thread_local Dim3 threadIdx, blockIdx;
+
+struct uint4 {
+  uint32_t x, y, z, w;
+};
+inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
+inline float __bfloat162float(seqlab::bf16 x) { return static_cast<float>(x); }
+inline seqlab::bf16 __float2bfloat16(float x) { return seqlab::bf16(x); }  // round to nearest even, as CUDA's
+struct __nv_bfloat162 {
+  seqlab::bf16 x, y;
+};
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {seqlab::bf16(a), seqlab::bf16(b)}; }
+
+namespace emu {
+
+constexpr int kThreads = 128;
+
+// A reusable barrier for n threads (the mutex also orders their memory accesses).
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const uint64_t generation = generation_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return generation_ != generation; });
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int n_, arrived_ = 0;
+  uint64_t generation_ = 0;
+};
+
+struct Block {
+  Barrier all{kThreads};
+  Barrier warps[kThreads / 32]{Barrier(32), Barrier(32), Barrier(32), Barrier(32)};
+  float shuffle[kThreads / 32][32] = {};
+  unsigned char* shared = nullptr;
+};
+inline thread_local Block* block = nullptr;
+
+// Runs body() as every thread of every block of `grid`, with `shared_bytes` of shared memory per block.
+void launch(Dim3 grid, size_t shared_bytes, const std::function<void()>& body) {
+  const size_t padded = (shared_bytes + 127) / 128 * 128;
+  for (unsigned z = 0; z < grid.z; ++z) {
+    for (unsigned y = 0; y < grid.y; ++y) {
+      for (unsigned x = 0; x < grid.x; ++x) {
+        Block b;
+        b.shared = static_cast<unsigned char*>(std::aligned_alloc(128, padded));
+        std::memset(b.shared, 0xff, padded);
+        std::vector<std::thread> threads;
+        for (unsigned t = 0; t < kThreads; ++t) {
+          threads.emplace_back([&, t] {
+            threadIdx = {t, 0, 0};
+            blockIdx = {x, y, z};
+            block = &b;
+            body();
+          });
+        }
+        for (std::thread& th : threads) th.join();
+        std::free(b.shared);
+      }
+    }
+  }
+}
+
+}  // namespace emu
+
+inline void __syncthreads() { emu::block->all.wait(); }
+inline void __syncwarp() { emu::block->warps[threadIdx.x / 32].wait(); }
+inline float __shfl_xor_sync(unsigned /*mask*/, float value, int lane_mask) {
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  emu::block->shuffle[warp][lane] = value;
+  __syncwarp();
+  const float other = emu::block->shuffle[warp][lane ^ static_cast<unsigned>(lane_mask)];
+  __syncwarp();
+  return other;
+}
+
+namespace nvcuda::wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+// Every lane holds the whole 16×16 matrix, row-major in x.
+template <class Use, int M, int N, int K, class T, class Layout = void>
+struct fragment {
+  static constexpr int num_elements = 256;
+  float x[256];
+};
+
+inline void check_operand(const void* p, unsigned ldm, size_t element_bytes) {
+  if (reinterpret_cast<uintptr_t>(p) % 32 != 0 || ldm * element_bytes % 16 != 0) {
+    ADD_FAILURE() << "wmma operand at " << p << " with ldm " << ldm << " breaks the alignment rules";
+    std::abort();  // the kernel would be undefined on the GPU; stop before it runs on garbage
+  }
+}
+
+template <class Use, class Layout>
+void load_matrix_sync(fragment<Use, 16, 16, 16, seqlab::bf16, Layout>& f, const seqlab::bf16* p, unsigned ldm) {
+  check_operand(p, ldm, sizeof(seqlab::bf16));
+  for (unsigned r = 0; r < 16; ++r) {
+    for (unsigned c = 0; c < 16; ++c) {
+      f.x[r * 16 + c] = static_cast<float>(std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r]);
+    }
+  }
+}
+
+inline void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f, float value) {
+  std::fill(std::begin(f.x), std::end(f.x), value);
+}
+
+template <class LayoutA, class LayoutB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, seqlab::bf16, LayoutA>& a,
+              const fragment<matrix_b, 16, 16, 16, seqlab::bf16, LayoutB>& b,
+              const fragment<accumulator, 16, 16, 16, float>& c) {
+  float out[256];
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < 16; ++j) {
+      float s = c.x[i * 16 + j];
+      for (int k = 0; k < 16; ++k) s += a.x[i * 16 + k] * b.x[k * 16 + j];
+      out[i * 16 + j] = s;
+    }
+  }
+  std::copy(std::begin(out), std::end(out), d.x);
+}
+
+// Each lane writes its own eighth of the matrix (half a row), so the warp writes it once and a lane sees
+// the others' parts only after a __syncwarp, as on the GPU. The rows are shuffled (lane l writes half of
+// row 7·(l/2) + 3 mod 16, the other half from the one its index suggests) so that no kernel lane mapping
+// happens to read only what the same lane wrote.
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm, layout_t layout) {
+  check_operand(p, ldm, sizeof(float));
+  if (layout != mem_row_major) std::abort();  // the kernels store row-major only
+  const unsigned lane = threadIdx.x % 32, r = (lane / 2 * 7 + 3) % 16, c0 = (1 - lane % 2) * 8;
+  for (unsigned c = c0; c < c0 + 8; ++c) p[r * ldm + c] = f.x[r * 16 + c];
+}
+}  // namespace nvcuda::wmma
+
+namespace seqlab::cuda {
+using bf16_t = seqlab::bf16;
+}
+
+#define SEQLAB_TC_ATTENTION 1
+#define SEQLAB_TC_SHARED_MEMORY(name) unsigned char* name = emu::block->shared
+#include "cuda/attention_tc_kernels.cuh"
+
+// ---- the test ---------------------------------------------------------------------------------------
+namespace seqlab {
+namespace {
+
+namespace tc = cuda::attention_tc;
+
+struct Case {
+  int64_t B, T, S, H, Hk, D;
+  bool causal;
+  double scale;  // ≤ 0: 1/√D
+  std::string name() const {
+    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " S=" + std::to_string(S) + " H=" +
+           std::to_string(H) + " Hk=" + std::to_string(Hk) + " D=" + std::to_string(D) +
+           (causal ? " causal" : " bidirectional");
+  }
+};
+
+const Case kCases[] = {
+    {2, 100, 100, 2, 2, 64, true, 0},        // MHA, T = S, a partial second tile
+    {1, 77, 150, 4, 2, 128, true, 0},        // GQA, queries at the end of a longer cache (S − T = 73)
+    {1, 130, 61, 3, 1, 64, false, 0},        // bidirectional MQA, T > S, partial tiles both ways
+    {1, 1, 200, 2, 1, 128, true, 0},         // decoding
+    {1, 128, 192, 2, 1, 64, true, 0},        // exact multiples of the tile, S − T = 64
+    {1, 90, 90, 2, 2, 128, false, 0.05},     // bidirectional, explicit scale
+};
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  const std::vector<double> g = got.to_doubles(), w = want.to_doubles();
+  ASSERT_EQ(g.size(), w.size()) << what;
+  int failures = 0;
+  for (size_t i = 0; i < g.size() && failures < 5; ++i) {
+    if (!(std::fabs(g[i] - w[i]) <= 2e-2 * std::max(std::fabs(w[i]), 1.0))) {
+      ++failures;
+      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " from the kernel, " << w[i] << " on the CPU";
+    }
+  }
+}
+
+Tensor nans(const Shape& shape) { return Tensor::full(shape, std::nan(""), DType::bf16); }
+Tensor f32(const Tensor& x) { return kernel::to_dtype(x, DType::f32); }
+
+template <int D>
+void run_case(const Case& c, Generator& gen) {
+  const std::string what = c.name();
+  const kernel::AttentionParams params{c.causal, c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(D)), 16};
+  const tc::Problem p{c.B, c.T, c.S, c.H, c.Hk, D, c.causal, static_cast<float>(params.scale)};
+  Tensor q = Tensor::randn({c.B, c.T, c.H, D}, gen, DType::bf16), k = Tensor::randn({c.B, c.S, c.Hk, D}, gen, DType::bf16),
+         v = Tensor::randn({c.B, c.S, c.Hk, D}, gen, DType::bf16);
+  Tensor dout = Tensor::randn({c.B, c.T, c.H, D}, gen, DType::bf16), dlse = Tensor::randn({c.B, c.T, c.H}, gen, DType::bf16, 0.5);
+  const bf16 *Q = q.data<bf16>(), *K = k.data<bf16>(), *V = v.data<bf16>(), *dO = dout.data<bf16>();
+  const unsigned query_tiles = static_cast<unsigned>((c.T + 63) / 64), key_tiles = static_cast<unsigned>((c.S + 63) / 64);
+
+  // Forward.
+  Tensor o = nans({c.B, c.T, c.H, D}), lse = nans({c.B, c.T, c.H});
+  emu::launch({query_tiles, static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)}, tc::kernels::FwdLayout<D>::bytes,
+              [&] { tc::kernels::tc_forward<D>(p, Q, K, V, o.data<bf16>(), lse.data<bf16>()); });
+  Tensor o_ref = Tensor::empty(o.shape()), lse_ref = Tensor::empty(lse.shape());
+  kernel::attention_forward_kernel(cpu_device(), f32(q), f32(k), f32(v), params, o_ref, lse_ref);
+  expect_close(o, o_ref, what + " o");
+  expect_close(lse, lse_ref, what + " lse");
+
+  // Backward from the CPU forward's outputs as bf16 holds them (both sides read the same values), with
+  // δ = dO·O − dlse in f32 as attention.cu's delta kernel forms it.
+  Tensor o_saved = kernel::to_dtype(o_ref, DType::bf16), lse_saved = kernel::to_dtype(lse_ref, DType::bf16);
+  const std::vector<double> od = o_saved.to_doubles(), dod = dout.to_doubles(), dld = dlse.to_doubles();
+  std::vector<float> delta(static_cast<size_t>(c.B * c.T * c.H));
+  for (size_t r = 0; r < delta.size(); ++r) {
+    float dot = 0;
+    for (int d = 0; d < D; ++d) dot += static_cast<float>(dod[r * D + d]) * static_cast<float>(od[r * D + d]);
+    delta[r] = dot - static_cast<float>(dld[r]);
+  }
+  struct Need {
+    bool dq, dk, dv;
+  };
+  for (Need need : {Need{true, true, true}, Need{false, true, false}, Need{false, false, true}}) {
+    const std::string with = what + (need.dq ? " dq" : "") + (need.dk ? " dk" : "") + (need.dv ? " dv" : "");
+    Tensor dq = nans(q.shape()), dk = nans(k.shape()), dv = nans(v.shape());
+    bf16* dQ = need.dq ? dq.data<bf16>() : nullptr;
+    bf16* dK = need.dk ? dk.data<bf16>() : nullptr;
+    bf16* dV = need.dv ? dv.data<bf16>() : nullptr;
+    const bf16* L = lse_saved.data<bf16>();
+    if (dK || dV) {
+      emu::launch({key_tiles, static_cast<unsigned>(c.Hk), static_cast<unsigned>(c.B)}, tc::kernels::BwdLayout<D>::bytes,
+                  [&] { tc::kernels::tc_dkdv<D>(p, Q, K, V, dO, L, delta.data(), dK, dV); });
+    }
+    if (dQ) {
+      emu::launch({query_tiles, static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)}, tc::kernels::BwdLayout<D>::bytes,
+                  [&] { tc::kernels::tc_dq<D>(p, Q, K, V, dO, L, delta.data(), dQ); });
+    }
+    kernel::AttentionGrads want;
+    if (need.dq) want.dq = Tensor::empty(q.shape());
+    if (need.dk) want.dk = Tensor::empty(k.shape());
+    if (need.dv) want.dv = Tensor::empty(v.shape());
+    kernel::attention_backward_kernel(cpu_device(), f32(dout), f32(dlse), f32(q), f32(k), f32(v), f32(o_saved),
+                                      f32(lse_saved), params, want);
+    if (need.dq) expect_close(dq, want.dq, with + " → dq");
+    if (need.dk) expect_close(dk, want.dk, with + " → dk");
+    if (need.dv) expect_close(dv, want.dv, with + " → dv");
+    // A gradient not asked for is not touched.
+    for (auto [asked, t, name] : {std::tuple{need.dk, &dk, "dk"}, {need.dv, &dv, "dv"}}) {
+      if (asked) continue;
+      for (double x : t->to_doubles()) {
+        if (!std::isnan(x)) {
+          ADD_FAILURE() << with << ": " << name << " was written though not asked for";
+          break;
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionTensorCoreEmulation, MatchesTheCpuKernels) {
+  Generator gen(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 97);
+  for (const Case& c : kCases) {
+    if (c.D == 64) {
+      run_case<64>(c, gen);
+    } else {
+      run_case<128>(c, gen);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace seqlab
