@@ -3,7 +3,7 @@
 # network (docs/gpu.md). Run from the repository root after scripts/gpu_debs.sh has filled .debs/ on a
 # machine that has apt:
 #
-#   1. deps       unpacks every .debs/*.deb with `dpkg -x` into a prefix (never into /)
+#   1. deps       unpacks every .debs/*.deb with `dpkg -x` (or ar and tar) into a prefix (never into /)
 #   2. configure  a CUDA build (SEQLAB_CUDA=ON, sm_80;sm_90 as CI) in build-gpu, dependencies from the prefix
 #   3. build      seqlab, the GPU test programs and the benchmarks
 #   4. tests      ctest -L gpu: every CUDA kernel against the CPU kernel
@@ -28,7 +28,7 @@
 #   SEQLAB_GPU_DEBS      folder of .deb files (default .debs; if it has none, the system's packages are used)
 #   SEQLAB_GPU_ARCHS     CUDA architectures (default "80;90")
 #   SEQLAB_GPU_RECIPE_STEPS  steps of the gpt_small run (default: the recipe's own)
-#   SEQLAB_GPU_BENCH_ARGS    extra arguments for bench/gpu_vs_torch.sh (e.g. "--rounds 2 --no-compile")
+#   SEQLAB_GPU_BENCH_ARGS    arguments for bench/gpu_vs_torch.sh (default "--rounds 2"; e.g. "--rounds 3")
 #   SEQLAB_GPU_IGNORE_SYSTEM=1  configure with CMAKE_IGNORE_PREFIX_PATH=/usr, so that CMake finds nothing
 #                        of the system's /usr: checks on a machine that has the packages installed that the
 #                        prefix alone satisfies the build
@@ -46,6 +46,9 @@ deadline=$((start + ${SEQLAB_GPU_DEADLINE:-570}))
 mkdir -p "$out" "$build" || { echo "gpu_check: cannot create $out or $build" >&2; exit 2; }
 for f in summary.txt env.txt build.log gpu_tests.log train_gpu.log gpt_small.log bench.log; do : > "$out/$f"; done
 
+# CMake 4 refuses package files that ask for policies older than 3.5; the Debian ones say "2.6...3.21",
+# which it accepts, and this keeps it so should one not (CMake 3 ignores the variable).
+export CMAKE_POLICY_VERSION_MINIMUM=3.5
 # OpenMP threads sleep when idle (as scripts/setup.sh sets for ./train and ./test.sh).
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
@@ -113,9 +116,19 @@ if [ ${#deb_files[@]} -eq 0 ]; then
   record deps ok "no .deb files in $debs: using the system's packages (run scripts/gpu_debs.sh where apt works)"
 else
   rm -rf "$prefix" && mkdir -p "$prefix"
+  # dpkg -x, or where there is no dpkg the same by hand: a .deb is an ar archive holding data.tar.*.
+  unpack() {
+    if command -v dpkg > /dev/null; then
+      dpkg -x "$1" "$prefix"
+    else
+      local member tmp="$prefix/.data.tar"
+      member="$(ar t "$1" | grep '^data\.tar')" && ar p "$1" "$member" > "$tmp$member" &&
+        tar -xf "$tmp$member" -C "$prefix" && rm -f "$tmp$member"
+    fi
+  }
   bad=0
   for f in "${deb_files[@]}"; do
-    dpkg -x "$f" "$prefix" >> "$out/build.log" 2>&1 || { echo "dpkg -x failed: $f" | tee -a "$out/build.log"; bad=1; }
+    unpack "$f" >> "$out/build.log" 2>&1 || { echo "unpacking failed: $f" | tee -a "$out/build.log"; bad=1; }
   done
   # OpenBLAS lives in a subfolder that Debian's alternatives would link into $lib on installation.
   cmake_deps=(-DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_LIBRARY_PATH="$lib/openblas-pthread")
@@ -146,7 +159,7 @@ fi
 # ---- 2. configure ----
 t=$(date +%s)
 run "$out/build.log" 120 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSEQLAB_CUDA=ON \
-  -DSEQLAB_CUDA_ARCHITECTURES="$archs" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 "${cmake_deps[@]}" > /dev/null
+  -DSEQLAB_CUDA_ARCHITECTURES="$archs" "${cmake_deps[@]}" > /dev/null
 rc=$?
 if [ "$rc" -eq 0 ]; then
   found="$(grep -E '^(absl_DIR|tomlplusplus_DIR|GTest_DIR|BLAS_openblas_LIBRARY|NCCL_LIBRARY)[:=]' \
@@ -261,7 +274,7 @@ if wanted bench; then
     record bench skip "no usable GPU (seqlab --version)"
   else
     # shellcheck disable=SC2086  # word splitting of the extra arguments is wanted
-    SEQLAB_BUILD="$build" run "$out/bench.log" 420 bash bench/gpu_vs_torch.sh ${SEQLAB_GPU_BENCH_ARGS:-}
+    SEQLAB_BUILD="$build" run "$out/bench.log" 420 bash bench/gpu_vs_torch.sh ${SEQLAB_GPU_BENCH_ARGS:---rounds 2}
     rc=$?
     if [ "$rc" -eq 0 ]; then
       record bench ok "bench/gpu_vs_torch.sh ($(elapsed "$t"))"
@@ -274,7 +287,7 @@ fi
 
 # ---- summary ----
 {
-  echo "seqlab GPU check: $(git -C "$root" rev-parse --short HEAD 2> /dev/null) on ${gpu_name:-no GPU}," \
+  echo "seqlab GPU check: commit $(git -C "$root" rev-parse --short HEAD 2> /dev/null || echo unknown) on ${gpu_name:-no GPU}," \
        "$(elapsed "$start") in all"
   printf '%s\n' "${summary[@]}"
   if [ "$failed" -gt 0 ]; then

@@ -11,7 +11,7 @@ set -u
 SEQLAB="$1"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if ! "$SEQLAB" --version 2> /dev/null | grep -q 'GPU(s) usable'; then
-  echo "skip: no usable GPU ($("$SEQLAB" --version 2>&1 | grep '^CUDA'))"
+  echo "skip: no usable GPU (seqlab --version: $("$SEQLAB" --version 2>&1 | grep -o 'no usable GPU[^;)]*' | head -n 1))"
   exit 77
 fi
 WORK="$(mktemp -d)"
