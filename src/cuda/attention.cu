@@ -422,7 +422,7 @@ void allow_shared(Kernel kernel_fn, size_t bytes) {
                                          static_cast<int>(bytes)));
 }
 
-// The tensor-core kernels' view of the call (attention_tc.cuh); they take it only for bf16 with Dk = Dv
+// The tensor-core kernels' view of the call (attention_tc.h); they take it only for bf16 with Dk = Dv
 // and when attention_tc::supports() accepts the shape, the device and the pointers.
 attention_tc::Problem tc_problem(const Geo& g, const kernel::AttentionParams& p) {
   return {g.B, g.T, g.S, g.H, g.Hk, g.Dk, g.causal, static_cast<float>(p.scale)};
