@@ -245,7 +245,7 @@ void expect_close(const Tensor& got, const Tensor& want, const std::string& what
   }
 }
 
-Tensor nans(const Shape& shape) { return Tensor::full(shape, std::nan(""), DType::bf16); }
+Tensor nans(const Shape& shape, DType dtype = DType::bf16) { return Tensor::full(shape, std::nan(""), dtype); }
 Tensor f32(const Tensor& x) { return kernel::to_dtype(x, DType::f32); }
 
 template <int D>
@@ -255,14 +255,14 @@ void run_case(const Case& c, Generator& gen) {
   const tc::Problem p{c.B, c.T, c.S, c.H, c.Hk, D, c.causal, static_cast<float>(params.scale)};
   Tensor q = Tensor::randn({c.B, c.T, c.H, D}, gen, DType::bf16), k = Tensor::randn({c.B, c.S, c.Hk, D}, gen, DType::bf16),
          v = Tensor::randn({c.B, c.S, c.Hk, D}, gen, DType::bf16);
-  Tensor dout = Tensor::randn({c.B, c.T, c.H, D}, gen, DType::bf16), dlse = Tensor::randn({c.B, c.T, c.H}, gen, DType::bf16, 0.5);
+  Tensor dout = Tensor::randn({c.B, c.T, c.H, D}, gen, DType::bf16), dlse = Tensor::randn({c.B, c.T, c.H}, gen, DType::f32, 0.5);
   const bf16 *Q = q.data<bf16>(), *K = k.data<bf16>(), *V = v.data<bf16>(), *dO = dout.data<bf16>();
   const unsigned query_tiles = static_cast<unsigned>((c.T + 63) / 64), key_tiles = static_cast<unsigned>((c.S + 63) / 64);
 
   // Forward.
-  Tensor o = nans({c.B, c.T, c.H, D}), lse = nans({c.B, c.T, c.H});
+  Tensor o = nans({c.B, c.T, c.H, D}), lse = nans({c.B, c.T, c.H}, DType::f32);  // lse: f32 for bf16
   emu::launch({query_tiles, static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)}, tc::kernels::FwdLayout<D>::bytes,
-              [&] { tc::kernels::tc_forward<D>(p, Q, K, V, o.data<bf16>(), lse.data<bf16>()); });
+              [&] { tc::kernels::tc_forward<D>(p, Q, K, V, o.data<bf16>(), lse.data<float>()); });
   Tensor o_ref = Tensor::empty(o.shape()), lse_ref = Tensor::empty(lse.shape());
   kernel::attention_forward_kernel(cpu_device(), f32(q), f32(k), f32(v), params, o_ref, lse_ref);
   expect_close(o, o_ref, what + " o");
@@ -270,7 +270,7 @@ void run_case(const Case& c, Generator& gen) {
 
   // Backward from the CPU forward's outputs as bf16 holds them (both sides read the same values), with
   // δ = dO·O − dlse in f32 as attention.cu's delta kernel forms it.
-  Tensor o_saved = kernel::to_dtype(o_ref, DType::bf16), lse_saved = kernel::to_dtype(lse_ref, DType::bf16);
+  Tensor o_saved = kernel::to_dtype(o_ref, DType::bf16), lse_saved = lse_ref;
   const std::vector<double> od = o_saved.to_doubles(), dod = dout.to_doubles(), dld = dlse.to_doubles();
   std::vector<float> delta(static_cast<size_t>(c.B * c.T * c.H));
   for (size_t r = 0; r < delta.size(); ++r) {
@@ -287,7 +287,7 @@ void run_case(const Case& c, Generator& gen) {
     bf16* dQ = need.dq ? dq.data<bf16>() : nullptr;
     bf16* dK = need.dk ? dk.data<bf16>() : nullptr;
     bf16* dV = need.dv ? dv.data<bf16>() : nullptr;
-    const bf16* L = lse_saved.data<bf16>();
+    const float* L = lse_saved.data<float>();
     if (dK || dV) {
       emu::launch({key_tiles, static_cast<unsigned>(c.Hk), static_cast<unsigned>(c.B)}, tc::kernels::BwdLayout<D>::bytes,
                   [&] { tc::kernels::tc_dkdv<D>(p, Q, K, V, dO, L, delta.data(), dK, dV); });

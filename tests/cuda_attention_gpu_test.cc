@@ -7,7 +7,8 @@
 // compares o, lse, dq, dk and dv element by element with the CPU slots. The CPU kernels take f32 and
 // f64; for bf16 the reference runs in f32 on the same bf16 values (exactly representable), so the
 // difference is the CUDA kernel's f32 arithmetic plus rounding the result to bf16. The backward gets
-// the same o and lse on both sides (the CPU forward's, rounded to the dtype under test).
+// the same o and lse on both sides (the CPU forward's: o rounded to the dtype under test, lse in its
+// accumulate_dtype, f32 for bf16).
 // Shapes cover causal and bidirectional, T = S, T < S, T > S (bidirectional only), decoding (T = 1),
 // MHA, GQA and MQA, Dk ≠ Dv, head dims from 1 to 128, and T and S that are not multiples of any tile.
 // The cases with Dk = Dv = 64 or 128 send bf16 to the tensor-core kernels (64-row query and key tiles):
@@ -108,7 +109,7 @@ TEST_F(CudaAttentionVsCpu, Forward) {
       Tensor k = Tensor::randn({c.B, c.S, c.Hk, c.Dk}, gen_, dtype);
       Tensor v = Tensor::randn({c.B, c.S, c.Hk, c.Dv}, gen_, dtype);
       const kernel::AttentionParams p = c.params();
-      Tensor o = poisoned({c.B, c.T, c.H, c.Dv}, dtype), lse = poisoned({c.B, c.T, c.H}, dtype);
+      Tensor o = poisoned({c.B, c.T, c.H, c.Dv}, dtype), lse = poisoned({c.B, c.T, c.H}, accumulate_dtype(dtype));
       kernel::attention_forward_kernel(kGpu, on_gpu(q), on_gpu(k), on_gpu(v), p, o, lse);
       const DType rd = ref_type(dtype);
       Tensor o_ref = Tensor::empty(o.shape(), rd), lse_ref = Tensor::empty(lse.shape(), rd);
@@ -134,12 +135,12 @@ TEST_F(CudaAttentionVsCpu, BackwardAllAndSomeGradients) {
         Tensor k = Tensor::randn({c.B, c.S, c.Hk, c.Dk}, gen_, dtype);
         Tensor v = Tensor::randn({c.B, c.S, c.Hk, c.Dv}, gen_, dtype);
         Tensor dout = Tensor::randn({c.B, c.T, c.H, c.Dv}, gen_, dtype);
-        Tensor dlse = Tensor::randn({c.B, c.T, c.H}, gen_, dtype, 0.5);
+        Tensor dlse = Tensor::randn({c.B, c.T, c.H}, gen_, accumulate_dtype(dtype), 0.5);
         const kernel::AttentionParams p = c.params();
         Tensor o_ref = Tensor::empty({c.B, c.T, c.H, c.Dv}, rd), lse_ref = Tensor::empty({c.B, c.T, c.H}, rd);
         kernel::attention_forward_kernel(kCpu, as_ref(q), as_ref(k), as_ref(v), p, o_ref, lse_ref);
         // The saved outputs as the dtype under test holds them; both sides read these values.
-        Tensor o = kernel::to_dtype(o_ref, dtype), lse = kernel::to_dtype(lse_ref, dtype);
+        Tensor o = kernel::to_dtype(o_ref, dtype), lse = kernel::to_dtype(lse_ref, accumulate_dtype(dtype));
 
         kernel::AttentionGrads got, want;
         if (need.dq) got.dq = poisoned(q.shape(), dtype), want.dq = Tensor::empty(q.shape(), rd);
@@ -195,11 +196,11 @@ TEST_F(CudaAttentionVsCpu, TensorCoreKernelsAreDeterministic) {
     Tensor k = on_gpu(Tensor::randn({c.B, c.S, c.Hk, c.Dk}, gen_, bf));
     Tensor v = on_gpu(Tensor::randn({c.B, c.S, c.Hk, c.Dv}, gen_, bf));
     Tensor dout = on_gpu(Tensor::randn({c.B, c.T, c.H, c.Dv}, gen_, bf));
-    Tensor dlse = on_gpu(Tensor::randn({c.B, c.T, c.H}, gen_, bf, 0.5));
+    Tensor dlse = on_gpu(Tensor::randn({c.B, c.T, c.H}, gen_, DType::f32, 0.5));  // lse, dlse: f32 for bf16
     const kernel::AttentionParams p = c.params();
     std::vector<double> first[5];
     for (int run = 0; run < 2; ++run) {
-      Tensor o = poisoned({c.B, c.T, c.H, c.Dv}, bf), lse = poisoned({c.B, c.T, c.H}, bf);
+      Tensor o = poisoned({c.B, c.T, c.H, c.Dv}, bf), lse = poisoned({c.B, c.T, c.H}, DType::f32);
       kernel::attention_forward_kernel(kGpu, q, k, v, p, o, lse);
       kernel::AttentionGrads g{poisoned(q.shape(), bf), poisoned(k.shape(), bf), poisoned(v.shape(), bf)};
       kernel::attention_backward_kernel(kGpu, dout, dlse, q, k, v, o, lse, p, g);

@@ -11,7 +11,7 @@
 //   attention_tc::supports(). Compiled for sm_80/sm_90 but not yet run on a GPU.
 // - Everything else (f32, f64, other bf16 shapes): the kernels below. Plain FMA arithmetic, no tensor
 //   cores, no asynchronous copies. f32 and bf16 compute and accumulate in f32 (bf16 rounded on
-//   store), f64 in f64. Head dims up to 128 (each lane of a warp owns ≤ 4 of a row's dims). Also not
+//   store), f64 in f64. lse and dlse are in the compute type (f32 for bf16: accumulate_dtype). Head dims up to 128 (each lane of a warp owns ≤ 4 of a row's dims). Also not
 //   yet run on a GPU.
 // Either way the T × S matrix is never formed in global memory, and every output element is written
 // by exactly one thread in a fixed order, so results are deterministic (no atomics).
@@ -121,7 +121,7 @@ __device__ void stage_queries(const Geo& g, const T* x, int64_t D, int64_t b, in
 template <class T>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_fwd(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                  compute_t<T> scale, T* __restrict__ o, T* __restrict__ lse) {
+                  compute_t<T> scale, T* __restrict__ o, compute_t<T>* __restrict__ lse) {
   using A = compute_t<T>;
   constexpr int RPW = kRowsPerWarp<A>, BR = kWarps * RPW;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
       const int64_t d = lane + 32 * t;
       if (d < g.Dv) o[row * g.Dv + d] = convert<T>(acc[rr][t] * inv);
     }
-    if (lane == 0) lse[row] = convert<T>(m[rr] + log_of(l[rr]));
+    if (lane == 0) lse[row] = m[rr] + log_of(l[rr]);
   }
 }
 
@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
 template <class T>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_delta(int64_t n, int64_t Dv, const T* __restrict__ dout, const T* __restrict__ out,
-                    const T* __restrict__ dlse, compute_t<T>* __restrict__ delta) {
+                    const compute_t<T>* __restrict__ dlse, compute_t<T>* __restrict__ delta) {
   using A = compute_t<T>;
   const int lane = threadIdx.x % 32;
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kWarps;
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
     A dot = 0;
     for (int64_t d = lane; d < Dv; d += 32) dot += convert<A>(dout[r * Dv + d]) * convert<A>(out[r * Dv + d]);
     dot = warp_sum(dot);
-    if (lane == 0) delta[r] = dot - convert<A>(dlse[r]);
+    if (lane == 0) delta[r] = dot - dlse[r];
   }
 }
 
@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
 template <class T>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_dkdv(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                   const T* __restrict__ dout, const T* __restrict__ lse, const compute_t<T>* __restrict__ delta,
+                   const T* __restrict__ dout, const compute_t<T>* __restrict__ lse, const compute_t<T>* __restrict__ delta,
                    compute_t<T> scale, T* __restrict__ dk, T* __restrict__ dv) {
   using A = compute_t<T>;
   constexpr int KPW = kKeysPerWarp<A>, BK = kWarps * KPW, QT = kQueryTile<A>;
@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
 template <class T>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_dq(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                 const T* __restrict__ dout, const T* __restrict__ lse, const compute_t<T>* __restrict__ delta,
+                 const T* __restrict__ dout, const compute_t<T>* __restrict__ lse, const compute_t<T>* __restrict__ delta,
                  compute_t<T> scale, T* __restrict__ dq) {
   using A = compute_t<T>;
   constexpr int RPW = kRowsPerWarp<A>, BR = kWarps * RPW;
@@ -393,10 +393,11 @@ Geo geometry(const Tensor& q, const Tensor& k, const Tensor& v, const kernel::At
   return g;
 }
 
-void check_tensor(const Tensor& t, const Tensor& q, const char* what) {
-  if (!t.is_contiguous() || t.dtype() != q.dtype() || !t.device().is_cuda() || t.device() != q.device()) {
+// `dtype`: q's, or for lse and dlse accumulate_dtype(q's) (f32 for bf16).
+void check_tensor(const Tensor& t, const Tensor& q, const char* what, DType dtype) {
+  if (!t.is_contiguous() || t.dtype() != dtype || !t.device().is_cuda() || t.device() != q.device()) {
     throw std::logic_error(std::string("attention on CUDA: ") + what + " must be a contiguous " +
-                           dtype_name(q.dtype()) + " tensor on " + q.device().str() + ", got " +
+                           dtype_name(dtype) + " tensor on " + q.device().str() + ", got " +
                            shape_str(t.shape()) + " " + dtype_name(t.dtype()) + " on " + t.device().str());
   }
 }
@@ -430,7 +431,8 @@ attention_tc::Problem tc_problem(const Geo& g, const kernel::AttentionParams& p)
 
 void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const kernel::AttentionParams& p,
                   const Tensor& o, const Tensor& lse) {
-  for (auto [t, what] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"}, {&lse, "lse"}}) check_tensor(*t, q, what);
+  for (auto [t, what] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"}}) check_tensor(*t, q, what, q.dtype());
+  check_tensor(lse, q, "lse", accumulate_dtype(q.dtype()));
   const Geo g = geometry(q, k, v, p);
   if (g.B == 0 || g.T == 0 || g.H == 0) return;
   check_geometry(g);
@@ -440,7 +442,7 @@ void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const kerne
     DeviceGuard guard(device);
     if (attention_tc::supports(tp, device, {q.raw_data(), k.raw_data(), v.raw_data(), o.raw_data()})) {
       attention_tc::forward(tp, device, q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), o.data<bf16>(),
-                            lse.data<bf16>());
+                            lse.data<float>());
       return;
     }
   }
@@ -456,7 +458,7 @@ void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const kerne
     attention_fwd<T><<<grid, kAttentionThreads, smem, stream(device)>>>(
         g, static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
         static_cast<const T*>(v.raw_data()), static_cast<A>(p.scale), static_cast<T*>(o.raw_data()),
-        static_cast<T*>(lse.raw_data()));
+        static_cast<A*>(lse.raw_data()));
     SEQLAB_CUDA_CHECK_LAUNCH("attention forward kernel");
   });
 }
@@ -464,12 +466,13 @@ void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const kerne
 void backward_cuda(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& o, const Tensor& lse, const kernel::AttentionParams& p,
                    const kernel::AttentionGrads& grads) {
-  for (auto [t, what] : {std::pair{&dout, "dout"}, {&dlse, "dlse"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"},
-                         {&lse, "lse"}}) {
-    check_tensor(*t, q, what);
+  for (auto [t, what] : {std::pair{&dout, "dout"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"}}) {
+    check_tensor(*t, q, what, q.dtype());
   }
+  check_tensor(lse, q, "lse", accumulate_dtype(q.dtype()));
+  check_tensor(dlse, q, "dlse", accumulate_dtype(q.dtype()));
   for (auto [t, what] : {std::pair{&grads.dq, "dq"}, {&grads.dk, "dk"}, {&grads.dv, "dv"}}) {
-    if (t->defined()) check_tensor(*t, q, what);
+    if (t->defined()) check_tensor(*t, q, what, q.dtype());
   }
   const Geo g = geometry(q, k, v, p);
   if (!grads.dq.defined() && !grads.dk.defined() && !grads.dv.defined()) return;
@@ -480,8 +483,8 @@ void backward_cuda(const Tensor& dout, const Tensor& dlse, const Tensor& q, cons
     using A = compute_t<T>;
     const A scale = static_cast<A>(p.scale);
     const T *Q = static_cast<const T*>(q.raw_data()), *K = static_cast<const T*>(k.raw_data()),
-            *V = static_cast<const T*>(v.raw_data()), *dO = static_cast<const T*>(dout.raw_data()),
-            *L = static_cast<const T*>(lse.raw_data());
+            *V = static_cast<const T*>(v.raw_data()), *dO = static_cast<const T*>(dout.raw_data());
+    const A* L = static_cast<const A*>(lse.raw_data());
     DeviceGuard guard(device);
     cudaStream_t st = stream(device);
     if (g.B * g.T * g.H == 0) {  // no queries: dK and dV are zero (dq is empty)
@@ -500,7 +503,7 @@ void backward_cuda(const Tensor& dout, const Tensor& dlse, const Tensor& q, cons
     A* D = static_cast<A*>(delta.raw_data());
     const int64_t delta_blocks = std::min<int64_t>((n + kWarps - 1) / kWarps, 65535);
     attention_delta<T><<<static_cast<unsigned>(delta_blocks), kAttentionThreads, 0, st>>>(
-        n, g.Dv, dO, static_cast<const T*>(o.raw_data()), static_cast<const T*>(dlse.raw_data()), D);
+        n, g.Dv, dO, static_cast<const T*>(o.raw_data()), static_cast<const A*>(dlse.raw_data()), D);
     SEQLAB_CUDA_CHECK_LAUNCH("attention backward delta kernel");
 
     if constexpr (std::is_same_v<T, bf16_t>) {
@@ -510,7 +513,7 @@ void backward_cuda(const Tensor& dout, const Tensor& dlse, const Tensor& q, cons
       bf16* dv = grads.dv.defined() ? grads.dv.data<bf16>() : nullptr;
       if (g.Dk == g.Dv && attention_tc::supports(tp, device, {Q, K, V, dO, dq, dk, dv})) {
         attention_tc::backward(tp, device, q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), dout.data<bf16>(),
-                               lse.data<bf16>(), D, dq, dk, dv);
+                               lse.data<float>(), D, dq, dk, dv);
         return;
       }
     }

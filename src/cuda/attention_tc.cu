@@ -48,7 +48,7 @@
 //   3. PV = P V_tile on tensor cores (bf16 P, f32 accumulation), stored to the scratch [16][D];
 //   4. the row's output accumulator, in the lanes' registers (row r, columns 2t + half), becomes
 //      o ← α o + PV.
-// Then o / ℓ is written as bf16 and lse = m + log ℓ (bf16, the op's dtype). A row always sees key 0
+// Then o / ℓ is written as bf16 and lse = m + log ℓ in f32 (accumulate_dtype of bf16). A row always sees key 0
 // (key_end ≥ 1 since causal needs T ≤ S), so after the first tile m is finite for every real row and
 // α is never e^{−∞ − (−∞)}; rows past T (padding) see no key, keep m = −∞ (α guarded to 1) and are
 // never written. Reads q once, k and v once per query tile; writes o and lse once.
@@ -146,19 +146,19 @@ bool supports(const Problem& p, int device, std::initializer_list<const void*> p
   return ok;
 }
 
-void forward(const Problem& p, int device, const bf16* q, const bf16* k, const bf16* v, bf16* o, bf16* lse) {
+void forward(const Problem& p, int device, const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse) {
   dispatch_head_dim(p.D, [&](auto d) {
     constexpr int D = decltype(d)::value;
     constexpr size_t smem = FwdLayout<D>::bytes;
     allow_shared(tc_forward<D>, smem);
     const dim3 grid(tiles(p.T), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-    tc_forward<D><<<grid, kThreads, smem, stream(device)>>>(p, dev(q), dev(k), dev(v), dev(o), dev(lse));
+    tc_forward<D><<<grid, kThreads, smem, stream(device)>>>(p, dev(q), dev(k), dev(v), dev(o), lse);
     SEQLAB_CUDA_CHECK_LAUNCH("attention forward kernel (tensor cores)");
   });
 }
 
 void backward(const Problem& p, int device, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-              const bf16* lse, const float* delta, bf16* dq, bf16* dk, bf16* dv) {
+              const float* lse, const float* delta, bf16* dq, bf16* dk, bf16* dv) {
   dispatch_head_dim(p.D, [&](auto d) {
     constexpr int D = decltype(d)::value;
     constexpr size_t smem = BwdLayout<D>::bytes;
@@ -166,13 +166,13 @@ void backward(const Problem& p, int device, const bf16* q, const bf16* k, const 
     if (dk || dv) {
       allow_shared(tc_dkdv<D>, smem);
       const dim3 grid(tiles(p.S), static_cast<unsigned>(p.Hk), static_cast<unsigned>(p.B));
-      tc_dkdv<D><<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(dout), dev(lse), delta, dev(dk), dev(dv));
+      tc_dkdv<D><<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(dout), lse, delta, dev(dk), dev(dv));
       SEQLAB_CUDA_CHECK_LAUNCH("attention backward dK/dV kernel (tensor cores)");
     }
     if (dq) {
       allow_shared(tc_dq<D>, smem);
       const dim3 grid(tiles(p.T), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-      tc_dq<D><<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(dout), dev(lse), delta, dev(dq));
+      tc_dq<D><<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(dout), lse, delta, dev(dq));
       SEQLAB_CUDA_CHECK_LAUNCH("attention backward dQ kernel (tensor cores)");
     }
   });

@@ -24,13 +24,13 @@ struct Problem {
 // Otherwise the caller uses its FMA kernels. Call with `device` current.
 bool supports(const Problem& p, int device, std::initializer_list<const void*> pointers);
 
-// Writes o [B, T, H, D] and lse [B, T, H] (bf16, like the inputs), every element once, on the device's
-// stream.
-void forward(const Problem& p, int device, const bf16* q, const bf16* k, const bf16* v, bf16* o, bf16* lse);
+// Writes o [B, T, H, D] (bf16, like the inputs) and lse [B, T, H] (f32), every element once, on the
+// device's stream.
+void forward(const Problem& p, int device, const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse);
 
-// Reads dout [B, T, H, D], lse [B, T, H] and delta [B, T, H] (f32, δ_i = dO_i·O_i − dlse_i, computed by
+// Reads dout [B, T, H, D], lse [B, T, H] (f32) and delta [B, T, H] (f32, δ_i = dO_i·O_i − dlse_i, computed by
 // the caller); writes every element of each non-null gradient (dq like q, dk and dv like k and v).
 void backward(const Problem& p, int device, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-              const bf16* lse, const float* delta, bf16* dq, bf16* dk, bf16* dv);
+              const float* lse, const float* delta, bf16* dq, bf16* dk, bf16* dv);
 
 }  // namespace seqlab::cuda::attention_tc

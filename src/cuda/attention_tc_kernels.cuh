@@ -91,11 +91,11 @@ __device__ __forceinline__ void stage_tile(const bf16_t* __restrict__ src, int64
   }
 }
 
-// Ls[r] = lse[first + r·stride] (as f32), Ds[r] = delta[first + r·stride] for r < n; zeros up to kTile.
-__device__ __forceinline__ void stage_row_stats(const bf16_t* __restrict__ lse, const float* __restrict__ delta,
+// Ls[r] = lse[first + r·stride], Ds[r] = delta[first + r·stride] for r < n; zeros up to kTile.
+__device__ __forceinline__ void stage_row_stats(const float* __restrict__ lse, const float* __restrict__ delta,
                                                 int64_t first, int64_t stride, int n, float* Ls, float* Ds) {
   for (int r = threadIdx.x; r < kTile; r += kThreads) {
-    Ls[r] = r < n ? __bfloat162float(lse[first + r * stride]) : 0.f;
+    Ls[r] = r < n ? lse[first + r * stride] : 0.f;
     Ds[r] = r < n ? delta[first + r * stride] : 0.f;
   }
 }
@@ -193,7 +193,7 @@ __device__ __forceinline__ int clamp_offset(int64_t lim) {
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     tc_forward(Problem p, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
-               bf16_t* __restrict__ o, bf16_t* __restrict__ lse) {
+               bf16_t* __restrict__ o, float* __restrict__ lse) {
 #if SEQLAB_TC_ATTENTION
   using L = FwdLayout<D>;
   SEQLAB_TC_SHARED_MEMORY(smem);
@@ -302,7 +302,7 @@ SEQLAB_TC_UNROLL
   const float inv = valid ? 1.f / l : 0.f;
 SEQLAB_TC_UNROLL
   for (int t = 0; t < D / 2; ++t) F[r * kLdO<D> + 2 * t + half] = acc[t] * inv;
-  if (valid && half == 0) lse[q_first + row * p.H] = __float2bfloat16(m + logf(l));
+  if (valid && half == 0) lse[q_first + row * p.H] = m + logf(l);
   __syncwarp();
   write_rows<D>(F, rows - warp * kFrag, o + (q_first + warp * kFrag * p.H) * D, p.H * D);
 #else
@@ -317,7 +317,7 @@ SEQLAB_TC_UNROLL
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     tc_dkdv(Problem p, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
-            const bf16_t* __restrict__ dout, const bf16_t* __restrict__ lse, const float* __restrict__ delta,
+            const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
             bf16_t* __restrict__ dk, bf16_t* __restrict__ dv) {
 #if SEQLAB_TC_ATTENTION
   using L = BwdLayout<D>;
@@ -392,7 +392,7 @@ SEQLAB_TC_UNROLL
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     tc_dq(Problem p, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
-          const bf16_t* __restrict__ dout, const bf16_t* __restrict__ lse, const float* __restrict__ delta,
+          const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
           bf16_t* __restrict__ dq) {
 #if SEQLAB_TC_ATTENTION
   using L = BwdLayout<D>;
