@@ -83,6 +83,7 @@ run() {
   return "${PIPESTATUS[0]}"
 }
 wanted() { [[ "$stages" == *" $1 "* ]]; }
+how() { [ "$1" -eq 124 ] && echo "stopped at its time limit" || echo "exit $1"; }  # how a command ended
 elapsed() { echo "$(( $(date +%s) - $1 ))s"; }
 
 # ---- the machine ----
@@ -223,7 +224,7 @@ if wanted train; then
     case $rc in
       0) record train ok "$detail" ;;
       77) record train skip "$(tail -n 1 "$out/train_gpu.log")" ;;
-      *) record train FAIL "exit $rc (124: time limit): $detail (train_gpu.log)" ;;
+      *) record train FAIL "$(how "$rc"): $detail (train_gpu.log)" ;;
     esac
     # The loss comparisons: "GPU f32 train loss against CPU f32: max rel diff 1.2e-05 at step ...".
     while IFS= read -r l; do note "$l"; done < <(grep -E '^(ok|FAIL) .*max rel diff' "$out/train_gpu.log" |
@@ -248,7 +249,10 @@ if wanted recipe; then
   else
     rm -rf "$run_dir"
     steps=()
-    [ -n "${SEQLAB_GPU_RECIPE_STEPS:-}" ] && steps=(--set "train.steps=$SEQLAB_GPU_RECIPE_STEPS")
+    if [ -n "${SEQLAB_GPU_RECIPE_STEPS:-}" ]; then  # the recipe warms up for 30 steps
+      n=$SEQLAB_GPU_RECIPE_STEPS
+      steps=(--set "train.steps=$n" --set "optim.warmup_steps=$((n < 30 ? n : 30))")
+    fi
     run "$out/gpt_small.log" 200 "$build/seqlab" recipes/gpt_small.toml --set 'train.device="cuda"' \
       --set "data.path=\"$fortunes\"" --set "data.cache_dir=\"$build/data_cache\"" --set 'log.progress="plain"' \
       "${steps[@]}" --out "$run_dir"
@@ -262,7 +266,8 @@ if wanted recipe; then
     if [ "$rc" -eq 0 ] && [ -n "$last_val" ]; then
       record recipe ok "gpt_small on the GPU: last $last_val, $tps ($(elapsed "$t"))"
     else
-      record recipe FAIL "exit $rc (124: time limit); last ${last_val:-val_loss: none} (gpt_small.log)"
+      record recipe FAIL "$(how "$rc"); last ${last_val:-val_loss: none}; $(grep -v '^\$' "$out/gpt_small.log" |
+        grep -m 1 -iE 'error|seqlab train:|must' | cut -c 1-150) (gpt_small.log)"
     fi
   fi
 fi
@@ -279,7 +284,7 @@ if wanted bench; then
     if [ "$rc" -eq 0 ]; then
       record bench ok "bench/gpu_vs_torch.sh ($(elapsed "$t"))"
     else
-      record bench FAIL "bench/gpu_vs_torch.sh exited $rc (124: time limit) (bench.log)"
+      record bench FAIL "bench/gpu_vs_torch.sh: $(how "$rc") (bench.log)"
     fi
     while IFS= read -r l; do note "$l"; done < <(grep -E '^(GPU: |gpt |attention )' "$out/bench.log")
   fi
