@@ -26,7 +26,7 @@
 #   SEQLAB_GPU_DEADLINE  seconds the whole may take (default 570, inside a 600 s command limit)
 #   SEQLAB_GPU_BUILD     build folder (default build-gpu);  SEQLAB_GPU_PREFIX  prefix (default BUILD/prefix)
 #   SEQLAB_GPU_DEBS      folder of .deb files (default .debs; if it has none, the system's packages are used)
-#   SEQLAB_GPU_ARCHS     CUDA architectures (default "80;90")
+#   SEQLAB_GPU_ARCHS     CUDA architectures (default "80;90");  SEQLAB_GPU_CMAKE_ARGS  more -D arguments
 #   SEQLAB_GPU_RECIPE_STEPS  steps of the gpt_small run (default: the recipe's own)
 #   SEQLAB_GPU_BENCH_ARGS    arguments for bench/gpu_vs_torch.sh (default "--rounds 2"; e.g. "--rounds 3")
 #   SEQLAB_GPU_IGNORE_SYSTEM=1  configure with CMAKE_IGNORE_PREFIX_PATH=/usr, so that CMake finds nothing
@@ -156,6 +156,8 @@ if ! ls "$cuda_root"/lib*/libnccl.so > /dev/null 2>&1; then
   fi
 fi
 [ "${SEQLAB_GPU_IGNORE_SYSTEM:-0}" = 1 ] && cmake_deps+=(-DCMAKE_IGNORE_PREFIX_PATH=/usr)
+# shellcheck disable=SC2206  # extra CMake arguments, split on spaces on purpose
+cmake_deps+=(${SEQLAB_GPU_CMAKE_ARGS:-})
 
 # ---- 2. configure ----
 t=$(date +%s)
