@@ -1,0 +1,212 @@
+// CUDA against CPU for the linear attention and Performer feature slots (src/cuda/linear_attention.cu
+// against the CPU kernels in src/layers/linear_attention.cpp). Skipped where no GPU is usable.
+//
+// Linear attention: random positive fq, fk (as the feature maps give them), v, an initial state and
+// normaliser (or zeros), dO, dS_T, dz_T; every CUDA output starts as NaN (an unwritten element shows up);
+// o, final_state, final_normalizer and dfq, dfk, dv, ds0, dz0 are compared element by element with the
+// CPU slots for every form (the CUDA kernels run the causal schedule for chunkwise and recurrent and
+// the non-causal one for noncausal), normalised or not. Performer: y, dx and dω with and without
+// stabilize, N over several 256-row blocks of the dω sums (rows are few enough that a near-tie of the
+// arg-max, which would send the stabilised gradient to another feature on one side, is unlikely).
+// Tolerance |got − want| ≤ rtol · max(|want|, 1). f32: rtol 1e-4 against the f64 CPU kernels on the same
+// f32 values (so only the CUDA rounding counts; the CPU schedule test measures 3.1e-5 for the same
+// arithmetic at dk = 128, where the sums over dk·T positive-weighted terms cancel); f64: 1e-10; bf16:
+// 2e-2 against the f32 CPU kernels on the same bf16 values.
+// Shapes: T across the 32-step backward tile, T = 1, dk ≠ dv both ways, head dims 1 to 128.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "layers/linear_attention.h"
+#include "tensor/kernels.h"
+
+namespace seqlab {
+namespace {
+
+using testing::kGpu;
+using testing::poisoned;
+const Device kCpu = cpu_device();
+const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
+
+double rtol(DType d) { return d == DType::bf16 ? 2e-2 : d == DType::f64 ? 1e-10 : 1e-4; }
+// The CPU reference runs in f64 for f32 and f64 inputs, in f32 for bf16 (the CPU kernels take no bf16).
+DType ref_type(DType d) { return d == DType::bf16 ? DType::f32 : DType::f64; }
+
+Tensor on_gpu(const Tensor& x) { return kernel::to_device(x, kGpu); }
+Tensor as_ref(const Tensor& x) { return kernel::to_dtype(x, ref_type(x.dtype())); }
+
+void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  ASSERT_TRUE(got.device().is_cuda()) << what;
+  const std::vector<double> g = got.to_doubles(), w = want.to_doubles();
+  int failures = 0;
+  for (size_t i = 0; i < g.size() && failures < 5; ++i) {
+    const bool ok = g[i] == w[i] || std::fabs(g[i] - w[i]) <= tol * std::max(std::fabs(w[i]), 1.0);
+    if (!ok) {
+      ++failures;
+      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " on CUDA, " << w[i] << " on the CPU";
+    }
+  }
+}
+
+struct Case {
+  int64_t B, T, H, dk, dv;
+  bool init;
+  std::string name() const {
+    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+           " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv) + (init ? " initial state" : "");
+  }
+};
+
+const Case kCases[] = {{2, 70, 3, 16, 24, true}, {1, 1, 2, 5, 7, true},       {2, 33, 2, 8, 8, false},
+                       {1, 32, 2, 12, 4, true},  {1, 64, 1, 6, 10, false},    {2, 9, 2, 1, 3, true},
+                       {1, 40, 1, 128, 128, true}, {1, 35, 2, 96, 32, true}, {4, 300, 4, 64, 64, true}};
+
+struct Data {
+  Tensor fq, fk, v, s0, z0, dout, ds, dz;
+};
+
+Data make_data(const Case& c, DType dtype, Generator& gen) {
+  Data x;
+  x.fq = Tensor::rand({c.B, c.T, c.H, c.dk}, gen, dtype, 0.05, 1.5);
+  x.fk = Tensor::rand({c.B, c.T, c.H, c.dk}, gen, dtype, 0.05, 1.5);
+  x.v = Tensor::randn({c.B, c.T, c.H, c.dv}, gen, dtype);
+  x.s0 = c.init ? Tensor::randn({c.B, c.H, c.dk, c.dv}, gen, dtype, 0.5) : Tensor::zeros({c.B, c.H, c.dk, c.dv}, dtype);
+  x.z0 = c.init ? Tensor::rand({c.B, c.H, c.dk}, gen, dtype, 0.0, 2.0) : Tensor::zeros({c.B, c.H, c.dk}, dtype);
+  x.dout = Tensor::randn({c.B, c.T, c.H, c.dv}, gen, dtype);
+  x.ds = Tensor::randn({c.B, c.H, c.dk, c.dv}, gen, dtype, 0.5);
+  x.dz = Tensor::randn({c.B, c.H, c.dk}, gen, dtype, 0.5);
+  return x;
+}
+
+class CudaLinearAttentionVsCpu : public ::testing::Test {
+ protected:
+  void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
+  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 91};
+};
+
+TEST_F(CudaLinearAttentionVsCpu, EveryFormForwardAndBackward) {
+  for (DType dtype : kFloatTypes) {
+    for (const Case& c : kCases) {
+      const Data x = make_data(c, dtype, gen_);
+      for (LinearAttentionForm form :
+           {LinearAttentionForm::chunkwise, LinearAttentionForm::recurrent, LinearAttentionForm::noncausal}) {
+        for (bool normalize : {true, false}) {
+          const kernel::LinearAttentionParams p{form, normalize, 1e-6, 16};
+          const std::string what = std::string(dtype_name(dtype)) + " " + c.name() + " form " +
+                                   std::to_string(static_cast<int>(form)) + (normalize ? " normalized" : "");
+          const DType rd = ref_type(dtype);
+          Tensor o = poisoned(x.dout.shape(), dtype), s = poisoned(x.s0.shape(), dtype),
+                 z = poisoned(x.z0.shape(), dtype);
+          kernel::linear_attention_forward_kernel(kGpu, on_gpu(x.fq), on_gpu(x.fk), on_gpu(x.v), on_gpu(x.s0),
+                                                  on_gpu(x.z0), p, o, s, z);
+          Tensor o_ref = Tensor::empty(o.shape(), rd), s_ref = Tensor::empty(s.shape(), rd),
+                 z_ref = Tensor::empty(z.shape(), rd);
+          kernel::linear_attention_forward_kernel(kCpu, as_ref(x.fq), as_ref(x.fk), as_ref(x.v), as_ref(x.s0),
+                                                  as_ref(x.z0), p, o_ref, s_ref, z_ref);
+          expect_close(o, o_ref, rtol(dtype), what + " o");
+          expect_close(s, s_ref, rtol(dtype), what + " final_state");
+          expect_close(z, z_ref, rtol(dtype), what + " final_normalizer");
+
+          Tensor dfq = poisoned(x.fq.shape(), dtype), dfk = poisoned(x.fk.shape(), dtype),
+                 dv = poisoned(x.v.shape(), dtype), ds0 = poisoned(x.s0.shape(), dtype),
+                 dz0 = poisoned(x.z0.shape(), dtype);
+          kernel::linear_attention_backward_kernel(kGpu, on_gpu(x.fq), on_gpu(x.fk), on_gpu(x.v), on_gpu(x.s0),
+                                                   on_gpu(x.z0), on_gpu(x.dout), on_gpu(x.ds), on_gpu(x.dz), p, dfq,
+                                                   dfk, dv, ds0, dz0);
+          Tensor r[5] = {Tensor::empty(x.fq.shape(), rd), Tensor::empty(x.fk.shape(), rd),
+                         Tensor::empty(x.v.shape(), rd), Tensor::empty(x.s0.shape(), rd),
+                         Tensor::empty(x.z0.shape(), rd)};
+          kernel::linear_attention_backward_kernel(kCpu, as_ref(x.fq), as_ref(x.fk), as_ref(x.v), as_ref(x.s0),
+                                                   as_ref(x.z0), as_ref(x.dout), as_ref(x.ds), as_ref(x.dz), p, r[0],
+                                                   r[1], r[2], r[3], r[4]);
+          expect_close(dfq, r[0], rtol(dtype), what + " dfq");
+          expect_close(dfk, r[1], rtol(dtype), what + " dfk");
+          expect_close(dv, r[2], rtol(dtype), what + " dv");
+          expect_close(ds0, r[3], rtol(dtype), what + " ds0");
+          expect_close(dz0, r[4], rtol(dtype), what + " dz0");
+        }
+      }
+    }
+  }
+}
+
+// The backward writes the same bits on every run (no atomics, fixed summation orders).
+TEST_F(CudaLinearAttentionVsCpu, BackwardIsDeterministic) {
+  const Case c{2, 77, 3, 32, 48, true};
+  const Data x = make_data(c, DType::f32, gen_);
+  for (LinearAttentionForm form : {LinearAttentionForm::chunkwise, LinearAttentionForm::noncausal}) {
+    const kernel::LinearAttentionParams p{form, true, 1e-6, 64};
+    std::vector<std::vector<double>> first;
+    for (int run = 0; run < 2; ++run) {
+      Tensor g[5] = {poisoned(x.fq.shape(), DType::f32), poisoned(x.fk.shape(), DType::f32),
+                     poisoned(x.v.shape(), DType::f32), poisoned(x.s0.shape(), DType::f32),
+                     poisoned(x.z0.shape(), DType::f32)};
+      kernel::linear_attention_backward_kernel(kGpu, on_gpu(x.fq), on_gpu(x.fk), on_gpu(x.v), on_gpu(x.s0),
+                                               on_gpu(x.z0), on_gpu(x.dout), on_gpu(x.ds), on_gpu(x.dz), p, g[0], g[1],
+                                               g[2], g[3], g[4]);
+      for (size_t i = 0; i < 5; ++i) {
+        if (run == 0) {
+          first.push_back(g[i].to_doubles());
+        } else {
+          EXPECT_EQ(g[i].to_doubles(), first[i]) << "gradient " << i << " changed between runs";
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaLinearAttentionVsCpu, HeadDimsBeyond128AreAClearError) {
+  const Case c{1, 3, 1, 4, 130, false};
+  const Data x = make_data(c, DType::f32, gen_);
+  Tensor o = poisoned(x.dout.shape(), DType::f32), s = poisoned(x.s0.shape(), DType::f32),
+         z = poisoned(x.z0.shape(), DType::f32);
+  try {
+    kernel::linear_attention_forward_kernel(kGpu, on_gpu(x.fq), on_gpu(x.fk), on_gpu(x.v), on_gpu(x.s0), on_gpu(x.z0),
+                                            kernel::LinearAttentionParams{}, o, s, z);
+    FAIL() << "dv = 130 was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("head dims up to 128"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(CudaLinearAttentionVsCpu, PerformerFeaturesForwardAndBackward) {
+  struct PCase {
+    int64_t B, L, H, d, m;
+  };
+  for (DType dtype : kFloatTypes) {
+    for (PCase pc : {PCase{2, 70, 2, 8, 16}, PCase{1, 5, 3, 16, 16}, PCase{1, 3, 1, 12, 5}, PCase{1, 1, 1, 1, 3},
+                     PCase{2, 100, 2, 64, 128}}) {
+      for (bool stabilize : {false, true}) {
+        const std::string what = std::string(dtype_name(dtype)) + " N=" + std::to_string(pc.B * pc.L * pc.H) +
+                                 " d=" + std::to_string(pc.d) + " m=" + std::to_string(pc.m) +
+                                 (stabilize ? " stabilized" : "");
+        const DType rd = ref_type(dtype);
+        const Tensor x = Tensor::randn({pc.B, pc.L, pc.H, pc.d}, gen_, dtype, 0.5);
+        const Tensor omega = Tensor::randn({pc.m, pc.d}, gen_, dtype);
+        const Tensor dy = Tensor::randn({pc.B, pc.L, pc.H, pc.m}, gen_, dtype);
+        Tensor y = poisoned(dy.shape(), dtype), y_ref = Tensor::empty(dy.shape(), rd);
+        kernel::performer_forward_kernel(kGpu, on_gpu(x), on_gpu(omega), stabilize, y);
+        kernel::performer_forward_kernel(kCpu, as_ref(x), as_ref(omega), stabilize, y_ref);
+        expect_close(y, y_ref, rtol(dtype), what + " y");
+        const Tensor y_saved = kernel::to_dtype(y_ref, dtype);  // both sides read the same y
+        Tensor dx = poisoned(x.shape(), dtype), dw = poisoned(omega.shape(), dtype);
+        Tensor dx_ref = Tensor::empty(x.shape(), rd), dw_ref = Tensor::empty(omega.shape(), rd);
+        kernel::performer_backward_kernel(kGpu, on_gpu(dy), on_gpu(x), on_gpu(omega), on_gpu(y_saved), stabilize, dx,
+                                          dw);
+        kernel::performer_backward_kernel(kCpu, as_ref(dy), as_ref(x), as_ref(omega), as_ref(y_saved), stabilize,
+                                          dx_ref, dw_ref);
+        expect_close(dx, dx_ref, rtol(dtype), what + " dx");
+        expect_close(dw, dw_ref, rtol(dtype), what + " domega");
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace seqlab
