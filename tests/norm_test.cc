@@ -270,7 +270,7 @@ TEST_P(AddNorm, RejectsMismatchedResidual) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, AddNorm,
-                         ::testing::Combine(::testing::Values(DType::f64, DType::f32),
+                         ::testing::Combine(::testing::Values(DType::f64, DType::f32, DType::bf16),
                                             ::testing::Values(AddNormKind::layer, AddNormKind::layer_without_bias,
                                                               AddNormKind::rms)),
                          [](const ::testing::TestParamInfo<std::tuple<DType, AddNormKind>>& info) {

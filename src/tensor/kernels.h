@@ -157,7 +157,8 @@ NormGrads rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& wei
 //   y = layer_norm(s) or rms_norm(s), with the statistics of s saved in `norm` as above.
 // One pass over each row: x and residual are read once, s and y written once (s is re-read from
 // cache for the statistics). The arithmetic is that of binary add followed by the norm, so the
-// results are the same bits. x and residual have the same shape, dtype and device.
+// results are the same bits (bf16 on the CPU runs those two steps: src/tensor/cpu/norm.cpp). x and
+// residual have the same shape, dtype and device.
 // Backward: ds_total = ds + dnorm(dy) at s, and dx = dresidual = ds_total; that is
 // layer_norm_backward / rms_norm_backward on (dy, s) with dsum = ds, one pass with no extra kernel.
 struct AddNormOutput {

@@ -127,20 +127,59 @@ void layer_norm_cpu(const Tensor& x, const Tensor& w, const Tensor& b, double ep
 void rms_norm_cpu(const Tensor& x, const Tensor& w, double eps, const NormOutput& out) {
   norm_forward(x, Tensor(), w, Tensor(), eps, false, Tensor(), out);
 }
+// bf16. The dispatch layer runs CPU kernels on f32 stand-ins of bf16 tensors and rounds their outputs
+// once at the end (tensor/dispatch.h), but a fused kernel must round where CUDA rounds: s before it
+// is normalised (the backward reads the stored s), and dnorm before dsum is added. So for bf16 the
+// fused slots below take the bf16 tensors themselves and run the unfused steps, each through its
+// widened slot: add then norm; norm backward then add. The same bits as the composition; bf16 on the
+// CPU is the reference, not a fast path.
+template <class T>
+struct Same {
+  using type = T;
+};
+template <class... Args>
+void call_on_f32(void (*f)(Args...), typename Same<Args>::type... args) {
+  bf16_on_cpu::call_widened<void, Args...>(f, args...);
+}
+
 void add_layer_norm_cpu(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, double eps,
                         const Tensor& sum, const NormOutput& out) {
+  if (x.dtype() == DType::bf16) {
+    kernel::binary_kernel(x.device(), kernel::BinaryOp::add, x, residual, sum);
+    kernel::layer_norm_kernel(x.device(), sum, w, b, eps, out);
+    return;
+  }
   norm_forward(x, residual, w, b, eps, true, sum, out);
 }
 void add_rms_norm_cpu(const Tensor& x, const Tensor& residual, const Tensor& w, double eps, const Tensor& sum,
                       const NormOutput& out) {
+  if (x.dtype() == DType::bf16) {
+    kernel::binary_kernel(x.device(), kernel::BinaryOp::add, x, residual, sum);
+    kernel::rms_norm_kernel(x.device(), sum, w, eps, out);
+    return;
+  }
   norm_forward(x, residual, w, Tensor(), eps, false, sum, out);
 }
 void layer_norm_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                              const Tensor& dsum, const NormGrads& grads) {
+  if (x.dtype() == DType::bf16) {
+    call_on_f32(&layer_norm_backward_cpu, dy, x, w, mean, rstd, Tensor(), grads);
+    if (dsum.defined() && grads.dx.defined()) {
+      kernel::binary_kernel(x.device(), kernel::BinaryOp::add, grads.dx, dsum, grads.dx);
+    }
+    return;
+  }
   norm_backward(dy, x, w, mean, rstd, dsum, true, grads);
 }
 void rms_norm_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dsum,
                            const NormGrads& grads) {
+  if (x.dtype() == DType::bf16) {
+    call_on_f32(&rms_norm_backward_cpu, dy, x, w, rstd, Tensor(), grads);
+    if (dsum.defined() && grads.dx.defined()) {
+      kernel::binary_kernel(x.device(), kernel::BinaryOp::add, grads.dx, dsum, grads.dx);
+    }
+    return;
+  }
   norm_backward(dy, x, w, Tensor(), rstd, dsum, false, grads);
 }
 
@@ -149,9 +188,9 @@ void rms_norm_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& w, c
 
 namespace seqlab::kernel {
 SEQLAB_REGISTER_KERNEL(layer_norm_kernel, DeviceType::CPU, &cpu::layer_norm_cpu);
-SEQLAB_REGISTER_KERNEL(layer_norm_backward_kernel, DeviceType::CPU, &cpu::layer_norm_backward_cpu);
 SEQLAB_REGISTER_KERNEL(rms_norm_kernel, DeviceType::CPU, &cpu::rms_norm_cpu);
-SEQLAB_REGISTER_KERNEL(rms_norm_backward_kernel, DeviceType::CPU, &cpu::rms_norm_backward_cpu);
-SEQLAB_REGISTER_KERNEL(add_layer_norm_kernel, DeviceType::CPU, &cpu::add_layer_norm_cpu);
-SEQLAB_REGISTER_KERNEL(add_rms_norm_kernel, DeviceType::CPU, &cpu::add_rms_norm_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(layer_norm_backward_kernel, DeviceType::CPU, &cpu::layer_norm_backward_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(rms_norm_backward_kernel, DeviceType::CPU, &cpu::rms_norm_backward_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(add_layer_norm_kernel, DeviceType::CPU, &cpu::add_layer_norm_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(add_rms_norm_kernel, DeviceType::CPU, &cpu::add_rms_norm_cpu);
 }  // namespace seqlab::kernel
