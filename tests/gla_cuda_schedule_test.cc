@@ -7,9 +7,9 @@
 // multiple of the 8 rows per thread, dv over several 32-column tiles with a partial last tile, the
 // largest head dims (128), strong and weak gates, with and without gv and the initial state, every
 // gradient and only some, and reduction batches of 1, 3 and a whole segment.
-// Tolerance |got − want| ≤ rtol · max(1, |want|): f64 1e-10 (against the CPU's f64), f32 1e-4 (f32
-// schedule against the CPU's f64: the f32 rounding of the recurrence over up to 70 steps and of sums
-// over up to 128 terms).
+// Tolerance |got − want| ≤ rtol · max(1, |want|): f64 1e-10 (against the CPU's f64), f32 1e-4 (the f32
+// schedule against the CPU's f64 and f32 kernels: the f32 rounding of the recurrence over up to 70 steps
+// and of sums over up to 128 terms, in different orders).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -48,6 +48,7 @@ const Case kCases[] = {
     {1, 33, 1, 128, 128, -0.3, -0.01}, // the largest head dims: 16 row groups, 4 tiles
     {2, 70, 2, 64, 64, -20, -10},      // gla_small's head size, strong gates
     {1, 40, 2, 32, 24, -1e-6, -1e-7},  // gates ≈ 1
+    {2, 150, 4, 64, 64, -1.0, -0.01},  // as in the GPU test: many segments
 };
 
 struct Inputs {
@@ -122,17 +123,18 @@ struct Reference {
   kernel::GlaGrads grads;
 };
 
-// The CPU kernels in f64 (the form given), every gradient.
-Reference cpu_reference(const Inputs& in, GlaForm form, double scale) {
+// The CPU kernels of the form given in dtype d (on the inputs converted to it), every gradient.
+Reference cpu_reference(const Inputs& in64, GlaForm form, double scale, DType d = DType::f64) {
+  const Inputs in = converted(in64, d);
   const kernel::GlaParams p{form, 8, 4, scale};
-  Reference r{Tensor::empty(in.dout.shape(), DType::f64), Tensor::empty(in.dfinal.shape(), DType::f64), {}};
+  Reference r{Tensor::empty(in.dout.shape(), d), Tensor::empty(in.dfinal.shape(), d), {}};
   kernel::gla_forward_kernel(kCpu, in.q, in.k, in.v, in.g, in.gv, in.h0, p, r.o, r.fs);
-  r.grads.dq = Tensor::empty(in.q.shape(), DType::f64);
-  r.grads.dk = Tensor::empty(in.k.shape(), DType::f64);
-  r.grads.dv = Tensor::empty(in.v.shape(), DType::f64);
-  r.grads.dg = Tensor::empty(in.g.shape(), DType::f64);
-  if (in.gv.defined()) r.grads.dgv = Tensor::empty(in.gv.shape(), DType::f64);
-  if (in.h0.defined()) r.grads.dinitial_state = Tensor::empty(in.h0.shape(), DType::f64);
+  r.grads.dq = Tensor::empty(in.q.shape(), d);
+  r.grads.dk = Tensor::empty(in.k.shape(), d);
+  r.grads.dv = Tensor::empty(in.v.shape(), d);
+  r.grads.dg = Tensor::empty(in.g.shape(), d);
+  if (in.gv.defined()) r.grads.dgv = Tensor::empty(in.gv.shape(), d);
+  if (in.h0.defined()) r.grads.dinitial_state = Tensor::empty(in.h0.shape(), d);
   kernel::gla_backward_kernel(kCpu, in.dout, in.dfinal, in.q, in.k, in.v, in.g, in.gv, in.h0, r.o, p, r.grads);
   return r;
 }
@@ -213,9 +215,12 @@ TEST(GlaCudaSchedule, MatchesCpuKernelsF32) {
     for (bool with_gv : {false, true}) {
       const Inputs in = make_inputs(c, with_gv, true, ++seed);
       const double scale = 0.7 / std::sqrt(static_cast<double>(c.dk));  // an explicit scale
-      const Reference rec = cpu_reference(in, GlaForm::recurrent, scale);
       const Emulated e = emulate<float>(in, scale, launcher_batch<float>(in), true, true, true);
-      compare(e, rec, in, 1e-4, c.name() + (with_gv ? " gv" : "") + " f32");
+      const std::string what = c.name() + (with_gv ? " gv" : "") + " f32";
+      compare(e, cpu_reference(in, GlaForm::recurrent, scale), in, 1e-4, what + " vs f64");
+      // What the GPU test compares: f32 against the CPU's f32 kernels of either form.
+      compare(e, cpu_reference(in, GlaForm::recurrent, scale, DType::f32), in, 1e-4, what + " vs f32 recurrent");
+      compare(e, cpu_reference(in, GlaForm::chunkwise, scale, DType::f32), in, 1e-4, what + " vs f32 chunkwise");
     }
   }
 }

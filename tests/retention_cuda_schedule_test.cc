@@ -7,7 +7,8 @@
 // Cases: T not a multiple of the 16-step segment, T below a segment, T = 1, dk ≠ dv, dv over several
 // 32-column tiles, head dims 128; RetNet's default decays and decays of 0, 1 and in between; a zero and
 // a random initial state; reduction batches of 1, 3 and the launcher's.
-// Tolerance |got − want| ≤ rtol · max(1, |want|): f64 1e-10, f32 1e-4 (both against the CPU's f64).
+// Tolerance |got − want| ≤ rtol · max(1, |want|): f64 1e-10 (against the CPU's f64), f32 1e-4 (against the
+// CPU's f64 and f32 kernels).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -43,6 +44,7 @@ const std::vector<Case> kCases = {
     {1, 12, 3, 3, 70, {0.5, 0.9, 0.999}},   // T below a segment, three tiles
     {1, 33, 1, 128, 128, {}},               // the largest head dims
     {2, 70, 4, 64, 64, {}},                 // a RetNet head size, several segments
+    {2, 150, 4, 64, 64, {}},                // as in the GPU test: many segments
 };
 
 struct Inputs {
@@ -84,8 +86,12 @@ struct Outputs {
   Tensor o, s, dq, dk, dv, ds0;
 };
 
-Outputs cpu_reference(const Inputs& in, const kernel::RetentionParams& p) {
-  const DType d = DType::f64;
+// The CPU kernels in dtype d, on the inputs converted to it.
+Outputs cpu_reference(const Inputs& in64, const kernel::RetentionParams& p, DType d = DType::f64) {
+  Inputs in;
+  Tensor* dst[6] = {&in.q, &in.k, &in.v, &in.s0, &in.dout, &in.ds};
+  const Tensor* src[6] = {&in64.q, &in64.k, &in64.v, &in64.s0, &in64.dout, &in64.ds};
+  for (int i = 0; i < 6; ++i) *dst[i] = kernel::to_dtype(*src[i], d);
   Outputs r{Tensor::empty(in.dout.shape(), d), Tensor::empty(in.ds.shape(), d), Tensor::empty(in.q.shape(), d),
             Tensor::empty(in.k.shape(), d),    Tensor::empty(in.v.shape(), d),  Tensor::empty(in.s0.shape(), d)};
   kernel::retention_forward_kernel(kCpu, in.q, in.k, in.v, in.s0, p, r.o, r.s);
@@ -168,12 +174,18 @@ TEST(RetentionCudaSchedule, MatchesCpuKernelsF32) {
   uint64_t seed = 400;
   for (const Case& c : kCases) {
     const Inputs in = make_inputs(c, true, ++seed);
-    const kernel::RetentionParams p = params(c, RetentionForm::chunkwise, 0.3);
     scan::Problem<float, float> shape;
     shape.dk = c.dk;
     shape.dv = c.dv;
-    compare(emulate<float>(in, p, std::max(1, scan::backward_batch(shape, 112 * 1024))), cpu_reference(in, p), 1e-4,
-            c.name() + " f32");
+    const int batch = std::max(1, scan::backward_batch(shape, 112 * 1024));
+    for (RetentionForm form : {RetentionForm::parallel, RetentionForm::chunkwise, RetentionForm::recurrent}) {
+      const kernel::RetentionParams p = params(c, form, 0.3);
+      const Outputs e = emulate<float>(in, p, batch);
+      const std::string what = c.name() + " f32 form " + std::to_string(static_cast<int>(form));
+      compare(e, cpu_reference(in, p), 1e-4, what + " vs f64");
+      // What the GPU test compares: f32 against the CPU's f32 kernels.
+      compare(e, cpu_reference(in, p, DType::f32), 1e-4, what + " vs f32");
+    }
   }
 }
 
