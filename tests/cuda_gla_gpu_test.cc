@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/variable.h"
 #include "autograd/ops.h"
+#include "autograd/variable.h"
 #include "cuda_test_util.h"
 #include "layers/gla.h"
 #include "tensor/kernels.h"
@@ -139,7 +139,8 @@ TEST_F(CudaGlaVsCpu, BackwardAllAndSomeGradients) {
               Tensor dout = Tensor::randn({c.B, c.T, c.H, c.dv}, gen_, dtype);
               Tensor dfinal = Tensor::randn({c.B, c.H, c.dk, c.dv}, gen_, dtype);
               const kernel::GlaParams p = params(form, c);
-              Tensor o_ref = Tensor::empty({c.B, c.T, c.H, c.dv}, rd), fs_ref = Tensor::empty({c.B, c.H, c.dk, c.dv}, rd);
+              Tensor o_ref = Tensor::empty({c.B, c.T, c.H, c.dv}, rd),
+                     fs_ref = Tensor::empty({c.B, c.H, c.dk, c.dv}, rd);
               kernel::gla_forward_kernel(kCpu, as_ref(in.q), as_ref(in.k), as_ref(in.v), as_ref(in.g), as_ref(in.gv),
                                          as_ref(in.h0), p, o_ref, fs_ref);
               // The saved output: the CUDA backward does not read it; the CPU's chunkwise dgv reads o ⊙ do,
@@ -158,8 +159,8 @@ TEST_F(CudaGlaVsCpu, BackwardAllAndSomeGradients) {
                 want.dinitial_state = Tensor::empty(in.h0.shape(), rd);
               }
               kernel::gla_backward_kernel(kGpu, on_gpu(dout), on_gpu(dfinal), on_gpu(in.q), on_gpu(in.k), on_gpu(in.v),
-                                          on_gpu(in.g), on_gpu(in.gv), on_gpu(in.h0),
-                                          with_gv ? on_gpu(o) : Tensor(), p, got);
+                                          on_gpu(in.g), on_gpu(in.gv), on_gpu(in.h0), with_gv ? on_gpu(o) : Tensor(), p,
+                                          got);
               kernel::gla_backward_kernel(kCpu, as_ref(dout), as_ref(dfinal), as_ref(in.q), as_ref(in.k), as_ref(in.v),
                                           as_ref(in.g), as_ref(in.gv), as_ref(in.h0), with_gv ? o_ref : Tensor(), p,
                                           want);
@@ -193,7 +194,7 @@ TEST_F(CudaGlaVsCpu, Deterministic) {
     for (int run = 0; run < 2; ++run) {
       Tensor o = poisoned({c.B, c.T, c.H, c.dv}, dtype), fs = poisoned({c.B, c.H, c.dk, c.dv}, dtype);
       kernel::gla_forward_kernel(kGpu, q, k, v, g, gv, h0, p, o, fs);
-      kernel::GlaGrads gr{poisoned(q.shape(), dtype), poisoned(k.shape(), dtype), poisoned(v.shape(), dtype),
+      kernel::GlaGrads gr{poisoned(q.shape(), dtype), poisoned(k.shape(), dtype),  poisoned(v.shape(), dtype),
                           poisoned(g.shape(), dtype), poisoned(gv.shape(), dtype), poisoned(h0.shape(), dtype)};
       kernel::gla_backward_kernel(kGpu, dout, dfinal, q, k, v, g, gv, h0, o, p, gr);
       const Tensor* outs[8] = {&o, &fs, &gr.dq, &gr.dk, &gr.dv, &gr.dg, &gr.dgv, &gr.dinitial_state};

@@ -89,8 +89,8 @@ TEST_F(CudaRetentionVsCpu, ForwardAndBackward) {
     for (const Case& c : kCases) {
       for (bool random_s0 : {false, true}) {
         for (RetentionForm form : kForms) {
-          const std::string what = std::string(dtype_name(dtype)) + " " + c.name() + (random_s0 ? " s0" : "") + " " +
-                                   form_name(form);
+          const std::string what =
+              std::string(dtype_name(dtype)) + " " + c.name() + (random_s0 ? " s0" : "") + " " + form_name(form);
           const DType rd = ref_type(dtype);
           Tensor q = Tensor::randn({c.B, c.T, c.H, c.dk}, gen_, dtype);
           Tensor k = Tensor::randn({c.B, c.T, c.H, c.dk}, gen_, dtype);
@@ -114,8 +114,8 @@ TEST_F(CudaRetentionVsCpu, ForwardAndBackward) {
                                             p, dq, dk, dv, ds0);
           Tensor dq_ref = Tensor::empty(q.shape(), rd), dk_ref = Tensor::empty(k.shape(), rd),
                  dv_ref = Tensor::empty(v.shape(), rd), ds0_ref = Tensor::empty(s0.shape(), rd);
-          kernel::retention_backward_kernel(kCpu, as_ref(q), as_ref(k), as_ref(v), as_ref(s0), as_ref(dout),
-                                            as_ref(ds), p, dq_ref, dk_ref, dv_ref, ds0_ref);
+          kernel::retention_backward_kernel(kCpu, as_ref(q), as_ref(k), as_ref(v), as_ref(s0), as_ref(dout), as_ref(ds),
+                                            p, dq_ref, dk_ref, dv_ref, ds0_ref);
           expect_close(dq, dq_ref, rtol(dtype), what + " → dq");
           expect_close(dk, dk_ref, rtol(dtype), what + " → dk");
           expect_close(dv, dv_ref, rtol(dtype), what + " → dv");

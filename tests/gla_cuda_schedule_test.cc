@@ -33,22 +33,22 @@ struct Case {
   int64_t B, T, H, dk, dv;
   double g_lo, g_hi;  // log-gates uniform in [g_lo, g_hi]
   std::string name() const {
-    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) + " dk=" +
-           std::to_string(dk) + " dv=" + std::to_string(dv) + " g∈[" + std::to_string(g_lo) + "," +
+    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+           " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv) + " g∈[" + std::to_string(g_lo) + "," +
            std::to_string(g_hi) + "]";
   }
 };
 
 const Case kCases[] = {
-    {2, 37, 3, 16, 16, -1.5, -0.02},   // two full segments and a partial one
-    {1, 1, 2, 5, 7, -1.5, -0.02},      // T = 1, tiny head dims
-    {2, 50, 2, 20, 40, -1.0, -0.01},   // dk ≠ dv, dk not a multiple of 8, two column tiles
-    {1, 16, 2, 9, 33, -1.5, -0.02},    // exactly one segment; a last tile of one column
-    {1, 12, 1, 3, 70, -0.5, -0.01},    // T below a segment, three tiles
-    {1, 33, 1, 128, 128, -0.3, -0.01}, // the largest head dims: 16 row groups, 4 tiles
-    {2, 70, 2, 64, 64, -20, -10},      // gla_small's head size, strong gates
-    {1, 40, 2, 32, 24, -1e-6, -1e-7},  // gates ≈ 1
-    {2, 150, 4, 64, 64, -1.0, -0.01},  // as in the GPU test: many segments
+    {2, 37, 3, 16, 16, -1.5, -0.02},    // two full segments and a partial one
+    {1, 1, 2, 5, 7, -1.5, -0.02},       // T = 1, tiny head dims
+    {2, 50, 2, 20, 40, -1.0, -0.01},    // dk ≠ dv, dk not a multiple of 8, two column tiles
+    {1, 16, 2, 9, 33, -1.5, -0.02},     // exactly one segment; a last tile of one column
+    {1, 12, 1, 3, 70, -0.5, -0.01},     // T below a segment, three tiles
+    {1, 33, 1, 128, 128, -0.3, -0.01},  // the largest head dims: 16 row groups, 4 tiles
+    {2, 70, 2, 64, 64, -20, -10},       // gla_small's head size, strong gates
+    {1, 40, 2, 32, 24, -1e-6, -1e-7},   // gates ≈ 1
+    {2, 150, 4, 64, 64, -1.0, -0.01},   // as in the GPU test: many segments
 };
 
 struct Inputs {
@@ -101,8 +101,8 @@ scan::Problem<A, A> problem_of(const Inputs& in, double scale) {
 }
 
 Inputs converted(const Inputs& in, DType d) {
-  return {as(in.q, d), as(in.k, d), as(in.v, d), as(in.g, d), as(in.gv, d), as(in.h0, d), as(in.dout, d),
-          as(in.dfinal, d)};
+  return {as(in.q, d),  as(in.k, d),  as(in.v, d),    as(in.g, d),
+          as(in.gv, d), as(in.h0, d), as(in.dout, d), as(in.dfinal, d)};
 }
 
 void expect_close(const Tensor& got, const Tensor& want, double rtol, const std::string& what) {
@@ -183,8 +183,8 @@ void compare(const Emulated& e, const Reference& r, const Inputs& in, double rto
 // The batch the launcher picks for the largest budget it prefers (112 KiB), as on the GPU.
 template <class A>
 int launcher_batch(const Inputs& in) {
-  const int b = scan::backward_batch(problem_of<A>(converted(in, sizeof(A) == 8 ? DType::f64 : DType::f32), 1.0),
-                                     112 * 1024);
+  const int b =
+      scan::backward_batch(problem_of<A>(converted(in, sizeof(A) == 8 ? DType::f64 : DType::f32), 1.0), 112 * 1024);
   return std::max(b, 1);
 }
 

@@ -32,19 +32,19 @@ struct Case {
   int64_t B, T, H, dk, dv;
   std::vector<double> gammas;  // empty: RetNet's defaults
   std::string name() const {
-    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) + " dk=" +
-           std::to_string(dk) + " dv=" + std::to_string(dv) + (gammas.empty() ? " default gammas" : " gammas");
+    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+           " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv) + (gammas.empty() ? " default gammas" : " gammas");
   }
 };
 
 const std::vector<Case> kCases = {
-    {2, 37, 3, 16, 16, {}},                 // two full segments and a partial one
-    {1, 1, 2, 5, 7, {}},                    // T = 1
-    {2, 50, 2, 20, 40, {0.0, 1.0}},         // γ = 0 and γ = 1; dk ≠ dv, two column tiles
-    {1, 12, 3, 3, 70, {0.5, 0.9, 0.999}},   // T below a segment, three tiles
-    {1, 33, 1, 128, 128, {}},               // the largest head dims
-    {2, 70, 4, 64, 64, {}},                 // a RetNet head size, several segments
-    {2, 150, 4, 64, 64, {}},                // as in the GPU test: many segments
+    {2, 37, 3, 16, 16, {}},                // two full segments and a partial one
+    {1, 1, 2, 5, 7, {}},                   // T = 1
+    {2, 50, 2, 20, 40, {0.0, 1.0}},        // γ = 0 and γ = 1; dk ≠ dv, two column tiles
+    {1, 12, 3, 3, 70, {0.5, 0.9, 0.999}},  // T below a segment, three tiles
+    {1, 33, 1, 128, 128, {}},              // the largest head dims
+    {2, 70, 4, 64, 64, {}},                // a RetNet head size, several segments
+    {2, 150, 4, 64, 64, {}},               // as in the GPU test: many segments
 };
 
 struct Inputs {

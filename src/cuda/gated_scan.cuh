@@ -4,6 +4,9 @@
 //
 // Launches: forward_kernel, grid (column tiles, H, B), 32·⌈dk/8⌉ threads; backward_kernel, the same grid,
 // then sum_tiles_kernel once per gradient of q, k (and g) to add the column tiles' partial sums.
+// Every kernel and launcher takes the calling op's tag type (Op: an empty struct of gla.cu or
+// retention.cu) as its first template argument, so each op has its own kernels — distinct symbols in
+// each translation unit, and the op's name in a profiler's kernel list.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,14 +44,14 @@ struct BlockExec {
   }
 };
 
-template <class E, class A>
+template <class Op, class E, class A>
 __global__ void __launch_bounds__(kMaxThreads, 1) forward_kernel(Problem<E, A> pb, E* o, E* final_state) {
   extern __shared__ __align__(16) unsigned char scan_smem[];
   BlockExec<ForwardThread<A>> ex;
   forward_block(ex, pb, blockIdx.z, blockIdx.y, blockIdx.x, reinterpret_cast<A*>(scan_smem), o, final_state);
 }
 
-template <class E, class A>
+template <class Op, class E, class A>
 __global__ void __launch_bounds__(kMaxThreads, 1) backward_kernel(Problem<E, A> pb, BackwardIO<E, A> io) {
   extern __shared__ __align__(16) unsigned char scan_smem[];
   BlockExec<BackwardThread<A>> ex;
@@ -56,7 +59,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) backward_kernel(Problem<E, A> 
 }
 
 // out[x] = Σ_tile part[kind][tile][x] for x < N (grid-stride; each element written by one thread).
-template <class E, class A>
+template <class Op, class E, class A>
 __global__ void __launch_bounds__(kThreads)
     sum_tiles_kernel(const A* __restrict__ part, int kind, int64_t tiles, int64_t N, E* __restrict__ out) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -99,7 +102,7 @@ dim3 grid_of(const char* what, const Problem<E, A>& pb) {
 }
 
 // Writes o [B, T, H, dv] and final_state [B, H, dk, dv]. The caller holds a DeviceGuard for `device`.
-template <class E, class A>
+template <class Op, class E, class A>
 void launch_forward(const char* what, int device, const Problem<E, A>& pb, E* o, E* final_state) {
   if (pb.nb == 0 || pb.nh == 0) return;
   const dim3 grid = grid_of(what, pb);
@@ -108,8 +111,8 @@ void launch_forward(const char* what, int device, const Problem<E, A>& pb, E* o,
     throw std::runtime_error(std::string(what) + ": needs " + std::to_string(smem) +
                              " bytes of shared memory per block, more than this device allows");
   }
-  allow_shared(forward_kernel<E, A>, smem);
-  forward_kernel<E, A><<<grid, pb.threads(), smem, stream(device)>>>(pb, o, final_state);
+  allow_shared(forward_kernel<Op, E, A>, smem);
+  forward_kernel<Op, E, A><<<grid, pb.threads(), smem, stream(device)>>>(pb, o, final_state);
   SEQLAB_CUDA_CHECK_LAUNCH(what);
 }
 
@@ -117,9 +120,9 @@ void launch_forward(const char* what, int device, const Problem<E, A>& pb, E* o,
 // null). Allocates the scratch (part, ckpt, segs) on `dev`; it returns to the allocator's cache at exit,
 // which is safe because every later user of those blocks is queued after these kernels on the same
 // stream. The caller holds a DeviceGuard for the device.
-template <class E, class A>
-void launch_backward(const char* what, const Device& dev, const Problem<E, A>& pb, BackwardIO<E, A> io, E* dq,
-                     E* dk, E* dg) {
+template <class Op, class E, class A>
+void launch_backward(const char* what, const Device& dev, const Problem<E, A>& pb, BackwardIO<E, A> io, E* dq, E* dk,
+                     E* dg) {
   if (pb.nb == 0 || pb.nh == 0) return;
   const int device = dev.index;
   const dim3 grid = grid_of(what, pb);
@@ -143,13 +146,13 @@ void launch_backward(const char* what, const Device& dev, const Problem<E, A>& p
   io.segs = static_cast<A*>(segs.raw_data());
   const size_t smem = sizeof(A) * static_cast<size_t>(backward_shared_elems(pb, io.batch));
   cudaStream_t st = stream(device);
-  allow_shared(backward_kernel<E, A>, smem);
-  backward_kernel<E, A><<<grid, pb.threads(), smem, st>>>(pb, io);
+  allow_shared(backward_kernel<Op, E, A>, smem);
+  backward_kernel<Op, E, A><<<grid, pb.threads(), smem, st>>>(pb, io);
   SEQLAB_CUDA_CHECK_LAUNCH(what);
   if (N == 0) return;
   E* outs[3] = {dq, dk, dg};
   for (int kind = 0; kind < (io.want_dg ? 3 : 2); ++kind) {
-    sum_tiles_kernel<E, A><<<blocks_for(N, device), kThreads, 0, st>>>(io.part, kind, tiles, N, outs[kind]);
+    sum_tiles_kernel<Op, E, A><<<blocks_for(N, device), kThreads, 0, st>>>(io.part, kind, tiles, N, outs[kind]);
     SEQLAB_CUDA_CHECK_LAUNCH(what);
   }
 }

@@ -93,9 +93,9 @@ struct Problem {
   int64_t nb = 0, nt = 0, nh = 0, dk = 0, dv = 0;  // B, T, H, dk, dv
   A scale = 1;
   const E *q = nullptr, *k = nullptr, *v = nullptr;
-  const E* g = nullptr;    // [B, T, H, dk] log-gates; null: α = decay[h]
-  const E* gv = nullptr;   // [B, T, H, dv] log-gates; null: β = 1
-  const E* h0 = nullptr;   // [B, H, dk, dv]; null: zeros
+  const E* g = nullptr;      // [B, T, H, dk] log-gates; null: α = decay[h]
+  const E* gv = nullptr;     // [B, T, H, dv] log-gates; null: β = 1
+  const E* h0 = nullptr;     // [B, H, dk, dv]; null: zeros
   const A* decay = nullptr;  // [H], read when g is null
 
   SEQLAB_HD int row_groups() const { return static_cast<int>((dk + kRows - 1) / kRows); }
@@ -211,10 +211,10 @@ SEQLAB_HD void forward_block(Exec& ex, const Problem<E, A>& pb, int64_t b, int64
                              E* final_state) {
   const int P = pb.row_groups(), n = pb.threads();
   const int64_t dk = pb.dk, dv = pb.dv, st = pb.state(b, h);
-  A* qs = smem;                  // [kSegment][dk]
-  A* ks = qs + kSegment * dk;    // [kSegment][dk]
-  A* as = ks + kSegment * dk;    // [kSegment][dk]
-  A* red = as + kSegment * dk;   // [kSegment][P][kCols]
+  A* qs = smem;                 // [kSegment][dk]
+  A* ks = qs + kSegment * dk;   // [kSegment][dk]
+  A* as = ks + kSegment * dk;   // [kSegment][dk]
+  A* red = as + kSegment * dk;  // [kSegment][P][kCols]
   ex.each([&](int tid, ForwardThread<A>& th) {
     load_state(pb.h0 != nullptr ? pb.h0 + st : nullptr, tid / kCols, tile * kCols + tid % kCols, dk, dv, th.S);
   });
@@ -259,12 +259,12 @@ SEQLAB_HD void backward_block(Exec& ex, const Problem<E, A>& pb, const BackwardI
   const int P = pb.row_groups(), n = pb.threads(), W = kCols + 1;
   const int64_t dk = pb.dk, dv = pb.dv, st = pb.state(b, h), nseg = pb.segments(), tiles = pb.tiles();
   const int64_t blk = pb.block(b, h, tile), N = pb.nb * pb.nt * pb.nh * dk;
-  A* qs = smem;                                 // [kSegment][dk]
-  A* ks = qs + kSegment * dk;                   // [kSegment][dk]
-  A* as = ks + kSegment * dk;                   // [kSegment][dk]
-  A* red = as + kSegment * dk;                  // [batch][3][dk][kCols + 1]: dq, dk, dg terms per column
-  A* redi = red + io.batch * 3 * dk * W;        // [batch][2][P][kCols]: dv, dgv sums per row group
-  A* ckpt = io.ckpt + blk * nseg * kRows * n;   // + (seg·kRows + r)·n + tid
+  A* qs = smem;                                    // [kSegment][dk]
+  A* ks = qs + kSegment * dk;                      // [kSegment][dk]
+  A* as = ks + kSegment * dk;                      // [kSegment][dk]
+  A* red = as + kSegment * dk;                     // [batch][3][dk][kCols + 1]: dq, dk, dg terms per column
+  A* redi = red + io.batch * 3 * dk * W;           // [batch][2][P][kCols]: dv, dgv sums per row group
+  A* ckpt = io.ckpt + blk * nseg * kRows * n;      // + (seg·kRows + r)·n + tid
   A* segs = io.segs + blk * kSegment * kRows * n;  // + (s·kRows + r)·n + tid
 
   ex.each([&](int tid, BackwardThread<A>& th) {
@@ -320,7 +320,7 @@ SEQLAB_HD void backward_block(Exec& ex, const Problem<E, A>& pb, const BackwardI
           const int64_t rv = pb.row_v(b, t0 + s, h);
           const A doj = col ? cvt<A>(io.dout[rv + j]) : A(0), vj = col ? cvt<A>(pb.v[rv + j]) : A(0),
                   bj = col ? pb.beta(rv, j) : A(1);
-          const A* St = segs + int64_t{s} * kRows * n + tid;                                      // S_t
+          const A* St = segs + int64_t{s} * kRows * n + tid;                                             // S_t
           const A* Sp = s > 0 ? segs + int64_t{s - 1} * kRows * n + tid : ckpt + seg * kRows * n + tid;  // S_{t−1}
           const A *q = qs + s * dk, *k = ks + s * dk, *a = as + s * dk;
           A* rd = red + int64_t{s - s0} * 3 * dk * W;
@@ -330,13 +330,13 @@ SEQLAB_HD void backward_block(Exec& ex, const Problem<E, A>& pb, const BackwardI
             const int64_t i = int64_t{p} * kRows + r;
             if (i < dk) {
               const A ds = th.dS[r] + pb.scale * q[i] * doj;  // w.r.t. S_t
-              rd[i * W + c] = St[int64_t{r} * n] * doj;         // dq_t[i] (× scale in the reduction)
-              rd[(dk + i) * W + c] = ds * vj;                   // dk_t[i]
-              dv_acc += k[i] * ds;                              // dv_t[j]
-              const A dprev = a[i] * bj * ds;                   // w.r.t. S_{t−1}
+              rd[i * W + c] = St[int64_t{r} * n] * doj;       // dq_t[i] (× scale in the reduction)
+              rd[(dk + i) * W + c] = ds * vj;                 // dk_t[i]
+              dv_acc += k[i] * ds;                            // dv_t[j]
+              const A dprev = a[i] * bj * ds;                 // w.r.t. S_{t−1}
               const A D = dprev * Sp[int64_t{r} * n];
-              rd[(2 * dk + i) * W + c] = D;                     // dg_t[i]
-              dgv_acc += D;                                     // dgv_t[j]
+              rd[(2 * dk + i) * W + c] = D;  // dg_t[i]
+              dgv_acc += D;                  // dgv_t[j]
               th.dS[r] = dprev;
             }
           }

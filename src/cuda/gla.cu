@@ -29,6 +29,8 @@
 namespace seqlab::cuda {
 namespace {
 
+struct GlaKernels {};  // the tag naming this op's instantiations of the gated_scan.cuh kernels
+
 template <class E>
 const E* in_or_null(const Tensor& t) {
   return t.defined() ? static_cast<const E*>(t.raw_data()) : nullptr;
@@ -74,15 +76,15 @@ void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
     using E = typename decltype(tag)::type;
     using A = compute_t<E>;
     DeviceGuard guard(device);
-    scan::launch_forward<E, A>("gla forward kernel", device, problem_of<E, A>(q, k, v, g, gv, h0, p.scale),
-                               out_or_null<E>(o), out_or_null<E>(final_state));
+    scan::launch_forward<GlaKernels, E, A>("gla forward kernel", device, problem_of<E, A>(q, k, v, g, gv, h0, p.scale),
+                                           out_or_null<E>(o), out_or_null<E>(final_state));
   });
 }
 
 // `o` (the forward's output) is not read: dgv comes from the reverse recurrence.
 void backward_cuda(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor& g, const Tensor& gv, const Tensor& h0, const Tensor& /*o*/,
-                   const kernel::GlaParams& p, const kernel::GlaGrads& grads) {
+                   const Tensor& g, const Tensor& gv, const Tensor& h0, const Tensor& /*o*/, const kernel::GlaParams& p,
+                   const kernel::GlaGrads& grads) {
   const int device = q.device().index;
   check_inputs("gla backward", device, q, k, v, g, gv, h0);
   rows::require_contiguous("gla backward", device, {&dout, &dfinal, &grads.dq, &grads.dk, &grads.dv});
@@ -99,8 +101,9 @@ void backward_cuda(const Tensor& dout, const Tensor& dfinal, const Tensor& q, co
     io.dgv = gv.defined() ? out_or_null<E>(grads.dgv) : nullptr;
     io.dh0 = out_or_null<E>(grads.dinitial_state);
     DeviceGuard guard(device);
-    scan::launch_backward<E, A>("gla backward kernel", q.device(), problem_of<E, A>(q, k, v, g, gv, h0, p.scale), io,
-                                out_or_null<E>(grads.dq), out_or_null<E>(grads.dk), out_or_null<E>(grads.dg));
+    scan::launch_backward<GlaKernels, E, A>("gla backward kernel", q.device(),
+                                            problem_of<E, A>(q, k, v, g, gv, h0, p.scale), io, out_or_null<E>(grads.dq),
+                                            out_or_null<E>(grads.dk), out_or_null<E>(grads.dg));
   });
 }
 

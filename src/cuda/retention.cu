@@ -30,6 +30,8 @@
 namespace seqlab::cuda {
 namespace {
 
+struct RetentionKernels {};  // the tag naming this op's instantiations of the gated_scan.cuh kernels
+
 // The γ_h as a device buffer [H] in the compute type (the kernels' α when g is absent).
 Tensor decays_on(const Tensor& q, const kernel::RetentionParams& p, DType acc) {
   if (static_cast<int64_t>(p.gammas.size()) != q.size(2)) {
@@ -57,8 +59,8 @@ scan::Problem<E, A> problem_of(const Tensor& q, const Tensor& k, const Tensor& v
   return pb;
 }
 
-void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s0,
-                  const kernel::RetentionParams& p, const Tensor& o, const Tensor& s) {
+void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s0, const kernel::RetentionParams& p,
+                  const Tensor& o, const Tensor& s) {
   const int device = q.device().index;
   rows::require_contiguous("retention", device, {&q, &k, &v, &s0, &o, &s});
   scan::check_head_dims("retention", q.size(3), v.size(3));
@@ -67,8 +69,9 @@ void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
     using A = compute_t<E>;
     DeviceGuard guard(device);
     const Tensor decays = decays_on(q, p, sizeof(A) == 8 ? DType::f64 : DType::f32);
-    scan::launch_forward<E, A>("retention forward kernel", device, problem_of<E, A>(q, k, v, s0, decays, p.scale),
-                               static_cast<E*>(o.raw_data()), static_cast<E*>(s.raw_data()));
+    scan::launch_forward<RetentionKernels, E, A>("retention forward kernel", device,
+                                                 problem_of<E, A>(q, k, v, s0, decays, p.scale),
+                                                 static_cast<E*>(o.raw_data()), static_cast<E*>(s.raw_data()));
   });
 }
 
@@ -88,9 +91,9 @@ void backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     io.dfinal = static_cast<const E*>(ds.raw_data());
     io.dv = static_cast<E*>(dv.raw_data());
     io.dh0 = static_cast<E*>(ds0.raw_data());
-    scan::launch_backward<E, A>("retention backward kernel", q.device(),
-                                problem_of<E, A>(q, k, v, s0, decays, p.scale), io, static_cast<E*>(dq.raw_data()),
-                                static_cast<E*>(dk.raw_data()), nullptr);
+    scan::launch_backward<RetentionKernels, E, A>(
+        "retention backward kernel", q.device(), problem_of<E, A>(q, k, v, s0, decays, p.scale), io,
+        static_cast<E*>(dq.raw_data()), static_cast<E*>(dk.raw_data()), nullptr);
   });
 }
 
