@@ -6,6 +6,7 @@
 // *_cuda_schedule_test.cc programs to check the GPU kernels' logic against the CPU kernels without a GPU.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>
