@@ -91,54 +91,36 @@ Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   return d;
 }
 
-// ---- feature maps, elementwise ----
-template <class T>
-void apply_feature_map(FeatureMap f, const T* x, T* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const T a = x[i];
-    switch (f) {
-      case FeatureMap::elu_plus_one: y[i] = a > 0 ? a + T(1) : std::exp(a); break;
-      case FeatureMap::relu: y[i] = a > 0 ? a : T(0); break;
-      case FeatureMap::identity: y[i] = a; break;
-    }
-  }
-}
-
-// g[i] *= φ'(x[i])
-template <class T>
-void times_feature_map_grad(FeatureMap f, const T* x, T* g, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const T a = x[i];
-    switch (f) {
-      case FeatureMap::elu_plus_one: g[i] *= a > 0 ? T(1) : std::exp(a); break;
-      case FeatureMap::relu: g[i] = a > 0 ? g[i] : T(0); break;
-      case FeatureMap::identity: break;
-    }
-  }
+// ---- feature maps, elementwise, through the kernel layer (so they run on the tensors' device) ----
+//   elu+1:  φ(x) = x + 1 (x > 0), e^x (x ≤ 0)  =  e^{x − relu(x)} + relu(x)   (each branch exact: e^0 = 1,
+//           x − relu(x) is x or 0 exactly; unlike elu(x) + 1, which cancels to 0 for very negative x)
+//           φ'(x) = 1 (x > 0), e^x (x ≤ 0)  =  e^{x − relu(x)}
+//   relu:   φ(x) = max(x, 0),  φ'(x) = [x > 0];   identity: φ(x) = x, φ' = 1.
+Tensor exp_of_negative_part(const Tensor& x) {
+  using kernel::BinaryOp;
+  using kernel::UnaryOp;
+  return kernel::unary(UnaryOp::exp, kernel::binary(BinaryOp::sub, x, kernel::unary(UnaryOp::relu, x)));
 }
 
 Tensor feature_map(FeatureMap f, const Tensor& x) {
-  Tensor xc = kernel::contiguous(x);
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  dispatch_float(x.dtype(), "linear_attention feature map", [&](auto tag) {
-    using T = decltype(tag);
-    const T* X = xc.data<T>();
-    T* Y = y.data<T>();
-    cpu::parallel_for(xc.numel(), cpu::kParallelGrain,
-                      [&](int64_t b, int64_t e) { apply_feature_map<T>(f, X + b, Y + b, e - b); });
-  });
-  return y;
+  using kernel::UnaryOp;
+  switch (f) {
+    case FeatureMap::elu_plus_one:
+      return kernel::binary(kernel::BinaryOp::add, exp_of_negative_part(x), kernel::unary(UnaryOp::relu, x));
+    case FeatureMap::relu: return kernel::unary(UnaryOp::relu, x);
+    case FeatureMap::identity: break;
+  }
+  return kernel::contiguous(x);
 }
 
-void times_feature_map_grad(FeatureMap f, const Tensor& x, const Tensor& g) {
-  Tensor xc = kernel::contiguous(x);
-  dispatch_float(x.dtype(), "linear_attention feature map", [&](auto tag) {
-    using T = decltype(tag);
-    const T* X = xc.data<T>();
-    T* G = g.data<T>();
-    cpu::parallel_for(xc.numel(), cpu::kParallelGrain,
-                      [&](int64_t b, int64_t e) { times_feature_map_grad<T>(f, X + b, G + b, e - b); });
-  });
+// g ⊙ φ'(x)
+Tensor times_feature_map_grad(FeatureMap f, const Tensor& x, const Tensor& g) {
+  switch (f) {
+    case FeatureMap::elu_plus_one: return kernel::binary(kernel::BinaryOp::mul, g, exp_of_negative_part(x));
+    case FeatureMap::relu: return kernel::unary_backward(kernel::UnaryOp::relu, g, x, x);  // reads x only
+    case FeatureMap::identity: break;
+  }
+  return g;
 }
 
 }  // namespace
@@ -581,9 +563,9 @@ LinearAttentionOutput linear_attention(const Tensor& q, const Tensor& k, const T
            kernel::linear_attention_backward_kernel(q_s.device(), fq, fk, v_s, s[3], s[4], kernel::contiguous(g[0]),
                                                     kernel::contiguous(g[1]), kernel::contiguous(g[2]), p, dfq, dfk,
                                                     dv, ds0, dz0);
-           times_feature_map_grad(fmap, q_s, dfq);
-           times_feature_map_grad(fmap, k_s, dfk);
-           return std::vector<Tensor>{need[0] ? dfq : Tensor(), need[1] ? dfk : Tensor(), need[2] ? dv : Tensor(),
+           return std::vector<Tensor>{need[0] ? times_feature_map_grad(fmap, q_s, dfq) : Tensor(),
+                                      need[1] ? times_feature_map_grad(fmap, k_s, dfk) : Tensor(),
+                                      need[2] ? dv : Tensor(),
                                       need[3] ? ds0 : Tensor(), need[4] ? dz0 : Tensor()};
          });
   return out;
