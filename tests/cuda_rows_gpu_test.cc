@@ -106,7 +106,7 @@ TEST_F(CudaRowsVsCpu, NormForward) {
         const std::string what = case_name(with_bias ? "layer_norm" : "layer_norm without bias", dtype, n, c);
         NormOutput want{cpu_empty({n, c}, rt), cpu_empty({n}, rt), cpu_empty({n}, rt)};
         kernel::layer_norm_kernel(kCpu, ref(x), ref(w), with_bias ? ref(b) : Tensor(), 1e-5, want);
-        NormOutput got{poisoned({n, c}, dtype), poisoned({n}, dtype), poisoned({n}, dtype)};
+        NormOutput got{poisoned({n, c}, dtype), poisoned({n}, accumulate_dtype(dtype)), poisoned({n}, accumulate_dtype(dtype))};
         kernel::layer_norm_kernel(kGpu, on_gpu(x), on_gpu(w), with_bias ? on_gpu(b) : Tensor(), 1e-5, got);
         expect_close(got.y, want.y, rtol(dtype), what + " y");
         expect_close(got.mean, want.mean, rtol(dtype), what + " mean");
@@ -115,7 +115,7 @@ TEST_F(CudaRowsVsCpu, NormForward) {
       const std::string what = case_name("rms_norm", dtype, n, c);
       NormOutput want{cpu_empty({n, c}, rt), Tensor(), cpu_empty({n}, rt)};
       kernel::rms_norm_kernel(kCpu, ref(x), ref(w), 1e-6, want);
-      NormOutput got{poisoned({n, c}, dtype), Tensor(), poisoned({n}, dtype)};
+      NormOutput got{poisoned({n, c}, dtype), Tensor(), poisoned({n}, accumulate_dtype(dtype))};
       kernel::rms_norm_kernel(kGpu, on_gpu(x), on_gpu(w), 1e-6, got);
       expect_close(got.y, want.y, rtol(dtype), what + " y");
       expect_close(got.rstd, want.rstd, rtol(dtype), what + " rstd");
@@ -133,15 +133,15 @@ TEST_F(CudaRowsVsCpu, NormBackward) {
       Tensor dsum = Tensor::randn({n, c}, gen_, dtype);
       for (bool centered : {true, false}) {
         const std::string what = case_name(centered ? "layer_norm backward" : "rms_norm backward", dtype, n, c);
-        // The statistics as the forward saved them: computed, then stored in the dtype under test.
+        // The statistics as the forward saved them: computed, then stored in accumulate_dtype (f32 for bf16).
         NormOutput fwd{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
         if (centered) {
           kernel::layer_norm_kernel(kCpu, ref(x), ref(w), Tensor(), 1e-5, fwd);
         } else {
           kernel::rms_norm_kernel(kCpu, ref(x), ref(w), 1e-5, fwd);
         }
-        Tensor mean = centered ? kernel::to_dtype(fwd.mean, dtype) : Tensor();
-        Tensor rstd = kernel::to_dtype(fwd.rstd, dtype);
+        Tensor mean = centered ? kernel::to_dtype(fwd.mean, accumulate_dtype(dtype)) : Tensor();
+        Tensor rstd = kernel::to_dtype(fwd.rstd, accumulate_dtype(dtype));
         // Every gradient, then only the parameter gradients (dx skipped), then only dx; each asking for
         // dx again with dsum, the gradient of a fused residual sum, added onto it.
         for (int ask = 0; ask < 3; ++ask) {
@@ -201,7 +201,7 @@ TEST_F(CudaRowsVsCpu, AddNormForward) {
         NormOutput fused{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
         NormOutput want{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
         Tensor got_sum = poisoned({n, c}, dtype);
-        NormOutput got{poisoned({n, c}, dtype), centered ? poisoned({n}, dtype) : Tensor(), poisoned({n}, dtype)};
+        NormOutput got{poisoned({n, c}, dtype), centered ? poisoned({n}, accumulate_dtype(dtype)) : Tensor(), poisoned({n}, accumulate_dtype(dtype))};
         if (centered) {
           kernel::add_layer_norm_kernel(kCpu, ref(x), ref(res), ref(w), bias_ref, 1e-5, want_sum, fused);
           kernel::layer_norm_kernel(kCpu, ref(kernel::to_dtype(want_sum, dtype)), ref(w), bias_ref, 1e-5, want);
@@ -229,10 +229,10 @@ TEST_F(CudaRowsVsCpu, NormThroughTheEntryPoints) {
     NormOutput want = kernel::layer_norm(ref(x), ref(w), ref(b), 1e-5);
     NormOutput got = kernel::layer_norm(on_gpu(x), on_gpu(w), on_gpu(b), 1e-5);
     expect_close(got.y, want.y, rtol(dtype), std::string("layer_norm entry ") + dtype_name(dtype));
-    NormGrads gw = kernel::layer_norm_backward(ref(dy), ref(x), ref(w), ref(kernel::to_dtype(want.mean, dtype)),
-                                               ref(kernel::to_dtype(want.rstd, dtype)), true, true, true);
-    NormGrads gg = kernel::layer_norm_backward(on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(kernel::to_dtype(want.mean, dtype)),
-                                               on_gpu(kernel::to_dtype(want.rstd, dtype)), true, true, true);
+    NormGrads gw = kernel::layer_norm_backward(ref(dy), ref(x), ref(w), ref(kernel::to_dtype(want.mean, accumulate_dtype(dtype))),
+                                               ref(kernel::to_dtype(want.rstd, accumulate_dtype(dtype))), true, true, true);
+    NormGrads gg = kernel::layer_norm_backward(on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(kernel::to_dtype(want.mean, accumulate_dtype(dtype))),
+                                               on_gpu(kernel::to_dtype(want.rstd, accumulate_dtype(dtype))), true, true, true);
     expect_close(gg.dx, gw.dx, rtol(dtype), std::string("layer_norm backward entry dx ") + dtype_name(dtype));
     expect_close(gg.dweight, gw.dweight, rtol(dtype), std::string("layer_norm backward entry dw ") + dtype_name(dtype));
     expect_close(gg.dbias, gw.dbias, rtol(dtype), std::string("layer_norm backward entry db ") + dtype_name(dtype));
@@ -262,8 +262,8 @@ TEST_F(CudaRowsVsCpu, AddNormThroughTheEntryPoints) {
       expect_close(got.sum, fused.sum, rtol(dtype), op + " entry sum " + type);
       expect_close(got.norm.y, want.y, rtol(dtype), op + " entry y " + type);
 
-      const Tensor mean = centered ? kernel::to_dtype(want.mean, dtype) : Tensor();
-      const Tensor rstd = kernel::to_dtype(want.rstd, dtype);
+      const Tensor mean = centered ? kernel::to_dtype(want.mean, accumulate_dtype(dtype)) : Tensor();
+      const Tensor rstd = kernel::to_dtype(want.rstd, accumulate_dtype(dtype));
       NormGrads gw =
           centered ? kernel::layer_norm_backward(ref(dy), ref(sum), ref(w), ref(mean), ref(rstd), true, true, true)
                    : kernel::rms_norm_backward(ref(dy), ref(sum), ref(w), ref(rstd), true, true);
@@ -338,12 +338,12 @@ TEST_F(CudaRowsVsCpu, CrossEntropyForwardAndBackward) {
         Tensor targets = indices(n, v, target_type, 0.2, -100);
         Tensor loss_want = cpu_empty({n}, rt), lse_want = cpu_empty({n}, rt);
         kernel::cross_entropy_kernel(kCpu, ref(logits), targets, -100, loss_want, lse_want);
-        Tensor loss_got = poisoned({n}, dtype), lse_got = poisoned({n}, dtype);
+        Tensor loss_got = poisoned({n}, accumulate_dtype(dtype)), lse_got = poisoned({n}, accumulate_dtype(dtype));
         kernel::cross_entropy_kernel(kGpu, on_gpu(logits), on_gpu(targets), -100, loss_got, lse_got);
         expect_close(loss_got, loss_want, rtol(dtype), what + " losses");
         expect_close(lse_got, lse_want, rtol(dtype), what + " lse");
 
-        Tensor lse = kernel::to_dtype(lse_want, dtype);  // lse as the forward stored it
+        Tensor lse = kernel::to_dtype(lse_want, accumulate_dtype(dtype));  // lse as the forward stored it
         Tensor dwant = cpu_empty({n, v}, rt);
         kernel::cross_entropy_backward_kernel(kCpu, 0.37, ref(logits), targets, ref(lse), -100, dwant);
         Tensor dgot = poisoned({n, v}, dtype);
@@ -364,9 +364,9 @@ TEST_F(CudaRowsVsCpu, CrossEntropyThroughTheEntryPoints) {
     expect_close(got.loss, want.loss, rtol(dtype), std::string("cross_entropy entry loss ") + dtype_name(dtype));
     Tensor dloss = Tensor::scalar(1.0, dtype);
     Tensor dwant = kernel::cross_entropy_backward(ref(dloss), ref(logits), targets,
-                                                  ref(kernel::to_dtype(want.lse, dtype)), 5, want.count);
+                                                  ref(kernel::to_dtype(want.lse, accumulate_dtype(dtype))), 5, want.count);
     Tensor dgot = kernel::cross_entropy_backward(on_gpu(dloss), on_gpu(logits), on_gpu(targets),
-                                                 on_gpu(kernel::to_dtype(want.lse, dtype)), 5, want.count);
+                                                 on_gpu(kernel::to_dtype(want.lse, accumulate_dtype(dtype))), 5, want.count);
     expect_close(dgot, dwant, rtol(dtype), std::string("cross_entropy entry backward ") + dtype_name(dtype));
   }
 }

@@ -1,7 +1,7 @@
 // Mixed precision (train.dtype = "bf16") on the CPU, where it is the reference for the GPU:
 // - bf16 kernels on the CPU are the f32 kernels on the same (exactly widened) values with the outputs
 //   rounded to bf16 once, including GEMMs with strides and β = 1, in-place updates and struct outputs;
-// - statistics stay f32: cross-entropy's loss and lse, attention's lse;
+// - statistics stay f32: norms' mean and rstd, cross-entropy's loss and lse, attention's lse;
 // - the optimizer's f32 master weights: updates far below bf16's resolution accumulate, p = bf16(w),
 //   and load_state restores the master from the f32 weight a checkpoint holds;
 // - a small GPT trained in bf16 follows its f32 twin's losses within bf16's tolerance.
@@ -55,8 +55,9 @@ TEST(Bf16OnCpu, KernelsAreTheF32KernelsRoundedOnce) {
   expect_same_bf16(kernel::matmul(x, y, false, true, kernel::clone(onto)), want, "onto (β = 1)");
   // A kernel with a struct of outputs, and one that reads and writes one tensor in place.
   const kernel::NormGrads g16 = kernel::layer_norm_backward(y, x, w, n16.mean, n16.rstd, true, true, true);
-  const kernel::NormGrads g32 =
-      kernel::layer_norm_backward(f32(y), f32(x), f32(w), f32(n16.mean), f32(n16.rstd), true, true, true);
+  EXPECT_EQ(n16.rstd.dtype(), DType::f32);  // statistics stay f32, the same values as the f32 kernel's
+  EXPECT_EQ(n16.rstd.to_doubles(), n32.rstd.to_doubles());
+  const kernel::NormGrads g32 = kernel::layer_norm_backward(f32(y), f32(x), f32(w), n16.mean, n16.rstd, true, true, true);
   expect_same_bf16(g16.dx, rounded(g32.dx), "layer_norm dx");
   expect_same_bf16(g16.dweight, rounded(g32.dweight), "layer_norm dweight");
 }

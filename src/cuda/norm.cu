@@ -8,7 +8,8 @@
 //   layer:  dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂))
 //   rms:    dx = rstd · (g − x̂ · mean(g ⊙ x̂))
 //   dw = Σ_rows dy ⊙ x̂,  db = Σ_rows dy
-// where the backward rebuilds x̂ from the saved (dtype-rounded) μ and rstd, as the CPU does.
+// where the backward rebuilds x̂ from the saved μ and rstd, as the CPU does. The statistics are kept in
+// the compute type (accumulate_dtype: f32 for bf16 x, x's dtype otherwise).
 // Fused with the residual add: s = x + residual (rounded to T) is written and normalised, and the
 // backward at s is ds_total = ds + dnorm: the dx kernel adds dsum = ds (onto dnorm rounded to T, as a
 // separate add kernel would) in the same pass, so dx = dresidual = ds_total costs no extra launch.
@@ -40,7 +41,7 @@ using namespace rows;
 // normalised is then s, so y, μ and rstd are those of the stored (rounded) s that the backward reads.
 template <class T, bool kCentered>
 __global__ void __launch_bounds__(kMaxThreads)
-    norm_forward_rows(const T* x, const T* residual, T* sum, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t n,
+    norm_forward_rows(const T* x, const T* residual, T* sum, const T* w, const T* b, T* y, compute_t<T>* mean, compute_t<T>* rstd, int64_t n,
                       int64_t c, double eps) {
   using A = compute_t<T>;
   __shared__ A scratch[kMaxWarps];
@@ -71,8 +72,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     const A rs = rsqrt_of(block_sum(ss, scratch) * inv_c + static_cast<A>(eps));
     if (threadIdx.x == 0) {
-      if (kCentered) mean[r] = convert<T>(mu);
-      rstd[r] = convert<T>(rs);
+      if (kCentered) mean[r] = mu;
+      rstd[r] = rs;
     }
     T* yr = y + r * c;
     for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
@@ -88,15 +89,16 @@ __global__ void __launch_bounds__(kMaxThreads)
 // given, mean and rstd once; writes dx.
 template <class T, bool kCentered>
 __global__ void __launch_bounds__(kMaxThreads)
-    norm_backward_dx_rows(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, const T* dsum, T* dx,
+    norm_backward_dx_rows(const T* dy, const T* x, const T* w, const compute_t<T>* mean, const compute_t<T>* rstd,
+                          const T* dsum, T* dx,
                           int64_t n, int64_t c) {
   using A = compute_t<T>;
   __shared__ A scratch[kMaxWarps];
   const A inv_c = A(1) / static_cast<A>(c);
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const T *gr = dy + r * c, *xr = x + r * c;
-    const A mu = kCentered ? convert<A>(mean[r]) : A(0);
-    const A rs = convert<A>(rstd[r]);
+    const A mu = kCentered ? mean[r] : A(0);
+    const A rs = rstd[r];
     A sum_g = 0, sum_gx = 0;
     for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
       const A g = convert<A>(gr[i]) * convert<A>(w[i]);
@@ -121,7 +123,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 // (plus mean and rstd per row, shared by the warp); writes chunks · c partials per output.
 template <class T, bool kCentered>
 __global__ void __launch_bounds__(kMaxThreads)
-    norm_param_partials(const T* dy, const T* x, const T* mean, const T* rstd, compute_t<T>* part_w,
+    norm_param_partials(const T* dy, const T* x, const compute_t<T>* mean, const compute_t<T>* rstd, compute_t<T>* part_w,
                         compute_t<T>* part_b, int64_t n, int64_t c, int64_t per) {
   using A = compute_t<T>;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -130,8 +132,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   A acc_w = 0, acc_b = 0;
   for (int64_t r = r0; r < r1; ++r) {
     const A g = convert<A>(dy[r * c + j]);
-    const A mu = kCentered ? convert<A>(mean[r]) : A(0);
-    acc_w += g * ((convert<A>(x[r * c + j]) - mu) * convert<A>(rstd[r]));
+    const A mu = kCentered ? mean[r] : A(0);
+    acc_w += g * ((convert<A>(x[r * c + j]) - mu) * rstd[r]);
     acc_b += g;
   }
   if (part_w != nullptr) part_w[s * c + j] = acc_w;
@@ -158,6 +160,15 @@ void check_rows(const char* op, const Tensor& x, const Tensor& other, int64_t ex
   }
 }
 
+// Saved statistics are [N] in x's accumulate_dtype.
+void check_stats(const char* op, const Tensor& x, const Tensor& stat) {
+  check_rows(op, x, stat, x.size(0));
+  if (stat.dtype() != accumulate_dtype(x.dtype())) {
+    throw std::logic_error(std::string(op) + " on CUDA: statistics must be " + dtype_name(accumulate_dtype(x.dtype())) +
+                           " for " + dtype_name(x.dtype()) + " rows, got " + dtype_name(stat.dtype()));
+  }
+}
+
 // residual and sum are both defined (fused: sum = x + residual is normalised) or both undefined.
 void norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias, double eps,
                   bool centered, const Tensor& sum, const NormOutput& out) {
@@ -173,7 +184,8 @@ void norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
     check_rows(op, x, sum, x.numel());
   }
   check_rows(op, x, weight, x.size(1));
-  check_rows(op, x, out.rstd, x.size(0));
+  check_stats(op, x, out.rstd);
+  if (centered) check_stats(op, x, out.mean);
   const int64_t n = x.size(0), c = x.size(1);
   if (n == 0 || c == 0) return;
   DeviceGuard guard(device);
@@ -185,10 +197,10 @@ void norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
     const dim3 grid(row_blocks(n, device)), block(row_threads(c));
     if (centered) {
       norm_forward_rows<T, true><<<grid, block, 0, stream(device)>>>(
-          cptr<T>(x), res, s, cptr<T>(weight), b, mptr<T>(out.y), mptr<T>(out.mean), mptr<T>(out.rstd), n, c, eps);
+          cptr<T>(x), res, s, cptr<T>(weight), b, mptr<T>(out.y), mptr<compute_t<T>>(out.mean), mptr<compute_t<T>>(out.rstd), n, c, eps);
     } else {
       norm_forward_rows<T, false><<<grid, block, 0, stream(device)>>>(
-          cptr<T>(x), res, s, cptr<T>(weight), b, mptr<T>(out.y), nullptr, mptr<T>(out.rstd), n, c, eps);
+          cptr<T>(x), res, s, cptr<T>(weight), b, mptr<T>(out.y), nullptr, mptr<compute_t<T>>(out.rstd), n, c, eps);
     }
     SEQLAB_CUDA_CHECK_LAUNCH(op);
   });
@@ -210,13 +222,14 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
   if (centered) require_contiguous(op, device, {&mean});
   check_rows(op, x, dy, x.numel());
   check_rows(op, x, weight, x.size(1));
-  check_rows(op, x, rstd, x.size(0));
+  check_stats(op, x, rstd);
+  if (centered) check_stats(op, x, mean);
   const int64_t n = x.size(0), c = x.size(1);
   DeviceGuard guard(device);
   dispatch_floating(x.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = compute_t<T>;
-    const T* mu = centered ? cptr<T>(mean) : nullptr;
+    const compute_t<T>* mu = centered ? cptr<compute_t<T>>(mean) : nullptr;
 
     if (grads.dx.defined() && n > 0 && c > 0) {
       require_contiguous(op, device, {&grads.dx});
@@ -228,10 +241,10 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
       const dim3 grid(row_blocks(n, device)), block(row_threads(c));
       if (centered) {
         norm_backward_dx_rows<T, true><<<grid, block, 0, stream(device)>>>(cptr<T>(dy), cptr<T>(x), cptr<T>(weight), mu,
-                                                                           cptr<T>(rstd), ds, mptr<T>(grads.dx), n, c);
+                                                                           cptr<compute_t<T>>(rstd), ds, mptr<T>(grads.dx), n, c);
       } else {
         norm_backward_dx_rows<T, false><<<grid, block, 0, stream(device)>>>(
-            cptr<T>(dy), cptr<T>(x), cptr<T>(weight), nullptr, cptr<T>(rstd), ds, mptr<T>(grads.dx), n, c);
+            cptr<T>(dy), cptr<T>(x), cptr<T>(weight), nullptr, cptr<compute_t<T>>(rstd), ds, mptr<T>(grads.dx), n, c);
       }
       SEQLAB_CUDA_CHECK_LAUNCH(centered ? "layer_norm backward dx" : "rms_norm backward dx");
     }
@@ -250,10 +263,10 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
     const dim3 grid(static_cast<unsigned>((c + kMaxThreads - 1) / kMaxThreads), static_cast<unsigned>(chunks));
     if (centered) {
       norm_param_partials<T, true><<<grid, kMaxThreads, 0, stream(device)>>>(cptr<T>(dy), cptr<T>(x), mu,
-                                                                              cptr<T>(rstd), pw, pb, n, c, per);
+                                                                              cptr<compute_t<T>>(rstd), pw, pb, n, c, per);
     } else {
       norm_param_partials<T, false><<<grid, kMaxThreads, 0, stream(device)>>>(cptr<T>(dy), cptr<T>(x), nullptr,
-                                                                               cptr<T>(rstd), pw, pb, n, c, per);
+                                                                               cptr<compute_t<T>>(rstd), pw, pb, n, c, per);
     }
     SEQLAB_CUDA_CHECK_LAUNCH(centered ? "layer_norm weight/bias partial sums" : "rms_norm weight partial sums");
     if (need_w) launch_elements("norm weight gradient", device, c, SumPartialsFn<T>{pw, mptr<T>(grads.dweight), chunks, c});

@@ -132,7 +132,8 @@ SEQLAB_DECLARE_KERNEL(softmax_backward_kernel, void (*)(const Tensor& dy, const 
 
 // ------------------------------------------------------------------------------------------------
 // Normalisation over the last dimension C of x [..., C]; weight and bias are [C] (bias may be
-// undefined). Statistics (mean, rstd) are [rows] and saved for the backward.
+// undefined). Statistics (mean, rstd) are [rows] in accumulate_dtype (f32 for bf16) and saved for the
+// backward.
 struct NormOutput {
   Tensor y, mean, rstd;
 };

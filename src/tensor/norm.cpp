@@ -1,6 +1,6 @@
 // Layer norm and RMS norm entry points, plain and fused with the residual add before them. x [..., C]
-// is viewed as contiguous rows [N, C]; the per-row statistics (mean, rstd) are [N] in x's dtype and
-// are what the backward reads.
+// is viewed as contiguous rows [N, C]; the per-row statistics (mean, rstd) are [N] in x's
+// accumulate_dtype (f32 for bf16, x's dtype otherwise) and are what the backward reads.
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -48,8 +48,10 @@ void check_grad(const Tensor& dy, const Tensor& x, const Tensor& stat, const cha
     throw std::invalid_argument(std::string(op) + ": gradient " + (dy.defined() ? shape_str(dy.shape()) : "undefined") +
                                 " does not match input " + shape_str(x.shape()));
   }
-  if (!stat.defined() || stat.numel() != x.numel() / x.size(-1)) {
-    throw std::invalid_argument(std::string(op) + ": saved statistics do not match input " + shape_str(x.shape()));
+  if (!stat.defined() || stat.numel() != x.numel() / x.size(-1) || stat.dtype() != accumulate_dtype(x.dtype())) {
+    throw std::invalid_argument(std::string(op) + ": saved statistics do not match input " + shape_str(x.shape()) +
+                                " " + dtype_name(x.dtype()) + " (expected [N] " +
+                                dtype_name(accumulate_dtype(x.dtype())) + ")");
   }
 }
 
@@ -93,8 +95,9 @@ NormOutput layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
   check_eps(eps, "layer_norm");
   Tensor rows = as_rows(x, weight, bias, "layer_norm");
   const int64_t n = rows.size(0);
-  NormOutput out{Tensor::empty(rows.shape(), x.dtype(), x.device()), Tensor::empty({n}, x.dtype(), x.device()),
-                 Tensor::empty({n}, x.dtype(), x.device())};
+  const DType stats = accumulate_dtype(x.dtype());
+  NormOutput out{Tensor::empty(rows.shape(), x.dtype(), x.device()), Tensor::empty({n}, stats, x.device()),
+                 Tensor::empty({n}, stats, x.device())};
   layer_norm_kernel(x.device(), rows, contiguous(weight), bias.defined() ? contiguous(bias) : bias, eps, out);
   out.y = view(out.y, x.shape());
   return out;
@@ -119,7 +122,7 @@ NormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   check_eps(eps, "rms_norm");
   Tensor rows = as_rows(x, weight, Tensor(), "rms_norm");
   NormOutput out{Tensor::empty(rows.shape(), x.dtype(), x.device()), Tensor(),
-                 Tensor::empty({rows.size(0)}, x.dtype(), x.device())};
+                 Tensor::empty({rows.size(0)}, accumulate_dtype(x.dtype()), x.device())};
   rms_norm_kernel(x.device(), rows, contiguous(weight), eps, out);
   out.y = view(out.y, x.shape());
   return out;
@@ -144,8 +147,9 @@ AddNormOutput add_layer_norm(const Tensor& x, const Tensor& residual, const Tens
   Tensor res = residual_rows(residual, x, rows, "add_layer_norm");
   const int64_t n = rows.size(0);
   AddNormOutput out{Tensor::empty(rows.shape(), x.dtype(), x.device()),
-                    {Tensor::empty(rows.shape(), x.dtype(), x.device()), Tensor::empty({n}, x.dtype(), x.device()),
-                     Tensor::empty({n}, x.dtype(), x.device())}};
+                    {Tensor::empty(rows.shape(), x.dtype(), x.device()),
+                     Tensor::empty({n}, accumulate_dtype(x.dtype()), x.device()),
+                     Tensor::empty({n}, accumulate_dtype(x.dtype()), x.device())}};
   add_layer_norm_kernel(x.device(), rows, res, contiguous(weight), bias.defined() ? contiguous(bias) : bias, eps,
                         out.sum, out.norm);
   out.sum = view(out.sum, x.shape());
@@ -159,7 +163,7 @@ AddNormOutput add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor
   Tensor res = residual_rows(residual, x, rows, "add_rms_norm");
   AddNormOutput out{Tensor::empty(rows.shape(), x.dtype(), x.device()),
                     {Tensor::empty(rows.shape(), x.dtype(), x.device()), Tensor(),
-                     Tensor::empty({rows.size(0)}, x.dtype(), x.device())}};
+                     Tensor::empty({rows.size(0)}, accumulate_dtype(x.dtype()), x.device())}};
   add_rms_norm_kernel(x.device(), rows, res, contiguous(weight), eps, out.sum, out.norm);
   out.sum = view(out.sum, x.shape());
   out.norm.y = view(out.norm.y, x.shape());
