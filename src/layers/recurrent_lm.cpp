@@ -85,15 +85,21 @@ Tensor RecurrentLm::drop(const Tensor& x) {
 Tensor RecurrentLm::run(const Tensor& tokens, RecurrentLmState* state) {
   if (tokens.dim() != 2) throw std::invalid_argument("RecurrentLm: tokens must be [B, T], got " + shape_str(tokens.shape()));
   if (state != nullptr) state->mixers.resize(blocks_.size());
+  // Pre-norm residual blocks x + drop(mixer(norm1 x)), then + drop(swiglu(norm2 ·)); each residual add
+  // is fused with the norm that reads its result (add_forward), so a block's MLP output (`branch`) is
+  // added by the next block's norm1, and the last one by norm_f.
   Tensor x = drop(wte_.forward(tokens));  // [B, T, C]
+  Tensor branch;
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const Block& b = blocks_[i];
-    x = add(x, drop(b.mixer->forward(b.norm1->forward(x), state != nullptr ? &state->mixers[i] : nullptr)));
-    Tensor h = b.norm2->forward(x);
-    x = add(x, drop(b.proj->forward(mul(silu(b.fc->forward(h)), b.gate->forward(h)))));
+    const AddNormResult in = b.norm1->add_forward(x, branch);
+    const AddNormResult mid = b.norm2->add_forward(
+        in.sum, drop(b.mixer->forward(in.y, state != nullptr ? &state->mixers[i] : nullptr)));
+    x = mid.sum;
+    branch = drop(b.proj->forward(mul(silu(b.fc->forward(mid.y)), b.gate->forward(mid.y))));
   }
   if (state != nullptr) state->position += tokens.shape()[1];
-  return linear(norm_f_->forward(x), wte_.weight());
+  return linear(norm_f_->add_forward(x, branch).y, wte_.weight());
 }
 
 double RecurrentLm::mixing_flops_per_token(int64_t seq_len) const {
