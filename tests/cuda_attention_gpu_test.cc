@@ -26,38 +26,25 @@
 #include <string>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "layers/attention.h"
 #include "tensor/kernels.h"
-#include "cuda_test_util.h"
 
 namespace seqlab {
 namespace {
 
 using testing::kGpu;
+using testing::reference_type;
 const Device kCpu = cpu_device();
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
 
 double rtol(DType d) { return d == DType::bf16 ? 2e-2 : d == DType::f64 ? 1e-10 : 1e-4; }
-// The dtype the CPU reference runs in.
-DType ref_type(DType d) { return d == DType::f64 ? DType::f64 : DType::f32; }
 
+using testing::as_reference;
+using testing::on_gpu;
 using testing::poisoned;
-Tensor on_gpu(const Tensor& x) { return kernel::to_device(x, kGpu); }
-Tensor as_ref(const Tensor& x) { return kernel::to_dtype(x, ref_type(x.dtype())); }
 
-void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  ASSERT_TRUE(got.device().is_cuda()) << what;
-  const std::vector<double> g = got.to_doubles(), w = want.to_doubles();
-  int failures = 0;
-  for (size_t i = 0; i < g.size() && failures < 5; ++i) {
-    const bool ok = g[i] == w[i] || std::fabs(g[i] - w[i]) <= tol * std::max(std::fabs(w[i]), 1.0);
-    if (!ok) {
-      ++failures;
-      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " on CUDA, " << w[i] << " on the CPU";
-    }
-  }
-}
+using testing::expect_close;
 
 struct Case {
   int64_t B, T, S, H, Hk, Dk, Dv;
@@ -75,15 +62,15 @@ struct Case {
 };
 
 const Case kCases[] = {
-    {2, 37, 37, 4, 4, 16, 16, true, 0},      // MHA, T = S, odd
-    {1, 5, 70, 4, 2, 24, 40, true, 0},       // GQA, a block of new queries against a longer cache, Dk ≠ Dv
-    {2, 1, 33, 6, 1, 32, 32, true, 0},       // decoding, MQA
-    {1, 45, 19, 3, 1, 8, 12, false, 0},      // bidirectional with T > S, MQA
-    {1, 20, 50, 8, 2, 128, 128, false, 0.3}, // the largest head dim, explicit scale
-    {1, 17, 17, 2, 2, 1, 3, true, 0},        // a head dim of 1
-    {1, 70, 70, 2, 1, 64, 48, true, 0},      // several query and key tiles
-    {3, 33, 65, 6, 3, 40, 72, false, 0},     // bidirectional GQA, dims not multiples of 32
-    {1, 1, 1, 1, 1, 5, 7, true, 0},          // one query, one key
+    {2, 37, 37, 4, 4, 16, 16, true, 0},       // MHA, T = S, odd
+    {1, 5, 70, 4, 2, 24, 40, true, 0},        // GQA, a block of new queries against a longer cache, Dk ≠ Dv
+    {2, 1, 33, 6, 1, 32, 32, true, 0},        // decoding, MQA
+    {1, 45, 19, 3, 1, 8, 12, false, 0},       // bidirectional with T > S, MQA
+    {1, 20, 50, 8, 2, 128, 128, false, 0.3},  // the largest head dim, explicit scale
+    {1, 17, 17, 2, 2, 1, 3, true, 0},         // a head dim of 1
+    {1, 70, 70, 2, 1, 64, 48, true, 0},       // several query and key tiles
+    {3, 33, 65, 6, 3, 40, 72, false, 0},      // bidirectional GQA, dims not multiples of 32
+    {1, 1, 1, 1, 1, 5, 7, true, 0},           // one query, one key
     // bf16 on tensor cores from here on (and the f32/f64 kernels on larger shapes).
     {2, 100, 100, 4, 4, 64, 64, true, 0},        // MHA, T = S, a partial second tile
     {1, 77, 150, 8, 2, 128, 128, true, 0},       // GQA, queries at the end of a longer cache (S − T = 73)
@@ -95,9 +82,7 @@ const Case kCases[] = {
 
 class CudaAttentionVsCpu : public ::testing::Test {
  protected:
-  void SetUp() override {
-    SEQLAB_SKIP_WITHOUT_GPU();
-  }
+  void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
   Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 41};
 };
 
@@ -111,9 +96,9 @@ TEST_F(CudaAttentionVsCpu, Forward) {
       const kernel::AttentionParams p = c.params();
       Tensor o = poisoned({c.B, c.T, c.H, c.Dv}, dtype), lse = poisoned({c.B, c.T, c.H}, accumulate_dtype(dtype));
       kernel::attention_forward_kernel(kGpu, on_gpu(q), on_gpu(k), on_gpu(v), p, o, lse);
-      const DType rd = ref_type(dtype);
+      const DType rd = reference_type(dtype);
       Tensor o_ref = Tensor::empty(o.shape(), rd), lse_ref = Tensor::empty(lse.shape(), rd);
-      kernel::attention_forward_kernel(kCpu, as_ref(q), as_ref(k), as_ref(v), p, o_ref, lse_ref);
+      kernel::attention_forward_kernel(kCpu, as_reference(q), as_reference(k), as_reference(v), p, o_ref, lse_ref);
       expect_close(o, o_ref, rtol(dtype), what + " o");
       expect_close(lse, lse_ref, rtol(dtype), what + " lse");
     }
@@ -126,11 +111,11 @@ TEST_F(CudaAttentionVsCpu, BackwardAllAndSomeGradients) {
   };
   for (DType dtype : kFloatTypes) {
     for (const Case& c : kCases) {
-      for (Need need : {Need{true, true, true}, Need{false, false, true}, Need{true, false, false},
-                        Need{false, true, false}}) {
+      for (Need need :
+           {Need{true, true, true}, Need{false, false, true}, Need{true, false, false}, Need{false, true, false}}) {
         const std::string what = std::string(dtype_name(dtype)) + " " + c.name() + (need.dq ? " dq" : "") +
                                  (need.dk ? " dk" : "") + (need.dv ? " dv" : "");
-        const DType rd = ref_type(dtype);
+        const DType rd = reference_type(dtype);
         Tensor q = Tensor::randn({c.B, c.T, c.H, c.Dk}, gen_, dtype);
         Tensor k = Tensor::randn({c.B, c.S, c.Hk, c.Dk}, gen_, dtype);
         Tensor v = Tensor::randn({c.B, c.S, c.Hk, c.Dv}, gen_, dtype);
@@ -138,7 +123,7 @@ TEST_F(CudaAttentionVsCpu, BackwardAllAndSomeGradients) {
         Tensor dlse = Tensor::randn({c.B, c.T, c.H}, gen_, accumulate_dtype(dtype), 0.5);
         const kernel::AttentionParams p = c.params();
         Tensor o_ref = Tensor::empty({c.B, c.T, c.H, c.Dv}, rd), lse_ref = Tensor::empty({c.B, c.T, c.H}, rd);
-        kernel::attention_forward_kernel(kCpu, as_ref(q), as_ref(k), as_ref(v), p, o_ref, lse_ref);
+        kernel::attention_forward_kernel(kCpu, as_reference(q), as_reference(k), as_reference(v), p, o_ref, lse_ref);
         // The saved outputs as the dtype under test holds them; both sides read these values.
         Tensor o = kernel::to_dtype(o_ref, dtype), lse = kernel::to_dtype(lse_ref, accumulate_dtype(dtype));
 
@@ -148,8 +133,9 @@ TEST_F(CudaAttentionVsCpu, BackwardAllAndSomeGradients) {
         if (need.dv) got.dv = poisoned(v.shape(), dtype), want.dv = Tensor::empty(v.shape(), rd);
         kernel::attention_backward_kernel(kGpu, on_gpu(dout), on_gpu(dlse), on_gpu(q), on_gpu(k), on_gpu(v), on_gpu(o),
                                           on_gpu(lse), p, got);
-        kernel::attention_backward_kernel(kCpu, as_ref(dout), as_ref(dlse), as_ref(q), as_ref(k), as_ref(v), as_ref(o),
-                                          as_ref(lse), p, want);
+        kernel::attention_backward_kernel(kCpu, as_reference(dout), as_reference(dlse), as_reference(q),
+                                          as_reference(k), as_reference(v), as_reference(o), as_reference(lse), p,
+                                          want);
         if (need.dq) expect_close(got.dq, want.dq, rtol(dtype), what + " → dq");
         if (need.dk) expect_close(got.dk, want.dk, rtol(dtype), what + " → dk");
         if (need.dv) expect_close(got.dv, want.dv, rtol(dtype), what + " → dv");

@@ -29,30 +29,16 @@ namespace {
 
 using testing::kGpu;
 using testing::poisoned;
+using testing::reference_type;
 const Device kCpu = cpu_device();
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
 
 double rtol(DType d) { return d == DType::bf16 ? 2e-2 : d == DType::f64 ? 1e-10 : 1e-4; }
-DType ref_type(DType d) { return d == DType::f64 ? DType::f64 : DType::f32; }
 
-Tensor on_gpu(const Tensor& x) { return x.defined() ? kernel::to_device(x, kGpu) : x; }
-Tensor as_ref(const Tensor& x) { return x.defined() ? kernel::to_dtype(x, ref_type(x.dtype())) : x; }
+using testing::as_reference;
+using testing::on_gpu;
 
-void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
-  ASSERT_EQ(got.defined(), want.defined()) << what;
-  if (!got.defined()) return;
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  ASSERT_TRUE(got.device().is_cuda()) << what;
-  const std::vector<double> g = got.to_doubles(), w = want.to_doubles();
-  int failures = 0;
-  for (size_t i = 0; i < g.size() && failures < 5; ++i) {
-    const bool ok = g[i] == w[i] || std::fabs(g[i] - w[i]) <= tol * std::max(std::fabs(w[i]), 1.0);
-    if (!ok) {
-      ++failures;
-      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " on CUDA, " << w[i] << " on the CPU";
-    }
-  }
-}
+using testing::expect_close;
 
 Tensor unit_rows(const Shape& shape, Generator& gen, DType dtype) {
   std::vector<double> x = Tensor::randn(shape, gen, DType::f64).to_doubles();
@@ -84,8 +70,7 @@ const Case kCases[] = {
     {1, 64, 1, 6, 10, false, false, 0},   // two whole segments
     {2, 9, 2, 1, 3, true, true, 0},       // dk = 1
     {1, 40, 1, 128, 128, true, true, 0},  // the largest head dims
-    {1, 35, 2, 32, 96, true, true, 0},
-    {1, 20, 1, 100, 3, false, true, 0},  // dk much larger than dv
+    {1, 35, 2, 32, 96, true, true, 0},   {1, 20, 1, 100, 3, false, true, 0},  // dk much larger than dv
     {4, 300, 4, 64, 64, true, true, 0},  // a training-like shape, many forward blocks
 };
 
@@ -131,22 +116,24 @@ TEST_F(CudaDeltaNetVsCpu, ForwardAndBackwardBothForms) {
       for (DeltaNetForm form : {DeltaNetForm::chunkwise, DeltaNetForm::recurrent}) {
         const std::string what = std::string(dtype_name(dtype)) + " " + c.name() + " " + delta_net_form_name(form);
         const kernel::DeltaNetParams p = params(c, form);
-        const DType rd = ref_type(dtype);
+        const DType rd = reference_type(dtype);
 
         Tensor o = poisoned({c.B, c.T, c.H, c.dv}, dtype), fin = poisoned({c.B, c.H, c.dk, c.dv}, dtype);
         kernel::delta_net_forward_kernel(kGpu, on_gpu(x.q), on_gpu(x.k), on_gpu(x.v), on_gpu(x.beta), on_gpu(x.g),
                                          on_gpu(x.s0), p, o, fin);
         Tensor o_ref = Tensor::empty(o.shape(), rd), fin_ref = Tensor::empty(fin.shape(), rd);
-        kernel::delta_net_forward_kernel(kCpu, as_ref(x.q), as_ref(x.k), as_ref(x.v), as_ref(x.beta), as_ref(x.g),
-                                         as_ref(x.s0), p, o_ref, fin_ref);
+        kernel::delta_net_forward_kernel(kCpu, as_reference(x.q), as_reference(x.k), as_reference(x.v),
+                                         as_reference(x.beta), as_reference(x.g), as_reference(x.s0), p, o_ref,
+                                         fin_ref);
         expect_close(o, o_ref, rtol(dtype), what + " o");
         expect_close(fin, fin_ref, rtol(dtype), what + " final_state");
 
         kernel::DeltaNetGrads got = grads_like(x, dtype, true), want = grads_like(x, rd, false);
-        kernel::delta_net_backward_kernel(kGpu, on_gpu(x.dout), on_gpu(x.dfinal), on_gpu(x.q), on_gpu(x.k),
-                                          on_gpu(x.v), on_gpu(x.beta), on_gpu(x.g), on_gpu(x.s0), p, got);
-        kernel::delta_net_backward_kernel(kCpu, as_ref(x.dout), as_ref(x.dfinal), as_ref(x.q), as_ref(x.k),
-                                          as_ref(x.v), as_ref(x.beta), as_ref(x.g), as_ref(x.s0), p, want);
+        kernel::delta_net_backward_kernel(kGpu, on_gpu(x.dout), on_gpu(x.dfinal), on_gpu(x.q), on_gpu(x.k), on_gpu(x.v),
+                                          on_gpu(x.beta), on_gpu(x.g), on_gpu(x.s0), p, got);
+        kernel::delta_net_backward_kernel(kCpu, as_reference(x.dout), as_reference(x.dfinal), as_reference(x.q),
+                                          as_reference(x.k), as_reference(x.v), as_reference(x.beta), as_reference(x.g),
+                                          as_reference(x.s0), p, want);
         expect_close(got.dq, want.dq, rtol(dtype), what + " dq");
         expect_close(got.dk, want.dk, rtol(dtype), what + " dk");
         expect_close(got.dv, want.dv, rtol(dtype), what + " dv");
@@ -169,8 +156,8 @@ TEST_F(CudaDeltaNetVsCpu, DecodeStepsMatchTheFullSequence) {
   const std::vector<double> o_full = full.o.to_doubles();
   for (int64_t t = 0; t < c.T; ++t) {
     auto step = [&](const Tensor& a) { return kernel::contiguous(kernel::narrow(on_gpu(a), 1, t, 1)); };
-    const DeltaNetOutput one = delta_net(step(x.q), step(x.k), step(x.v), step(x.beta), step(x.g), state,
-                                         {DeltaNetForm::recurrent, 64, 0});
+    const DeltaNetOutput one =
+        delta_net(step(x.q), step(x.k), step(x.v), step(x.beta), step(x.g), state, {DeltaNetForm::recurrent, 64, 0});
     const std::vector<double> o1 = one.o.to_doubles();
     for (int64_t b = 0; b < c.B; ++b) {
       for (int64_t h = 0; h < c.H; ++h) {

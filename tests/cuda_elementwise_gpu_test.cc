@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "tensor/kernels.h"
 #include "cuda_test_util.h"
+#include "tensor/kernels.h"
 
 namespace seqlab {
 namespace {
@@ -38,28 +38,13 @@ using testing::poisoned;
 
 // `x` rounded to `dtype` on the CPU: the input both devices compute from.
 Tensor rounded(const Tensor& x, DType dtype) { return kernel::to_dtype(x, dtype); }
-Tensor on_gpu(const Tensor& x) { return kernel::to_device(x, kGpu); }
+using testing::on_gpu;
 
-void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  ASSERT_TRUE(got.device().is_cuda()) << what;
-  std::vector<double> g = got.to_doubles(), w = want.to_doubles();
-  int failures = 0;
-  for (size_t i = 0; i < g.size() && failures < 5; ++i) {
-    bool ok = g[i] == w[i] || (std::isnan(g[i]) && std::isnan(w[i])) ||
-              std::fabs(g[i] - w[i]) <= tol * std::max(std::fabs(w[i]), 1.0);
-    if (!ok) {
-      ++failures;
-      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " on CUDA, " << w[i] << " on the CPU";
-    }
-  }
-}
+using testing::expect_close;
 
 class CudaVsCpu : public ::testing::Test {
  protected:
-  void SetUp() override {
-    SEQLAB_SKIP_WITHOUT_GPU();
-  }
+  void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
   Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 17};
 };
 

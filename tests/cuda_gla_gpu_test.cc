@@ -30,28 +30,15 @@ namespace {
 
 using testing::kGpu;
 using testing::poisoned;
+using testing::reference_type;
 const Device kCpu = cpu_device();
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
 
 double rtol(DType d) { return d == DType::bf16 ? 2e-2 : d == DType::f64 ? 1e-10 : 1e-4; }
-DType ref_type(DType d) { return d == DType::f64 ? DType::f64 : DType::f32; }
-Tensor on_gpu(const Tensor& x) { return x.defined() ? kernel::to_device(x, kGpu) : Tensor(); }
-Tensor as_ref(const Tensor& x) { return x.defined() ? kernel::to_dtype(x, ref_type(x.dtype())) : Tensor(); }
+using testing::as_reference;
+using testing::on_gpu;
 
-void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
-  ASSERT_TRUE(got.defined() && want.defined()) << what;
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  ASSERT_TRUE(got.device().is_cuda()) << what;
-  const std::vector<double> g = got.to_doubles(), w = want.to_doubles();
-  int failures = 0;
-  for (size_t i = 0; i < g.size() && failures < 5; ++i) {
-    const bool ok = g[i] == w[i] || std::fabs(g[i] - w[i]) <= tol * std::max(std::fabs(w[i]), 1.0);
-    if (!ok) {
-      ++failures;
-      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " on CUDA, " << w[i] << " on the CPU";
-    }
-  }
-}
+using testing::expect_close;
 
 struct Case {
   int64_t B, T, H, dk, dv;
@@ -111,10 +98,10 @@ TEST_F(CudaGlaVsCpu, Forward) {
             Tensor o = poisoned({c.B, c.T, c.H, c.dv}, dtype), fs = poisoned({c.B, c.H, c.dk, c.dv}, dtype);
             kernel::gla_forward_kernel(kGpu, on_gpu(in.q), on_gpu(in.k), on_gpu(in.v), on_gpu(in.g), on_gpu(in.gv),
                                        on_gpu(in.h0), p, o, fs);
-            const DType rd = ref_type(dtype);
+            const DType rd = reference_type(dtype);
             Tensor o_ref = Tensor::empty(o.shape(), rd), fs_ref = Tensor::empty(fs.shape(), rd);
-            kernel::gla_forward_kernel(kCpu, as_ref(in.q), as_ref(in.k), as_ref(in.v), as_ref(in.g), as_ref(in.gv),
-                                       as_ref(in.h0), p, o_ref, fs_ref);
+            kernel::gla_forward_kernel(kCpu, as_reference(in.q), as_reference(in.k), as_reference(in.v),
+                                       as_reference(in.g), as_reference(in.gv), as_reference(in.h0), p, o_ref, fs_ref);
             expect_close(o, o_ref, rtol(dtype), what + " o");
             expect_close(fs, fs_ref, rtol(dtype), what + " final_state");
           }
@@ -134,15 +121,16 @@ TEST_F(CudaGlaVsCpu, BackwardAllAndSomeGradients) {
               const std::string what = std::string(dtype_name(dtype)) + " " + c.name() + (with_gv ? " gv" : "") +
                                        (with_h0 ? " h0" : "") + " " + gla_form_name(form) +
                                        (all ? " all gradients" : " dq, dk, dv only");
-              const DType rd = ref_type(dtype);
+              const DType rd = reference_type(dtype);
               const Inputs in = make_inputs(c, dtype, with_gv, with_h0, gen_);
               Tensor dout = Tensor::randn({c.B, c.T, c.H, c.dv}, gen_, dtype);
               Tensor dfinal = Tensor::randn({c.B, c.H, c.dk, c.dv}, gen_, dtype);
               const kernel::GlaParams p = params(form, c);
               Tensor o_ref = Tensor::empty({c.B, c.T, c.H, c.dv}, rd),
                      fs_ref = Tensor::empty({c.B, c.H, c.dk, c.dv}, rd);
-              kernel::gla_forward_kernel(kCpu, as_ref(in.q), as_ref(in.k), as_ref(in.v), as_ref(in.g), as_ref(in.gv),
-                                         as_ref(in.h0), p, o_ref, fs_ref);
+              kernel::gla_forward_kernel(kCpu, as_reference(in.q), as_reference(in.k), as_reference(in.v),
+                                         as_reference(in.g), as_reference(in.gv), as_reference(in.h0), p, o_ref,
+                                         fs_ref);
               // The saved output: the CUDA backward does not read it; the CPU's chunkwise dgv reads o ⊙ do,
               // so the reference gets the unrounded o (its own forward's), which makes both sides compute the
               // same function of the same (bf16-rounded) inputs.
@@ -161,8 +149,9 @@ TEST_F(CudaGlaVsCpu, BackwardAllAndSomeGradients) {
               kernel::gla_backward_kernel(kGpu, on_gpu(dout), on_gpu(dfinal), on_gpu(in.q), on_gpu(in.k), on_gpu(in.v),
                                           on_gpu(in.g), on_gpu(in.gv), on_gpu(in.h0), with_gv ? on_gpu(o) : Tensor(), p,
                                           got);
-              kernel::gla_backward_kernel(kCpu, as_ref(dout), as_ref(dfinal), as_ref(in.q), as_ref(in.k), as_ref(in.v),
-                                          as_ref(in.g), as_ref(in.gv), as_ref(in.h0), with_gv ? o_ref : Tensor(), p,
+              kernel::gla_backward_kernel(kCpu, as_reference(dout), as_reference(dfinal), as_reference(in.q),
+                                          as_reference(in.k), as_reference(in.v), as_reference(in.g),
+                                          as_reference(in.gv), as_reference(in.h0), with_gv ? o_ref : Tensor(), p,
                                           want);
               expect_close(got.dq, want.dq, rtol(dtype), what + " → dq");
               expect_close(got.dk, want.dk, rtol(dtype), what + " → dk");

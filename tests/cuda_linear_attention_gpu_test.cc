@@ -37,22 +37,10 @@ double rtol(DType d) { return d == DType::bf16 ? 2e-2 : d == DType::f64 ? 1e-10 
 // The CPU reference runs in f64 for f32 and f64 inputs, in f32 for bf16 (the CPU kernels take no bf16).
 DType ref_type(DType d) { return d == DType::bf16 ? DType::f32 : DType::f64; }
 
-Tensor on_gpu(const Tensor& x) { return kernel::to_device(x, kGpu); }
-Tensor as_ref(const Tensor& x) { return kernel::to_dtype(x, ref_type(x.dtype())); }
+using testing::on_gpu;
+Tensor as_ref(const Tensor& x) { return kernel::to_dtype(x, ref_type(x.dtype())); }  // f64 for f32
 
-void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  ASSERT_TRUE(got.device().is_cuda()) << what;
-  const std::vector<double> g = got.to_doubles(), w = want.to_doubles();
-  int failures = 0;
-  for (size_t i = 0; i < g.size() && failures < 5; ++i) {
-    const bool ok = g[i] == w[i] || std::fabs(g[i] - w[i]) <= tol * std::max(std::fabs(w[i]), 1.0);
-    if (!ok) {
-      ++failures;
-      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " on CUDA, " << w[i] << " on the CPU";
-    }
-  }
-}
+using testing::expect_close;
 
 struct Case {
   int64_t B, T, H, dk, dv;
@@ -63,8 +51,8 @@ struct Case {
   }
 };
 
-const Case kCases[] = {{2, 70, 3, 16, 24, true}, {1, 1, 2, 5, 7, true},       {2, 33, 2, 8, 8, false},
-                       {1, 32, 2, 12, 4, true},  {1, 64, 1, 6, 10, false},    {2, 9, 2, 1, 3, true},
+const Case kCases[] = {{2, 70, 3, 16, 24, true},   {1, 1, 2, 5, 7, true},    {2, 33, 2, 8, 8, false},
+                       {1, 32, 2, 12, 4, true},    {1, 64, 1, 6, 10, false}, {2, 9, 2, 1, 3, true},
                        {1, 40, 1, 128, 128, true}, {1, 35, 2, 96, 32, true}, {4, 300, 4, 64, 64, true}};
 
 struct Data {

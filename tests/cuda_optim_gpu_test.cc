@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "layers/rope.h"
 #include "tensor/kernels.h"
 #include "train/optim.h"
-#include "cuda_test_util.h"
 
 namespace seqlab {
 namespace {
@@ -35,29 +35,14 @@ double rtol(DType d) { return testing::gpu_rtol(d); }
 DType state_type(DType param) { return param == DType::f64 ? DType::f64 : DType::f32; }
 std::string size_name(int64_t n, DType d) { return std::string(dtype_name(d)) + " n=" + std::to_string(n); }
 
-Tensor on_gpu(const Tensor& x) { return kernel::to_device(x, kGpu); }
+using testing::on_gpu;
 Tensor on_cpu_copy(const Tensor& x) { return kernel::clone(x); }
 
-void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  ASSERT_TRUE(got.device().is_cuda()) << what;
-  const std::vector<double> g = got.to_doubles(), w = want.to_doubles();
-  int failures = 0;
-  for (size_t i = 0; i < g.size() && failures < 5; ++i) {
-    const bool ok = g[i] == w[i] || std::fabs(g[i] - w[i]) <= tol * std::max(std::fabs(w[i]), 1.0);
-    if (!ok) {
-      ++failures;
-      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " on CUDA, " << w[i] << " on the CPU";
-    }
-  }
-}
+using testing::expect_close;
 
 class CudaOptimVsCpu : public ::testing::Test {
  protected:
-  void SetUp() override {
-    SEQLAB_SKIP_WITHOUT_GPU();
-  }
+  void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
   Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 29};
 };
 
@@ -110,8 +95,8 @@ TEST_F(CudaOptimVsCpu, SgdStepPlainMomentumAndNesterov) {
         s.weight_decay = 0.01;
         s.momentum = c.momentum;
         s.nesterov = c.nesterov;
-        const std::string what = "sgd " + size_name(n, dtype) + " momentum=" + std::to_string(c.momentum) +
-                                 (c.nesterov ? " nesterov" : "");
+        const std::string what =
+            "sgd " + size_name(n, dtype) + " momentum=" + std::to_string(c.momentum) + (c.nesterov ? " nesterov" : "");
         Tensor p = Tensor::randn({n}, gen_, dtype);
         Tensor g = Tensor::randn({n}, gen_, dtype);
         Tensor b = c.momentum > 0 ? Tensor::randn({n}, gen_, sdt) : Tensor();
@@ -147,8 +132,8 @@ TEST_F(CudaOptimVsCpu, SumSquaresMatchesCpuAndIsDeterministic) {
       }
       for (int run = 0; run < 3; ++run) {
         const double again = sum_squares_kernel(kGpu, xg);
-        EXPECT_EQ(std::memcmp(&again, &got, sizeof(double)), 0) << what << ": run " << run << " gave " << again
-                                                                << ", the first " << got;
+        EXPECT_EQ(std::memcmp(&again, &got, sizeof(double)), 0)
+            << what << ": run " << run << " gave " << again << ", the first " << got;
       }
     }
   }

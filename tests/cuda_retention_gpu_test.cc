@@ -28,27 +28,15 @@ namespace {
 
 using testing::kGpu;
 using testing::poisoned;
+using testing::reference_type;
 const Device kCpu = cpu_device();
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
 
 double rtol(DType d) { return d == DType::bf16 ? 2e-2 : d == DType::f64 ? 1e-10 : 1e-4; }
-DType ref_type(DType d) { return d == DType::f64 ? DType::f64 : DType::f32; }
-Tensor on_gpu(const Tensor& x) { return kernel::to_device(x, kGpu); }
-Tensor as_ref(const Tensor& x) { return kernel::to_dtype(x, ref_type(x.dtype())); }
+using testing::as_reference;
+using testing::on_gpu;
 
-void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  ASSERT_TRUE(got.device().is_cuda()) << what;
-  const std::vector<double> g = got.to_doubles(), w = want.to_doubles();
-  int failures = 0;
-  for (size_t i = 0; i < g.size() && failures < 5; ++i) {
-    const bool ok = g[i] == w[i] || std::fabs(g[i] - w[i]) <= tol * std::max(std::fabs(w[i]), 1.0);
-    if (!ok) {
-      ++failures;
-      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " on CUDA, " << w[i] << " on the CPU";
-    }
-  }
-}
+using testing::expect_close;
 
 struct Case {
   int64_t B, T, H, dk, dv;
@@ -91,7 +79,7 @@ TEST_F(CudaRetentionVsCpu, ForwardAndBackward) {
         for (RetentionForm form : kForms) {
           const std::string what =
               std::string(dtype_name(dtype)) + " " + c.name() + (random_s0 ? " s0" : "") + " " + form_name(form);
-          const DType rd = ref_type(dtype);
+          const DType rd = reference_type(dtype);
           Tensor q = Tensor::randn({c.B, c.T, c.H, c.dk}, gen_, dtype);
           Tensor k = Tensor::randn({c.B, c.T, c.H, c.dk}, gen_, dtype);
           Tensor v = Tensor::randn({c.B, c.T, c.H, c.dv}, gen_, dtype);
@@ -104,7 +92,8 @@ TEST_F(CudaRetentionVsCpu, ForwardAndBackward) {
           Tensor o = poisoned({c.B, c.T, c.H, c.dv}, dtype), s = poisoned({c.B, c.H, c.dk, c.dv}, dtype);
           kernel::retention_forward_kernel(kGpu, on_gpu(q), on_gpu(k), on_gpu(v), on_gpu(s0), p, o, s);
           Tensor o_ref = Tensor::empty(o.shape(), rd), s_ref = Tensor::empty(s.shape(), rd);
-          kernel::retention_forward_kernel(kCpu, as_ref(q), as_ref(k), as_ref(v), as_ref(s0), p, o_ref, s_ref);
+          kernel::retention_forward_kernel(kCpu, as_reference(q), as_reference(k), as_reference(v), as_reference(s0), p,
+                                           o_ref, s_ref);
           expect_close(o, o_ref, rtol(dtype), what + " o");
           expect_close(s, s_ref, rtol(dtype), what + " final state");
 
@@ -114,8 +103,8 @@ TEST_F(CudaRetentionVsCpu, ForwardAndBackward) {
                                             p, dq, dk, dv, ds0);
           Tensor dq_ref = Tensor::empty(q.shape(), rd), dk_ref = Tensor::empty(k.shape(), rd),
                  dv_ref = Tensor::empty(v.shape(), rd), ds0_ref = Tensor::empty(s0.shape(), rd);
-          kernel::retention_backward_kernel(kCpu, as_ref(q), as_ref(k), as_ref(v), as_ref(s0), as_ref(dout), as_ref(ds),
-                                            p, dq_ref, dk_ref, dv_ref, ds0_ref);
+          kernel::retention_backward_kernel(kCpu, as_reference(q), as_reference(k), as_reference(v), as_reference(s0),
+                                            as_reference(dout), as_reference(ds), p, dq_ref, dk_ref, dv_ref, ds0_ref);
           expect_close(dq, dq_ref, rtol(dtype), what + " → dq");
           expect_close(dk, dk_ref, rtol(dtype), what + " → dk");
           expect_close(dv, dv_ref, rtol(dtype), what + " → dv");

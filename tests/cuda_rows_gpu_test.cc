@@ -21,8 +21,8 @@
 #include <utility>
 #include <vector>
 
-#include "tensor/kernels.h"
 #include "cuda_test_util.h"
+#include "tensor/kernels.h"
 
 namespace seqlab {
 namespace {
@@ -43,27 +43,9 @@ using testing::poisoned;
 Tensor cpu_empty(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype, kCpu); }
 // `x` (already in the dtype under test) as the CPU reference computes from it.
 Tensor ref(const Tensor& x) { return kernel::to_dtype(x, reference_type(x.dtype())); }
-Tensor on_gpu(const Tensor& x) { return kernel::to_device(x, kGpu); }
+using testing::on_gpu;
 
-// |got − want| ≤ tol · max(|want|, 1), or with `scale` (want's shape) tol · max(|want|, |scale|, 1): for a
-// sum whose terms are rounded first (dx = dnorm + dsum), the error follows the terms, not the sum.
-void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what,
-                  const Tensor& scale = Tensor()) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  ASSERT_TRUE(got.device().is_cuda()) << what;
-  std::vector<double> g = got.to_doubles(), w = want.to_doubles();
-  std::vector<double> s = scale.defined() ? scale.to_doubles() : std::vector<double>(w.size(), 0.0);
-  ASSERT_EQ(s.size(), w.size()) << what;
-  int failures = 0;
-  for (size_t i = 0; i < g.size() && failures < 5; ++i) {
-    bool ok = g[i] == w[i] || (std::isnan(g[i]) && std::isnan(w[i])) ||
-              std::fabs(g[i] - w[i]) <= tol * std::max({std::fabs(w[i]), std::fabs(s[i]), 1.0});
-    if (!ok) {
-      ++failures;
-      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " on CUDA, " << w[i] << " on the CPU";
-    }
-  }
-}
+using testing::expect_close;
 
 std::string case_name(const char* op, DType dtype, int64_t rows, int64_t cols) {
   return std::string(op) + " " + dtype_name(dtype) + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
@@ -71,9 +53,7 @@ std::string case_name(const char* op, DType dtype, int64_t rows, int64_t cols) {
 
 class CudaRowsVsCpu : public ::testing::Test {
  protected:
-  void SetUp() override {
-    SEQLAB_SKIP_WITHOUT_GPU();
-  }
+  void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
 
   // Uniform integers in [0, n), with about `ignored_share` of them replaced by `ignored`.
   Tensor indices(int64_t count, int64_t n, DType dtype, double ignored_share = 0.0, int64_t ignored = -100) {
@@ -106,7 +86,8 @@ TEST_F(CudaRowsVsCpu, NormForward) {
         const std::string what = case_name(with_bias ? "layer_norm" : "layer_norm without bias", dtype, n, c);
         NormOutput want{cpu_empty({n, c}, rt), cpu_empty({n}, rt), cpu_empty({n}, rt)};
         kernel::layer_norm_kernel(kCpu, ref(x), ref(w), with_bias ? ref(b) : Tensor(), 1e-5, want);
-        NormOutput got{poisoned({n, c}, dtype), poisoned({n}, accumulate_dtype(dtype)), poisoned({n}, accumulate_dtype(dtype))};
+        NormOutput got{poisoned({n, c}, dtype), poisoned({n}, accumulate_dtype(dtype)),
+                       poisoned({n}, accumulate_dtype(dtype))};
         kernel::layer_norm_kernel(kGpu, on_gpu(x), on_gpu(w), with_bias ? on_gpu(b) : Tensor(), 1e-5, got);
         expect_close(got.y, want.y, rtol(dtype), what + " y");
         expect_close(got.mean, want.mean, rtol(dtype), what + " mean");
@@ -127,8 +108,8 @@ TEST_F(CudaRowsVsCpu, NormBackward) {
   for (DType dtype : kFloatTypes) {
     const DType rt = reference_type(dtype);
     for (auto [n, c] : kRowShapes) {
-      Tensor x = kernel::to_dtype(kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, c}, gen_, rt, 2.0), -1.5),
-                                  dtype);
+      Tensor x =
+          kernel::to_dtype(kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, c}, gen_, rt, 2.0), -1.5), dtype);
       Tensor w = Tensor::randn({c}, gen_, dtype), dy = Tensor::randn({n, c}, gen_, dtype);
       Tensor dsum = Tensor::randn({n, c}, gen_, dtype);
       for (bool centered : {true, false}) {
@@ -201,7 +182,8 @@ TEST_F(CudaRowsVsCpu, AddNormForward) {
         NormOutput fused{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
         NormOutput want{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
         Tensor got_sum = poisoned({n, c}, dtype);
-        NormOutput got{poisoned({n, c}, dtype), centered ? poisoned({n}, accumulate_dtype(dtype)) : Tensor(), poisoned({n}, accumulate_dtype(dtype))};
+        NormOutput got{poisoned({n, c}, dtype), centered ? poisoned({n}, accumulate_dtype(dtype)) : Tensor(),
+                       poisoned({n}, accumulate_dtype(dtype))};
         if (centered) {
           kernel::add_layer_norm_kernel(kCpu, ref(x), ref(res), ref(w), bias_ref, 1e-5, want_sum, fused);
           kernel::layer_norm_kernel(kCpu, ref(kernel::to_dtype(want_sum, dtype)), ref(w), bias_ref, 1e-5, want);
@@ -229,10 +211,12 @@ TEST_F(CudaRowsVsCpu, NormThroughTheEntryPoints) {
     NormOutput want = kernel::layer_norm(ref(x), ref(w), ref(b), 1e-5);
     NormOutput got = kernel::layer_norm(on_gpu(x), on_gpu(w), on_gpu(b), 1e-5);
     expect_close(got.y, want.y, rtol(dtype), std::string("layer_norm entry ") + dtype_name(dtype));
-    NormGrads gw = kernel::layer_norm_backward(ref(dy), ref(x), ref(w), ref(kernel::to_dtype(want.mean, accumulate_dtype(dtype))),
-                                               ref(kernel::to_dtype(want.rstd, accumulate_dtype(dtype))), true, true, true);
-    NormGrads gg = kernel::layer_norm_backward(on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(kernel::to_dtype(want.mean, accumulate_dtype(dtype))),
-                                               on_gpu(kernel::to_dtype(want.rstd, accumulate_dtype(dtype))), true, true, true);
+    NormGrads gw =
+        kernel::layer_norm_backward(ref(dy), ref(x), ref(w), ref(kernel::to_dtype(want.mean, accumulate_dtype(dtype))),
+                                    ref(kernel::to_dtype(want.rstd, accumulate_dtype(dtype))), true, true, true);
+    NormGrads gg = kernel::layer_norm_backward(
+        on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(kernel::to_dtype(want.mean, accumulate_dtype(dtype))),
+        on_gpu(kernel::to_dtype(want.rstd, accumulate_dtype(dtype))), true, true, true);
     expect_close(gg.dx, gw.dx, rtol(dtype), std::string("layer_norm backward entry dx ") + dtype_name(dtype));
     expect_close(gg.dweight, gw.dweight, rtol(dtype), std::string("layer_norm backward entry dw ") + dtype_name(dtype));
     expect_close(gg.dbias, gw.dbias, rtol(dtype), std::string("layer_norm backward entry db ") + dtype_name(dtype));
@@ -318,7 +302,8 @@ TEST_F(CudaRowsVsCpu, SoftmaxOfLargeLogitsAndNaN) {
       kernel::softmax_kernel(kCpu, ref(x), log, want);
       Tensor got = poisoned({4, 100}, dtype);
       kernel::softmax_kernel(kGpu, on_gpu(x), log, got);
-      expect_close(got, want, rtol(dtype), std::string(log ? "log_softmax" : "softmax") + " large " + dtype_name(dtype));
+      expect_close(got, want, rtol(dtype),
+                   std::string(log ? "log_softmax" : "softmax") + " large " + dtype_name(dtype));
     }
   }
 }
@@ -363,10 +348,11 @@ TEST_F(CudaRowsVsCpu, CrossEntropyThroughTheEntryPoints) {
     EXPECT_EQ(got.count, want.count);
     expect_close(got.loss, want.loss, rtol(dtype), std::string("cross_entropy entry loss ") + dtype_name(dtype));
     Tensor dloss = Tensor::scalar(1.0, dtype);
-    Tensor dwant = kernel::cross_entropy_backward(ref(dloss), ref(logits), targets,
-                                                  ref(kernel::to_dtype(want.lse, accumulate_dtype(dtype))), 5, want.count);
-    Tensor dgot = kernel::cross_entropy_backward(on_gpu(dloss), on_gpu(logits), on_gpu(targets),
-                                                 on_gpu(kernel::to_dtype(want.lse, accumulate_dtype(dtype))), 5, want.count);
+    Tensor dwant = kernel::cross_entropy_backward(
+        ref(dloss), ref(logits), targets, ref(kernel::to_dtype(want.lse, accumulate_dtype(dtype))), 5, want.count);
+    Tensor dgot =
+        kernel::cross_entropy_backward(on_gpu(dloss), on_gpu(logits), on_gpu(targets),
+                                       on_gpu(kernel::to_dtype(want.lse, accumulate_dtype(dtype))), 5, want.count);
     expect_close(dgot, dwant, rtol(dtype), std::string("cross_entropy entry backward ") + dtype_name(dtype));
   }
 }
@@ -384,9 +370,8 @@ TEST_F(CudaRowsVsCpu, EmbeddingGatherAndScatterAdd) {
     const DType rt = reference_type(dtype);
     for (DType index_type : {DType::i32, DType::i64}) {
       for (const Case& k : cases) {
-        const std::string what = std::string("embedding ") + dtype_name(dtype) + " " + dtype_name(index_type) +
-                                 " V " + std::to_string(k.v) + " C " + std::to_string(k.c) + " N " +
-                                 std::to_string(k.n);
+        const std::string what = std::string("embedding ") + dtype_name(dtype) + " " + dtype_name(index_type) + " V " +
+                                 std::to_string(k.v) + " C " + std::to_string(k.c) + " N " + std::to_string(k.n);
         Tensor weight = Tensor::randn({k.v, k.c}, gen_, dtype);
         Tensor index = indices(k.n, k.v, index_type);
         Tensor want = cpu_empty({k.n, k.c}, rt);
