@@ -8,13 +8,14 @@
 #   3. build      seqlab, the GPU test programs and the benchmarks
 #   4. tests      ctest -L gpu: every CUDA kernel against the CPU kernel
 #   5. train      tests/train_gpu_test.sh: 50 steps on CPU f32, GPU f32 and GPU bf16, losses compared
-#   6. recipe     recipes/gpt_small.toml trained on the GPU (train.device = "cuda")
+#   6. recipe     recipes/gpt_small.toml and the main job recipes/gla_small.toml trained on the GPU
+#                 (train.device = "cuda"), each within 150 s
 #   7. bench      bench/gpu_vs_torch.sh: GPT-2 124M training and attention against PyTorch
 #
 # Every stage runs even when an earlier one failed (a stage whose programs are missing fails at once), each
 # one under a time limit so that the whole stays under SEQLAB_GPU_DEADLINE seconds, and a summary ends the
 # output. Logs go to OUTDIR as at most 8 files (summary.txt, env.txt, build.log, gpu_tests.log,
-# train_gpu.log, gpt_small.log, bench.log).
+# train_gpu.log, gpt_small.log, gla_small.log, bench.log).
 #
 # Usage: scripts/gpu_check.sh [OUTDIR]        OUTDIR default: $OUT if set, else build-gpu/check
 # Exit status: 0 every stage passed; 1 a stage failed; 3 none failed but no GPU was usable (the GPU stages
@@ -27,7 +28,8 @@
 #   SEQLAB_GPU_BUILD     build folder (default build-gpu);  SEQLAB_GPU_PREFIX  prefix (default BUILD/prefix)
 #   SEQLAB_GPU_DEBS      folder of .deb files (default .debs; if it has none, the system's packages are used)
 #   SEQLAB_GPU_ARCHS     CUDA architectures (default "80;90");  SEQLAB_GPU_CMAKE_ARGS  more -D arguments
-#   SEQLAB_GPU_RECIPE_STEPS  steps of the gpt_small run (default: the recipe's own)
+#   SEQLAB_GPU_RECIPES   the recipes of stage 6 (default "gpt_small gla_small")
+#   SEQLAB_GPU_RECIPE_STEPS  steps of their runs (default: the recipes' own)
 #   SEQLAB_GPU_BENCH_ARGS    arguments for bench/gpu_vs_torch.sh (default "--rounds 2"; e.g. "--rounds 3")
 #   SEQLAB_GPU_IGNORE_SYSTEM=1  configure with CMAKE_IGNORE_PREFIX_PATH=/usr, so that CMake finds nothing
 #                        of the system's /usr: checks on a machine that has the packages installed that the
@@ -44,7 +46,7 @@ archs="${SEQLAB_GPU_ARCHS:-80;90}"
 start=$(date +%s)
 deadline=$((start + ${SEQLAB_GPU_DEADLINE:-570}))
 mkdir -p "$out" "$build" || { echo "gpu_check: cannot create $out or $build" >&2; exit 2; }
-for f in summary.txt env.txt build.log gpu_tests.log train_gpu.log gpt_small.log bench.log; do : > "$out/$f"; done
+for f in summary.txt env.txt build.log gpu_tests.log train_gpu.log bench.log; do : > "$out/$f"; done
 
 # CMake 4 refuses package files that ask for policies older than 3.5; the Debian ones say "2.6...3.21",
 # which it accepts, and this keeps it so should one not (CMake 3 ignores the variable).
@@ -236,42 +238,46 @@ if wanted train; then
   fi
 fi
 
-# ---- 6. recipe: gpt_small as a user trains it, on the GPU ----
+# ---- 6. recipe: gpt_small and the main job gla_small as a user trains them, on the GPU ----
 if wanted recipe; then
-  t=$(date +%s)
   fortunes="$prefix/usr/share/games/fortunes"
   [ -d "$fortunes" ] || fortunes=/usr/share/games/fortunes
-  run_dir="$build/runs/gpt_small"
-  if [ ! -x "$build/seqlab" ]; then
-    record recipe FAIL "no seqlab binary (build failed)"
-  elif [ "$gpu_usable" -eq 0 ]; then
-    record recipe skip "no usable GPU (seqlab --version)"
-  elif [ ! -d "$fortunes" ]; then
-    record recipe FAIL "no fortunes corpus (run scripts/gpu_debs.sh where apt works)"
-  else
-    rm -rf "$run_dir"
-    steps=()
-    if [ -n "${SEQLAB_GPU_RECIPE_STEPS:-}" ]; then  # the recipe warms up for 30 steps
-      n=$SEQLAB_GPU_RECIPE_STEPS
-      steps=(--set "train.steps=$n" --set "optim.warmup_steps=$((n < 30 ? n : 30))")
-    fi
-    run "$out/gpt_small.log" 200 "$build/seqlab" recipes/gpt_small.toml --set 'train.device="cuda"' \
-      --set "data.path=\"$fortunes\"" --set "data.cache_dir=\"$build/data_cache\"" --set 'log.progress="plain"' \
-      "${steps[@]}" --out "$run_dir"
-    rc=$?
-    if [ -f "$run_dir/metrics.jsonl" ]; then
-      { echo "--- metrics.jsonl (every 50th line and the last)"; awk 'NR % 50 == 1' "$run_dir/metrics.jsonl"
-        tail -n 1 "$run_dir/metrics.jsonl"; } >> "$out/gpt_small.log"
-    fi
-    last_val="$(grep -o '"val_loss": [0-9.]*' "$run_dir/metrics.jsonl" 2> /dev/null | tail -n 1)"
-    tps="$(grep -o '"tokens_per_s": [0-9.]*' "$run_dir/metrics.jsonl" 2> /dev/null | tail -n 1)"
-    if [ "$rc" -eq 0 ] && [ -n "$last_val" ]; then
-      record recipe ok "gpt_small on the GPU: last $last_val, $tps ($(elapsed "$t"))"
+  for recipe in ${SEQLAB_GPU_RECIPES:-gpt_small gla_small}; do
+    t=$(date +%s)
+    run_dir="$build/runs/$recipe"
+    log="$out/$recipe.log"
+    : > "$log"
+    if [ ! -x "$build/seqlab" ]; then
+      record recipe FAIL "$recipe: no seqlab binary (build failed)"
+    elif [ "$gpu_usable" -eq 0 ]; then
+      record recipe skip "$recipe: no usable GPU (seqlab --version)"
+    elif [ ! -d "$fortunes" ]; then
+      record recipe FAIL "$recipe: no fortunes corpus (run scripts/gpu_debs.sh where apt works)"
     else
-      record recipe FAIL "$(how "$rc"); last ${last_val:-val_loss: none}; $(grep -v '^\$' "$out/gpt_small.log" |
-        grep -m 1 -iE 'error|seqlab train:|must' | cut -c 1-150) (gpt_small.log)"
+      rm -rf "$run_dir"
+      steps=()
+      if [ -n "${SEQLAB_GPU_RECIPE_STEPS:-}" ]; then  # the recipes warm up for 30 steps
+        n=$SEQLAB_GPU_RECIPE_STEPS
+        steps=(--set "train.steps=$n" --set "optim.warmup_steps=$((n < 30 ? n : 30))")
+      fi
+      run "$log" 150 "$build/seqlab" "recipes/$recipe.toml" --set 'train.device="cuda"' \
+        --set "data.path=\"$fortunes\"" --set "data.cache_dir=\"$build/data_cache\"" --set 'log.progress="plain"' \
+        "${steps[@]}" --out "$run_dir"
+      rc=$?
+      if [ -f "$run_dir/metrics.jsonl" ]; then
+        { echo "--- metrics.jsonl (every 50th line and the last)"; awk 'NR % 50 == 1' "$run_dir/metrics.jsonl"
+          tail -n 1 "$run_dir/metrics.jsonl"; } >> "$log"
+      fi
+      last_val="$(grep -o '"val_loss": [0-9.]*' "$run_dir/metrics.jsonl" 2> /dev/null | tail -n 1)"
+      tps="$(grep -o '"tokens_per_s": [0-9.]*' "$run_dir/metrics.jsonl" 2> /dev/null | tail -n 1)"
+      if [ "$rc" -eq 0 ] && [ -n "$last_val" ]; then
+        record recipe ok "$recipe on the GPU: last $last_val, $tps ($(elapsed "$t"))"
+      else
+        record recipe FAIL "$recipe: $(how "$rc"); last ${last_val:-val_loss: none}; $(grep -v '^\$' "$log" |
+          grep -m 1 -iE 'error|seqlab train:|must' | cut -c 1-150) ($recipe.log)"
+      fi
     fi
-  fi
+  done
 fi
 
 # ---- 7. bench: against PyTorch on the same GPU ----
