@@ -277,6 +277,10 @@ int train(const std::vector<std::string>& args) {
   Data data = open_data(r);
   std::unique_ptr<LanguageModel> model = build_model(r, data.vocab_size);
   const Device device = place_model(*model, r, wanted_device);  // before the optimiser
+  if (device.is_cpu() && training_dtype(r) == DType::bf16) {
+    std::cerr << "seqlab: train.dtype = \"bf16\" on the CPU is emulated in f32 (a reference for the GPU's "
+                 "rounding), slower than f32\n";
+  }
   OptimConfig oc;
   oc.name = r.optim.name;
   oc.lr = r.optim.lr;
