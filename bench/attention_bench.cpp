@@ -32,8 +32,7 @@ namespace {
 
 struct Flags {
   int64_t B = 4, H = 8, T = 1024, d = 64, reps = 10, threads = 0;
-  Device device = cpu_device();
-  DType dtype = DType::f32;
+  bench::Placement on;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -46,37 +45,11 @@ struct Flags {
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  const std::pair<const char*, int64_t*> names[] = {{"--B", &f.B}, {"--H", &f.H},       {"--T", &f.T},
-                                                    {"--d", &f.d}, {"--reps", &f.reps}, {"--threads", &f.threads}};
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) usage(flag + " needs a value");
-    const std::string value = argv[++i];
-    if (flag == "--device") {
-      if (value == "cpu") f.device = cpu_device();
-      else if (value == "cuda") f.device = cuda_device(0);
-      else usage("--device must be cpu or cuda, not " + value);
-      continue;
-    }
-    if (flag == "--dtype") {
-      if (value == "f32") f.dtype = DType::f32;
-      else if (value == "bf16") f.dtype = DType::bf16;
-      else usage("--dtype must be f32 or bf16, not " + value);
-      continue;
-    }
-    int64_t* slot = nullptr;
-    for (const auto& [name, dst] : names) {
-      if (flag == name) slot = dst;
-    }
-    if (slot == nullptr) usage("unknown flag " + flag);
-    char* end = nullptr;
-    *slot = std::strtoll(value.c_str(), &end, 10);
-    if (*end != '\0' || *slot < 0) usage("bad value for " + flag + ": " + value);
-  }
+  bench::parse_flags(
+      argc, argv,
+      {{"--B", &f.B}, {"--H", &f.H}, {"--T", &f.T}, {"--d", &f.d}, {"--reps", &f.reps}, {"--threads", &f.threads}},
+      f.on, usage);
   if (f.B < 1 || f.H < 1 || f.T < 1 || f.d < 1 || f.reps < 1) usage("--B, --H, --T, --d and --reps must be ≥ 1");
-  if (f.device.is_cuda() && !cuda_available()) {
-    usage("--device cuda: no usable GPU here (or a build without the CUDA backend; seqlab --version says which)");
-  }
   return f;
 }
 
@@ -89,16 +62,16 @@ int bench_main(const Flags& f) {
   // Standard normal q, k, v and dO, drawn in f32 on the host, then moved and converted.
   Generator gen(0);
   auto input = [&](const Shape& shape) {
-    return kernel::to_dtype(kernel::to_device(Tensor::randn(shape, gen), f.device), f.dtype);
+    return kernel::to_dtype(kernel::to_device(Tensor::randn(shape, gen), f.on.device), f.on.dtype);
   };
   const Shape shape{f.B, f.T, f.H, f.d};
   const Tensor q = input(shape), k = input(shape), v = input(shape), dout = input(shape);
-  const Tensor dlse = Tensor::zeros({f.B, f.T, f.H}, accumulate_dtype(f.dtype), f.device);  // lse is f32 for bf16
+  const Tensor dlse = Tensor::zeros({f.B, f.T, f.H}, accumulate_dtype(f.on.dtype), f.on.device);  // lse is f32 for bf16
   AttentionOptions opts;
   opts.causal = true;
 
   auto sync = [&] {
-    if (f.device.is_cuda()) cuda_backend()->synchronize(f.device.index);
+    if (f.on.device.is_cuda()) cuda_backend()->synchronize(f.on.device.index);
   };
   auto rep = [&] {
     const AttentionOutput out = kernel::attention_forward(q, k, v, opts);
@@ -113,7 +86,7 @@ int bench_main(const Flags& f) {
   const double flops = 3.5 * 2.0 * static_cast<double>(f.B * f.H) * static_cast<double>(f.T) *
                        static_cast<double>(f.T) * static_cast<double>(f.d);
   std::printf("seqlab device=%s dtype=%s B=%ld H=%ld T=%ld d=%ld fwd+bwd_ms=%.2f TFLOP/s=%.3f\n",
-              f.device.is_cuda() ? "cuda" : "cpu", dtype_name(f.dtype), static_cast<long>(f.B),
+              f.on.device.is_cuda() ? "cuda" : "cpu", dtype_name(f.on.dtype), static_cast<long>(f.B),
               static_cast<long>(f.H), static_cast<long>(f.T), static_cast<long>(f.d), ms, flops / ms / 1e9);
   return 0;
 }

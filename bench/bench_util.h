@@ -4,10 +4,64 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <functional>
+#include <initializer_list>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "tensor/device.h"
+#include "tensor/dtype.h"
+
 namespace seqlab::bench {
+
+// Where and in what dtype a benchmark runs: --device cpu|cuda, --dtype f32|bf16.
+struct Placement {
+  Device device = cpu_device();
+  DType dtype = DType::f32;
+};
+
+// Parses flags of the form `--name VALUE`: integers ≥ 0 into the named slots, and --device and --dtype
+// into `placement`. Calls `usage(why)` (which must not return) for an unknown flag, a missing or bad
+// value, or --device cuda where no GPU is usable.
+inline void parse_flags(int argc, char** argv, std::initializer_list<std::pair<const char*, int64_t*>> integers,
+                        Placement& placement, void (*usage)(const std::string& why)) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) usage(flag + " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--device") {
+      if (value == "cpu")
+        placement.device = cpu_device();
+      else if (value == "cuda")
+        placement.device = cuda_device(0);
+      else
+        usage("--device must be cpu or cuda, not " + value);
+      continue;
+    }
+    if (flag == "--dtype") {
+      if (value == "f32")
+        placement.dtype = DType::f32;
+      else if (value == "bf16")
+        placement.dtype = DType::bf16;
+      else
+        usage("--dtype must be f32 or bf16, not " + value);
+      continue;
+    }
+    int64_t* slot = nullptr;
+    for (const auto& [name, dst] : integers) {
+      if (flag == name) slot = dst;
+    }
+    if (slot == nullptr) usage("unknown flag " + flag);
+    char* end = nullptr;
+    *slot = std::strtoll(value.c_str(), &end, 10);
+    if (*end != '\0' || *slot < 0) usage("bad value for " + flag + ": " + value);
+  }
+  if (placement.device.is_cuda() && !cuda_available()) {
+    usage("--device cuda: no usable GPU here (or a build without the CUDA backend; seqlab --version says which)");
+  }
+}
 
 inline double seconds_of(const std::function<void()>& fn) {
   auto t0 = std::chrono::steady_clock::now();

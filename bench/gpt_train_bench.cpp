@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "layers/gpt.h"
 #include "tensor/device.h"
 #include "tensor/kernels.h"
@@ -36,8 +37,7 @@ namespace {
 
 struct Flags {
   int64_t d = 256, layers = 4, heads = 4, T = 256, B = 8, vocab = 256, steps = 20, threads = 0;
-  Device device = cpu_device();
-  DType dtype = DType::f32;
+  bench::Placement on;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -50,39 +50,17 @@ struct Flags {
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  const std::pair<const char*, int64_t*> names[] = {{"--d", &f.d},         {"--layers", &f.layers},
-                                                    {"--heads", &f.heads}, {"--T", &f.T},
-                                                    {"--B", &f.B},         {"--vocab", &f.vocab},
-                                                    {"--steps", &f.steps}, {"--threads", &f.threads}};
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) usage(flag + " needs a value");
-    const std::string value = argv[++i];
-    if (flag == "--device") {
-      if (value == "cpu") f.device = cpu_device();
-      else if (value == "cuda") f.device = cuda_device(0);
-      else usage("--device must be cpu or cuda, not " + value);
-      continue;
-    }
-    if (flag == "--dtype") {
-      if (value == "f32") f.dtype = DType::f32;
-      else if (value == "bf16") f.dtype = DType::bf16;
-      else usage("--dtype must be f32 or bf16, not " + value);
-      continue;
-    }
-    int64_t* slot = nullptr;
-    for (const auto& [name, dst] : names) {
-      if (flag == name) slot = dst;
-    }
-    if (slot == nullptr) usage("unknown flag " + flag);
-    char* end = nullptr;
-    *slot = std::strtoll(value.c_str(), &end, 10);
-    if (*end != '\0' || *slot < 0) usage("bad value for " + flag + ": " + value);
-  }
+  bench::parse_flags(argc, argv,
+                     {{"--d", &f.d},
+                      {"--layers", &f.layers},
+                      {"--heads", &f.heads},
+                      {"--T", &f.T},
+                      {"--B", &f.B},
+                      {"--vocab", &f.vocab},
+                      {"--steps", &f.steps},
+                      {"--threads", &f.threads}},
+                     f.on, usage);
   if (f.steps < 1) usage("--steps must be at least 1");
-  if (f.device.is_cuda() && !cuda_available()) {
-    usage("--device cuda: no usable GPU here (or a build without the CUDA backend; seqlab --version says which)");
-  }
   return f;
 }
 
@@ -117,7 +95,7 @@ int bench_main(const Flags& f) {
   cfg.init_std = 0.02;
   Generator gen(0);
   Gpt model(cfg, gen);
-  if (f.device.is_cuda() || f.dtype != DType::f32) model.to(f.device, f.dtype);  // before the optimizer
+  if (f.on.device.is_cuda() || f.on.dtype != DType::f32) model.to(f.on.device, f.on.dtype);  // before the optimizer
 
   OptimConfig oc;
   oc.name = "adamw";
@@ -131,10 +109,10 @@ int bench_main(const Flags& f) {
 
   std::vector<int64_t> data(static_cast<size_t>(f.B * (f.T + 1)));
   for (int64_t& t : data) t = static_cast<int64_t>(gen.next_u64() % static_cast<uint64_t>(f.vocab));
-  const Tensor inputs = columns(data, f.B, f.T, 0, f.device), targets = columns(data, f.B, f.T, 1, f.device);
+  const Tensor inputs = columns(data, f.B, f.T, 0, f.on.device), targets = columns(data, f.B, f.T, 1, f.on.device);
 
   auto sync = [&] {
-    if (f.device.is_cuda()) cuda_backend()->synchronize(f.device.index);
+    if (f.on.device.is_cuda()) cuda_backend()->synchronize(f.on.device.index);
   };
   Tensor last;
   auto step = [&] {
@@ -157,7 +135,7 @@ int bench_main(const Flags& f) {
   const double flops_per_token = 6.0 * static_cast<double>(n) + 6.0 * static_cast<double>(f.layers * f.T * f.d);
   const double tps = static_cast<double>(f.steps * f.B * f.T) / dt;
   std::printf("seqlab device=%s dtype=%s params=%ld tokens/s=%.0f step_ms=%.1f model_TFLOP/s=%.3f loss=%.3f\n",
-              f.device.is_cuda() ? "cuda" : "cpu", dtype_name(f.dtype), static_cast<long>(n), tps,
+              f.on.device.is_cuda() ? "cuda" : "cpu", dtype_name(f.on.dtype), static_cast<long>(n), tps,
               1000.0 * dt / static_cast<double>(f.steps), tps * flops_per_token / 1e12, loss);
   return 0;
 }
