@@ -87,12 +87,14 @@ Tensor Widening::widen(const Tensor& t) {
   return standin;
 }
 
-// Only contiguous originals can be outputs (outputs are contiguous by the slots' contract); a
-// strided bf16 argument is an input and is left alone. Rounding back an input's unchanged stand-in
-// gives back its own bits.
+// Every original is rounded back except broadcast views (a stride of 0 over more than one element),
+// which are never outputs and would be written repeatedly. Rounding back an input's unchanged
+// stand-in gives back its own bits, so inputs are left as they were.
 void Widening::narrow_back() {
   for (const auto& [original, standin] : originals_and_standins_) {
-    if (original.is_contiguous()) kernel::copy_kernel(original.device(), original, standin);
+    bool broadcast = false;
+    for (int64_t d = 0; d < original.dim(); ++d) broadcast |= original.strides()[d] == 0 && original.size(d) > 1;
+    if (!broadcast) kernel::copy_kernel(original.device(), original, standin);
   }
 }
 

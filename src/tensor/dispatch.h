@@ -35,7 +35,7 @@ namespace bf16_on_cpu {
 class Widening {
  public:
   Tensor widen(const Tensor& t);  // t itself unless t is a defined bf16 tensor
-  void narrow_back();             // rounds every contiguous stand-in back into its original
+  void narrow_back();             // rounds every stand-in back into its original (not into broadcasts)
  private:
   std::vector<std::pair<Tensor, Tensor>> originals_and_standins_;
 };
