@@ -67,6 +67,8 @@ TEST_F(CudaOptimVsCpu, AdamWStep) {
         // bf16 parameters carry an f32 master (mixed precision), p = bf16(master).
         Tensor w = dtype == DType::bf16 ? Tensor::randn({n}, gen_, DType::f32) : Tensor();
         if (w.defined()) p = kernel::to_dtype(w, DType::bf16);
+        // Beside a master, the gradient may also be an f32 sum of micro-batch gradients.
+        if (w.defined() && t == 7) g = Tensor::randn({n}, gen_, DType::f32, 0.5);
         Tensor pg = on_gpu(p), gg = on_gpu(g), mg = on_gpu(m), vg = on_gpu(v), wg = w.defined() ? on_gpu(w) : w;
         adamw_step_kernel(kGpu, s, pg, gg, mg, vg, wg);
         Tensor pc = on_cpu_copy(p), mc = on_cpu_copy(m), vc = on_cpu_copy(v), wc = w.defined() ? on_cpu_copy(w) : w;

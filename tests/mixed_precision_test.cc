@@ -3,7 +3,8 @@
 //   rounded to bf16 once, including GEMMs with strides and β = 1, in-place updates and struct outputs;
 // - statistics stay f32: norms' mean and rstd, cross-entropy's loss and lse, attention's lse;
 // - the optimizer's f32 master weights: updates far below bf16's resolution accumulate, p = bf16(w),
-//   and load_state restores the master from the f32 weight a checkpoint holds;
+//   and load_state restores the master from the f32 weight a checkpoint holds; micro-batch gradients
+//   summed in f32 (F32GradAccumulator) and taken by the optimizer as they are;
 // - a small GPT trained in bf16 follows its f32 twin's losses within bf16's tolerance.
 #include <gtest/gtest.h>
 
@@ -134,6 +135,31 @@ TEST(MasterWeights, AdamWKeepsP_AsTheRoundedMasterAndLoadStateRestoresIt) {
   EXPECT_FALSE(missing.ok());
   EXPECT_NE(std::string(missing.message()).find("master weight of bf16 parameter 'p'"), std::string::npos)
       << missing.message();
+}
+
+TEST(MasterWeights, MicroBatchGradientsAddInF32) {
+  // 1 + 2⁻⁹ is not a bf16 number: added in bf16, the second micro-batch's 2⁻⁹ would vanish.
+  Tensor p = Tensor::from_vector({0.5, 0.5}, {2}, DType::bf16), q = Tensor::from_vector({0.5}, {1}, DType::f32);
+  p.set_requires_grad(true);
+  q.set_requires_grad(true);
+  const std::vector<Parameter> params{{"p", &p, ParamRole::matrix}, {"q", &q, ParamRole::matrix}};
+  F32GradAccumulator sums(params);
+  p.set_grad(Tensor::from_vector({1.0, -3.0}, {2}, DType::bf16));
+  q.set_grad(Tensor::from_vector({1.0}, {1}, DType::f32));
+  sums.add();
+  EXPECT_FALSE(p.grad().defined()) << "the next backward starts from no gradient";
+  EXPECT_TRUE(q.grad().defined()) << "non-bf16 gradients are the engine's to add";
+  p.set_grad(Tensor::from_vector({1.0 / 512, 0.25}, {2}, DType::bf16));
+  sums.add();
+  sums.finish();
+  ASSERT_EQ(p.grad().dtype(), DType::f32);
+  EXPECT_EQ(p.grad().to_doubles(), (std::vector<double>{1.0 + 1.0 / 512, -2.75}));
+
+  // The optimizer takes the f32 sum for the bf16 parameter: SGD with lr 1 moves the master by exactly it.
+  Optimizer opt(plain_sgd(), params);
+  opt.step(1.0);
+  EXPECT_EQ(opt.master_weights().at("p").to_doubles(), (std::vector<double>{0.5 - (1.0 + 1.0 / 512), 3.25}));
+  EXPECT_EQ(p.to_doubles(), rounded(opt.master_weights().at("p")).to_doubles());
 }
 
 TEST(MixedPrecisionGpt, FollowsTheF32LossesWithinBf16Tolerance) {

@@ -51,13 +51,13 @@ struct AdamWCoefficients {
   S lr, lr_wd, eps, b1, c1, b2, c2, inv_bc1, inv_bc2;
 };
 
-// For each i < n (p, g of type P; m, v and the master w (or null) of type S; all read once and
-// written once, g only read), with x = w when w is given, else p:
+// For each i < n (p of type P; g of type G: P, or f32 beside a master; m, v and the master w (or null)
+// of type S; all read once and written once, g only read), with x = w when w is given, else p:
 //   x ← x − lr·wd·x;  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;
 //   x ← x − lr · (m / bc1) / (√(v / bc2) + ε)    with 1/bc1, 1/bc2 premultiplied;  p ← P(x).
-template <class P, class S>
+template <class P, class G, class S>
 __global__ void __launch_bounds__(kThreads)
-    adamw_step_kernel_impl(int64_t n, AdamWCoefficients<S> k, P* p, const P* g, S* m, S* v, S* w) {
+    adamw_step_kernel_impl(int64_t n, AdamWCoefficients<S> k, P* p, const G* g, S* m, S* v, S* w) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const S gi = convert<S>(g[i]);
@@ -84,6 +84,21 @@ float* master_of(const char* op, const Tensor& p, const Tensor& w, int device) {
   return static_cast<float*>(w.raw_data());
 }
 
+// Calls fn(Tag<G>{}) with G the gradient's element type: P, or float for an f32 sum of micro-batch
+// gradients beside a bf16 parameter with its master (F32GradAccumulator); checks g either way.
+template <class P, class Fn>
+void with_grad_type(const char* op, const Tensor& p, const Tensor& g, const Tensor& w, int device, Fn&& fn) {
+  if constexpr (std::is_same_v<P, bf16_t>) {
+    if (w.defined() && g.dtype() == DType::f32) {
+      check_operand(op, "g", g, p.numel(), DType::f32, device);
+      fn(Tag<float>{});
+      return;
+    }
+  }
+  check_operand(op, "g", g, p.numel(), p.dtype(), device);
+  fn(Tag<P>{});
+}
+
 void adamw_step_cuda(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
                      const Tensor& w) {
   const int64_t n = p.numel();
@@ -93,7 +108,6 @@ void adamw_step_cuda(const AdamWStep& s, const Tensor& p, const Tensor& g, const
     using S = state_t<P>;
     const DType state_dtype = std::is_same_v<S, double> ? DType::f64 : DType::f32;
     check_operand("adamw_step", "p", p, n, p.dtype(), device);
-    check_operand("adamw_step", "g", g, n, p.dtype(), device);
     check_operand("adamw_step", "m", m, n, state_dtype, device);
     check_operand("adamw_step", "v", v, n, state_dtype, device);
     float* const master = master_of("adamw_step", p, w, device);  // throws for a master beside a non-bf16 p
@@ -104,10 +118,13 @@ void adamw_step_cuda(const AdamWStep& s, const Tensor& p, const Tensor& g, const
                                  S(s.beta1),       S(1.0 - s.beta1),         S(s.beta2),
                                  S(1.0 - s.beta2), S(1.0 / s.bias_correction1), S(1.0 / s.bias_correction2)};
     DeviceGuard guard(device);
-    adamw_step_kernel_impl<P, S><<<blocks_for(n, device), kThreads, 0, stream(device)>>>(
-        n, k, static_cast<P*>(p.raw_data()), static_cast<const P*>(g.raw_data()), static_cast<S*>(m.raw_data()),
-        static_cast<S*>(v.raw_data()), wp);
-    SEQLAB_CUDA_CHECK_LAUNCH("adamw_step kernel");
+    with_grad_type<P>("adamw_step", p, g, w, device, [&](auto gtag) {
+      using G = typename decltype(gtag)::type;
+      adamw_step_kernel_impl<P, G, S><<<blocks_for(n, device), kThreads, 0, stream(device)>>>(
+          n, k, static_cast<P*>(p.raw_data()), static_cast<const G*>(g.raw_data()), static_cast<S*>(m.raw_data()),
+          static_cast<S*>(v.raw_data()), wp);
+      SEQLAB_CUDA_CHECK_LAUNCH("adamw_step kernel");
+    });
   });
 }
 
@@ -119,13 +136,13 @@ struct SgdCoefficients {
   bool nesterov;
 };
 
-// For each i < n (p, g of type P, b and the master w of type S or null; each read once, p, b and w
-// written once), with x = w when w is given, else p:
+// For each i < n (p of type P; g of type G: P, or f32 beside a master; b and the master w of type S or
+// null; each read once, p, b and w written once), with x = w when w is given, else p:
 //   x ← x − lr·wd·x;  b ← μ·b + g;  d = nesterov ? g + μ·b : b  (d = g without b);  x ← x − lr·d;
 //   p ← P(x).
-template <class P, class S>
+template <class P, class G, class S>
 __global__ void __launch_bounds__(kThreads)
-    sgd_step_kernel_impl(int64_t n, SgdCoefficients<S> k, P* p, const P* g, S* b, S* w) {
+    sgd_step_kernel_impl(int64_t n, SgdCoefficients<S> k, P* p, const G* g, S* b, S* w) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const S gi = convert<S>(g[i]);
@@ -151,7 +168,6 @@ void sgd_step_cuda(const SgdStep& s, const Tensor& p, const Tensor& g, const Ten
     using S = state_t<P>;
     const DType state_dtype = std::is_same_v<S, double> ? DType::f64 : DType::f32;
     check_operand("sgd_step", "p", p, n, p.dtype(), device);
-    check_operand("sgd_step", "g", g, n, p.dtype(), device);
     if (b.defined()) check_operand("sgd_step", "the momentum buffer", b, n, state_dtype, device);
     if (n == 0) return;
     const SgdCoefficients<S> k{S(s.lr), S(s.lr * s.weight_decay), S(s.momentum), s.nesterov};
@@ -160,9 +176,12 @@ void sgd_step_cuda(const SgdStep& s, const Tensor& p, const Tensor& g, const Ten
     S* wp = nullptr;
     if constexpr (std::is_same_v<S, float>) wp = master;
     DeviceGuard guard(device);
-    sgd_step_kernel_impl<P, S><<<blocks_for(n, device), kThreads, 0, stream(device)>>>(
-        n, k, static_cast<P*>(p.raw_data()), static_cast<const P*>(g.raw_data()), bp, wp);
-    SEQLAB_CUDA_CHECK_LAUNCH("sgd_step kernel");
+    with_grad_type<P>("sgd_step", p, g, w, device, [&](auto gtag) {
+      using G = typename decltype(gtag)::type;
+      sgd_step_kernel_impl<P, G, S><<<blocks_for(n, device), kThreads, 0, stream(device)>>>(
+          n, k, static_cast<P*>(p.raw_data()), static_cast<const G*>(g.raw_data()), bp, wp);
+      SEQLAB_CUDA_CHECK_LAUNCH("sgd_step kernel");
+    });
   });
 }
 

@@ -99,7 +99,8 @@ void Optimizer::step(double lr) {
     const Tensor& p = *s.param.tensor;
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    if (g.shape() != p.shape() || g.dtype() != p.dtype() || g.device() != p.device()) {
+    const bool f32_sum = s.master.defined() && g.dtype() == DType::f32;  // from an F32GradAccumulator
+    if (g.shape() != p.shape() || (g.dtype() != p.dtype() && !f32_sum) || g.device() != p.device()) {
       throw std::invalid_argument("optimizer: gradient of '" + s.param.name + "' is " + describe(g) +
                                   " but the parameter is " + describe(p));
     }
@@ -201,6 +202,33 @@ std::map<std::string, Tensor> Optimizer::master_weights() const {
     if (s.master.defined()) out.emplace(s.param.name, s.master);
   }
   return out;
+}
+
+// ------------------------------------------------------------------------------------------------
+// f32 sums of micro-batch gradients
+
+F32GradAccumulator::F32GradAccumulator(const std::vector<Parameter>& params) {
+  for (const Parameter& p : params) {
+    if (p.tensor->dtype() == DType::bf16) params_.push_back(p);
+  }
+  sums_.resize(params_.size());
+}
+
+void F32GradAccumulator::add() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = params_[i].tensor->grad();
+    if (!g.defined()) continue;
+    Tensor g32 = kernel::to_dtype(g, DType::f32);
+    sums_[i] = sums_[i].defined() ? kernel::binary(kernel::BinaryOp::add, sums_[i], g32) : kernel::contiguous(g32);
+    params_[i].tensor->zero_grad();
+  }
+}
+
+void F32GradAccumulator::finish() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (sums_[i].defined()) params_[i].tensor->set_grad(sums_[i]);
+    sums_[i] = Tensor();
+  }
 }
 
 // ------------------------------------------------------------------------------------------------

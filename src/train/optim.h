@@ -104,6 +104,22 @@ class Optimizer {
   int64_t steps_ = 0;
 };
 
+// Gradients of successive micro-batches summed in f32 for bf16 parameters (mixed precision with
+// train.grad_accum > 1), where the autograd engine would add them in bf16: after each backward,
+// add() moves every bf16 gradient into its f32 sum (and drops it, so the next backward starts fresh);
+// finish() makes the sums the parameters' gradients (f32, which Optimizer::step takes for a bf16
+// parameter) and starts over. Parameters of other dtypes are left to the engine.
+class F32GradAccumulator {
+ public:
+  explicit F32GradAccumulator(const std::vector<Parameter>& params);
+  void add();
+  void finish();
+
+ private:
+  std::vector<Parameter> params_;  // the bf16 ones
+  std::vector<Tensor> sums_;       // f32, undefined until a gradient arrives
+};
+
 // Global gradient norm √Σ‖g‖² over every parameter with a gradient (accumulated in double). When it
 // is finite and max_norm > 0, scales every gradient in place by min(1, max_norm / (norm + 1e-6)).
 // Returns the norm before scaling; a non-finite norm is returned with the gradients untouched.
@@ -111,10 +127,11 @@ double clip_grad_norm(const std::vector<Parameter>& params, double max_norm);
 // g ← s·g in place for every parameter with a gradient (averaging over accumulated micro-steps).
 void scale_grads(const std::vector<Parameter>& params, double s);
 
-// ---- kernel slots: contiguous tensors of one device; g has p's dtype; m, v are f64 for f64
-// parameters and f32 otherwise (bf16 parameters are computed in f32). `w` is the f32 master of a
-// bf16 p, or undefined: when defined the update reads and writes w instead of p, and then
-// p ← bf16(w). Below, p stands for w when w is defined. ----
+// ---- kernel slots: contiguous tensors of one device; g has p's dtype (or f32 for a bf16 p with a
+// master: an F32GradAccumulator sum); m, v are f64 for f64 parameters and f32 otherwise (bf16
+// parameters are computed in f32). `w` is the f32 master of a bf16 p, or undefined: when defined the
+// update reads and writes w instead of p, and then p ← bf16(w). Below, p stands for w when w is
+// defined. ----
 
 struct AdamWStep {
   double lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0;

@@ -337,6 +337,9 @@ int train(const std::vector<std::string>& args) {
   int64_t tokens_since_log = 0;
   double seconds_since_log = 0;
   Evaluation last_eval;
+  // Micro-batch gradients of bf16 weights are summed in f32 (the engine would add them in bf16).
+  std::optional<F32GradAccumulator> f32_sums;
+  if (r.train.grad_accum > 1 && training_dtype(r) == DType::bf16) f32_sums.emplace(model->parameters());
   for (int64_t step = start; step < r.train.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
@@ -344,8 +347,10 @@ int train(const std::vector<std::string>& args) {
       Batch b = on_device(data.train->next_batch(r.train.batch_size), device);
       Tensor loss = model->loss(b.inputs, b.targets);
       loss.backward();
+      if (f32_sums) f32_sums->add();
       loss_sum += loss.item();
     }
+    if (f32_sums) f32_sums->finish();
     std::vector<Parameter> params = model->parameters();
     if (r.train.grad_accum > 1) scale_grads(params, 1.0 / static_cast<double>(r.train.grad_accum));
     const double norm = r.optim.grad_clip > 0 ? clip_grad_norm(params, r.optim.grad_clip) : 0.0;
