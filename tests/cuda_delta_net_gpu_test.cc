@@ -30,10 +30,10 @@ namespace {
 using testing::kGpu;
 using testing::poisoned;
 using testing::reference_type;
-const Device kCpu = cpu_device();
-const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
+using testing::kCpu;
+using testing::kFloatTypes;
 
-double rtol(DType d) { return d == DType::bf16 ? 2e-2 : d == DType::f64 ? 1e-10 : 1e-4; }
+double rtol(DType d) { return testing::fused_op_rtol(d); }
 
 using testing::as_reference;
 using testing::on_gpu;

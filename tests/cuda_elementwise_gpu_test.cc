@@ -26,7 +26,7 @@ using kernel::ScalarOp;
 using kernel::UnaryOp;
 
 using testing::kGpu;
-const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
+using testing::kFloatTypes;
 const UnaryOp kUnaryOps[] = {UnaryOp::neg,    UnaryOp::exp,  UnaryOp::log,     UnaryOp::sqrt, UnaryOp::rsqrt,
                              UnaryOp::square, UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::silu, UnaryOp::gelu,
                              UnaryOp::relu,   UnaryOp::elu,  UnaryOp::softplus};

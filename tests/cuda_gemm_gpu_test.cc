@@ -28,8 +28,8 @@ namespace {
 using kernel::GemmArgs;
 
 using testing::kGpu;
-const Device kCpu = cpu_device();
-const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
+using testing::kCpu;
+using testing::kFloatTypes;
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 double rtol(DType d) { return testing::gpu_rtol(d); }

@@ -30,10 +30,10 @@ namespace {
 
 using testing::kGpu;
 using testing::poisoned;
-const Device kCpu = cpu_device();
-const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
+using testing::kCpu;
+using testing::kFloatTypes;
 
-double rtol(DType d) { return d == DType::bf16 ? 2e-2 : d == DType::f64 ? 1e-10 : 1e-4; }
+double rtol(DType d) { return testing::fused_op_rtol(d); }
 // The CPU reference runs in f64 for f32 and f64 inputs, in f32 for bf16 (the CPU kernels take no bf16).
 DType ref_type(DType d) { return d == DType::bf16 ? DType::f32 : DType::f64; }
 

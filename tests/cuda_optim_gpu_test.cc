@@ -26,8 +26,8 @@ namespace seqlab {
 namespace {
 
 using testing::kGpu;
-const Device kCpu = cpu_device();
-const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
+using testing::kCpu;
+using testing::kFloatTypes;
 // Empty, one element, around the 256-thread block, and large enough for many blocks of each grid.
 const int64_t kSizes[] = {0, 1, 255, 257, 4099, 100003};
 

@@ -31,9 +31,9 @@ using kernel::CrossEntropyOutput;
 using kernel::NormGrads;
 using kernel::NormOutput;
 
-const Device kCpu = cpu_device();
+using testing::kCpu;
 using testing::kGpu;
-const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
+using testing::kFloatTypes;
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 double rtol(DType d) { return testing::gpu_rtol(d); }

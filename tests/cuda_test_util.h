@@ -18,9 +18,15 @@
 namespace seqlab::testing {
 
 inline const Device kGpu = cuda_device(0);
+inline const Device kCpu = cpu_device();
+// Every floating dtype the CUDA kernels take.
+inline const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16};
 
 // |got − want| ≤ rtol · max(|want|, 1): 1e-5 for f32, 1e-10 for f64, 1e-2 for bf16 (its stored rounding).
 inline double gpu_rtol(DType d) { return d == DType::bf16 ? 1e-2 : d == DType::f64 ? 1e-10 : 1e-5; }
+// The fused ops (attention, the recurrent variants) sum in another order on the GPU than on the CPU:
+// 1e-4 for f32, 1e-10 for f64, 2e-2 for bf16.
+inline double fused_op_rtol(DType d) { return d == DType::bf16 ? 2e-2 : d == DType::f64 ? 1e-10 : 1e-4; }
 // The CPU kernels take no bf16: references run in f32 on the same (rounded) values.
 inline DType reference_type(DType d) { return d == DType::bf16 ? DType::f32 : d; }
 
