@@ -173,7 +173,8 @@ inline void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f, float val
 }
 
 template <class LayoutA, class LayoutB>
-void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, seqlab::bf16, LayoutA>& a,
+void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
+              const fragment<matrix_a, 16, 16, 16, seqlab::bf16, LayoutA>& a,
               const fragment<matrix_b, 16, 16, 16, seqlab::bf16, LayoutB>& b,
               const fragment<accumulator, 16, 16, 16, float>& c) {
   float out[256];
@@ -191,7 +192,8 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix
 // the others' parts only after a __syncwarp, as on the GPU. The rows are shuffled (lane l writes half of
 // row 7·(l/2) + 3 mod 16, the other half from the one its index suggests) so that no kernel lane mapping
 // happens to read only what the same lane wrote.
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm, layout_t layout) {
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm,
+                              layout_t layout) {
   check_operand(p, ldm, sizeof(float));
   if (layout != mem_row_major) std::abort();  // the kernels store row-major only
   const unsigned lane = threadIdx.x % 32, r = (lane / 2 * 7 + 3) % 16, c0 = (1 - lane % 2) * 8;
@@ -218,19 +220,19 @@ struct Case {
   bool causal;
   double scale;  // ≤ 0: 1/√D
   std::string name() const {
-    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " S=" + std::to_string(S) + " H=" +
-           std::to_string(H) + " Hk=" + std::to_string(Hk) + " D=" + std::to_string(D) +
+    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " S=" + std::to_string(S) +
+           " H=" + std::to_string(H) + " Hk=" + std::to_string(Hk) + " D=" + std::to_string(D) +
            (causal ? " causal" : " bidirectional");
   }
 };
 
 const Case kCases[] = {
-    {2, 100, 100, 2, 2, 64, true, 0},        // MHA, T = S, a partial second tile
-    {1, 77, 150, 4, 2, 128, true, 0},        // GQA, queries at the end of a longer cache (S − T = 73)
-    {1, 130, 61, 3, 1, 64, false, 0},        // bidirectional MQA, T > S, partial tiles both ways
-    {1, 1, 200, 2, 1, 128, true, 0},         // decoding
-    {1, 128, 192, 2, 1, 64, true, 0},        // exact multiples of the tile, S − T = 64
-    {1, 90, 90, 2, 2, 128, false, 0.05},     // bidirectional, explicit scale
+    {2, 100, 100, 2, 2, 64, true, 0},     // MHA, T = S, a partial second tile
+    {1, 77, 150, 4, 2, 128, true, 0},     // GQA, queries at the end of a longer cache (S − T = 73)
+    {1, 130, 61, 3, 1, 64, false, 0},     // bidirectional MQA, T > S, partial tiles both ways
+    {1, 1, 200, 2, 1, 128, true, 0},      // decoding
+    {1, 128, 192, 2, 1, 64, true, 0},     // exact multiples of the tile, S − T = 64
+    {1, 90, 90, 2, 2, 128, false, 0.05},  // bidirectional, explicit scale
 };
 
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
@@ -253,11 +255,14 @@ void run_case(const Case& c, Generator& gen) {
   const std::string what = c.name();
   const kernel::AttentionParams params{c.causal, c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(D)), 16};
   const tc::Problem p{c.B, c.T, c.S, c.H, c.Hk, D, c.causal, static_cast<float>(params.scale)};
-  Tensor q = Tensor::randn({c.B, c.T, c.H, D}, gen, DType::bf16), k = Tensor::randn({c.B, c.S, c.Hk, D}, gen, DType::bf16),
+  Tensor q = Tensor::randn({c.B, c.T, c.H, D}, gen, DType::bf16),
+         k = Tensor::randn({c.B, c.S, c.Hk, D}, gen, DType::bf16),
          v = Tensor::randn({c.B, c.S, c.Hk, D}, gen, DType::bf16);
-  Tensor dout = Tensor::randn({c.B, c.T, c.H, D}, gen, DType::bf16), dlse = Tensor::randn({c.B, c.T, c.H}, gen, DType::f32, 0.5);
+  Tensor dout = Tensor::randn({c.B, c.T, c.H, D}, gen, DType::bf16),
+         dlse = Tensor::randn({c.B, c.T, c.H}, gen, DType::f32, 0.5);
   const bf16 *Q = q.data<bf16>(), *K = k.data<bf16>(), *V = v.data<bf16>(), *dO = dout.data<bf16>();
-  const unsigned query_tiles = static_cast<unsigned>((c.T + 63) / 64), key_tiles = static_cast<unsigned>((c.S + 63) / 64);
+  const unsigned query_tiles = static_cast<unsigned>((c.T + 63) / 64),
+                 key_tiles = static_cast<unsigned>((c.S + 63) / 64);
 
   // Forward.
   Tensor o = nans({c.B, c.T, c.H, D}), lse = nans({c.B, c.T, c.H}, DType::f32);  // lse: f32 for bf16
@@ -289,11 +294,13 @@ void run_case(const Case& c, Generator& gen) {
     bf16* dV = need.dv ? dv.data<bf16>() : nullptr;
     const float* L = lse_saved.data<float>();
     if (dK || dV) {
-      emu::launch({key_tiles, static_cast<unsigned>(c.Hk), static_cast<unsigned>(c.B)}, tc::kernels::BwdLayout<D>::bytes,
+      emu::launch({key_tiles, static_cast<unsigned>(c.Hk), static_cast<unsigned>(c.B)},
+                  tc::kernels::BwdLayout<D>::bytes,
                   [&] { tc::kernels::tc_dkdv<D>(p, Q, K, V, dO, L, delta.data(), dK, dV); });
     }
     if (dQ) {
-      emu::launch({query_tiles, static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)}, tc::kernels::BwdLayout<D>::bytes,
+      emu::launch({query_tiles, static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)},
+                  tc::kernels::BwdLayout<D>::bytes,
                   [&] { tc::kernels::tc_dq<D>(p, Q, K, V, dO, L, delta.data(), dQ); });
     }
     kernel::AttentionGrads want;

@@ -12,8 +12,6 @@
 // non-causal dfk with dk = 128, whose sums cancel): against the f32 CPU kernels the two roundings add up
 // to 9e-5 at dk = 128 (the chunkwise GEMMs round differently), which says nothing about the schedule.
 // Performer f32 against f32 (≤ 2e-5).
-#include "cuda/linear_attention_schedule.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/linear_attention_schedule.h"
 #include "layers/linear_attention.h"
 #include "tensor/kernels.h"
 #include "test_util.h"
@@ -55,8 +54,8 @@ struct Case {
 
 // T across the 32-step tile (70, 33), exactly one and two tiles, T = 1, dk ≠ dv both ways, head dims
 // 1 and 128 (every block thread a column and a row).
-const Case kCases[] = {{2, 70, 3, 16, 24, true}, {1, 1, 2, 5, 7, true},     {2, 33, 2, 8, 8, false},
-                       {1, 32, 2, 12, 4, true},  {1, 64, 1, 6, 10, false},  {2, 9, 2, 1, 3, true},
+const Case kCases[] = {{2, 70, 3, 16, 24, true},   {1, 1, 2, 5, 7, true},    {2, 33, 2, 8, 8, false},
+                       {1, 32, 2, 12, 4, true},    {1, 64, 1, 6, 10, false}, {2, 9, 2, 1, 3, true},
                        {1, 40, 1, 128, 128, true}, {1, 35, 2, 96, 32, true}};
 
 struct Data {
@@ -115,7 +114,8 @@ Outputs run_schedule(const Case& c, const Data& x, DType dtype, const kernel::Li
     for (int64_t a = 0; a < c.dk; ++a) gz[static_cast<size_t>(a)] = la::reverse_begin_row(bh, a, d, in, dZ, w);
     for (int64_t t = d.tiles() - 1; t >= 0; --t) {
       for (int64_t j = 0; j < c.dv; ++j) la::reverse_tile_column(bh, j, t, d, in, dO, w, at(g, j), r.dv.data<T>());
-      for (int64_t a = 0; a < c.dk; ++a) la::reverse_tile_row(bh, a, t, d, in, w, gz[static_cast<size_t>(a)], r.dfk.data<T>());
+      for (int64_t a = 0; a < c.dk; ++a)
+        la::reverse_tile_row(bh, a, t, d, in, w, gz[static_cast<size_t>(a)], r.dfk.data<T>());
     }
     for (int64_t j = 0; j < c.dv; ++j) la::backward_end_column(bh, j, d, at(g, j), r.ds0.data<T>());
     for (int64_t a = 0; a < c.dk; ++a) la::backward_end_row(bh, a, d, gz[static_cast<size_t>(a)], r.dz0.data<T>());
@@ -207,7 +207,8 @@ void check_performer(DType dtype, DType rd, double tol, uint64_t seed) {
       std::vector<A> partial(static_cast<size_t>(blocks * p.m * p.d), std::numeric_limits<A>::quiet_NaN());
       Tensor dx = nan_like(x.shape(), dtype), domega = nan_like(omega.shape(), dtype);
       for (int64_t n = 0; n < p.N; ++n) la::performer_backward_row(n, p, dY, X, W, Y, rowsum.data(), arg.data());
-      for (int64_t e = 0; e < p.N * p.d; ++e) la::performer_dx(e, p, dY, X, W, Y, rowsum.data(), arg.data(), dx.data<T>());
+      for (int64_t e = 0; e < p.N * p.d; ++e)
+        la::performer_dx(e, p, dY, X, W, Y, rowsum.data(), arg.data(), dx.data<T>());
       for (int64_t k = 0; k < blocks; ++k) {
         for (int64_t e = 0; e < p.m * p.d; ++e) {
           la::performer_domega_partial(k, e, p, dY, X, Y, rowsum.data(), arg.data(), partial.data());
@@ -223,7 +224,9 @@ void check_performer(DType dtype, DType rd, double tol, uint64_t seed) {
   }
 }
 
-TEST(PerformerCudaSchedule, F64MatchesCpuKernels) { check_performer<double, double>(DType::f64, DType::f64, 1e-11, 50); }
+TEST(PerformerCudaSchedule, F64MatchesCpuKernels) {
+  check_performer<double, double>(DType::f64, DType::f64, 1e-11, 50);
+}
 TEST(PerformerCudaSchedule, F32MatchesCpuKernels) { check_performer<float, float>(DType::f32, DType::f32, 2e-5, 60); }
 TEST(PerformerCudaSchedule, Bf16StorageF32ComputeMatchesCpuKernels) {
   check_performer<bf16, float>(DType::bf16, DType::f32, 2e-2, 70);

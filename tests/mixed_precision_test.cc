@@ -45,7 +45,8 @@ TEST(Bf16OnCpu, KernelsAreTheF32KernelsRoundedOnce) {
   expect_same_bf16(kernel::binary(BinaryOp::mul, x, w), rounded(kernel::binary(BinaryOp::mul, f32(x), f32(w))),
                    "broadcast mul");
   expect_same_bf16(kernel::softmax(x), rounded(kernel::softmax(f32(x))), "softmax");
-  const kernel::NormOutput n16 = kernel::layer_norm(x, w, b, 1e-5), n32 = kernel::layer_norm(f32(x), f32(w), f32(b), 1e-5);
+  const kernel::NormOutput n16 = kernel::layer_norm(x, w, b, 1e-5),
+                           n32 = kernel::layer_norm(f32(x), f32(w), f32(b), 1e-5);
   expect_same_bf16(n16.y, rounded(n32.y), "layer_norm y");
   // GEMM: transposed operands, a batch of strided views, and β = 1 onto an existing C.
   expect_same_bf16(kernel::matmul(x, y, false, true), rounded(kernel::matmul(f32(x), f32(y), false, true)), "x yᵀ");
@@ -58,7 +59,8 @@ TEST(Bf16OnCpu, KernelsAreTheF32KernelsRoundedOnce) {
   const kernel::NormGrads g16 = kernel::layer_norm_backward(y, x, w, n16.mean, n16.rstd, true, true, true);
   EXPECT_EQ(n16.rstd.dtype(), DType::f32);  // statistics stay f32, the same values as the f32 kernel's
   EXPECT_EQ(n16.rstd.to_doubles(), n32.rstd.to_doubles());
-  const kernel::NormGrads g32 = kernel::layer_norm_backward(f32(y), f32(x), f32(w), n16.mean, n16.rstd, true, true, true);
+  const kernel::NormGrads g32 =
+      kernel::layer_norm_backward(f32(y), f32(x), f32(w), n16.mean, n16.rstd, true, true, true);
   expect_same_bf16(g16.dx, rounded(g32.dx), "layer_norm dx");
   expect_same_bf16(g16.dweight, rounded(g32.dweight), "layer_norm dweight");
 }

@@ -11,8 +11,8 @@
 //   attention_tc::supports(). Compiled for sm_80/sm_90 but not yet run on a GPU.
 // - Everything else (f32, f64, other bf16 shapes): the kernels below. Plain FMA arithmetic, no tensor
 //   cores, no asynchronous copies. f32 and bf16 compute and accumulate in f32 (bf16 rounded on
-//   store), f64 in f64. lse and dlse are in the compute type (f32 for bf16: accumulate_dtype). Head dims up to 128 (each lane of a warp owns ≤ 4 of a row's dims). Also not
-//   yet run on a GPU.
+//   store), f64 in f64. lse and dlse are in the compute type (f32 for bf16: accumulate_dtype). Head
+//   dims up to 128 (each lane of a warp owns ≤ 4 of a row's dims). Also not yet run on a GPU.
 // Either way the T × S matrix is never formed in global memory, and every output element is written
 // by exactly one thread in a fixed order, so results are deterministic (no atomics).
 //
@@ -102,6 +102,23 @@ __device__ void stage_keys(const Geo& g, const T* x, int64_t D, int64_t b, int64
   }
 }
 
+// One output row, lane owning dims d = lane + 32·t:  acc[t] += Σ_{c < n} w_c · tile[c·ld + d] for d < dims,
+// where w_c is lane c's `w` (broadcast by shuffle). The forward's o += Σ_c p_c v_c and dQ's
+// dq += Σ_c (scale·dS_c) k_c. Reads n rows of the shared tile; the whole warp calls it.
+template <class A>
+__device__ __forceinline__ void add_weighted_tile_rows(A (&acc)[kDimsPerLane], A w, const A* tile, int64_t ld,
+                                                       int64_t dims, int64_t n, int lane) {
+  for (int64_t c = 0; c < n; ++c) {
+    const A wc = __shfl_sync(0xffffffffu, w, static_cast<int>(c));
+    const A* row = tile + c * ld;
+#pragma unroll
+    for (int t = 0; t < kDimsPerLane; ++t) {
+      const int64_t d = lane + 32 * t;
+      if (d < dims) acc[t] += wc * row[d];
+    }
+  }
+}
+
 // Copies rows [i0, i0 + n) of one head of x [B, T, H, D] into sh [rows][D] (zeros past n).
 template <class T, class A>
 __device__ void stage_queries(const Geo& g, const T* x, int64_t D, int64_t b, int64_t h, int64_t i0, int64_t n,
@@ -171,16 +188,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
       }
       const A p = lane < seen ? exp_of(s - m[rr]) : A(0);
       l[rr] += warp_sum(p);
-      const int64_t n_used = max(seen, static_cast<int64_t>(0));
-      for (int64_t c = 0; c < n_used; ++c) {
-        const A pc = __shfl_sync(0xffffffffu, p, static_cast<int>(c));
-        const A* vc = Vs + c * (g.Dv + 1);
-#pragma unroll
-        for (int t = 0; t < kDimsPerLane; ++t) {
-          const int64_t d = lane + 32 * t;
-          if (d < g.Dv) acc[rr][t] += pc * vc[d];
-        }
-      }
+      add_weighted_tile_rows(acc[rr], p, Vs, g.Dv + 1, g.Dv, max(seen, static_cast<int64_t>(0)), lane);
     }
   }
 #pragma unroll
@@ -225,8 +233,8 @@ __global__ void __launch_bounds__(kAttentionThreads)
 template <class T>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_dkdv(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                   const T* __restrict__ dout, const compute_t<T>* __restrict__ lse, const compute_t<T>* __restrict__ delta,
-                   compute_t<T> scale, T* __restrict__ dk, T* __restrict__ dv) {
+                   const T* __restrict__ dout, const compute_t<T>* __restrict__ lse,
+                   const compute_t<T>* __restrict__ delta, compute_t<T> scale, T* __restrict__ dk, T* __restrict__ dv) {
   using A = compute_t<T>;
   constexpr int KPW = kKeysPerWarp<A>, BK = kWarps * KPW, QT = kQueryTile<A>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -316,8 +324,8 @@ __global__ void __launch_bounds__(kAttentionThreads)
 template <class T>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_dq(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                 const T* __restrict__ dout, const compute_t<T>* __restrict__ lse, const compute_t<T>* __restrict__ delta,
-                 compute_t<T> scale, T* __restrict__ dq) {
+                 const T* __restrict__ dout, const compute_t<T>* __restrict__ lse,
+                 const compute_t<T>* __restrict__ delta, compute_t<T> scale, T* __restrict__ dq) {
   using A = compute_t<T>;
   constexpr int RPW = kRowsPerWarp<A>, BR = kWarps * RPW;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -362,16 +370,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
         const A p = exp_of(scale * s - lse_r[rr]);
         ds = p * (dp - delta_r[rr]);
       }
-      const int64_t n_used = max(seen, static_cast<int64_t>(0));
-      for (int64_t c = 0; c < n_used; ++c) {
-        const A dsc = scale * __shfl_sync(0xffffffffu, ds, static_cast<int>(c));
-        const A* kc = Ks + c * (g.Dk + 1);
-#pragma unroll
-        for (int t = 0; t < kDimsPerLane; ++t) {
-          const int64_t d = lane + 32 * t;
-          if (d < g.Dk) acc[rr][t] += dsc * kc[d];
-        }
-      }
+      add_weighted_tile_rows(acc[rr], scale * ds, Ks, g.Dk + 1, g.Dk, max(seen, static_cast<int64_t>(0)), lane);
     }
   }
 #pragma unroll

@@ -71,6 +71,20 @@ struct BwdLayout {
                 "every warp's piece must start 32-byte aligned");
 };
 
+// The tiles both backward kernels stage in their shared memory (BwdLayout): K, V, Q, dO [64][D+8]
+// bf16 and the rows' lse and δ [64] f32.
+struct BwdTiles {
+  bf16_t *k, *v, *q, *dout;
+  float *lse, *delta;
+};
+template <int D>
+__device__ __forceinline__ BwdTiles backward_tiles(unsigned char* smem) {
+  using L = BwdLayout<D>;
+  return {reinterpret_cast<bf16_t*>(smem + L::k),   reinterpret_cast<bf16_t*>(smem + L::v),
+          reinterpret_cast<bf16_t*>(smem + L::q),   reinterpret_cast<bf16_t*>(smem + L::dout),
+          reinterpret_cast<float*>(smem + L::lse), reinterpret_cast<float*>(smem + L::delta)};
+}
+
 #if SEQLAB_TC_ATTENTION
 namespace wmma = nvcuda::wmma;
 using FragA = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16_t, wmma::row_major>;
@@ -322,12 +336,7 @@ __global__ void __launch_bounds__(kThreads)
 #if SEQLAB_TC_ATTENTION
   using L = BwdLayout<D>;
   SEQLAB_TC_SHARED_MEMORY(smem);
-  bf16_t* Ks = reinterpret_cast<bf16_t*>(smem + L::k);
-  bf16_t* Vs = reinterpret_cast<bf16_t*>(smem + L::v);
-  bf16_t* Qs = reinterpret_cast<bf16_t*>(smem + L::q);
-  bf16_t* dOs = reinterpret_cast<bf16_t*>(smem + L::dout);
-  float* Ls = reinterpret_cast<float*>(smem + L::lse);
-  float* Ds = reinterpret_cast<float*>(smem + L::delta);
+  const auto [Ks, Vs, Qs, dOs, Ls, Ds] = backward_tiles<D>(smem);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float* St = reinterpret_cast<float*>(smem + L::scratch) + warp * L::kScratchFloats;  // [16 keys][64 queries]
   float* dPt = St + kFrag * kLdS;
@@ -397,12 +406,7 @@ __global__ void __launch_bounds__(kThreads)
 #if SEQLAB_TC_ATTENTION
   using L = BwdLayout<D>;
   SEQLAB_TC_SHARED_MEMORY(smem);
-  bf16_t* Ks = reinterpret_cast<bf16_t*>(smem + L::k);
-  bf16_t* Vs = reinterpret_cast<bf16_t*>(smem + L::v);
-  bf16_t* Qs = reinterpret_cast<bf16_t*>(smem + L::q);
-  bf16_t* dOs = reinterpret_cast<bf16_t*>(smem + L::dout);
-  float* Ls = reinterpret_cast<float*>(smem + L::lse);
-  float* Ds = reinterpret_cast<float*>(smem + L::delta);
+  const auto [Ks, Vs, Qs, dOs, Ls, Ds] = backward_tiles<D>(smem);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float* Sw = reinterpret_cast<float*>(smem + L::scratch) + warp * L::kScratchFloats;  // [16 queries][64 keys]
   float* dPw = Sw + kFrag * kLdS;

@@ -61,7 +61,8 @@ __global__ void __launch_bounds__(dn::kBackwardThreads)
   for (int64_t c = d.segments() - 1; c >= 0; --c) {
     if (column) dn::backward_segment_column(bh, j, c, d, in, dout, scale, w, s, ds, gr.dv);
     __syncthreads();
-    dn::backward_segment_reduce(bh, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), c, d, in, dout, scale, w, gr);
+    dn::backward_segment_reduce(bh, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), c, d, in, dout, scale,
+                                w, gr);
     __syncthreads();
   }
   if (column) dn::backward_end(bh, j, d, ds, gr);
@@ -70,8 +71,8 @@ __global__ void __launch_bounds__(dn::kBackwardThreads)
 void check_tensor(const Tensor& t, const Tensor& q, const char* what) {
   if (!t.is_contiguous() || t.dtype() != q.dtype() || !t.device().is_cuda() || t.device() != q.device()) {
     throw std::logic_error(std::string("delta_net on CUDA: ") + what + " must be a contiguous " +
-                           dtype_name(q.dtype()) + " tensor on " + q.device().str() + ", got " +
-                           shape_str(t.shape()) + " " + dtype_name(t.dtype()) + " on " + t.device().str());
+                           dtype_name(q.dtype()) + " tensor on " + q.device().str() + ", got " + shape_str(t.shape()) +
+                           " " + dtype_name(t.dtype()) + " on " + t.device().str());
   }
 }
 
@@ -110,8 +111,8 @@ void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
     const int device = q.device().index;
     DeviceGuard guard(device);
     const auto blocks = static_cast<unsigned>((n + kForwardThreads - 1) / kForwardThreads);
-    delta_net_fwd<T><<<blocks, kForwardThreads, 0, stream(device)>>>(n, d, in, static_cast<A>(p.scale), mut<T>(o),
-                                                                       mut<T>(fin));
+    delta_net_fwd<T>
+        <<<blocks, kForwardThreads, 0, stream(device)>>>(n, d, in, static_cast<A>(p.scale), mut<T>(o), mut<T>(fin));
     SEQLAB_CUDA_CHECK_LAUNCH("delta_net forward kernel");
   });
 }
@@ -119,13 +120,22 @@ void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 void backward_cuda(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& beta, const Tensor& g, const Tensor& s0, const kernel::DeltaNetParams& p,
                    const kernel::DeltaNetGrads& gr) {
-  for (auto [t, what] : {std::pair{&dout, "dout"}, {&dfinal, "dfinal_state"}, {&q, "q"}, {&k, "k"}, {&v, "v"},
-                         {&beta, "beta"}, {&gr.dq, "dq"}, {&gr.dk, "dk"}, {&gr.dv, "dv"}, {&gr.dbeta, "dbeta"}}) {
+  for (auto [t, what] : {std::pair{&dout, "dout"},
+                         {&dfinal, "dfinal_state"},
+                         {&q, "q"},
+                         {&k, "k"},
+                         {&v, "v"},
+                         {&beta, "beta"},
+                         {&gr.dq, "dq"},
+                         {&gr.dk, "dk"},
+                         {&gr.dv, "dv"},
+                         {&gr.dbeta, "dbeta"}}) {
     check_tensor(*t, q, what);
   }
   if (g.defined() != gr.dg.defined() || s0.defined() != gr.dinitial_state.defined()) {
-    throw std::logic_error("delta_net on CUDA: dg and dinitial_state must be given exactly when g and "
-                           "initial_state are");
+    throw std::logic_error(
+        "delta_net on CUDA: dg and dinitial_state must be given exactly when g and "
+        "initial_state are");
   }
   if (g.defined()) {
     check_tensor(g, q, "g");
@@ -141,12 +151,12 @@ void backward_cuda(const Tensor& dout, const Tensor& dfinal, const Tensor& q, co
     using T = typename decltype(tag)::type;
     using A = compute_t<T>;
     const dn::Inputs<T> in{ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(beta), ptr<T>(g), ptr<T>(s0)};
-    const dn::Grads<T> grads{mut<T>(gr.dq), mut<T>(gr.dk), mut<T>(gr.dv), mut<T>(gr.dbeta), mut<T>(gr.dg),
-                             mut<T>(gr.dinitial_state)};
+    const dn::Grads<T> grads{mut<T>(gr.dq),    mut<T>(gr.dk), mut<T>(gr.dv),
+                             mut<T>(gr.dbeta), mut<T>(gr.dg), mut<T>(gr.dinitial_state)};
     // Scratch in the compute type, returned to the allocator's cache at exit: safe, since every later
     // user of its block is queued after this kernel on the same stream.
-    Tensor scratch = Tensor::empty({d.B * d.H * dn::scratch_per_head(d)}, sizeof(A) == 8 ? DType::f64 : DType::f32,
-                                   q.device());
+    Tensor scratch =
+        Tensor::empty({d.B * d.H * dn::scratch_per_head(d)}, sizeof(A) == 8 ? DType::f64 : DType::f32, q.device());
     const int device = q.device().index;
     DeviceGuard guard(device);
     delta_net_bwd<T><<<static_cast<unsigned>(d.B * d.H), dn::kBackwardThreads, 0, stream(device)>>>(

@@ -41,8 +41,8 @@ using namespace rows;
 // normalised is then s, so y, μ and rstd are those of the stored (rounded) s that the backward reads.
 template <class T, bool kCentered>
 __global__ void __launch_bounds__(kMaxThreads)
-    norm_forward_rows(const T* x, const T* residual, T* sum, const T* w, const T* b, T* y, compute_t<T>* mean, compute_t<T>* rstd, int64_t n,
-                      int64_t c, double eps) {
+    norm_forward_rows(const T* x, const T* residual, T* sum, const T* w, const T* b, T* y, compute_t<T>* mean,
+                      compute_t<T>* rstd, int64_t n, int64_t c, double eps) {
   using A = compute_t<T>;
   __shared__ A scratch[kMaxWarps];
   const A inv_c = A(1) / static_cast<A>(c);
@@ -90,8 +90,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 template <class T, bool kCentered>
 __global__ void __launch_bounds__(kMaxThreads)
     norm_backward_dx_rows(const T* dy, const T* x, const T* w, const compute_t<T>* mean, const compute_t<T>* rstd,
-                          const T* dsum, T* dx,
-                          int64_t n, int64_t c) {
+                          const T* dsum, T* dx, int64_t n, int64_t c) {
   using A = compute_t<T>;
   __shared__ A scratch[kMaxWarps];
   const A inv_c = A(1) / static_cast<A>(c);
@@ -123,8 +122,8 @@ __global__ void __launch_bounds__(kMaxThreads)
 // (plus mean and rstd per row, shared by the warp); writes chunks · c partials per output.
 template <class T, bool kCentered>
 __global__ void __launch_bounds__(kMaxThreads)
-    norm_param_partials(const T* dy, const T* x, const compute_t<T>* mean, const compute_t<T>* rstd, compute_t<T>* part_w,
-                        compute_t<T>* part_b, int64_t n, int64_t c, int64_t per) {
+    norm_param_partials(const T* dy, const T* x, const compute_t<T>* mean, const compute_t<T>* rstd,
+                        compute_t<T>* part_w, compute_t<T>* part_b, int64_t n, int64_t c, int64_t per) {
   using A = compute_t<T>;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= c) return;
@@ -196,8 +195,9 @@ void norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
     T* s = fused ? mptr<T>(sum) : nullptr;
     const dim3 grid(row_blocks(n, device)), block(row_threads(c));
     if (centered) {
-      norm_forward_rows<T, true><<<grid, block, 0, stream(device)>>>(
-          cptr<T>(x), res, s, cptr<T>(weight), b, mptr<T>(out.y), mptr<compute_t<T>>(out.mean), mptr<compute_t<T>>(out.rstd), n, c, eps);
+      norm_forward_rows<T, true><<<grid, block, 0, stream(device)>>>(cptr<T>(x), res, s, cptr<T>(weight), b,
+                                                                     mptr<T>(out.y), mptr<compute_t<T>>(out.mean),
+                                                                     mptr<compute_t<T>>(out.rstd), n, c, eps);
     } else {
       norm_forward_rows<T, false><<<grid, block, 0, stream(device)>>>(
           cptr<T>(x), res, s, cptr<T>(weight), b, mptr<T>(out.y), nullptr, mptr<compute_t<T>>(out.rstd), n, c, eps);
@@ -240,8 +240,8 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
       const T* ds = dsum.defined() ? cptr<T>(dsum) : nullptr;
       const dim3 grid(row_blocks(n, device)), block(row_threads(c));
       if (centered) {
-        norm_backward_dx_rows<T, true><<<grid, block, 0, stream(device)>>>(cptr<T>(dy), cptr<T>(x), cptr<T>(weight), mu,
-                                                                           cptr<compute_t<T>>(rstd), ds, mptr<T>(grads.dx), n, c);
+        norm_backward_dx_rows<T, true><<<grid, block, 0, stream(device)>>>(
+            cptr<T>(dy), cptr<T>(x), cptr<T>(weight), mu, cptr<compute_t<T>>(rstd), ds, mptr<T>(grads.dx), n, c);
       } else {
         norm_backward_dx_rows<T, false><<<grid, block, 0, stream(device)>>>(
             cptr<T>(dy), cptr<T>(x), cptr<T>(weight), nullptr, cptr<compute_t<T>>(rstd), ds, mptr<T>(grads.dx), n, c);
@@ -262,14 +262,15 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
     A* pb = need_b ? mptr<A>(part_b) : nullptr;
     const dim3 grid(static_cast<unsigned>((c + kMaxThreads - 1) / kMaxThreads), static_cast<unsigned>(chunks));
     if (centered) {
-      norm_param_partials<T, true><<<grid, kMaxThreads, 0, stream(device)>>>(cptr<T>(dy), cptr<T>(x), mu,
-                                                                              cptr<compute_t<T>>(rstd), pw, pb, n, c, per);
+      norm_param_partials<T, true><<<grid, kMaxThreads, 0, stream(device)>>>(
+          cptr<T>(dy), cptr<T>(x), mu, cptr<compute_t<T>>(rstd), pw, pb, n, c, per);
     } else {
-      norm_param_partials<T, false><<<grid, kMaxThreads, 0, stream(device)>>>(cptr<T>(dy), cptr<T>(x), nullptr,
-                                                                               cptr<compute_t<T>>(rstd), pw, pb, n, c, per);
+      norm_param_partials<T, false><<<grid, kMaxThreads, 0, stream(device)>>>(
+          cptr<T>(dy), cptr<T>(x), nullptr, cptr<compute_t<T>>(rstd), pw, pb, n, c, per);
     }
     SEQLAB_CUDA_CHECK_LAUNCH(centered ? "layer_norm weight/bias partial sums" : "rms_norm weight partial sums");
-    if (need_w) launch_elements("norm weight gradient", device, c, SumPartialsFn<T>{pw, mptr<T>(grads.dweight), chunks, c});
+    if (need_w)
+      launch_elements("norm weight gradient", device, c, SumPartialsFn<T>{pw, mptr<T>(grads.dweight), chunks, c});
     if (need_b) launch_elements("norm bias gradient", device, c, SumPartialsFn<T>{pb, mptr<T>(grads.dbias), chunks, c});
   });
 }

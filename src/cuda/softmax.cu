@@ -48,7 +48,8 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_rows(const T* x, T* y, in
 //   log-softmax:  dx_i = dy_i − exp(y_i) Σ_j dy_j
 // Reads dy and y twice per row (the second time from cache), writes dx once.
 template <class T, bool kLog>
-__global__ void __launch_bounds__(kMaxThreads) softmax_backward_rows(const T* dy, const T* y, T* dx, int64_t n, int64_t c) {
+__global__ void __launch_bounds__(kMaxThreads)
+    softmax_backward_rows(const T* dy, const T* y, T* dx, int64_t n, int64_t c) {
   using A = compute_t<T>;
   __shared__ A scratch[kMaxWarps];
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
@@ -72,9 +73,9 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_backward_rows(const T* dy
 // rounding of lse. lse and the losses are stored in the compute type (f32 for bf16 logits). Reads the
 // row twice (the second time from cache) and the target; writes lse, loss.
 template <class T, class I>
-__global__ void __launch_bounds__(kMaxThreads) cross_entropy_rows(const T* x, const I* targets, int64_t ignore_index,
-                                                                  compute_t<T>* losses, compute_t<T>* lse, int64_t n,
-                                                                  int64_t v) {
+__global__ void __launch_bounds__(kMaxThreads)
+    cross_entropy_rows(const T* x, const I* targets, int64_t ignore_index, compute_t<T>* losses, compute_t<T>* lse,
+                       int64_t n, int64_t v) {
   using A = compute_t<T>;
   __shared__ A scratch[kMaxWarps];
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
@@ -169,8 +170,8 @@ void check_cross_entropy(const char* op, const Tensor& logits, const Tensor& tar
   if (logits.dim() != 2 || targets.numel() != logits.size(0) || lse.numel() != logits.size(0) ||
       lse.dtype() != accumulate_dtype(logits.dtype())) {
     throw std::logic_error(std::string(op) + " on CUDA: expected logits [N, V], targets [N] and lse [N] " +
-                           dtype_name(accumulate_dtype(logits.dtype())) + ", got " + shape_str(logits.shape()) +
-                           ", " + shape_str(targets.shape()) + " and " + shape_str(lse.shape()) + " " +
+                           dtype_name(accumulate_dtype(logits.dtype())) + ", got " + shape_str(logits.shape()) + ", " +
+                           shape_str(targets.shape()) + " and " + shape_str(lse.shape()) + " " +
                            dtype_name(lse.dtype()));
   }
 }
@@ -189,8 +190,7 @@ void cross_entropy_cuda(const Tensor& logits, const Tensor& targets, int64_t ign
     dispatch_index_type(targets.dtype(), "cross_entropy", [&](auto itag) {
       using I = typename decltype(itag)::type;
       cross_entropy_rows<T, I><<<row_blocks(n, device), row_threads(v), 0, stream(device)>>>(
-          cptr<T>(logits), cptr<I>(targets), ignore_index, mptr<compute_t<T>>(losses), mptr<compute_t<T>>(lse), n,
-          v);
+          cptr<T>(logits), cptr<I>(targets), ignore_index, mptr<compute_t<T>>(losses), mptr<compute_t<T>>(lse), n, v);
       SEQLAB_CUDA_CHECK_LAUNCH("cross_entropy forward");
     });
   });
@@ -207,9 +207,10 @@ void cross_entropy_backward_cuda(double scale, const Tensor& logits, const Tenso
     using T = typename decltype(tag)::type;
     dispatch_index_type(targets.dtype(), "cross_entropy backward", [&](auto itag) {
       using I = typename decltype(itag)::type;
-      launch_elements("cross_entropy backward", device, logits.numel(),
-                      CrossEntropyBackwardFn<T, I>{cptr<T>(logits), cptr<compute_t<T>>(lse), cptr<I>(targets), mptr<T>(dlogits),
-                                                   logits.size(1), ignore_index, static_cast<compute_t<T>>(scale)});
+      launch_elements(
+          "cross_entropy backward", device, logits.numel(),
+          CrossEntropyBackwardFn<T, I>{cptr<T>(logits), cptr<compute_t<T>>(lse), cptr<I>(targets), mptr<T>(dlogits),
+                                       logits.size(1), ignore_index, static_cast<compute_t<T>>(scale)});
     });
   });
 }

@@ -28,9 +28,9 @@
 #include "autograd/function.h"
 #include "autograd/op_registry.h"
 #include "autograd/ops.h"
+#include "tensor/cpu/blas_rows.h"
 #include "tensor/cpu/parallel.h"
 #include "tensor/elementwise_math.h"
-#include "tensor/cpu/blas_rows.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -118,7 +118,8 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& dlse, const 
   if (need_dk) g.dk = Tensor::empty(k.shape(), k.dtype(), k.device());
   if (need_dv) g.dv = Tensor::empty(v.shape(), v.dtype(), v.device());
   if (!need_dq && !need_dk && !need_dv) return g;
-  Tensor dl = dlse.defined() ? kernel::contiguous(dlse) : Tensor::zeros(lse_shape, accumulate_dtype(q.dtype()), q.device());
+  Tensor dl =
+      dlse.defined() ? kernel::contiguous(dlse) : Tensor::zeros(lse_shape, accumulate_dtype(q.dtype()), q.device());
   attention_backward_kernel(q.device(), kernel::contiguous(dout), dl, kernel::contiguous(q), kernel::contiguous(k),
                             kernel::contiguous(v), kernel::contiguous(out), kernel::contiguous(lse), p, g);
   return g;
@@ -158,8 +159,8 @@ Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
 // One (query tile, key block) tile of scores: s_rc = scale q_{i0+r}·k_{j0+c} for r < rows, c < nk,
 // leading dimension nk. Returns, per row, how many of the block's keys the row sees (may be ≤ 0).
 template <class T>
-void score_tile(const Geometry& g, const T* Q, const T* K, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                int64_t j0, int64_t nk, T scale, T* s) {
+void score_tile(const Geometry& g, const T* Q, const T* K, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
+                int64_t nk, T scale, T* s) {
   gemm<T>(false, true, rows, nk, g.Dk, scale, Q + g.q_row(b, i0, h) * g.Dk, g.H * g.Dk,
           K + g.kv_row(b, j0, h / g.group) * g.Dk, g.Hk * g.Dk, 0.0, s, nk);
 }
@@ -217,8 +218,8 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
           for (int64_t c = 0; c < seen; ++c) sum += sr[c];
           l[r] += sum;
         }
-        gemm<T>(false, false, rows, g.Dv, nk, 1.0, s.data(), nk, V + g.kv_row(b, j0, hk) * g.Dv, g.Hk * g.Dv, 1.0,
-                Ot, ldo);
+        gemm<T>(false, false, rows, g.Dv, nk, 1.0, s.data(), nk, V + g.kv_row(b, j0, hk) * g.Dv, g.Hk * g.Dv, 1.0, Ot,
+                ldo);
       }
       for (int64_t r = 0; r < rows; ++r) {
         scal(T(1) / l[r], Ot + r * ldo, g.Dv);
@@ -291,7 +292,9 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
               for (int64_t c = 0; c < seen; ++c) pr[c] = math::exp_vec(pr[c] - lse_r);
               for (int64_t c = std::max<int64_t>(seen, 0); c < nk; ++c) pr[c] = 0;
             }
-            if (dV) gemm<T>(true, false, nk, g.Dv, rows, 1.0, pt.data(), nk, dOt, ldo, 1.0, dV + g.kv_row(b, j0, hk) * g.Dv, ldv);
+            if (dV)
+              gemm<T>(true, false, nk, g.Dv, rows, 1.0, pt.data(), nk, dOt, ldo, 1.0, dV + g.kv_row(b, j0, hk) * g.Dv,
+                      ldv);
             if (!dQ && !dK) continue;
             gemm<T>(false, true, rows, nk, g.Dv, 1.0, dOt, ldo, Vb, ldv, 0.0, ds.data(), nk);  // dP
             for (int64_t r = 0; r < rows; ++r) {
@@ -301,7 +304,9 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
               for (int64_t c = 0; c < nk; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
             }
             if (dQt) gemm<T>(false, false, rows, g.Dk, nk, scale, ds.data(), nk, Kb, ldk, 1.0, dQt, ldq);
-            if (dK) gemm<T>(true, false, nk, g.Dk, rows, scale, ds.data(), nk, Qt, ldq, 1.0, dK + g.kv_row(b, j0, hk) * g.Dk, ldk);
+            if (dK)
+              gemm<T>(true, false, nk, g.Dk, rows, scale, ds.data(), nk, Qt, ldq, 1.0, dK + g.kv_row(b, j0, hk) * g.Dk,
+                      ldk);
           }
         }
       }

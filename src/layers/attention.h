@@ -65,9 +65,9 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& dlse, const 
                                   const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionOptions& opts,
                                   bool need_dq, bool need_dk, bool need_dv);
 
-// Slots. All tensors contiguous, one dtype (lse and dlse: its accumulate_dtype), shapes as above. The forward writes every element of
-// o and lse. The backward reads dout [B, T, H, Dv] and dlse [B, T, H] (zeros when unused) and
-// writes every element of each defined gradient in `grads`; undefined ones are skipped.
+// Slots. All tensors contiguous, one dtype (lse and dlse: its accumulate_dtype), shapes as above. The forward writes
+// every element of o and lse. The backward reads dout [B, T, H, Dv] and dlse [B, T, H] (zeros when unused) and writes
+// every element of each defined gradient in `grads`; undefined ones are skipped.
 SEQLAB_DECLARE_KERNEL(attention_forward_kernel, void (*)(const Tensor& q, const Tensor& k, const Tensor& v,
                                                          const AttentionParams& p, const Tensor& o, const Tensor& lse));
 SEQLAB_DECLARE_KERNEL(attention_backward_kernel,
