@@ -22,13 +22,15 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "autograd/function.h"
 #include "autograd/op_registry.h"
-#include "tensor/cpu/parallel.h"
 #include "tensor/cpu/blas_rows.h"
+#include "tensor/cpu/parallel.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -153,12 +155,15 @@ namespace {
 using kernel::DeltaNetGrads;
 using kernel::DeltaNetParams;
 
-// One (batch, head): row t of q is q + t·ldk, of v and o is v + t·ldv, β_t = beta[t·H]. g is null for
-// DeltaNet (every log-gate 0).
+// One (batch, head), number `task` = b·H + h: token t is row row(t) of the [B, T, H, ·] tensors, so
+// row t of q is q + t·ldk, of v and o is v + t·ldv, β_t = beta[t·H]. g is null for DeltaNet (every
+// log-gate 0).
 template <class T>
 struct Seq {
+  int64_t task, row0;
   const T *q, *k, *v, *beta, *g;
   int64_t H, dk, dv, ldk, ldv;
+  int64_t row(int64_t t) const { return row0 + t * H; }
   T gate(int64_t t) const { return g ? g[t * H] : T(0); }
 };
 
@@ -166,6 +171,10 @@ struct Geometry {
   int64_t B, T, H, dk, dv;
   int64_t row(int64_t b, int64_t t, int64_t h) const { return (b * T + t) * H + h; }
   int64_t tasks() const { return B * H; }
+  int64_t state_size() const { return dk * dv; }
+  // Tokens per chunk (chunkwise form) or steps per checkpointed segment (recurrent backward): the
+  // option's chunk clamped to [1, T].
+  int64_t span(int64_t chunk) const { return std::max<int64_t>(1, std::min(chunk, T)); }
   bool parallel() const { return tasks() > 1 && tasks() * T * dk * dv > kParallelGrain; }
 };
 
@@ -173,9 +182,11 @@ Geometry geometry(const Tensor& q, const Tensor& v) { return {q.size(0), q.size(
 
 template <class T>
 Seq<T> seq_of(const Geometry& G, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
-              int64_t b, int64_t h) {
-  const int64_t r = G.row(b, 0, h);
-  return {q.data<T>() + r * G.dk,
+              int64_t task) {
+  const int64_t b = task / G.H, h = task % G.H, r = G.row(b, 0, h);
+  return {task,
+          r,
+          q.data<T>() + r * G.dk,
           k.data<T>() + r * G.dk,
           v.data<T>() + r * G.dv,
           beta.data<T>() + r,
@@ -187,17 +198,52 @@ Seq<T> seq_of(const Geometry& G, const Tensor& q, const Tensor& k, const Tensor&
           G.H * G.dv};
 }
 
+// The loop of every kernel below: one task per (batch, head), OpenMP over the B·H tasks when the work
+// is large enough. make_scratch() builds one thread's scratch once; body(seq, scratch) runs each task
+// of that thread and owns the sequence's rows of every output, so there are no races.
+template <class T, class MakeScratch, class Body>
+void for_each_sequence(const Geometry& G, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
+                       const Tensor& g, MakeScratch&& make_scratch, Body&& body) {
+#pragma omp parallel if (G.parallel())
+  {
+    auto scratch = make_scratch();
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < G.tasks(); ++task) {
+      body(seq_of<T>(G, q, k, v, beta, g, task), scratch);
+    }
+  }
+}
+
+// S (dk × dv) = sequence `task`'s state in a [B, H, dk, dv] tensor, or 0 where the tensor is absent
+// (no initial state).
+template <class T>
+void load_state(const Tensor& states, int64_t task, int64_t ss, T* S) {
+  if (states.defined()) {
+    std::copy_n(states.data<T>() + task * ss, ss, S);
+  } else {
+    std::fill_n(S, ss, T(0));
+  }
+}
+
+// Sequence `task`'s state in a [B, H, dk, dv] tensor = S (dk × dv), where the tensor is wanted.
+template <class T>
+void store_state(const T* S, int64_t task, int64_t ss, const Tensor& states) {
+  if (states.defined()) std::copy_n(S, ss, states.data<T>() + task * ss);
+}
+
 // ---------------------------------------------------------------- chunkwise form
-// Scratch of one chunk of n ≤ C tokens starting at t0 (n × n matrices with leading dimension n).
+// One thread's scratch for the chunkwise form: the quantities of one chunk of n ≤ C tokens starting
+// at t0 (n × n matrices with leading dimension n) and the dk × dv states of the sequence.
 template <class T>
 struct ChunkWork {
   int64_t C, dk, dv;
   std::vector<T> b, gam, r;  // [C]: b_i = Σ_{j≤i} g_{t0+j}, γ_i = e^{b_i}, r_i = e^{b_{n−1} − b_i}
   std::vector<T> Hm, A, P;  // [C, C]: Hm_ij = e^{b_i−b_j} k_i·k_j, A_ij = β_i Hm_ij (j < i, else 0), P = (Q Kᵀ) ⊙ M
   std::vector<T> Y, R, D, RD;  // [C, dv]: Y = K S_0, R = V − diag(γ) Y, D = δ, RD = diag(r) δ
+  std::vector<T> S;            // [nstates, dk, dv]: the state entering a chunk (backward: every chunk)
   // backward only
-  std::vector<T> dP, dA, Z, E, dD, dY, db, dSn;
-  ChunkWork(int64_t C_, int64_t dk_, int64_t dv_, bool backward)
+  std::vector<T> dP, dA, Z, E, dD, dY, db, dSn, dS;
+  ChunkWork(int64_t C_, int64_t dk_, int64_t dv_, int64_t nstates, bool backward)
       : C(C_),
         dk(dk_),
         dv(dv_),
@@ -210,13 +256,15 @@ struct ChunkWork {
         Y(C * dv),
         R(C * dv),
         D(C * dv),
-        RD(C * dv) {
+        RD(C * dv),
+        S(static_cast<size_t>(std::max<int64_t>(1, nstates) * dk * dv)) {
     if (backward) {
       dP.resize(C * C);
       dA.resize(C * C);
       for (auto* x : {&Z, &E, &dD, &dY}) x->resize(C * dv);
       db.resize(C);
       dSn.resize(dk * dv);
+      dS.resize(dk * dv);
     }
   }
 };
@@ -289,39 +337,29 @@ void chunk_advance(const Seq<T>& s, int64_t t0, int64_t n, const ChunkWork<T>& w
 // Per (b, h), chunk by chunk with the state S entering the chunk:
 //   O = c diag(γ) Q S + c P δ,  then S ← γ_{n−1} S + Kᵀ diag(r) δ.
 // Memory: reads q, k, v, β, g, initial_state; writes o and final_state; scratch per thread: one
-// ChunkWork (a few C × C and C × dv matrices) and the dk × dv state.
+// ChunkWork (a few C × C and C × dv matrices and one dk × dv state).
 template <class T>
 void chunkwise_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
                        const Tensor& s0, const DeltaNetParams& p, const Tensor& o, const Tensor& fin) {
   const Geometry G = geometry(q, v);
-  const int64_t C = std::max<int64_t>(1, std::min(p.chunk, G.T)), ss = G.dk * G.dv;
+  const int64_t C = G.span(p.chunk), ss = G.state_size();
   const T scale = static_cast<T>(p.scale);
-#pragma omp parallel if (G.parallel())
-  {
-    ChunkWork<T> w(C, G.dk, G.dv, false);
-    std::vector<T> S(ss);
-#pragma omp for schedule(dynamic)
-    for (int64_t task = 0; task < G.tasks(); ++task) {
-      const int64_t b = task / G.H, h = task % G.H;
-      const Seq<T> s = seq_of<T>(G, q, k, v, beta, g, b, h);
-      if (s0.defined()) {
-        std::copy_n(s0.data<T>() + task * ss, ss, S.data());
-      } else {
-        std::fill(S.begin(), S.end(), T(0));
-      }
-      for (int64_t t0 = 0; t0 < G.T; t0 += C) {
-        const int64_t n = std::min(C, G.T - t0);
-        chunk_prepare(s, t0, n, S.data(), w);
-        chunk_scores(s, t0, n, w);
-        T* O0 = o.data<T>() + G.row(b, t0, h) * G.dv;
-        gemm<T>(false, false, n, G.dv, G.dk, scale, s.q + t0 * s.ldk, s.ldk, S.data(), G.dv, 0.0, O0, s.ldv);
-        for (int64_t i = 0; i < n; ++i) scal(w.gam[i], O0 + i * s.ldv, G.dv);
-        gemm<T>(false, false, n, G.dv, n, scale, w.P.data(), n, w.D.data(), G.dv, 1.0, O0, s.ldv);
-        chunk_advance(s, t0, n, w, S.data());
-      }
-      std::copy_n(S.data(), ss, fin.data<T>() + task * ss);
+  auto scratch = [&] { return ChunkWork<T>(C, G.dk, G.dv, 1, false); };
+  for_each_sequence<T>(G, q, k, v, beta, g, scratch, [&](const Seq<T>& s, ChunkWork<T>& w) {
+    T* S = w.S.data();
+    load_state(s0, s.task, ss, S);
+    for (int64_t t0 = 0; t0 < G.T; t0 += C) {
+      const int64_t n = std::min(C, G.T - t0);
+      chunk_prepare(s, t0, n, S, w);
+      chunk_scores(s, t0, n, w);
+      T* O0 = o.data<T>() + s.row(t0) * G.dv;
+      gemm<T>(false, false, n, G.dv, G.dk, scale, s.q + t0 * s.ldk, s.ldk, S, G.dv, 0.0, O0, s.ldv);
+      for (int64_t i = 0; i < n; ++i) scal(w.gam[i], O0 + i * s.ldv, G.dv);
+      gemm<T>(false, false, n, G.dv, n, scale, w.P.data(), n, w.D.data(), G.dv, 1.0, O0, s.ldv);
+      chunk_advance(s, t0, n, w, S);
     }
-  }
+    store_state(S, s.task, ss, fin);
+  });
 }
 
 // Reverse pass over chunks. With S_0 the state entering the chunk (recomputed by a first forward pass
@@ -346,148 +384,138 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
                         const Tensor& beta, const Tensor& g, const Tensor& s0, const DeltaNetParams& p,
                         const DeltaNetGrads& gr) {
   const Geometry G = geometry(q, v);
-  const int64_t C = std::max<int64_t>(1, std::min(p.chunk, G.T)), ss = G.dk * G.dv;
+  const int64_t C = G.span(p.chunk), ss = G.state_size();
   const int64_t nchunks = (G.T + C - 1) / C, dk = G.dk, dv = G.dv;
   const T scale = static_cast<T>(p.scale);
-#pragma omp parallel if (G.parallel())
-  {
-    ChunkWork<T> w(C, dk, dv, true);
-    std::vector<T> states(static_cast<size_t>(std::max<int64_t>(1, nchunks) * ss)), dS(ss);
-#pragma omp for schedule(dynamic)
-    for (int64_t task = 0; task < G.tasks(); ++task) {
-      const int64_t b = task / G.H, h = task % G.H;
-      const Seq<T> s = seq_of<T>(G, q, k, v, beta, g, b, h);
-      // Pass 1: the state entering each chunk.
-      T* S = states.data();
-      if (s0.defined()) {
-        std::copy_n(s0.data<T>() + task * ss, ss, S);
-      } else {
-        std::fill_n(S, ss, T(0));
-      }
-      for (int64_t c = 0; c + 1 < nchunks; ++c) {
-        const int64_t t0 = c * C, n = std::min(C, G.T - t0);
-        chunk_prepare(s, t0, n, states.data() + c * ss, w);
-        std::copy_n(states.data() + c * ss, ss, states.data() + (c + 1) * ss);
-        chunk_advance(s, t0, n, w, states.data() + (c + 1) * ss);
-      }
-      // Pass 2: chunks in reverse, dS from exit to entry.
-      std::copy_n(dfin.data<T>() + task * ss, ss, dS.data());
-      for (int64_t c = nchunks - 1; c >= 0; --c) {
-        const int64_t t0 = c * C, n = std::min(C, G.T - t0);
-        const T* S0 = states.data() + c * ss;
-        const T *Q0 = s.q + t0 * s.ldk, *K0 = s.k + t0 * s.ldk;
-        const T* dO0 = dout.data<T>() + G.row(b, t0, h) * dv;
-        T* dQ0 = gr.dq.data<T>() + G.row(b, t0, h) * dk;
-        T* dK0 = gr.dk.data<T>() + G.row(b, t0, h) * dk;
-        T* dV0 = gr.dv.data<T>() + G.row(b, t0, h) * dv;
-        T* dB0 = gr.dbeta.data<T>() + G.row(b, t0, h);
-        chunk_prepare(s, t0, n, S0, w);
-        chunk_scores(s, t0, n, w);
-        std::fill_n(w.db.begin(), n, T(0));
-        T* db = w.db.data();
-
-        // The exit state S_n = γ_{n−1} S_0 + Kᵀ diag(r) δ.
-        gemm<T>(false, false, n, dv, dk, 1.0, K0, s.ldk, dS.data(), dv, 0.0, w.E.data(), dv);  // E = K dS
-        for (int64_t i = 0; i < n; ++i) {
-          const T* ei = w.E.data() + i * dv;
-          T* ddi = w.dD.data() + i * dv;
-          for (int64_t x = 0; x < dv; ++x) ddi[x] = w.r[i] * ei[x];
-          const T rho = w.r[i] * dot(ei, w.D.data() + i * dv, dv);
-          db[n - 1] += rho;
-          db[i] -= rho;
-        }
-        db[n - 1] += w.gam[n - 1] * dot(dS.data(), S0, ss);
-        gemm<T>(false, true, n, dk, dv, 1.0, w.RD.data(), dv, dS.data(), dv, 0.0, dK0, s.ldk);  // dK = RD dSᵀ
-        for (int64_t x = 0; x < ss; ++x) w.dSn[x] = w.gam[n - 1] * dS[x];
-
-        // The output O = c diag(γ) Q S_0 + c P δ.
-        gemm<T>(true, false, n, dv, n, scale, w.P.data(), n, dO0, s.ldv, 1.0, w.dD.data(), dv);  // dδ += c Pᵀ dO
-        gemm<T>(false, true, n, n, dv, scale, dO0, s.ldv, w.D.data(), dv, 0.0, w.dP.data(), n);  // dP = c dO δᵀ
-        for (int64_t i = 0; i < n; ++i) {
-          T* dpi = w.dP.data() + i * n;
-          const T* pi = w.P.data() + i * n;
-          for (int64_t j = 0; j <= i; ++j) {
-            if (s.g) {
-              const T x = dpi[j] * pi[j];
-              db[i] += x;
-              db[j] -= x;
-              dpi[j] *= std::exp(w.b[i] - w.b[j]);
-            }
-          }
-          for (int64_t j = i + 1; j < n; ++j) dpi[j] = 0;
-        }
-        gemm<T>(false, false, n, dk, n, 1.0, w.dP.data(), n, K0, s.ldk, 0.0, dQ0, s.ldk);  // dQ = dQK K
-        gemm<T>(true, false, n, dk, n, 1.0, w.dP.data(), n, Q0, s.ldk, 1.0, dK0, s.ldk);   // dK += dQKᵀ Q
-        gemm<T>(false, false, n, dv, dk, 1.0, Q0, s.ldk, S0, dv, 0.0, w.Z.data(), dv);     // Z = Q S_0
-        for (int64_t i = 0; i < n; ++i) {  // dZ = c diag(γ) dO, kept in E (E is no longer needed)
-          const T f = scale * w.gam[i];
-          const T* doi = dO0 + i * s.ldv;
-          T* ei = w.E.data() + i * dv;
-          for (int64_t x = 0; x < dv; ++x) ei[x] = f * doi[x];
-          if (s.g) db[i] += dot(ei, w.Z.data() + i * dv, dv);
-        }
-        gemm<T>(false, true, n, dk, dv, 1.0, w.E.data(), dv, S0, dv, 1.0, dQ0, s.ldk);           // dQ += dZ S_0ᵀ
-        gemm<T>(true, false, dk, dv, n, 1.0, Q0, s.ldk, w.E.data(), dv, 1.0, w.dSn.data(), dv);  // dS_0 += Qᵀ dZ
-
-        // The solve δ = (I + A)⁻¹ F, F = diag(β) R: dF = (I + A)⁻ᵀ dδ, in place in dD.
-        for (int64_t j = n - 1; j > 0; --j) {
-          const T* dfj = w.dD.data() + j * dv;
-          const T* aj = w.A.data() + j * n;
-          for (int64_t i = 0; i < j; ++i) axpy(-aj[i], dfj, w.dD.data() + i * dv, dv);
-        }
-        gemm<T>(false, true, n, n, dv, -1.0, w.dD.data(), dv, w.D.data(), dv, 0.0, w.dA.data(), n);  // dA = −dF δᵀ
-        for (int64_t i = 0; i < n; ++i) {
-          const T beta_i = s.beta[(t0 + i) * s.H], gam_i = w.gam[i];
-          const T* dfi = w.dD.data() + i * dv;
-          T dbeta = dot(dfi, w.R.data() + i * dv, dv);
-          const T* dai = w.dA.data() + i * n;
-          const T* hi = w.Hm.data() + i * n;
-          for (int64_t j = 0; j < i; ++j) dbeta += dai[j] * hi[j];
-          dB0[i * s.H] = dbeta;
-          T* dvi = dV0 + i * s.ldv;
-          T* dyi = w.dY.data() + i * dv;
-          for (int64_t x = 0; x < dv; ++x) {
-            dvi[x] = beta_i * dfi[x];
-            dyi[x] = -gam_i * beta_i * dfi[x];
-          }
-          if (s.g) db[i] += dot(dyi, w.Y.data() + i * dv, dv);
-        }
-        gemm<T>(false, true, n, dk, dv, 1.0, w.dY.data(), dv, S0, dv, 1.0, dK0, s.ldk);           // dK += dY S_0ᵀ
-        gemm<T>(true, false, dk, dv, n, 1.0, K0, s.ldk, w.dY.data(), dv, 1.0, w.dSn.data(), dv);  // dS_0 += Kᵀ dY
-
-        // A_ij = β_i e^{b_i − b_j} (K Kᵀ)_ij: dG symmetrised in place in dA, then dK += (dG + dGᵀ) K.
-        for (int64_t i = 0; i < n; ++i) {
-          const T beta_i = s.beta[(t0 + i) * s.H];
-          T* dai = w.dA.data() + i * n;
-          const T* ai = w.A.data() + i * n;
-          for (int64_t j = 0; j < i; ++j) {
-            if (s.g) {
-              const T x = dai[j] * ai[j];
-              db[i] += x;
-              db[j] -= x;
-            }
-            dai[j] *= beta_i * (s.g ? std::exp(w.b[i] - w.b[j]) : T(1));
-          }
-          dai[i] = 0;
-        }
-        for (int64_t i = 0; i < n; ++i) {
-          for (int64_t j = i + 1; j < n; ++j) w.dA[i * n + j] = w.dA[j * n + i];
-        }
-        gemm<T>(false, false, n, dk, n, 1.0, w.dA.data(), n, K0, s.ldk, 1.0, dK0, s.ldk);
-
-        if (s.g) {  // b_i = Σ_{j ≤ i} g_j  ⇒  dg_j = Σ_{i ≥ j} db_i
-          T* dG0 = gr.dg.data<T>() + G.row(b, t0, h);
-          T acc = 0;
-          for (int64_t i = n - 1; i >= 0; --i) {
-            acc += db[i];
-            dG0[i * s.H] = acc;
-          }
-        }
-        std::copy_n(w.dSn.data(), ss, dS.data());
-      }
-      if (gr.dinitial_state.defined()) std::copy_n(dS.data(), ss, gr.dinitial_state.data<T>() + task * ss);
+  auto scratch = [&] { return ChunkWork<T>(C, dk, dv, nchunks, true); };
+  for_each_sequence<T>(G, q, k, v, beta, g, scratch, [&](const Seq<T>& s, ChunkWork<T>& w) {
+    T* states = w.S.data();
+    std::vector<T>& dS = w.dS;
+    // Pass 1: the state entering each chunk.
+    load_state(s0, s.task, ss, states);
+    for (int64_t c = 0; c + 1 < nchunks; ++c) {
+      const int64_t t0 = c * C, n = std::min(C, G.T - t0);
+      chunk_prepare(s, t0, n, states + c * ss, w);
+      std::copy_n(states + c * ss, ss, states + (c + 1) * ss);
+      chunk_advance(s, t0, n, w, states + (c + 1) * ss);
     }
-  }
+    // Pass 2: chunks in reverse, dS from exit to entry.
+    load_state(dfin, s.task, ss, dS.data());
+    for (int64_t c = nchunks - 1; c >= 0; --c) {
+      const int64_t t0 = c * C, n = std::min(C, G.T - t0);
+      const T* S0 = states + c * ss;
+      const T *Q0 = s.q + t0 * s.ldk, *K0 = s.k + t0 * s.ldk;
+      const T* dO0 = dout.data<T>() + s.row(t0) * dv;
+      T* dQ0 = gr.dq.data<T>() + s.row(t0) * dk;
+      T* dK0 = gr.dk.data<T>() + s.row(t0) * dk;
+      T* dV0 = gr.dv.data<T>() + s.row(t0) * dv;
+      T* dB0 = gr.dbeta.data<T>() + s.row(t0);
+      chunk_prepare(s, t0, n, S0, w);
+      chunk_scores(s, t0, n, w);
+      std::fill_n(w.db.begin(), n, T(0));
+      T* db = w.db.data();
+
+      // The exit state S_n = γ_{n−1} S_0 + Kᵀ diag(r) δ.
+      gemm<T>(false, false, n, dv, dk, 1.0, K0, s.ldk, dS.data(), dv, 0.0, w.E.data(), dv);  // E = K dS
+      for (int64_t i = 0; i < n; ++i) {
+        const T* ei = w.E.data() + i * dv;
+        T* ddi = w.dD.data() + i * dv;
+        for (int64_t x = 0; x < dv; ++x) ddi[x] = w.r[i] * ei[x];
+        const T rho = w.r[i] * dot(ei, w.D.data() + i * dv, dv);
+        db[n - 1] += rho;
+        db[i] -= rho;
+      }
+      db[n - 1] += w.gam[n - 1] * dot(dS.data(), S0, ss);
+      gemm<T>(false, true, n, dk, dv, 1.0, w.RD.data(), dv, dS.data(), dv, 0.0, dK0, s.ldk);  // dK = RD dSᵀ
+      for (int64_t x = 0; x < ss; ++x) w.dSn[x] = w.gam[n - 1] * dS[x];
+
+      // The output O = c diag(γ) Q S_0 + c P δ.
+      gemm<T>(true, false, n, dv, n, scale, w.P.data(), n, dO0, s.ldv, 1.0, w.dD.data(), dv);  // dδ += c Pᵀ dO
+      gemm<T>(false, true, n, n, dv, scale, dO0, s.ldv, w.D.data(), dv, 0.0, w.dP.data(), n);  // dP = c dO δᵀ
+      for (int64_t i = 0; i < n; ++i) {
+        T* dpi = w.dP.data() + i * n;
+        const T* pi = w.P.data() + i * n;
+        for (int64_t j = 0; j <= i; ++j) {
+          if (s.g) {
+            const T x = dpi[j] * pi[j];
+            db[i] += x;
+            db[j] -= x;
+            dpi[j] *= std::exp(w.b[i] - w.b[j]);
+          }
+        }
+        for (int64_t j = i + 1; j < n; ++j) dpi[j] = 0;
+      }
+      gemm<T>(false, false, n, dk, n, 1.0, w.dP.data(), n, K0, s.ldk, 0.0, dQ0, s.ldk);  // dQ = dQK K
+      gemm<T>(true, false, n, dk, n, 1.0, w.dP.data(), n, Q0, s.ldk, 1.0, dK0, s.ldk);   // dK += dQKᵀ Q
+      gemm<T>(false, false, n, dv, dk, 1.0, Q0, s.ldk, S0, dv, 0.0, w.Z.data(), dv);     // Z = Q S_0
+      for (int64_t i = 0; i < n; ++i) {  // dZ = c diag(γ) dO, kept in E (E is no longer needed)
+        const T f = scale * w.gam[i];
+        const T* doi = dO0 + i * s.ldv;
+        T* ei = w.E.data() + i * dv;
+        for (int64_t x = 0; x < dv; ++x) ei[x] = f * doi[x];
+        if (s.g) db[i] += dot(ei, w.Z.data() + i * dv, dv);
+      }
+      gemm<T>(false, true, n, dk, dv, 1.0, w.E.data(), dv, S0, dv, 1.0, dQ0, s.ldk);           // dQ += dZ S_0ᵀ
+      gemm<T>(true, false, dk, dv, n, 1.0, Q0, s.ldk, w.E.data(), dv, 1.0, w.dSn.data(), dv);  // dS_0 += Qᵀ dZ
+
+      // The solve δ = (I + A)⁻¹ F, F = diag(β) R: dF = (I + A)⁻ᵀ dδ, in place in dD.
+      for (int64_t j = n - 1; j > 0; --j) {
+        const T* dfj = w.dD.data() + j * dv;
+        const T* aj = w.A.data() + j * n;
+        for (int64_t i = 0; i < j; ++i) axpy(-aj[i], dfj, w.dD.data() + i * dv, dv);
+      }
+      gemm<T>(false, true, n, n, dv, -1.0, w.dD.data(), dv, w.D.data(), dv, 0.0, w.dA.data(), n);  // dA = −dF δᵀ
+      for (int64_t i = 0; i < n; ++i) {
+        const T beta_i = s.beta[(t0 + i) * s.H], gam_i = w.gam[i];
+        const T* dfi = w.dD.data() + i * dv;
+        T dbeta = dot(dfi, w.R.data() + i * dv, dv);
+        const T* dai = w.dA.data() + i * n;
+        const T* hi = w.Hm.data() + i * n;
+        for (int64_t j = 0; j < i; ++j) dbeta += dai[j] * hi[j];
+        dB0[i * s.H] = dbeta;
+        T* dvi = dV0 + i * s.ldv;
+        T* dyi = w.dY.data() + i * dv;
+        for (int64_t x = 0; x < dv; ++x) {
+          dvi[x] = beta_i * dfi[x];
+          dyi[x] = -gam_i * beta_i * dfi[x];
+        }
+        if (s.g) db[i] += dot(dyi, w.Y.data() + i * dv, dv);
+      }
+      gemm<T>(false, true, n, dk, dv, 1.0, w.dY.data(), dv, S0, dv, 1.0, dK0, s.ldk);           // dK += dY S_0ᵀ
+      gemm<T>(true, false, dk, dv, n, 1.0, K0, s.ldk, w.dY.data(), dv, 1.0, w.dSn.data(), dv);  // dS_0 += Kᵀ dY
+
+      // A_ij = β_i e^{b_i − b_j} (K Kᵀ)_ij: dG symmetrised in place in dA, then dK += (dG + dGᵀ) K.
+      for (int64_t i = 0; i < n; ++i) {
+        const T beta_i = s.beta[(t0 + i) * s.H];
+        T* dai = w.dA.data() + i * n;
+        const T* ai = w.A.data() + i * n;
+        for (int64_t j = 0; j < i; ++j) {
+          if (s.g) {
+            const T x = dai[j] * ai[j];
+            db[i] += x;
+            db[j] -= x;
+          }
+          dai[j] *= beta_i * (s.g ? std::exp(w.b[i] - w.b[j]) : T(1));
+        }
+        dai[i] = 0;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = i + 1; j < n; ++j) w.dA[i * n + j] = w.dA[j * n + i];
+      }
+      gemm<T>(false, false, n, dk, n, 1.0, w.dA.data(), n, K0, s.ldk, 1.0, dK0, s.ldk);
+
+      if (s.g) {  // b_i = Σ_{j ≤ i} g_j  ⇒  dg_j = Σ_{i ≥ j} db_i
+        T* dG0 = gr.dg.data<T>() + s.row(t0);
+        T acc = 0;
+        for (int64_t i = n - 1; i >= 0; --i) {
+          acc += db[i];
+          dG0[i * s.H] = acc;
+        }
+      }
+      std::copy_n(w.dSn.data(), ss, dS.data());
+    }
+    store_state(dS.data(), s.task, ss, gr.dinitial_state);
+  });
 }
 
 // ---------------------------------------------------------------- recurrent form
@@ -509,30 +537,21 @@ template <class T>
 void recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
                        const Tensor& s0, const DeltaNetParams& p, const Tensor& o, const Tensor& fin) {
   const Geometry G = geometry(q, v);
-  const int64_t ss = G.dk * G.dv;
+  const int64_t ss = G.state_size();
   const T scale = static_cast<T>(p.scale);
-#pragma omp parallel if (G.parallel())
-  {
-    std::vector<T> S(ss), u(G.dv);
-#pragma omp for schedule(dynamic)
-    for (int64_t task = 0; task < G.tasks(); ++task) {
-      const int64_t b = task / G.H, h = task % G.H;
-      const Seq<T> s = seq_of<T>(G, q, k, v, beta, g, b, h);
-      if (s0.defined()) {
-        std::copy_n(s0.data<T>() + task * ss, ss, S.data());
-      } else {
-        std::fill(S.begin(), S.end(), T(0));
-      }
-      for (int64_t t = 0; t < G.T; ++t) {
-        recurrent_step(s, t, S.data(), u.data());
-        const T* qt = s.q + t * s.ldk;
-        T* ot = o.data<T>() + G.row(b, t, h) * G.dv;
-        std::fill_n(ot, G.dv, T(0));
-        for (int64_t a = 0; a < G.dk; ++a) axpy(scale * qt[a], S.data() + a * G.dv, ot, G.dv);
-      }
-      std::copy_n(S.data(), ss, fin.data<T>() + task * ss);
+  auto scratch = [&] { return std::make_pair(std::vector<T>(ss), std::vector<T>(G.dv)); };
+  for_each_sequence<T>(G, q, k, v, beta, g, scratch, [&](const Seq<T>& s, auto& w) {
+    auto& [S, u] = w;
+    load_state(s0, s.task, ss, S.data());
+    for (int64_t t = 0; t < G.T; ++t) {
+      recurrent_step(s, t, S.data(), u.data());
+      const T* qt = s.q + t * s.ldk;
+      T* ot = o.data<T>() + s.row(t) * G.dv;
+      std::fill_n(ot, G.dv, T(0));
+      for (int64_t a = 0; a < G.dk; ++a) axpy(scale * qt[a], S.data() + a * G.dv, ot, G.dv);
     }
-  }
+    store_state(S.data(), s.task, ss, fin);
+  });
 }
 
 // Reverse over time with dS the gradient of S_t (starting from dfinal); S' = α_t S_{t−1}, u = v_t − k_t S':
@@ -548,67 +567,61 @@ void recurrent_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
                         const Tensor& beta, const Tensor& g, const Tensor& s0, const DeltaNetParams& p,
                         const DeltaNetGrads& gr) {
   const Geometry G = geometry(q, v);
-  const int64_t dk = G.dk, dv = G.dv, ss = dk * dv;
-  const int64_t seg = std::max<int64_t>(1, std::min(p.chunk, G.T)), nseg = (G.T + seg - 1) / seg;
+  const int64_t dk = G.dk, dv = G.dv, ss = G.state_size();
+  const int64_t seg = G.span(p.chunk), nseg = (G.T + seg - 1) / seg;
   const T scale = static_cast<T>(p.scale);
-#pragma omp parallel if (G.parallel())
-  {
-    std::vector<T> ckpt(static_cast<size_t>(std::max<int64_t>(1, nseg) * ss)), st((seg + 1) * ss);
-    std::vector<T> dS(ss), Sp(ss), u(dv), e(dv), du(dv);
-#pragma omp for schedule(dynamic)
-    for (int64_t task = 0; task < G.tasks(); ++task) {
-      const int64_t b = task / G.H, h = task % G.H;
-      const Seq<T> s = seq_of<T>(G, q, k, v, beta, g, b, h);
-      if (s0.defined()) {
-        std::copy_n(s0.data<T>() + task * ss, ss, ckpt.data());
-      } else {
-        std::fill_n(ckpt.data(), ss, T(0));
-      }
-      for (int64_t c = 0; c + 1 < nseg; ++c) {
-        T* next = ckpt.data() + (c + 1) * ss;
-        std::copy_n(ckpt.data() + c * ss, ss, next);
-        for (int64_t t = c * seg; t < (c + 1) * seg; ++t) recurrent_step(s, t, next, u.data());
-      }
-      std::copy_n(dfin.data<T>() + task * ss, ss, dS.data());
-      for (int64_t c = nseg - 1; c >= 0; --c) {
-        const int64_t t0 = c * seg, len = std::min(seg, G.T - t0);
-        std::copy_n(ckpt.data() + c * ss, ss, st.data());
-        for (int64_t i = 0; i < len; ++i) {
-          std::copy_n(st.data() + i * ss, ss, st.data() + (i + 1) * ss);
-          recurrent_step(s, t0 + i, st.data() + (i + 1) * ss, u.data());
-        }
-        for (int64_t i = len - 1; i >= 0; --i) {
-          const int64_t t = t0 + i, r = G.row(b, t, h);
-          const T *qt = s.q + t * s.ldk, *kt = s.k + t * s.ldk, *vt = s.v + t * s.ldv, *dot_ = dout.data<T>() + r * dv;
-          const T *Sprev = st.data() + i * ss, *St = st.data() + (i + 1) * ss;
-          const T beta_t = s.beta[t * s.H], alpha = s.g ? std::exp(s.gate(t)) : T(1);
-          T *dq = gr.dq.data<T>() + r * dk, *dkt = gr.dk.data<T>() + r * dk, *dvt = gr.dv.data<T>() + r * dv;
-          for (int64_t a = 0; a < dk; ++a) {
-            axpy(scale * qt[a], dot_, dS.data() + a * dv, dv);  // dS += c q_tᵀ dO_t
-            dq[a] = scale * dot(St + a * dv, dot_, dv);         // dq_t = c dO_t S_tᵀ
-          }
-          for (int64_t x = 0; x < ss; ++x) Sp[x] = alpha * Sprev[x];
-          std::copy_n(vt, dv, u.data());
-          std::fill_n(e.data(), dv, T(0));
-          for (int64_t a = 0; a < dk; ++a) {
-            axpy(-kt[a], Sp.data() + a * dv, u.data(), dv);  // u = v − k S'
-            axpy(kt[a], dS.data() + a * dv, e.data(), dv);   // e = k dS
-          }
-          gr.dbeta.data<T>()[r] = dot(e.data(), u.data(), dv);
-          for (int64_t x = 0; x < dv; ++x) dvt[x] = du[x] = beta_t * e[x];
-          for (int64_t a = 0; a < dk; ++a) {
-            dkt[a] = beta_t * dot(dS.data() + a * dv, u.data(), dv) - dot(Sp.data() + a * dv, du.data(), dv);
-            axpy(-kt[a], du.data(), dS.data() + a * dv, dv);  // dS' = dS − kᵀ du
-          }
-          if (s.g) {
-            gr.dg.data<T>()[r] = dot(dS.data(), Sp.data(), ss);
-            scal(alpha, dS.data(), ss);
-          }
-        }
-      }
-      if (gr.dinitial_state.defined()) std::copy_n(dS.data(), ss, gr.dinitial_state.data<T>() + task * ss);
+  auto scratch = [&] {
+    auto vec = [](int64_t n) { return std::vector<T>(static_cast<size_t>(n)); };
+    return std::make_tuple(vec(std::max<int64_t>(1, nseg) * ss), vec((seg + 1) * ss), vec(ss), vec(ss), vec(dv),
+                           vec(dv), vec(dv));
+  };
+  for_each_sequence<T>(G, q, k, v, beta, g, scratch, [&](const Seq<T>& s, auto& w) {
+    auto& [ckpt, st, dS, Sp, u, e, du] = w;
+    load_state(s0, s.task, ss, ckpt.data());
+    for (int64_t c = 0; c + 1 < nseg; ++c) {
+      T* next = ckpt.data() + (c + 1) * ss;
+      std::copy_n(ckpt.data() + c * ss, ss, next);
+      for (int64_t t = c * seg; t < (c + 1) * seg; ++t) recurrent_step(s, t, next, u.data());
     }
-  }
+    load_state(dfin, s.task, ss, dS.data());
+    for (int64_t c = nseg - 1; c >= 0; --c) {
+      const int64_t t0 = c * seg, len = std::min(seg, G.T - t0);
+      std::copy_n(ckpt.data() + c * ss, ss, st.data());
+      for (int64_t i = 0; i < len; ++i) {
+        std::copy_n(st.data() + i * ss, ss, st.data() + (i + 1) * ss);
+        recurrent_step(s, t0 + i, st.data() + (i + 1) * ss, u.data());
+      }
+      for (int64_t i = len - 1; i >= 0; --i) {
+        const int64_t t = t0 + i, r = s.row(t);
+        const T *qt = s.q + t * s.ldk, *kt = s.k + t * s.ldk, *vt = s.v + t * s.ldv, *dot_ = dout.data<T>() + r * dv;
+        const T *Sprev = st.data() + i * ss, *St = st.data() + (i + 1) * ss;
+        const T beta_t = s.beta[t * s.H], alpha = s.g ? std::exp(s.gate(t)) : T(1);
+        T *dq = gr.dq.data<T>() + r * dk, *dkt = gr.dk.data<T>() + r * dk, *dvt = gr.dv.data<T>() + r * dv;
+        for (int64_t a = 0; a < dk; ++a) {
+          axpy(scale * qt[a], dot_, dS.data() + a * dv, dv);  // dS += c q_tᵀ dO_t
+          dq[a] = scale * dot(St + a * dv, dot_, dv);         // dq_t = c dO_t S_tᵀ
+        }
+        for (int64_t x = 0; x < ss; ++x) Sp[x] = alpha * Sprev[x];
+        std::copy_n(vt, dv, u.data());
+        std::fill_n(e.data(), dv, T(0));
+        for (int64_t a = 0; a < dk; ++a) {
+          axpy(-kt[a], Sp.data() + a * dv, u.data(), dv);  // u = v − k S'
+          axpy(kt[a], dS.data() + a * dv, e.data(), dv);   // e = k dS
+        }
+        gr.dbeta.data<T>()[r] = dot(e.data(), u.data(), dv);
+        for (int64_t x = 0; x < dv; ++x) dvt[x] = du[x] = beta_t * e[x];
+        for (int64_t a = 0; a < dk; ++a) {
+          dkt[a] = beta_t * dot(dS.data() + a * dv, u.data(), dv) - dot(Sp.data() + a * dv, du.data(), dv);
+          axpy(-kt[a], du.data(), dS.data() + a * dv, dv);  // dS' = dS − kᵀ du
+        }
+        if (s.g) {
+          gr.dg.data<T>()[r] = dot(dS.data(), Sp.data(), ss);
+          scal(alpha, dS.data(), ss);
+        }
+      }
+    }
+    store_state(dS.data(), s.task, ss, gr.dinitial_state);
+  });
 }
 
 void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
