@@ -19,17 +19,17 @@
 #include <string>
 #include <vector>
 
-#include "tensor/kernels.h"
 #include "cuda_test_util.h"
+#include "tensor/kernels.h"
 
 namespace seqlab {
 namespace {
 
 using kernel::GemmArgs;
 
-using testing::kGpu;
 using testing::kCpu;
 using testing::kFloatTypes;
+using testing::kGpu;
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 double rtol(DType d) { return testing::gpu_rtol(d); }
@@ -57,9 +57,7 @@ void expect_close(const Tensor& got, const Tensor& want, double tol, const std::
 
 class CudaGemm : public ::testing::Test {
  protected:
-  void SetUp() override {
-    SEQLAB_SKIP_WITHOUT_GPU();
-  }
+  void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
   Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 29};
 };
 
@@ -72,9 +70,9 @@ struct Case {
   DType dtype = DType::f32;
 
   std::string str() const {
-    return std::string(dtype_name(dtype)) + " trans_a=" + std::to_string(trans_a) + " trans_b=" +
-           std::to_string(trans_b) + " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +
-           std::to_string(k) + " batch=" + std::to_string(batch) + (shared_a ? " A shared" : "") +
+    return std::string(dtype_name(dtype)) + " trans_a=" + std::to_string(trans_a) +
+           " trans_b=" + std::to_string(trans_b) + " m=" + std::to_string(m) + " n=" + std::to_string(n) +
+           " k=" + std::to_string(k) + " batch=" + std::to_string(batch) + (shared_a ? " A shared" : "") +
            (shared_b ? " B shared" : "") + " alpha=" + std::to_string(alpha) + " beta=" + std::to_string(beta);
   }
 };
@@ -263,8 +261,8 @@ TEST_F(CudaGemm, EmptyInnerDimensionScalesC) {
       std::vector<double> got = c_gpu.to_doubles(), before = c0.to_doubles();
       for (size_t i = 0; i < got.size(); ++i) {
         const double want = beta == 0.0 ? 0.0 : beta * before[i];
-        ASSERT_TRUE(close(got[i], want, rtol(dtype))) << dtype_name(dtype) << " beta=" << beta << " element " << i
-                                                       << ": " << got[i] << ", want " << want;
+        ASSERT_TRUE(close(got[i], want, rtol(dtype)))
+            << dtype_name(dtype) << " beta=" << beta << " element " << i << ": " << got[i] << ", want " << want;
       }
     }
   }
@@ -325,6 +323,34 @@ TEST_F(CudaGemm, MatmulMatchesTheCpu) {
     expect_close(zero_k, Tensor::zeros({4, 6}, ref), tol, "k = 0 " + name);
     Tensor empty = kernel::matmul(Tensor::zeros({0, 3}, dtype, kGpu), Tensor::zeros({3, 6}, dtype, kGpu));
     EXPECT_EQ(empty.shape(), (Shape{0, 6})) << name;
+  }
+}
+
+// linear_gelu's slot: in bf16 one cuBLASLt call with the bias + GELU epilogue (out a multiple of 8), the
+// unfused GEMM and elementwise GELU otherwise (f32, f64, and out = 20, where the epilogue's pre cannot
+// have its leading dimension). pre and y start as NaN; the reference is the CPU slot on the same values.
+TEST_F(CudaGemm, LinearGeluMatchesTheCpu) {
+  struct Shape3 {
+    int64_t rows, in, out;
+  };
+  for (DType dtype : kFloatTypes) {
+    const DType ref = reference_type(dtype);
+    for (Shape3 s : {Shape3{37, 48, 64}, Shape3{5, 24, 20}, Shape3{130, 96, 256}}) {
+      for (bool with_bias : {true, false}) {
+        const std::string what = std::string("linear_gelu ") + dtype_name(dtype) + " rows=" + std::to_string(s.rows) +
+                                 " in=" + std::to_string(s.in) + " out=" + std::to_string(s.out) +
+                                 (with_bias ? " with bias" : " without bias");
+        const double scale = 1.0 / std::sqrt(static_cast<double>(s.in));
+        Tensor x = Tensor::randn({s.rows, s.in}, gen_, dtype), w = Tensor::randn({s.out, s.in}, gen_, dtype, scale);
+        Tensor b = with_bias ? Tensor::randn({s.out}, gen_, dtype, 0.5) : Tensor();
+        Tensor pre = testing::poisoned({s.rows, s.out}, dtype), y = testing::poisoned({s.rows, s.out}, dtype);
+        kernel::linear_gelu_kernel(kGpu, on_gpu(x), on_gpu(w), testing::on_gpu(b), pre, y);
+        Tensor want_pre = Tensor::empty({s.rows, s.out}, ref), want_y = Tensor::empty({s.rows, s.out}, ref);
+        kernel::linear_gelu_kernel(kCpu, rounded(x, ref), rounded(w, ref), testing::as_reference(b), want_pre, want_y);
+        expect_close(pre, want_pre, rtol(dtype), what + " pre");
+        expect_close(y, want_y, rtol(dtype), what + " y");
+      }
+    }
   }
 }
 

@@ -106,8 +106,9 @@ TEST_P(Elementwise, SoftplusAndSigmoidStayFiniteAtLargeMagnitudes) {
   const double tiny = std::exp(-100.0), rel = dtype() == DType::f64 ? 1e-14 : 0.05;
   EXPECT_NEAR(sp[0], tiny, rel * tiny);
   EXPECT_NEAR(sg[0], tiny, rel * tiny);
-  expect_close({sp[1], sp[2], sg[1], sg[2]}, {std::log1p(std::exp(-30.0)), 30 + std::log1p(std::exp(-30.0)),
-                                              sigmoid_ref(-30), sigmoid_ref(30)}, "±30");
+  expect_close({sp[1], sp[2], sg[1], sg[2]},
+               {std::log1p(std::exp(-30.0)), 30 + std::log1p(std::exp(-30.0)), sigmoid_ref(-30), sigmoid_ref(30)},
+               "±30");
 }
 
 // ---- binary and scalar ----
@@ -132,7 +133,8 @@ TEST_P(Elementwise, BinaryOpsBroadcast) {
     Vec want(60);
     for (int i = 0; i < 3; ++i) {
       for (int j = 0; j < 4; ++j) {
-        for (int k = 0; k < 5; ++k) want[static_cast<size_t>((i * 4 + j) * 5 + k)] = c.ref(av[i * 5 + k], bv[j * 5 + k]);
+        for (int k = 0; k < 5; ++k)
+          want[static_cast<size_t>((i * 4 + j) * 5 + k)] = c.ref(av[i * 5 + k], bv[j * 5 + k]);
       }
     }
     expect_close(y.to_doubles(), want, c.name);
@@ -297,7 +299,8 @@ Vec naive_matmul(const Vec& a, const Shape& sa, const Vec& b, const Shape& sb, S
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t n = 0; n < N; ++n) {
         double s = 0;
-        for (int64_t k = 0; k < K; ++k) s += a[static_cast<size_t>((oa * M + m) * K + k)] * b[static_cast<size_t>((ob * K + k) * N + n)];
+        for (int64_t k = 0; k < K; ++k)
+          s += a[static_cast<size_t>((oa * M + m) * K + k)] * b[static_cast<size_t>((ob * K + k) * N + n)];
         c.push_back(s);
       }
     }
@@ -358,12 +361,13 @@ TEST_P(Elementwise, LargeMatmulsSplitAcrossThreadsMatchATripleLoop) {
     const Vec want = naive_matmul(a.to_doubles(), sa, b.to_doubles(), sb, &so);
     expect_close(matmul(a, b).to_doubles(), want, shape_str(sa) + " @ " + shape_str(sb), tol);
     if (a.dim() != 2) continue;
-    const Tensor at = kernel::contiguous(kernel::transpose(a, 0, 1)), bt = kernel::contiguous(kernel::transpose(b, 0, 1));
+    const Tensor at = kernel::contiguous(kernel::transpose(a, 0, 1)),
+                 bt = kernel::contiguous(kernel::transpose(b, 0, 1));
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
         const Tensor c = kernel::matmul(ta ? at : a, tb ? bt : b, ta, tb);
-        expect_close(c.to_doubles(), want, shape_str(sa) + " @ " + shape_str(sb) + (ta ? " Aᵀ" : "") + (tb ? " Bᵀ" : ""),
-                     tol);
+        expect_close(c.to_doubles(), want,
+                     shape_str(sa) + " @ " + shape_str(sb) + (ta ? " Aᵀ" : "") + (tb ? " Bᵀ" : ""), tol);
       }
     }
   }
@@ -372,6 +376,36 @@ TEST_P(Elementwise, LargeMatmulsSplitAcrossThreadsMatchATripleLoop) {
 
 // The branch-free float exp behind gelu and the attention softmax, over its whole range and at
 // its edges, against the library exp in double.
+// linear_gelu is gelu(linear(...)) with the same steps on the CPU: the same bits, forward and backward,
+// with and without a bias, over leading batch dimensions.
+TEST_P(Elementwise, LinearGeluIsGeluOfLinearBitForBit) {
+  Generator gen(23);
+  for (bool with_bias : {true, false}) {
+    const std::string what = with_bias ? "with bias" : "without bias";
+    Tensor x = randn({2, 3, 5}, gen), w = randn({4, 5}, gen), b = with_bias ? randn({4}, gen) : Tensor();
+    Tensor dy = randn({2, 3, 4}, gen);
+    x.set_requires_grad(true);
+    w.set_requires_grad(true);
+    if (with_bias) b.set_requires_grad(true);
+    auto run = [&](Tensor (*f)(const Tensor&, const Tensor&, const Tensor&)) {
+      x.zero_grad();
+      w.zero_grad();
+      if (with_bias) b.zero_grad();
+      Tensor y = f(x, w, b);
+      y.backward(dy);
+      std::vector<Vec> out{y.to_doubles(), x.grad().to_doubles(), w.grad().to_doubles()};
+      if (with_bias) out.push_back(b.grad().to_doubles());
+      return out;
+    };
+    const auto fused = run(&linear_gelu);
+    const auto composed = run([](const Tensor& x, const Tensor& w, const Tensor& b) { return gelu(linear(x, w, b)); });
+    const char* names[] = {"y", "dx", "dw", "db"};
+    for (size_t i = 0; i < fused.size(); ++i) EXPECT_EQ(fused[i], composed[i]) << what << " " << names[i];
+  }
+  EXPECT_THROW(linear_gelu(randn({3, 5}, gen), randn({4, 6}, gen)), std::invalid_argument);
+  EXPECT_THROW(linear_gelu(randn({3, 5}, gen), randn({4, 5}, gen), randn({3}, gen)), std::invalid_argument);
+}
+
 TEST(ExpVec, MatchesExpToAFewUlpAndKeepsTheEdges) {
   for (float x = -87.0f; x <= 88.0f; x += 0.0137f) {
     const double want = std::exp(static_cast<double>(x));

@@ -160,6 +160,12 @@ def linear_ref(xs, a):
     return [y], back
 
 
+def linear_gelu_ref(xs, a):
+    (pre,), linear_back = linear_ref(xs, a)
+    y = 0.5 * pre * (1.0 + np.tanh(GELU_C * (pre + GELU_A * pre**3)))
+    return [y], lambda gs: linear_back([gs[0] * gelu_grad(pre)])
+
+
 # ---- reductions ----
 def reduce_axes(x, a):
     return tuple(d % x.ndim for d in a["dims"]) if a["dims"] else tuple(range(x.ndim))
@@ -390,6 +396,8 @@ def cases_for(name):
         "matmul": lambda: [Case([randn(2, 1, 3, 5), randn(3, 5, 4)], matmul_ref), Case([randn(3, 2, 5), randn(5, 4)], matmul_ref)],
         "linear": lambda: [Case([randn(2, 3, 5), randn(4, 5), randn(4)], linear_ref),
                            Case([randn(3, 5), randn(2, 5), None], linear_ref)],
+        "linear_gelu": lambda: [Case([randn(2, 3, 5), randn(4, 5), randn(4)], linear_gelu_ref),
+                                Case([randn(3, 5), randn(2, 5), None], linear_gelu_ref)],
         "cumsum": lambda: [Case([randn(3, 7, 2)], cumsum_ref, {"dim": 1}), Case([randn(5, 3)], cumsum_ref, {"dim": -1})],
         "reshape": lambda: [Case([randn(3, 4, 5)], reshape_ref, {"shape": [5, -1]})],
         "permute": lambda: [Case([randn(2, 3, 5)], permute_ref, {"dims": [2, 0, 1]})],

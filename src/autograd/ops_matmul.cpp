@@ -1,4 +1,7 @@
 // Matrix products.
+#include <stdexcept>
+#include <string>
+
 #include "autograd/function.h"
 #include "autograd/op_registry.h"
 #include "autograd/ops.h"
@@ -30,19 +33,47 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return y;
 }
 
-// y = x Wᵀ + b over rows x_r = x[..., :];  dx = dy W,  dW = Σ_r dy_rᵀ x_r,  db = Σ_r dy_r
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+namespace {
+
+void check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (weight.dim() != 2 || x.dim() < 1 || x.size(-1) != weight.size(1)) {
-    throw std::invalid_argument("linear: input " + shape_str(x.shape()) + " does not match weight " +
+    throw std::invalid_argument(std::string(op) + ": input " + shape_str(x.shape()) + " does not match weight " +
                                 shape_str(weight.shape()) + " ([out, in])");
   }
   if (bias.defined() && (bias.dim() != 1 || bias.size(0) != weight.size(0))) {
-    throw std::invalid_argument("linear: bias " + shape_str(bias.shape()) + " for weight " + shape_str(weight.shape()));
+    throw std::invalid_argument(std::string(op) + ": bias " + shape_str(bias.shape()) + " for weight " +
+                                shape_str(weight.shape()));
   }
-  const int64_t in = weight.size(1), out = weight.size(0);
-  Shape out_shape = x.shape();
-  out_shape.back() = out;
-  Tensor rows = kernel::reshape(x, {-1, in});
+}
+
+// The gradients of y = x Wᵀ + b from dy over the rows (dy [N, out], rows = x as [N, in]):
+// dx = dy W (in x's shape), dW = dyᵀ x, db = 1ᵀ dy; each only where needed.
+Grads linear_grads(const Tensor& dy, const Tensor& rows, const Tensor& weight, const Shape& x_shape,
+                   const Needs& need) {
+  Tensor dx, dw, db;
+  if (need[0]) dx = kernel::view(kernel::matmul(dy, weight), x_shape);
+  if (need[1]) dw = kernel::matmul(dy, rows, true, false);
+  if (need[2]) {
+    // db = 1ᵀ dy as a GEMV: a column sum over dy's contiguous rows, where kernel::sum would first copy dy
+    // transposed.
+    const Tensor ones = Tensor::ones({1, dy.size(0)}, dy.dtype(), dy.device());
+    db = kernel::view(kernel::matmul(ones, dy), {dy.size(1)});
+  }
+  return Grads{dx, dw, db};
+}
+
+Shape with_last(Shape shape, int64_t last) {
+  shape.back() = last;
+  return shape;
+}
+
+}  // namespace
+
+// y = x Wᵀ + b over rows x_r = x[..., :];  dx = dy W,  dW = Σ_r dy_rᵀ x_r,  db = Σ_r dy_r
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_linear("linear", x, weight, bias);
+  const int64_t out = weight.size(0);
+  Tensor rows = kernel::reshape(x, {-1, weight.size(1)});
   Tensor y;
   if (bias.defined()) {
     // y starts as b in every row and the GEMM adds x Wᵀ onto it: one write pass for the bias
@@ -53,24 +84,28 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   } else {
     y = kernel::matmul(rows, weight, false, true);
   }
-  y = kernel::view(y, out_shape);
-  record("linear", {x, weight, bias}, {&y}, {rows, weight}, [in, out](const Grads& g, const Grads& s, const Needs& need) {
-    const Tensor dy = kernel::reshape(g[0], {-1, out});
-    Tensor dx, dw, db;
-    if (need[0]) {
-      Shape x_shape = g[0].shape();
-      x_shape.back() = in;
-      dx = kernel::view(kernel::matmul(dy, s[1]), x_shape);
-    }
-    if (need[1]) dw = kernel::matmul(dy, s[0], true, false);
-    if (need[2]) {
-      // db = 1ᵀ dy as a GEMV: a column sum over dy's contiguous rows, where kernel::sum would first
-      // copy dy transposed.
-      const Tensor ones = Tensor::ones({1, dy.size(0)}, dy.dtype(), dy.device());
-      db = kernel::view(kernel::matmul(ones, dy), {out});
-    }
-    return Grads{dx, dw, db};
-  });
+  y = kernel::view(y, with_last(x.shape(), out));
+  record("linear", {x, weight, bias}, {&y}, {rows, weight},
+         [out, x_shape = x.shape()](const Grads& g, const Grads& s, const Needs& need) {
+           return linear_grads(kernel::reshape(g[0], {-1, out}), s[0], s[1], x_shape, need);
+         });
+  return y;
+}
+
+// y = gelu(pre), pre = x Wᵀ + b, fused (kernel::linear_gelu);  dpre = dy ⊙ gelu'(pre), then linear's
+// gradients from dpre. Saves pre and y, as gelu after linear would save its input and output.
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_linear("linear_gelu", x, weight, bias);
+  const int64_t out = weight.size(0);
+  Tensor rows = kernel::reshape(x, {-1, weight.size(1)});
+  kernel::LinearGeluOutput o = kernel::linear_gelu(rows, weight, bias);
+  Tensor y = kernel::view(o.y, with_last(x.shape(), out));
+  record(
+      "linear_gelu", {x, weight, bias}, {&y}, {rows, weight, o.pre, o.y},
+      [out, x_shape = x.shape()](const Grads& g, const Grads& s, const Needs& need) {
+        const Tensor dpre = kernel::unary_backward(kernel::UnaryOp::gelu, kernel::reshape(g[0], {-1, out}), s[2], s[3]);
+        return linear_grads(dpre, s[0], s[1], x_shape, need);
+      });
   return y;
 }
 
@@ -84,7 +119,22 @@ SEQLAB_REGISTER_OP(([] {
   s.outputs = {"y"};
   s.forward = [](const std::vector<Tensor>& in, const OpAttrs&) { return Grads{linear(in[0], in[1], in[2])}; };
   s.example = [](Generator& gen, DType dtype) {
-    return Grads{Tensor::randn({2, 3, 5}, gen, dtype), Tensor::randn({4, 5}, gen, dtype), Tensor::randn({4}, gen, dtype)};
+    return Grads{Tensor::randn({2, 3, 5}, gen, dtype), Tensor::randn({4, 5}, gen, dtype),
+                 Tensor::randn({4}, gen, dtype)};
+  };
+  return s;
+}()));
+
+SEQLAB_REGISTER_OP(([] {
+  OpSpec s;
+  s.name = "linear_gelu";
+  s.summary = "y = gelu(x Wᵀ + b) (tanh form), weight [out, in], bias [out] (optional); fused on CUDA in bf16";
+  s.inputs = {{"x"}, {"weight"}, {"bias", OpInputKind::floating, true}};
+  s.outputs = {"y"};
+  s.forward = [](const std::vector<Tensor>& in, const OpAttrs&) { return Grads{linear_gelu(in[0], in[1], in[2])}; };
+  s.example = [](Generator& gen, DType dtype) {
+    return Grads{Tensor::randn({2, 3, 5}, gen, dtype), Tensor::randn({4, 5}, gen, dtype),
+                 Tensor::randn({4}, gen, dtype)};
   };
   return s;
 }()));

@@ -10,6 +10,7 @@ Linear::Linear(int64_t in, int64_t out, bool bias, Generator& gen, double init_s
 }
 
 Tensor Linear::forward(const Tensor& x) const { return linear(x, weight_, bias_ ? *bias_ : Tensor()); }
+Tensor Linear::forward_gelu(const Tensor& x) const { return linear_gelu(x, weight_, bias_ ? *bias_ : Tensor()); }
 
 Embedding::Embedding(int64_t vocab, int64_t dim, Generator& gen, double init_std)
     : weight_(add_parameter("weight", Tensor::randn({vocab, dim}, gen, DType::f32, init_std), ParamRole::embedding)) {}

@@ -12,6 +12,8 @@ class Linear : public Module {
  public:
   Linear(int64_t in, int64_t out, bool bias, Generator& gen, double init_std = 0.02);
   Tensor forward(const Tensor& x) const;
+  // gelu(x Wᵀ + b), the GEMM and the GELU fused (linear_gelu).
+  Tensor forward_gelu(const Tensor& x) const;
   Tensor& weight() { return weight_; }
 
  private:

@@ -24,15 +24,15 @@ GptConfig resolved(GptConfig cfg) {
                                 std::to_string(cfg.n_heads));
   }
   if (cfg.n_heads % cfg.n_kv_heads != 0) {
-    throw std::invalid_argument("GptConfig: n_heads " + std::to_string(cfg.n_heads) +
-                                " not divisible by n_kv_heads " + std::to_string(cfg.n_kv_heads));
+    throw std::invalid_argument("GptConfig: n_heads " + std::to_string(cfg.n_heads) + " not divisible by n_kv_heads " +
+                                std::to_string(cfg.n_kv_heads));
   }
   if (cfg.positions == PositionKind::rope) {
     const int64_t head_dim = cfg.d_model / cfg.n_heads;
     if (head_dim % 2 != 0) {
-      throw std::invalid_argument("GptConfig: rotary positions need an even head size, but d_model / n_heads = " +
-                                  std::to_string(cfg.d_model) + " / " + std::to_string(cfg.n_heads) + " = " +
-                                  std::to_string(head_dim));
+      throw std::invalid_argument(
+          "GptConfig: rotary positions need an even head size, but d_model / n_heads = " + std::to_string(cfg.d_model) +
+          " / " + std::to_string(cfg.n_heads) + " = " + std::to_string(head_dim));
     }
     if (!(cfg.rope_base > 0)) {
       throw std::invalid_argument("GptConfig: rope_base must be positive, got " + std::to_string(cfg.rope_base));
@@ -52,9 +52,10 @@ GptAttention::GptAttention(const GptConfig& cfg, Generator& gen)
       head_dim_(cfg.d_model / cfg.n_heads),
       rope_(cfg.positions == PositionKind::rope),
       rope_base_(cfg.rope_base),
-      qkv_(add_module("qkv", std::make_unique<Linear>(cfg.d_model, (heads_ + 2 * kv_heads_) * head_dim_, cfg.bias,
-                                                      gen, cfg.init_std))),
-      proj_(add_module("proj", std::make_unique<Linear>(heads_ * head_dim_, cfg.d_model, cfg.bias, gen, cfg.init_std))) {}
+      qkv_(add_module("qkv", std::make_unique<Linear>(cfg.d_model, (heads_ + 2 * kv_heads_) * head_dim_, cfg.bias, gen,
+                                                      cfg.init_std))),
+      proj_(
+          add_module("proj", std::make_unique<Linear>(heads_ * head_dim_, cfg.d_model, cfg.bias, gen, cfg.init_std))) {}
 
 Tensor GptAttention::forward(const Tensor& x, int64_t start, Tensor* cache_k, Tensor* cache_v) const {
   const int64_t B = x.shape()[0], T = x.shape()[1];
@@ -96,8 +97,8 @@ GptMlp::GptMlp(const GptConfig& cfg, Generator& gen)
       proj_(add_module("proj", std::make_unique<Linear>(cfg.d_ff, cfg.d_model, cfg.bias, gen, cfg.init_std))) {}
 
 Tensor GptMlp::forward(const Tensor& x) const {
-  // GELU: proj(gelu(fc x));  SwiGLU: proj(silu(fc x) ⊙ gate x).
-  Tensor h = gate_ != nullptr ? mul(silu(fc_.forward(x)), gate_->forward(x)) : gelu(fc_.forward(x));
+  // GELU: proj(gelu(fc x)), fc and gelu fused (linear_gelu);  SwiGLU: proj(silu(fc x) ⊙ gate x).
+  Tensor h = gate_ != nullptr ? mul(silu(fc_.forward(x)), gate_->forward(x)) : fc_.forward_gelu(x);
   return proj_.forward(h);
 }
 

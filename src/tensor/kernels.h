@@ -28,7 +28,7 @@ Tensor view(const Tensor& x, const Shape& shape);        // x must be contiguous
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
 Tensor transpose(const Tensor& x, int64_t a, int64_t b);
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
-Tensor expand(const Tensor& x, const Shape& shape);      // broadcast view, stride 0 where expanded
+Tensor expand(const Tensor& x, const Shape& shape);  // broadcast view, stride 0 where expanded
 Tensor unsqueeze(const Tensor& x, int64_t dim);
 Tensor squeeze(const Tensor& x, int64_t dim);
 
@@ -36,7 +36,7 @@ Tensor squeeze(const Tensor& x, int64_t dim);
 // Copies and conversions.
 void copy_(const Tensor& dst, const Tensor& src);  // strided, converting dtype, across devices
 void fill_(const Tensor& dst, double value);
-Tensor contiguous(const Tensor& x);                // x itself when already contiguous
+Tensor contiguous(const Tensor& x);                   // x itself when already contiguous
 Tensor reshape(const Tensor& x, const Shape& shape);  // a view when possible, else a copy
 Tensor clone(const Tensor& x);
 Tensor to_dtype(const Tensor& x, DType dtype);
@@ -70,8 +70,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor sum_to(const Tensor& x, const Shape& shape);
 
 SEQLAB_DECLARE_KERNEL(unary_kernel, void (*)(UnaryOp op, const Tensor& x, double alpha, const Tensor& out));
-SEQLAB_DECLARE_KERNEL(unary_backward_kernel, void (*)(UnaryOp op, const Tensor& dy, const Tensor& x,
-                                                      const Tensor& y, double alpha, const Tensor& dx));
+SEQLAB_DECLARE_KERNEL(unary_backward_kernel, void (*)(UnaryOp op, const Tensor& dy, const Tensor& x, const Tensor& y,
+                                                      double alpha, const Tensor& dx));
 // a and b may be strided broadcast views (stride 0) of out's shape; out is contiguous.
 SEQLAB_DECLARE_KERNEL(binary_kernel, void (*)(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out));
 SEQLAB_DECLARE_KERNEL(scalar_kernel, void (*)(ScalarOp op, const Tensor& x, double s, const Tensor& out));
@@ -104,6 +104,24 @@ SEQLAB_DECLARE_KERNEL(cumsum_kernel, void (*)(const Tensor& x3d, bool reverse, c
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false,
               const Tensor& onto = Tensor());
 
+// A linear layer with GELU (tanh form, as UnaryOp::gelu) on its output, fused where the device can:
+//   pre = x Wᵀ + b,   y = gelu(pre)
+// x [N, in], weight [out, in] (PyTorch's layout), bias [out] or undefined, one floating dtype and device;
+// pre and y [N, out]. pre is what the backward needs (dpre = dy ⊙ gelu'(pre)). On CUDA in bf16, one
+// cuBLASLt call computes both in its epilogue from the f32 accumulator (pre and y each rounded once);
+// elsewhere, and where cuBLASLt offers no such kernel, the steps of linear_gelu_unfused.
+struct LinearGeluOutput {
+  Tensor y, pre;
+};
+LinearGeluOutput linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// The unfused steps: pre = x Wᵀ + b (pre starts as b in every row and the GEMM adds onto it; without a bias
+// the GEMM writes it), then y = gelu(pre) by the elementwise kernel.
+// Contiguous x, weight, bias (or undefined), pre and y on one device.
+void linear_gelu_unfused(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre, const Tensor& y);
+// Slot: contiguous tensors as linear_gelu describes; writes every element of pre and y.
+SEQLAB_DECLARE_KERNEL(linear_gelu_kernel, void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                                   const Tensor& pre, const Tensor& y));
+
 // C[b] = alpha · op(A[b]) · op(B[b]) + beta · C[b] for b < batch, row-major, with element strides
 // between batch entries (0 to reuse one matrix) and leading dimensions lda, ldb, ldc.
 struct GemmArgs {
@@ -124,9 +142,9 @@ SEQLAB_DECLARE_KERNEL(gemm_kernel, void (*)(const GemmArgs& args, Device device)
 // ------------------------------------------------------------------------------------------------
 // Softmax and log-softmax over the last dimension of a contiguous x.
 Tensor softmax(const Tensor& x);
-Tensor softmax_backward(const Tensor& dy, const Tensor& y);       // dx = y ⊙ (dy − Σ dy ⊙ y)
+Tensor softmax_backward(const Tensor& dy, const Tensor& y);  // dx = y ⊙ (dy − Σ dy ⊙ y)
 Tensor log_softmax(const Tensor& x);
-Tensor log_softmax_backward(const Tensor& dy, const Tensor& y);   // dx = dy − exp(y) Σ dy
+Tensor log_softmax_backward(const Tensor& dy, const Tensor& y);  // dx = dy − exp(y) Σ dy
 SEQLAB_DECLARE_KERNEL(softmax_kernel, void (*)(const Tensor& x, bool log, const Tensor& y));
 SEQLAB_DECLARE_KERNEL(softmax_backward_kernel, void (*)(const Tensor& dy, const Tensor& y, bool log, const Tensor& dx));
 
@@ -170,8 +188,8 @@ AddNormOutput add_layer_norm(const Tensor& x, const Tensor& residual, const Tens
                              double eps);
 AddNormOutput add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps);
 
-SEQLAB_DECLARE_KERNEL(layer_norm_kernel, void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                                  double eps, const NormOutput& out));
+SEQLAB_DECLARE_KERNEL(layer_norm_kernel, void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                                  const NormOutput& out));
 SEQLAB_DECLARE_KERNEL(rms_norm_kernel,
                       void (*)(const Tensor& x, const Tensor& weight, double eps, const NormOutput& out));
 // x, residual and sum are rows [N, C]; sum = x + residual is written, then normalised into out.
@@ -193,15 +211,16 @@ SEQLAB_DECLARE_KERNEL(rms_norm_backward_kernel,
 Tensor embedding(const Tensor& weight, const Tensor& index);
 Tensor embedding_backward(const Tensor& dy, const Tensor& index, int64_t num_embeddings);
 SEQLAB_DECLARE_KERNEL(embedding_kernel, void (*)(const Tensor& weight, const Tensor& index, const Tensor& out));
-SEQLAB_DECLARE_KERNEL(embedding_backward_kernel, void (*)(const Tensor& dy, const Tensor& index, const Tensor& dweight));
+SEQLAB_DECLARE_KERNEL(embedding_backward_kernel,
+                      void (*)(const Tensor& dy, const Tensor& index, const Tensor& dweight));
 
 // ------------------------------------------------------------------------------------------------
 // Cross-entropy of logits [N, V] against targets [N] (i32/i64), averaged over targets that are not
 // `ignore_index`. Fused with log-softmax: the forward saves lse[N] = log Σ_v exp(logits[n, v]); the
 // backward computes dlogits = dloss / count · (softmax(logits) − onehot(target)) row by row.
 struct CrossEntropyOutput {
-  Tensor loss;  // scalar
-  Tensor lse;   // [N]
+  Tensor loss;        // scalar
+  Tensor lse;         // [N]
   int64_t count = 0;  // targets that count
 };
 CrossEntropyOutput cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index);

@@ -7,6 +7,7 @@
 namespace seqlab::kernel {
 
 SEQLAB_DEFINE_KERNEL(gemm_kernel);
+SEQLAB_DEFINE_KERNEL(linear_gelu_kernel);
 
 namespace {
 
@@ -26,6 +27,9 @@ GemmOperand as_batched(const Tensor& x, const Shape& batch) {
   return {contiguous(expand(x, full)), last2[0] * last2[1]};
 }
 
+// out = op(a) op(b) + beta · out, with a, b and out already checked against each other (see matmul).
+void gemm_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, const Tensor& out, double beta);
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, const Tensor& onto) {
@@ -43,27 +47,35 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, cons
   const int64_t kb = trans_b ? b.size(-1) : b.size(-2);
   const int64_t n = trans_b ? b.size(-2) : b.size(-1);
   if (k != kb) {
-    throw std::invalid_argument("matmul: inner dimensions differ: " + shape_str(a.shape()) +
-                                (trans_a ? "ᵀ" : "") + " @ " + shape_str(b.shape()) + (trans_b ? "ᵀ" : ""));
+    throw std::invalid_argument("matmul: inner dimensions differ: " + shape_str(a.shape()) + (trans_a ? "ᵀ" : "") +
+                                " @ " + shape_str(b.shape()) + (trans_b ? "ᵀ" : ""));
   }
-  Shape batch = broadcast_shapes(Shape(a.shape().begin(), a.shape().end() - 2),
-                                 Shape(b.shape().begin(), b.shape().end() - 2));
+  Shape batch =
+      broadcast_shapes(Shape(a.shape().begin(), a.shape().end() - 2), Shape(b.shape().begin(), b.shape().end() - 2));
   Shape out_shape = batch;
   out_shape.push_back(m);
   out_shape.push_back(n);
   if (onto.defined() && (onto.shape() != out_shape || onto.dtype() != a.dtype() || onto.device() != a.device() ||
                          !onto.is_contiguous())) {
-    throw std::invalid_argument("matmul: cannot add the product " + shape_str(out_shape) + " " +
-                                dtype_name(a.dtype()) + " onto " + shape_str(onto.shape()) + " " +
-                                dtype_name(onto.dtype()) + (onto.is_contiguous() ? "" : " (not contiguous)"));
+    throw std::invalid_argument("matmul: cannot add the product " + shape_str(out_shape) + " " + dtype_name(a.dtype()) +
+                                " onto " + shape_str(onto.shape()) + " " + dtype_name(onto.dtype()) +
+                                (onto.is_contiguous() ? "" : " (not contiguous)"));
   }
   Tensor out = onto.defined() ? onto : Tensor::empty(out_shape, a.dtype(), a.device());
-  if (out.numel() == 0) return out;
-  if (k == 0) {
-    if (!onto.defined()) fill_(out, 0.0);
-    return out;
-  }
+  gemm_into(a, b, trans_a, trans_b, out, onto.defined() ? 1.0 : 0.0);
+  return out;
+}
 
+namespace {
+
+void gemm_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, const Tensor& out, double beta) {
+  if (out.numel() == 0) return;
+  const int64_t m = out.size(-2), n = out.size(-1), k = trans_a ? a.size(-2) : a.size(-1);
+  if (k == 0) {
+    if (beta == 0.0) fill_(out, 0.0);
+    return;
+  }
+  const Shape batch(out.shape().begin(), out.shape().end() - 2);
   GemmArgs g;
   g.dtype = a.dtype();
   g.trans_a = trans_a;
@@ -71,7 +83,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, cons
   g.m = m;
   g.n = n;
   g.k = k;
-  g.beta = onto.defined() ? 1.0 : 0.0;
+  g.beta = beta;
   g.batch = shape_numel(batch);
   GemmOperand A = as_batched(a, batch), B = as_batched(b, batch);
   if (B.stride == 0 && !trans_a && g.batch > 1 && A.stride != 0) {
@@ -90,7 +102,40 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, cons
   g.ldc = n;
   g.stride_c = m * n;
   gemm_kernel(a.device(), g, a.device());
-  return out;
+}
+
+void linear_gelu_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre, const Tensor& y) {
+  linear_gelu_unfused(x, weight, bias, pre, y);
+}
+SEQLAB_REGISTER_KERNEL(linear_gelu_kernel, DeviceType::CPU, &linear_gelu_cpu);
+
+}  // namespace
+
+void linear_gelu_unfused(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
+                         const Tensor& y) {
+  if (bias.defined()) copy_(pre, expand(bias, pre.shape()));
+  gemm_into(x, weight, false, true, pre, bias.defined() ? 1.0 : 0.0);
+  unary_kernel(pre.device(), UnaryOp::gelu, pre, 1.0, y);
+}
+
+LinearGeluOutput linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const bool bias_fits = !bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0) &&
+                                             bias.dtype() == weight.dtype() && bias.device() == weight.device());
+  if (x.dim() != 2 || weight.dim() != 2 || x.size(1) != weight.size(1) || x.dtype() != weight.dtype() ||
+      !is_floating(x.dtype()) || x.device() != weight.device() || !bias_fits) {
+    throw std::invalid_argument(
+        "linear_gelu: expected x [N, in], weight [out, in] and bias [out] (or none) of one "
+        "floating dtype on one device, got x " +
+        shape_str(x.shape()) + " " + dtype_name(x.dtype()) + ", weight " + shape_str(weight.shape()) + " " +
+        dtype_name(weight.dtype()) +
+        (bias.defined() ? ", bias " + shape_str(bias.shape()) + " " + dtype_name(bias.dtype()) : std::string()));
+  }
+  const Shape shape{x.size(0), weight.size(0)};
+  LinearGeluOutput o{Tensor::empty(shape, x.dtype(), x.device()), Tensor::empty(shape, x.dtype(), x.device())};
+  if (o.y.numel() == 0) return o;
+  linear_gelu_kernel(x.device(), contiguous(x), contiguous(weight), bias.defined() ? contiguous(bias) : bias, o.pre,
+                     o.y);
+  return o;
 }
 
 }  // namespace seqlab::kernel
