@@ -2,18 +2,18 @@
 // CPU attention slots. No GPU needed: this is the check those kernels get on every build until a GPU runs
 // tests/cuda_attention_gpu_test.cc.
 //
-// The kernel source is compiled by the host compiler over a small emulation of what it uses from CUDA:
-// each block runs as 128 std::threads (one per CUDA thread) with its own shared-memory buffer, filled
-// with 0xff bytes (NaN as bf16 and f32) so a read of anything not written shows up; __syncthreads and
-// __syncwarp are barriers of the block's 128 and the warp's 32 threads (a barrier also orders memory,
-// as on the GPU); __shfl_xor_sync goes through a per-warp buffer between two warp barriers. wmma
-// fragments hold the whole 16×16 matrix in every lane, which is exactly the documented meaning of
-// load_matrix_sync / mma_sync / store_matrix_sync on row- and column-major matrices in memory (the
-// kernels never depend on which lane holds which element); the loads and stores check the documented
-// 256-bit pointer alignment and 16-byte leading dimension, and each lane stores only its own part of
-// an accumulator, so a missing __syncwarp between a fragment store and the lanes' reads shows up too
-// (checked by deleting barriers from the kernels: each deletion failed this test, except one right
-// after a shuffle, which the emulation's shuffle itself synchronises).
+// The kernel source is compiled by the host compiler over the emulation of CUDA in cuda_emulation.h: each
+// block runs as 128 threads (fibers: one runs at a time, from barrier to barrier, in a seeded random
+// order) with its own shared-memory buffer, filled with 0xff bytes (NaN as bf16 and f32) so a read of
+// anything not written shows up; __syncthreads and __syncwarp are barriers of the block's 128 and the
+// warp's 32 threads; __shfl_xor_sync goes through a per-warp buffer between two warp barriers. wmma
+// (emulated here) fragments hold the whole 16×16 matrix in every lane, which is exactly the documented
+// meaning of load_matrix_sync / mma_sync / store_matrix_sync on row- and column-major matrices in memory
+// (the kernels never depend on which lane holds which element); the loads and stores check the documented
+// 256-bit pointer alignment and 16-byte leading dimension, and each lane stores only its own part of an
+// accumulator, so a missing __syncwarp between a fragment store and the lanes' reads shows up too
+// (checked by deleting barriers from the kernels: each deletion failed this test, except one right after
+// a shuffle, which the emulation's shuffle itself synchronises).
 // What this cannot check: the real compiler, the wmma library's implementation, the hardware's
 // scheduling and memory system, and performance.
 //
@@ -25,117 +25,19 @@
 
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
-#include <functional>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
+#include "cuda_emulation.h"
 #include "layers/attention.h"
 #include "tensor/kernels.h"
 #include "tensor/tensor.h"
 
-// ---- the emulated CUDA pieces (global names, as the CUDA headers declare them) ----------------------
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(threads)
-
-struct Dim3 {
-  unsigned x = 0, y = 0, z = 0;
-};
-inline thread_local Dim3 threadIdx, blockIdx;
-
-struct uint4 {
-  uint32_t x, y, z, w;
-};
-inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
-inline float __bfloat162float(seqlab::bf16 x) { return static_cast<float>(x); }
-inline seqlab::bf16 __float2bfloat16(float x) { return seqlab::bf16(x); }  // round to nearest even, as CUDA's
-struct __nv_bfloat162 {
-  seqlab::bf16 x, y;
-};
-inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {seqlab::bf16(a), seqlab::bf16(b)}; }
-
-namespace emu {
-
-constexpr int kThreads = 128;
-
-// A reusable barrier for n threads (the mutex also orders their memory accesses).
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const uint64_t generation = generation_;
-    if (++arrived_ == n_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return generation_ != generation; });
-    }
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  int n_, arrived_ = 0;
-  uint64_t generation_ = 0;
-};
-
-struct Block {
-  Barrier all{kThreads};
-  Barrier warps[kThreads / 32]{Barrier(32), Barrier(32), Barrier(32), Barrier(32)};
-  float shuffle[kThreads / 32][32] = {};
-  unsigned char* shared = nullptr;
-};
-inline thread_local Block* block = nullptr;
-
-// Runs body() as every thread of every block of `grid`, with `shared_bytes` of shared memory per block.
-void launch(Dim3 grid, size_t shared_bytes, const std::function<void()>& body) {
-  const size_t padded = (shared_bytes + 127) / 128 * 128;
-  for (unsigned z = 0; z < grid.z; ++z) {
-    for (unsigned y = 0; y < grid.y; ++y) {
-      for (unsigned x = 0; x < grid.x; ++x) {
-        Block b;
-        b.shared = static_cast<unsigned char*>(std::aligned_alloc(128, padded));
-        std::memset(b.shared, 0xff, padded);
-        std::vector<std::thread> threads;
-        for (unsigned t = 0; t < kThreads; ++t) {
-          threads.emplace_back([&, t] {
-            threadIdx = {t, 0, 0};
-            blockIdx = {x, y, z};
-            block = &b;
-            body();
-          });
-        }
-        for (std::thread& th : threads) th.join();
-        std::free(b.shared);
-      }
-    }
-  }
-}
-
-}  // namespace emu
-
-inline void __syncthreads() { emu::block->all.wait(); }
-inline void __syncwarp() { emu::block->warps[threadIdx.x / 32].wait(); }
-inline float __shfl_xor_sync(unsigned /*mask*/, float value, int lane_mask) {
-  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  emu::block->shuffle[warp][lane] = value;
-  __syncwarp();
-  const float other = emu::block->shuffle[warp][lane ^ static_cast<unsigned>(lane_mask)];
-  __syncwarp();
-  return other;
-}
-
+// ---- wmma: every lane holds the whole 16×16 matrix ------------------------------------------------
 namespace nvcuda::wmma {
 struct matrix_a {};
 struct matrix_b {};
@@ -206,7 +108,7 @@ using bf16_t = seqlab::bf16;
 }
 
 #define SEQLAB_TC_ATTENTION 1
-#define SEQLAB_TC_SHARED_MEMORY(name) unsigned char* name = emu::block->shared
+#define SEQLAB_TC_SHARED_MEMORY(name) unsigned char* name = emu::dynamic_shared()
 #include "cuda/attention_tc_kernels.cuh"
 
 // ---- the test ---------------------------------------------------------------------------------------
@@ -266,7 +168,9 @@ void run_case(const Case& c, Generator& gen) {
 
   // Forward.
   Tensor o = nans({c.B, c.T, c.H, D}), lse = nans({c.B, c.T, c.H}, DType::f32);  // lse: f32 for bf16
-  emu::launch({query_tiles, static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)}, tc::kernels::FwdLayout<D>::bytes,
+  const dim3 block(tc::kernels::kThreads);
+  emu::launch(dim3(query_tiles, static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)), block,
+              tc::kernels::FwdLayout<D>::bytes,
               [&] { tc::kernels::tc_forward<D>(p, Q, K, V, o.data<bf16>(), lse.data<float>()); });
   Tensor o_ref = Tensor::empty(o.shape()), lse_ref = Tensor::empty(lse.shape());
   kernel::attention_forward_kernel(cpu_device(), f32(q), f32(k), f32(v), params, o_ref, lse_ref);
@@ -294,12 +198,12 @@ void run_case(const Case& c, Generator& gen) {
     bf16* dV = need.dv ? dv.data<bf16>() : nullptr;
     const float* L = lse_saved.data<float>();
     if (dK || dV) {
-      emu::launch({key_tiles, static_cast<unsigned>(c.Hk), static_cast<unsigned>(c.B)},
+      emu::launch(dim3(key_tiles, static_cast<unsigned>(c.Hk), static_cast<unsigned>(c.B)), block,
                   tc::kernels::BwdLayout<D>::bytes,
                   [&] { tc::kernels::tc_dkdv<D>(p, Q, K, V, dO, L, delta.data(), dK, dV); });
     }
     if (dQ) {
-      emu::launch({query_tiles, static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)},
+      emu::launch(dim3(query_tiles, static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)), block,
                   tc::kernels::BwdLayout<D>::bytes,
                   [&] { tc::kernels::tc_dq<D>(p, Q, K, V, dO, L, delta.data(), dQ); });
     }

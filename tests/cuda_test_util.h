@@ -34,16 +34,15 @@ inline DType reference_type(DType d) { return d == DType::bf16 ? DType::f32 : d;
 inline Tensor on_gpu(const Tensor& x) { return x.defined() ? kernel::to_device(x, kGpu) : x; }
 inline Tensor as_reference(const Tensor& x) { return x.defined() ? kernel::to_dtype(x, reference_type(x.dtype())) : x; }
 
-// got (a GPU tensor) against want (the CPU's), element by element: equal, both NaN, or
+// got against want (the CPU's), element by element, wherever got lives: equal, both NaN, or
 // |got − want| ≤ tol · max(|want|, |scale|, 1), where `scale` (want's shape, optional) bounds the error of
 // a sum whose terms were rounded first (dx = dnorm + dsum). Two undefined tensors agree. Reports the
-// first five elements that differ.
-inline void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what,
-                         const Tensor& scale = Tensor()) {
+// first five elements that differ. The emulation tests (cuda_emulation.h) compare host results with it.
+inline void expect_values_close(const Tensor& got, const Tensor& want, double tol, const std::string& what,
+                                const Tensor& scale = Tensor()) {
   ASSERT_EQ(got.defined(), want.defined()) << what << ": one side is undefined";
   if (!got.defined()) return;
   ASSERT_EQ(got.shape(), want.shape()) << what;
-  ASSERT_TRUE(got.device().is_cuda()) << what;
   const std::vector<double> g = got.to_doubles(), w = want.to_doubles();
   const std::vector<double> s = scale.defined() ? scale.to_doubles() : std::vector<double>(w.size(), 0.0);
   ASSERT_EQ(s.size(), w.size()) << what;
@@ -58,10 +57,21 @@ inline void expect_close(const Tensor& got, const Tensor& want, double tol, cons
   }
 }
 
-// An output buffer on the GPU whose every element is a value no kernel should leave behind (NaN, or a
-// sentinel for integers), so an element a kernel fails to write shows up.
-inline Tensor poisoned(const Shape& shape, DType dtype) {
-  return Tensor::full(shape, is_floating(dtype) ? std::numeric_limits<double>::quiet_NaN() : -123456789.0, dtype, kGpu);
+// The same for got a GPU tensor.
+inline void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what,
+                         const Tensor& scale = Tensor()) {
+  ASSERT_TRUE(!got.defined() || got.device().is_cuda()) << what;
+  expect_values_close(got, want, tol, what, scale);
+}
+
+// A value no kernel should leave behind in an output: NaN, or a sentinel for integers.
+inline double poison_value(DType dtype) {
+  return is_floating(dtype) ? std::numeric_limits<double>::quiet_NaN() : -123456789.0;
+}
+// An output buffer (on the GPU unless told) filled with poison_value, so an element a kernel fails to
+// write shows up.
+inline Tensor poisoned(const Shape& shape, DType dtype, Device device = kGpu) {
+  return Tensor::full(shape, poison_value(dtype), dtype, device);
 }
 
 // In a fixture's SetUp: GTEST_SKIP() with the reason when no GPU is usable.
