@@ -23,77 +23,19 @@
 #include "cuda_test_util.h"
 #include "layers/delta_net.h"
 #include "tensor/kernels.h"
+#include "variant_cases.h"
 
-namespace seqlab {
+// The tests live in seqlab::testing, beside the helpers of cuda_test_util.h and variant_cases.h they use.
+namespace seqlab::testing {
 namespace {
 
-using testing::kGpu;
-using testing::poisoned;
-using testing::reference_type;
-using testing::kCpu;
-using testing::kFloatTypes;
+using Case = DeltaNetCase;
+using Data = DeltaNetData;
 
-double rtol(DType d) { return testing::fused_op_rtol(d); }
+// The schedule test's cases, then a training-like shape over many forward blocks.
+const std::vector<Case> kCases = cases_and(kDeltaNetCases, {{4, 300, 4, 64, 64, true, true, 0}});
 
-using testing::as_reference;
-using testing::on_gpu;
-
-using testing::expect_close;
-
-Tensor unit_rows(const Shape& shape, Generator& gen, DType dtype) {
-  std::vector<double> x = Tensor::randn(shape, gen, DType::f64).to_doubles();
-  const size_t d = static_cast<size_t>(shape.back());
-  for (size_t r = 0; r < x.size(); r += d) {
-    double n2 = 0;
-    for (size_t i = 0; i < d; ++i) n2 += x[r + i] * x[r + i];
-    for (size_t i = 0; i < d; ++i) x[r + i] /= std::sqrt(n2);
-  }
-  return Tensor::from_vector(x, shape, dtype);
-}
-
-struct Case {
-  int64_t B, T, H, dk, dv;
-  bool gated, init;
-  double scale;  // ≤ 0: 1/√dk
-  std::string name() const {
-    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
-           " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv) + (gated ? " gated" : "") +
-           (init ? " initial_state" : "");
-  }
-};
-
-const Case kCases[] = {
-    {2, 70, 3, 16, 24, true, true, 0},    // several segments, the last partial; dk ≠ dv
-    {1, 1, 2, 5, 7, true, true, 0},       // one token (decoding from a state)
-    {2, 33, 2, 8, 8, false, true, 0},     // DeltaNet (no gate)
-    {1, 32, 2, 12, 4, true, false, 0.7},  // one whole segment, no initial state, explicit scale
-    {1, 64, 1, 6, 10, false, false, 0},   // two whole segments
-    {2, 9, 2, 1, 3, true, true, 0},       // dk = 1
-    {1, 40, 1, 128, 128, true, true, 0},  // the largest head dims
-    {1, 35, 2, 32, 96, true, true, 0},   {1, 20, 1, 100, 3, false, true, 0},  // dk much larger than dv
-    {4, 300, 4, 64, 64, true, true, 0},  // a training-like shape, many forward blocks
-};
-
-struct Data {
-  Tensor q, k, v, beta, g, s0, dout, dfinal;
-};
-
-Data make_data(const Case& c, DType dtype, Generator& gen) {
-  Data x;
-  x.q = Tensor::randn({c.B, c.T, c.H, c.dk}, gen, dtype);
-  x.k = unit_rows({c.B, c.T, c.H, c.dk}, gen, dtype);
-  x.v = Tensor::randn({c.B, c.T, c.H, c.dv}, gen, dtype);
-  x.beta = Tensor::rand({c.B, c.T, c.H}, gen, dtype, 0.05, 0.95);
-  if (c.gated) x.g = Tensor::rand({c.B, c.T, c.H}, gen, dtype, -1.0, -0.02);
-  if (c.init) x.s0 = Tensor::randn({c.B, c.H, c.dk, c.dv}, gen, dtype, 0.5);
-  x.dout = Tensor::randn({c.B, c.T, c.H, c.dv}, gen, dtype);
-  x.dfinal = Tensor::randn({c.B, c.H, c.dk, c.dv}, gen, dtype, 0.5);
-  return x;
-}
-
-kernel::DeltaNetParams params(const Case& c, DeltaNetForm form) {
-  return {form, 16, c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.dk))};
-}
+kernel::DeltaNetParams params(const Case& c, DeltaNetForm form) { return {form, 16, c.resolved_scale()}; }
 
 kernel::DeltaNetGrads grads_like(const Data& x, DType dtype, bool gpu) {
   auto make = [&](const Tensor& t) -> Tensor {
@@ -103,16 +45,13 @@ kernel::DeltaNetGrads grads_like(const Data& x, DType dtype, bool gpu) {
   return {make(x.q), make(x.k), make(x.v), make(x.beta), make(x.g), make(x.s0)};
 }
 
-class CudaDeltaNetVsCpu : public ::testing::Test {
- protected:
-  void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
-  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 77};
-};
+using CudaDeltaNetVsCpu = VariantGpuTest<77>;
 
 TEST_F(CudaDeltaNetVsCpu, ForwardAndBackwardBothForms) {
   for (DType dtype : kFloatTypes) {
+    const double tol = fused_op_rtol(dtype);
     for (const Case& c : kCases) {
-      const Data x = make_data(c, dtype, gen_);
+      const Data x = make_delta_net_data(c, dtype, gen_);
       for (DeltaNetForm form : {DeltaNetForm::chunkwise, DeltaNetForm::recurrent}) {
         const std::string what = std::string(dtype_name(dtype)) + " " + c.name() + " " + delta_net_form_name(form);
         const kernel::DeltaNetParams p = params(c, form);
@@ -125,8 +64,8 @@ TEST_F(CudaDeltaNetVsCpu, ForwardAndBackwardBothForms) {
         kernel::delta_net_forward_kernel(kCpu, as_reference(x.q), as_reference(x.k), as_reference(x.v),
                                          as_reference(x.beta), as_reference(x.g), as_reference(x.s0), p, o_ref,
                                          fin_ref);
-        expect_close(o, o_ref, rtol(dtype), what + " o");
-        expect_close(fin, fin_ref, rtol(dtype), what + " final_state");
+        expect_close(o, o_ref, tol, what + " o");
+        expect_close(fin, fin_ref, tol, what + " final_state");
 
         kernel::DeltaNetGrads got = grads_like(x, dtype, true), want = grads_like(x, rd, false);
         kernel::delta_net_backward_kernel(kGpu, on_gpu(x.dout), on_gpu(x.dfinal), on_gpu(x.q), on_gpu(x.k), on_gpu(x.v),
@@ -134,12 +73,12 @@ TEST_F(CudaDeltaNetVsCpu, ForwardAndBackwardBothForms) {
         kernel::delta_net_backward_kernel(kCpu, as_reference(x.dout), as_reference(x.dfinal), as_reference(x.q),
                                           as_reference(x.k), as_reference(x.v), as_reference(x.beta), as_reference(x.g),
                                           as_reference(x.s0), p, want);
-        expect_close(got.dq, want.dq, rtol(dtype), what + " dq");
-        expect_close(got.dk, want.dk, rtol(dtype), what + " dk");
-        expect_close(got.dv, want.dv, rtol(dtype), what + " dv");
-        expect_close(got.dbeta, want.dbeta, rtol(dtype), what + " dbeta");
-        expect_close(got.dg, want.dg, rtol(dtype), what + " dg");
-        expect_close(got.dinitial_state, want.dinitial_state, rtol(dtype), what + " dinitial_state");
+        expect_close(got.dq, want.dq, tol, what + " dq");
+        expect_close(got.dk, want.dk, tol, what + " dk");
+        expect_close(got.dv, want.dv, tol, what + " dv");
+        expect_close(got.dbeta, want.dbeta, tol, what + " dbeta");
+        expect_close(got.dg, want.dg, tol, what + " dg");
+        expect_close(got.dinitial_state, want.dinitial_state, tol, what + " dinitial_state");
       }
     }
   }
@@ -149,7 +88,7 @@ TEST_F(CudaDeltaNetVsCpu, ForwardAndBackwardBothForms) {
 // full sequence's outputs (the state contract of the slots), and gradients reach every input.
 TEST_F(CudaDeltaNetVsCpu, DecodeStepsMatchTheFullSequence) {
   const Case c{2, 12, 2, 16, 8, true, true, 0};
-  const Data x = make_data(c, DType::f32, gen_);
+  const Data x = make_delta_net_data(c, DType::f32, gen_);
   const DeltaNetOutput full = delta_net(on_gpu(x.q), on_gpu(x.k), on_gpu(x.v), on_gpu(x.beta), on_gpu(x.g),
                                         on_gpu(x.s0), {DeltaNetForm::chunkwise, 5, 0});
   Tensor state = on_gpu(x.s0);
@@ -176,27 +115,21 @@ TEST_F(CudaDeltaNetVsCpu, DecodeStepsMatchTheFullSequence) {
 // The backward writes the same bits on every run (no atomics, fixed summation orders).
 TEST_F(CudaDeltaNetVsCpu, BackwardIsDeterministic) {
   const Case c{2, 77, 3, 32, 48, true, true, 0};
-  const Data x = make_data(c, DType::f32, gen_);
+  const Data x = make_delta_net_data(c, DType::f32, gen_);
   const kernel::DeltaNetParams p = params(c, DeltaNetForm::chunkwise);
-  std::vector<std::vector<double>> first;
-  for (int run = 0; run < 2; ++run) {
-    kernel::DeltaNetGrads g = grads_like(x, DType::f32, true);
-    kernel::delta_net_backward_kernel(kGpu, on_gpu(x.dout), on_gpu(x.dfinal), on_gpu(x.q), on_gpu(x.k), on_gpu(x.v),
-                                      on_gpu(x.beta), on_gpu(x.g), on_gpu(x.s0), p, g);
-    const Tensor* all[] = {&g.dq, &g.dk, &g.dv, &g.dbeta, &g.dg, &g.dinitial_state};
-    for (size_t i = 0; i < 6; ++i) {
-      if (run == 0) {
-        first.push_back(all[i]->to_doubles());
-      } else {
-        EXPECT_EQ(all[i]->to_doubles(), first[i]) << "gradient " << i << " changed between runs";
-      }
-    }
-  }
+  expect_same_bits_twice(
+      [&] {
+        kernel::DeltaNetGrads g = grads_like(x, DType::f32, true);
+        kernel::delta_net_backward_kernel(kGpu, on_gpu(x.dout), on_gpu(x.dfinal), on_gpu(x.q), on_gpu(x.k), on_gpu(x.v),
+                                          on_gpu(x.beta), on_gpu(x.g), on_gpu(x.s0), p, g);
+        return std::vector<Tensor>{g.dq, g.dk, g.dv, g.dbeta, g.dg, g.dinitial_state};
+      },
+      "backward", false);
 }
 
 TEST_F(CudaDeltaNetVsCpu, HeadDimsBeyond128AreAClearError) {
   const Case c{1, 3, 1, 129, 4, false, false, 0};
-  const Data x = make_data(c, DType::f32, gen_);
+  const Data x = make_delta_net_data(c, DType::f32, gen_);
   try {
     delta_net(on_gpu(x.q), on_gpu(x.k), on_gpu(x.v), on_gpu(x.beta));
     FAIL() << "dk = 129 was accepted";
@@ -206,4 +139,4 @@ TEST_F(CudaDeltaNetVsCpu, HeadDimsBeyond128AreAClearError) {
 }
 
 }  // namespace
-}  // namespace seqlab
+}  // namespace seqlab::testing

@@ -24,31 +24,14 @@
 #include "cuda_test_util.h"
 #include "layers/gla.h"
 #include "tensor/kernels.h"
+#include "variant_cases.h"
 
-namespace seqlab {
+// The tests live in seqlab::testing, beside the helpers of cuda_test_util.h and variant_cases.h they use.
+namespace seqlab::testing {
 namespace {
 
-using testing::kGpu;
-using testing::poisoned;
-using testing::reference_type;
-using testing::kCpu;
-using testing::kFloatTypes;
-
-double rtol(DType d) { return testing::fused_op_rtol(d); }
-using testing::as_reference;
-using testing::on_gpu;
-
-using testing::expect_close;
-
-struct Case {
-  int64_t B, T, H, dk, dv;
-  double g_lo, g_hi;
-  std::string name() const {
-    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
-           " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv) + " g in [" + std::to_string(g_lo) + ", " +
-           std::to_string(g_hi) + "]";
-  }
-};
+using Case = GlaCase;
+using Inputs = GlaInputs;
 
 const Case kCases[] = {
     {2, 37, 3, 16, 16, -1.5, -0.02},    // segments of 16 and a partial one
@@ -60,50 +43,24 @@ const Case kCases[] = {
     {1, 70, 2, 64, 48, -20, -10},       // strong gates
 };
 
-struct Inputs {
-  Tensor q, k, v, g, gv, h0;
-};
-
-Inputs make_inputs(const Case& c, DType dtype, bool with_gv, bool with_h0, Generator& gen) {
-  Inputs in;
-  in.q = Tensor::randn({c.B, c.T, c.H, c.dk}, gen, dtype);
-  in.k = Tensor::randn({c.B, c.T, c.H, c.dk}, gen, dtype);
-  in.v = Tensor::randn({c.B, c.T, c.H, c.dv}, gen, dtype);
-  in.g = Tensor::rand({c.B, c.T, c.H, c.dk}, gen, dtype, c.g_lo, c.g_hi);
-  if (with_gv) in.gv = Tensor::rand({c.B, c.T, c.H, c.dv}, gen, dtype, -1.0, -0.02);
-  if (with_h0) in.h0 = Tensor::randn({c.B, c.H, c.dk, c.dv}, gen, dtype);
-  return in;
-}
-
 kernel::GlaParams params(GlaForm form, const Case& c) {
   return {form, 16, 8, 1.0 / std::sqrt(static_cast<double>(c.dk))};
 }
 
-class CudaGlaVsCpu : public ::testing::Test {
- protected:
-  void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
-  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 53};
-};
+using CudaGlaVsCpu = VariantGpuTest<53>;
 
-TEST_F(CudaGlaVsCpu, Forward) {
+// body(dtype, case, with_gv, with_h0, form, label) for every dtype, case, with and without gv and the
+// initial state, and both forms, in that nesting order.
+template <class Body>
+void for_each_combination(Body&& body) {
   for (DType dtype : kFloatTypes) {
     for (const Case& c : kCases) {
       for (bool with_gv : {false, true}) {
         for (bool with_h0 : {false, true}) {
           for (GlaForm form : {GlaForm::chunkwise, GlaForm::recurrent}) {
-            const std::string what = std::string(dtype_name(dtype)) + " " + c.name() + (with_gv ? " gv" : "") +
-                                     (with_h0 ? " h0" : "") + " " + gla_form_name(form);
-            const Inputs in = make_inputs(c, dtype, with_gv, with_h0, gen_);
-            const kernel::GlaParams p = params(form, c);
-            Tensor o = poisoned({c.B, c.T, c.H, c.dv}, dtype), fs = poisoned({c.B, c.H, c.dk, c.dv}, dtype);
-            kernel::gla_forward_kernel(kGpu, on_gpu(in.q), on_gpu(in.k), on_gpu(in.v), on_gpu(in.g), on_gpu(in.gv),
-                                       on_gpu(in.h0), p, o, fs);
-            const DType rd = reference_type(dtype);
-            Tensor o_ref = Tensor::empty(o.shape(), rd), fs_ref = Tensor::empty(fs.shape(), rd);
-            kernel::gla_forward_kernel(kCpu, as_reference(in.q), as_reference(in.k), as_reference(in.v),
-                                       as_reference(in.g), as_reference(in.gv), as_reference(in.h0), p, o_ref, fs_ref);
-            expect_close(o, o_ref, rtol(dtype), what + " o");
-            expect_close(fs, fs_ref, rtol(dtype), what + " final_state");
+            body(dtype, c, with_gv, with_h0, form,
+                 std::string(dtype_name(dtype)) + " " + c.name() + (with_gv ? " gv" : "") + (with_h0 ? " h0" : "") +
+                     " " + gla_form_name(form));
           }
         }
       }
@@ -111,92 +68,90 @@ TEST_F(CudaGlaVsCpu, Forward) {
   }
 }
 
-TEST_F(CudaGlaVsCpu, BackwardAllAndSomeGradients) {
-  for (DType dtype : kFloatTypes) {
-    for (const Case& c : kCases) {
-      for (bool with_gv : {false, true}) {
-        for (bool with_h0 : {false, true}) {
-          for (GlaForm form : {GlaForm::chunkwise, GlaForm::recurrent}) {
-            for (bool all : {true, false}) {
-              const std::string what = std::string(dtype_name(dtype)) + " " + c.name() + (with_gv ? " gv" : "") +
-                                       (with_h0 ? " h0" : "") + " " + gla_form_name(form) +
-                                       (all ? " all gradients" : " dq, dk, dv only");
-              const DType rd = reference_type(dtype);
-              const Inputs in = make_inputs(c, dtype, with_gv, with_h0, gen_);
-              Tensor dout = Tensor::randn({c.B, c.T, c.H, c.dv}, gen_, dtype);
-              Tensor dfinal = Tensor::randn({c.B, c.H, c.dk, c.dv}, gen_, dtype);
-              const kernel::GlaParams p = params(form, c);
-              Tensor o_ref = Tensor::empty({c.B, c.T, c.H, c.dv}, rd),
-                     fs_ref = Tensor::empty({c.B, c.H, c.dk, c.dv}, rd);
-              kernel::gla_forward_kernel(kCpu, as_reference(in.q), as_reference(in.k), as_reference(in.v),
-                                         as_reference(in.g), as_reference(in.gv), as_reference(in.h0), p, o_ref,
-                                         fs_ref);
-              // The saved output: the CUDA backward does not read it; the CPU's chunkwise dgv reads o ⊙ do,
-              // so the reference gets the unrounded o (its own forward's), which makes both sides compute the
-              // same function of the same (bf16-rounded) inputs.
-              const Tensor o = kernel::to_dtype(o_ref, dtype);
+TEST_F(CudaGlaVsCpu, Forward) {
+  for_each_combination(
+      [&](DType dtype, const Case& c, bool with_gv, bool with_h0, GlaForm form, const std::string& what) {
+        const double tol = fused_op_rtol(dtype);
+        const Inputs in = make_gla_inputs(c, dtype, with_gv, with_h0, gen_);
+        const kernel::GlaParams p = params(form, c);
+        Tensor o = poisoned({c.B, c.T, c.H, c.dv}, dtype), fs = poisoned({c.B, c.H, c.dk, c.dv}, dtype);
+        kernel::gla_forward_kernel(kGpu, on_gpu(in.q), on_gpu(in.k), on_gpu(in.v), on_gpu(in.g), on_gpu(in.gv),
+                                   on_gpu(in.h0), p, o, fs);
+        const DType rd = reference_type(dtype);
+        Tensor o_ref = Tensor::empty(o.shape(), rd), fs_ref = Tensor::empty(fs.shape(), rd);
+        kernel::gla_forward_kernel(kCpu, as_reference(in.q), as_reference(in.k), as_reference(in.v), as_reference(in.g),
+                                   as_reference(in.gv), as_reference(in.h0), p, o_ref, fs_ref);
+        expect_close(o, o_ref, tol, what + " o");
+        expect_close(fs, fs_ref, tol, what + " final_state");
+      });
+}
 
-              kernel::GlaGrads got, want;
-              got.dq = poisoned(in.q.shape(), dtype), want.dq = Tensor::empty(in.q.shape(), rd);
-              got.dk = poisoned(in.k.shape(), dtype), want.dk = Tensor::empty(in.k.shape(), rd);
-              got.dv = poisoned(in.v.shape(), dtype), want.dv = Tensor::empty(in.v.shape(), rd);
-              if (all) got.dg = poisoned(in.g.shape(), dtype), want.dg = Tensor::empty(in.g.shape(), rd);
-              if (all && with_gv) got.dgv = poisoned(in.gv.shape(), dtype), want.dgv = Tensor::empty(in.gv.shape(), rd);
-              if (all && with_h0) {
-                got.dinitial_state = poisoned(in.h0.shape(), dtype);
-                want.dinitial_state = Tensor::empty(in.h0.shape(), rd);
-              }
-              kernel::gla_backward_kernel(kGpu, on_gpu(dout), on_gpu(dfinal), on_gpu(in.q), on_gpu(in.k), on_gpu(in.v),
-                                          on_gpu(in.g), on_gpu(in.gv), on_gpu(in.h0), with_gv ? on_gpu(o) : Tensor(), p,
-                                          got);
-              kernel::gla_backward_kernel(kCpu, as_reference(dout), as_reference(dfinal), as_reference(in.q),
-                                          as_reference(in.k), as_reference(in.v), as_reference(in.g),
-                                          as_reference(in.gv), as_reference(in.h0), with_gv ? o_ref : Tensor(), p,
-                                          want);
-              expect_close(got.dq, want.dq, rtol(dtype), what + " → dq");
-              expect_close(got.dk, want.dk, rtol(dtype), what + " → dk");
-              expect_close(got.dv, want.dv, rtol(dtype), what + " → dv");
-              if (got.dg.defined()) expect_close(got.dg, want.dg, rtol(dtype), what + " → dg");
-              if (got.dgv.defined()) expect_close(got.dgv, want.dgv, rtol(dtype), what + " → dgv");
-              if (got.dinitial_state.defined()) {
-                expect_close(got.dinitial_state, want.dinitial_state, rtol(dtype), what + " → d initial_state");
-              }
-            }
-          }
-        }
+TEST_F(CudaGlaVsCpu, BackwardAllAndSomeGradients) {
+  for_each_combination([&](DType dtype, const Case& c, bool with_gv, bool with_h0, GlaForm form,
+                           const std::string& label) {
+    const double tol = fused_op_rtol(dtype);
+    for (bool all : {true, false}) {
+      const std::string what = label + (all ? " all gradients" : " dq, dk, dv only");
+      const DType rd = reference_type(dtype);
+      const Inputs in = make_gla_inputs(c, dtype, with_gv, with_h0, gen_);
+      Tensor dout = Tensor::randn({c.B, c.T, c.H, c.dv}, gen_, dtype);
+      Tensor dfinal = Tensor::randn({c.B, c.H, c.dk, c.dv}, gen_, dtype);
+      const kernel::GlaParams p = params(form, c);
+      Tensor o_ref = Tensor::empty({c.B, c.T, c.H, c.dv}, rd), fs_ref = Tensor::empty({c.B, c.H, c.dk, c.dv}, rd);
+      kernel::gla_forward_kernel(kCpu, as_reference(in.q), as_reference(in.k), as_reference(in.v), as_reference(in.g),
+                                 as_reference(in.gv), as_reference(in.h0), p, o_ref, fs_ref);
+      // The saved output: the CUDA backward does not read it; the CPU's chunkwise dgv reads o ⊙ do,
+      // so the reference gets the unrounded o (its own forward's), which makes both sides compute the
+      // same function of the same (bf16-rounded) inputs.
+      const Tensor o = kernel::to_dtype(o_ref, dtype);
+
+      kernel::GlaGrads got, want;
+      got.dq = poisoned(in.q.shape(), dtype), want.dq = Tensor::empty(in.q.shape(), rd);
+      got.dk = poisoned(in.k.shape(), dtype), want.dk = Tensor::empty(in.k.shape(), rd);
+      got.dv = poisoned(in.v.shape(), dtype), want.dv = Tensor::empty(in.v.shape(), rd);
+      if (all) got.dg = poisoned(in.g.shape(), dtype), want.dg = Tensor::empty(in.g.shape(), rd);
+      if (all && with_gv) got.dgv = poisoned(in.gv.shape(), dtype), want.dgv = Tensor::empty(in.gv.shape(), rd);
+      if (all && with_h0) {
+        got.dinitial_state = poisoned(in.h0.shape(), dtype);
+        want.dinitial_state = Tensor::empty(in.h0.shape(), rd);
+      }
+      kernel::gla_backward_kernel(kGpu, on_gpu(dout), on_gpu(dfinal), on_gpu(in.q), on_gpu(in.k), on_gpu(in.v),
+                                  on_gpu(in.g), on_gpu(in.gv), on_gpu(in.h0), with_gv ? on_gpu(o) : Tensor(), p, got);
+      kernel::gla_backward_kernel(kCpu, as_reference(dout), as_reference(dfinal), as_reference(in.q),
+                                  as_reference(in.k), as_reference(in.v), as_reference(in.g), as_reference(in.gv),
+                                  as_reference(in.h0), with_gv ? o_ref : Tensor(), p, want);
+      expect_close(got.dq, want.dq, tol, what + " → dq");
+      expect_close(got.dk, want.dk, tol, what + " → dk");
+      expect_close(got.dv, want.dv, tol, what + " → dv");
+      if (got.dg.defined()) expect_close(got.dg, want.dg, tol, what + " → dg");
+      if (got.dgv.defined()) expect_close(got.dgv, want.dgv, tol, what + " → dgv");
+      if (got.dinitial_state.defined()) {
+        expect_close(got.dinitial_state, want.dinitial_state, tol, what + " → d initial_state");
       }
     }
-  }
+  });
 }
 
 // The kernels are deterministic: the same inputs give the same bits, forward and backward.
 TEST_F(CudaGlaVsCpu, Deterministic) {
   const Case c{2, 77, 3, 40, 72, -1.0, -0.01};
   for (DType dtype : {DType::f32, DType::bf16}) {
-    const Inputs in = make_inputs(c, dtype, true, true, gen_);
+    const Inputs in = make_gla_inputs(c, dtype, true, true, gen_);
     const Tensor q = on_gpu(in.q), k = on_gpu(in.k), v = on_gpu(in.v), g = on_gpu(in.g), gv = on_gpu(in.gv),
                  h0 = on_gpu(in.h0);
     const Tensor dout = on_gpu(Tensor::randn({c.B, c.T, c.H, c.dv}, gen_, dtype));
     const Tensor dfinal = on_gpu(Tensor::randn({c.B, c.H, c.dk, c.dv}, gen_, dtype));
     const kernel::GlaParams p = params(GlaForm::chunkwise, c);
-    std::vector<double> first[8];
-    for (int run = 0; run < 2; ++run) {
-      Tensor o = poisoned({c.B, c.T, c.H, c.dv}, dtype), fs = poisoned({c.B, c.H, c.dk, c.dv}, dtype);
-      kernel::gla_forward_kernel(kGpu, q, k, v, g, gv, h0, p, o, fs);
-      kernel::GlaGrads gr{poisoned(q.shape(), dtype), poisoned(k.shape(), dtype),  poisoned(v.shape(), dtype),
-                          poisoned(g.shape(), dtype), poisoned(gv.shape(), dtype), poisoned(h0.shape(), dtype)};
-      kernel::gla_backward_kernel(kGpu, dout, dfinal, q, k, v, g, gv, h0, o, p, gr);
-      const Tensor* outs[8] = {&o, &fs, &gr.dq, &gr.dk, &gr.dv, &gr.dg, &gr.dgv, &gr.dinitial_state};
-      for (int t = 0; t < 8; ++t) {
-        std::vector<double> now = outs[t]->to_doubles();
-        for (double x : now) ASSERT_TRUE(std::isfinite(x)) << "output " << t << " has a non-finite value";
-        if (run == 0) {
-          first[t] = now;
-        } else {
-          EXPECT_EQ(now, first[t]) << dtype_name(dtype) << " output " << t << " changed between runs";
-        }
-      }
-    }
+    expect_same_bits_twice(
+        [&] {
+          Tensor o = poisoned({c.B, c.T, c.H, c.dv}, dtype), fs = poisoned({c.B, c.H, c.dk, c.dv}, dtype);
+          kernel::gla_forward_kernel(kGpu, q, k, v, g, gv, h0, p, o, fs);
+          kernel::GlaGrads gr{poisoned(q.shape(), dtype), poisoned(k.shape(), dtype),  poisoned(v.shape(), dtype),
+                              poisoned(g.shape(), dtype), poisoned(gv.shape(), dtype), poisoned(h0.shape(), dtype)};
+          kernel::gla_backward_kernel(kGpu, dout, dfinal, q, k, v, g, gv, h0, o, p, gr);
+          return std::vector<Tensor>{o, fs, gr.dq, gr.dk, gr.dv, gr.dg, gr.dgv, gr.dinitial_state};
+        },
+        dtype_name(dtype), true);
   }
 }
 
@@ -204,7 +159,7 @@ TEST_F(CudaGlaVsCpu, Deterministic) {
 // head dims beyond the kernels' reach refused with a clear message.
 TEST_F(CudaGlaVsCpu, DifferentiableOpAndHeadDimLimit) {
   const Case c{2, 21, 2, 12, 20, -1.0, -0.05};
-  const Inputs in = make_inputs(c, DType::f32, true, true, gen_);
+  const Inputs in = make_gla_inputs(c, DType::f32, true, true, gen_);
   const Tensor dout = Tensor::randn({c.B, c.T, c.H, c.dv}, gen_), dfinal = Tensor::randn({c.B, c.H, c.dk, c.dv}, gen_);
   GlaOptions opts;
   opts.chunk = 8;
@@ -234,4 +189,4 @@ TEST_F(CudaGlaVsCpu, DifferentiableOpAndHeadDimLimit) {
 }
 
 }  // namespace
-}  // namespace seqlab
+}  // namespace seqlab::testing

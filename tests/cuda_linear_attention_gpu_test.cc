@@ -24,64 +24,29 @@
 #include "cuda_test_util.h"
 #include "layers/linear_attention.h"
 #include "tensor/kernels.h"
+#include "variant_cases.h"
 
-namespace seqlab {
+// The tests live in seqlab::testing, beside the helpers of cuda_test_util.h and variant_cases.h they use.
+namespace seqlab::testing {
 namespace {
 
-using testing::kGpu;
-using testing::poisoned;
-using testing::kCpu;
-using testing::kFloatTypes;
-
-double rtol(DType d) { return testing::fused_op_rtol(d); }
 // The CPU reference runs in f64 for f32 and f64 inputs, in f32 for bf16 (the CPU kernels take no bf16).
 DType ref_type(DType d) { return d == DType::bf16 ? DType::f32 : DType::f64; }
-
-using testing::on_gpu;
 Tensor as_ref(const Tensor& x) { return kernel::to_dtype(x, ref_type(x.dtype())); }  // f64 for f32
 
-using testing::expect_close;
+using Case = LinearAttentionCase;
+using Data = LinearAttentionData;
 
-struct Case {
-  int64_t B, T, H, dk, dv;
-  bool init;
-  std::string name() const {
-    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
-           " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv) + (init ? " initial state" : "");
-  }
-};
+// The schedule test's cases, then a training-like shape.
+const std::vector<Case> kCases = cases_and(kLinearAttentionCases, {{4, 300, 4, 64, 64, true}});
 
-const Case kCases[] = {{2, 70, 3, 16, 24, true},   {1, 1, 2, 5, 7, true},    {2, 33, 2, 8, 8, false},
-                       {1, 32, 2, 12, 4, true},    {1, 64, 1, 6, 10, false}, {2, 9, 2, 1, 3, true},
-                       {1, 40, 1, 128, 128, true}, {1, 35, 2, 96, 32, true}, {4, 300, 4, 64, 64, true}};
-
-struct Data {
-  Tensor fq, fk, v, s0, z0, dout, ds, dz;
-};
-
-Data make_data(const Case& c, DType dtype, Generator& gen) {
-  Data x;
-  x.fq = Tensor::rand({c.B, c.T, c.H, c.dk}, gen, dtype, 0.05, 1.5);
-  x.fk = Tensor::rand({c.B, c.T, c.H, c.dk}, gen, dtype, 0.05, 1.5);
-  x.v = Tensor::randn({c.B, c.T, c.H, c.dv}, gen, dtype);
-  x.s0 = c.init ? Tensor::randn({c.B, c.H, c.dk, c.dv}, gen, dtype, 0.5) : Tensor::zeros({c.B, c.H, c.dk, c.dv}, dtype);
-  x.z0 = c.init ? Tensor::rand({c.B, c.H, c.dk}, gen, dtype, 0.0, 2.0) : Tensor::zeros({c.B, c.H, c.dk}, dtype);
-  x.dout = Tensor::randn({c.B, c.T, c.H, c.dv}, gen, dtype);
-  x.ds = Tensor::randn({c.B, c.H, c.dk, c.dv}, gen, dtype, 0.5);
-  x.dz = Tensor::randn({c.B, c.H, c.dk}, gen, dtype, 0.5);
-  return x;
-}
-
-class CudaLinearAttentionVsCpu : public ::testing::Test {
- protected:
-  void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
-  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 91};
-};
+using CudaLinearAttentionVsCpu = VariantGpuTest<91>;
 
 TEST_F(CudaLinearAttentionVsCpu, EveryFormForwardAndBackward) {
   for (DType dtype : kFloatTypes) {
+    const double tol = fused_op_rtol(dtype);
     for (const Case& c : kCases) {
-      const Data x = make_data(c, dtype, gen_);
+      const Data x = make_linear_attention_data(c, dtype, gen_);
       for (LinearAttentionForm form :
            {LinearAttentionForm::chunkwise, LinearAttentionForm::recurrent, LinearAttentionForm::noncausal}) {
         for (bool normalize : {true, false}) {
@@ -97,9 +62,9 @@ TEST_F(CudaLinearAttentionVsCpu, EveryFormForwardAndBackward) {
                  z_ref = Tensor::empty(z.shape(), rd);
           kernel::linear_attention_forward_kernel(kCpu, as_ref(x.fq), as_ref(x.fk), as_ref(x.v), as_ref(x.s0),
                                                   as_ref(x.z0), p, o_ref, s_ref, z_ref);
-          expect_close(o, o_ref, rtol(dtype), what + " o");
-          expect_close(s, s_ref, rtol(dtype), what + " final_state");
-          expect_close(z, z_ref, rtol(dtype), what + " final_normalizer");
+          expect_close(o, o_ref, tol, what + " o");
+          expect_close(s, s_ref, tol, what + " final_state");
+          expect_close(z, z_ref, tol, what + " final_normalizer");
 
           Tensor dfq = poisoned(x.fq.shape(), dtype), dfk = poisoned(x.fk.shape(), dtype),
                  dv = poisoned(x.v.shape(), dtype), ds0 = poisoned(x.s0.shape(), dtype),
@@ -113,11 +78,11 @@ TEST_F(CudaLinearAttentionVsCpu, EveryFormForwardAndBackward) {
           kernel::linear_attention_backward_kernel(kCpu, as_ref(x.fq), as_ref(x.fk), as_ref(x.v), as_ref(x.s0),
                                                    as_ref(x.z0), as_ref(x.dout), as_ref(x.ds), as_ref(x.dz), p, r[0],
                                                    r[1], r[2], r[3], r[4]);
-          expect_close(dfq, r[0], rtol(dtype), what + " dfq");
-          expect_close(dfk, r[1], rtol(dtype), what + " dfk");
-          expect_close(dv, r[2], rtol(dtype), what + " dv");
-          expect_close(ds0, r[3], rtol(dtype), what + " ds0");
-          expect_close(dz0, r[4], rtol(dtype), what + " dz0");
+          expect_close(dfq, r[0], tol, what + " dfq");
+          expect_close(dfk, r[1], tol, what + " dfk");
+          expect_close(dv, r[2], tol, what + " dv");
+          expect_close(ds0, r[3], tol, what + " ds0");
+          expect_close(dz0, r[4], tol, what + " dz0");
         }
       }
     }
@@ -127,31 +92,26 @@ TEST_F(CudaLinearAttentionVsCpu, EveryFormForwardAndBackward) {
 // The backward writes the same bits on every run (no atomics, fixed summation orders).
 TEST_F(CudaLinearAttentionVsCpu, BackwardIsDeterministic) {
   const Case c{2, 77, 3, 32, 48, true};
-  const Data x = make_data(c, DType::f32, gen_);
+  const Data x = make_linear_attention_data(c, DType::f32, gen_);
   for (LinearAttentionForm form : {LinearAttentionForm::chunkwise, LinearAttentionForm::noncausal}) {
     const kernel::LinearAttentionParams p{form, true, 1e-6, 64};
-    std::vector<std::vector<double>> first;
-    for (int run = 0; run < 2; ++run) {
-      Tensor g[5] = {poisoned(x.fq.shape(), DType::f32), poisoned(x.fk.shape(), DType::f32),
-                     poisoned(x.v.shape(), DType::f32), poisoned(x.s0.shape(), DType::f32),
-                     poisoned(x.z0.shape(), DType::f32)};
-      kernel::linear_attention_backward_kernel(kGpu, on_gpu(x.fq), on_gpu(x.fk), on_gpu(x.v), on_gpu(x.s0),
-                                               on_gpu(x.z0), on_gpu(x.dout), on_gpu(x.ds), on_gpu(x.dz), p, g[0], g[1],
-                                               g[2], g[3], g[4]);
-      for (size_t i = 0; i < 5; ++i) {
-        if (run == 0) {
-          first.push_back(g[i].to_doubles());
-        } else {
-          EXPECT_EQ(g[i].to_doubles(), first[i]) << "gradient " << i << " changed between runs";
-        }
-      }
-    }
+    expect_same_bits_twice(
+        [&] {
+          std::vector<Tensor> g = {poisoned(x.fq.shape(), DType::f32), poisoned(x.fk.shape(), DType::f32),
+                                   poisoned(x.v.shape(), DType::f32), poisoned(x.s0.shape(), DType::f32),
+                                   poisoned(x.z0.shape(), DType::f32)};
+          kernel::linear_attention_backward_kernel(kGpu, on_gpu(x.fq), on_gpu(x.fk), on_gpu(x.v), on_gpu(x.s0),
+                                                   on_gpu(x.z0), on_gpu(x.dout), on_gpu(x.ds), on_gpu(x.dz), p, g[0],
+                                                   g[1], g[2], g[3], g[4]);
+          return g;
+        },
+        std::string("backward form ") + std::to_string(static_cast<int>(form)), false);
   }
 }
 
 TEST_F(CudaLinearAttentionVsCpu, HeadDimsBeyond128AreAClearError) {
   const Case c{1, 3, 1, 4, 130, false};
-  const Data x = make_data(c, DType::f32, gen_);
+  const Data x = make_linear_attention_data(c, DType::f32, gen_);
   Tensor o = poisoned(x.dout.shape(), DType::f32), s = poisoned(x.s0.shape(), DType::f32),
          z = poisoned(x.z0.shape(), DType::f32);
   try {
@@ -168,6 +128,7 @@ TEST_F(CudaLinearAttentionVsCpu, PerformerFeaturesForwardAndBackward) {
     int64_t B, L, H, d, m;
   };
   for (DType dtype : kFloatTypes) {
+    const double tol = fused_op_rtol(dtype);
     for (PCase pc : {PCase{2, 70, 2, 8, 16}, PCase{1, 5, 3, 16, 16}, PCase{1, 3, 1, 12, 5}, PCase{1, 1, 1, 1, 3},
                      PCase{2, 100, 2, 64, 128}}) {
       for (bool stabilize : {false, true}) {
@@ -181,7 +142,7 @@ TEST_F(CudaLinearAttentionVsCpu, PerformerFeaturesForwardAndBackward) {
         Tensor y = poisoned(dy.shape(), dtype), y_ref = Tensor::empty(dy.shape(), rd);
         kernel::performer_forward_kernel(kGpu, on_gpu(x), on_gpu(omega), stabilize, y);
         kernel::performer_forward_kernel(kCpu, as_ref(x), as_ref(omega), stabilize, y_ref);
-        expect_close(y, y_ref, rtol(dtype), what + " y");
+        expect_close(y, y_ref, tol, what + " y");
         const Tensor y_saved = kernel::to_dtype(y_ref, dtype);  // both sides read the same y
         Tensor dx = poisoned(x.shape(), dtype), dw = poisoned(omega.shape(), dtype);
         Tensor dx_ref = Tensor::empty(x.shape(), rd), dw_ref = Tensor::empty(omega.shape(), rd);
@@ -189,12 +150,12 @@ TEST_F(CudaLinearAttentionVsCpu, PerformerFeaturesForwardAndBackward) {
                                           dw);
         kernel::performer_backward_kernel(kCpu, as_ref(dy), as_ref(x), as_ref(omega), as_ref(y_saved), stabilize,
                                           dx_ref, dw_ref);
-        expect_close(dx, dx_ref, rtol(dtype), what + " dx");
-        expect_close(dw, dw_ref, rtol(dtype), what + " domega");
+        expect_close(dx, dx_ref, tol, what + " dx");
+        expect_close(dw, dw_ref, tol, what + " domega");
       }
     }
   }
 }
 
 }  // namespace
-}  // namespace seqlab
+}  // namespace seqlab::testing

@@ -22,30 +22,13 @@
 #include "cuda_test_util.h"
 #include "layers/retention.h"
 #include "tensor/kernels.h"
+#include "variant_cases.h"
 
-namespace seqlab {
+// The tests live in seqlab::testing, beside the helpers of cuda_test_util.h and variant_cases.h they use.
+namespace seqlab::testing {
 namespace {
 
-using testing::kGpu;
-using testing::poisoned;
-using testing::reference_type;
-using testing::kCpu;
-using testing::kFloatTypes;
-
-double rtol(DType d) { return testing::fused_op_rtol(d); }
-using testing::as_reference;
-using testing::on_gpu;
-
-using testing::expect_close;
-
-struct Case {
-  int64_t B, T, H, dk, dv;
-  std::vector<double> gammas;  // empty: RetNet's defaults
-  std::string name() const {
-    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
-           " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv) + (gammas.empty() ? " default γ" : " given γ");
-  }
-};
+using Case = RetentionCase;
 
 const std::vector<Case> kCases = {
     {2, 37, 3, 16, 16, {}},                // segments of 16 and a partial one
@@ -66,27 +49,19 @@ kernel::RetentionParams params(const Case& c, RetentionForm form) {
           c.gammas.empty() ? retention_default_gammas(c.H) : c.gammas};
 }
 
-class CudaRetentionVsCpu : public ::testing::Test {
- protected:
-  void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
-  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 67};
-};
+using CudaRetentionVsCpu = VariantGpuTest<67>;
 
 TEST_F(CudaRetentionVsCpu, ForwardAndBackward) {
   for (DType dtype : kFloatTypes) {
+    const double tol = fused_op_rtol(dtype);
     for (const Case& c : kCases) {
       for (bool random_s0 : {false, true}) {
         for (RetentionForm form : kForms) {
           const std::string what =
               std::string(dtype_name(dtype)) + " " + c.name() + (random_s0 ? " s0" : "") + " " + form_name(form);
           const DType rd = reference_type(dtype);
-          Tensor q = Tensor::randn({c.B, c.T, c.H, c.dk}, gen_, dtype);
-          Tensor k = Tensor::randn({c.B, c.T, c.H, c.dk}, gen_, dtype);
-          Tensor v = Tensor::randn({c.B, c.T, c.H, c.dv}, gen_, dtype);
-          Tensor s0 = random_s0 ? Tensor::randn({c.B, c.H, c.dk, c.dv}, gen_, dtype)
-                                : Tensor::zeros({c.B, c.H, c.dk, c.dv}, dtype);
-          Tensor dout = Tensor::randn({c.B, c.T, c.H, c.dv}, gen_, dtype);
-          Tensor ds = Tensor::randn({c.B, c.H, c.dk, c.dv}, gen_, dtype);
+          const RetentionInputs x = make_retention_inputs(c, random_s0, dtype, gen_);
+          const Tensor &q = x.q, &k = x.k, &v = x.v, &s0 = x.s0, &dout = x.dout, &ds = x.ds;
           const kernel::RetentionParams p = params(c, form);
 
           Tensor o = poisoned({c.B, c.T, c.H, c.dv}, dtype), s = poisoned({c.B, c.H, c.dk, c.dv}, dtype);
@@ -94,8 +69,8 @@ TEST_F(CudaRetentionVsCpu, ForwardAndBackward) {
           Tensor o_ref = Tensor::empty(o.shape(), rd), s_ref = Tensor::empty(s.shape(), rd);
           kernel::retention_forward_kernel(kCpu, as_reference(q), as_reference(k), as_reference(v), as_reference(s0), p,
                                            o_ref, s_ref);
-          expect_close(o, o_ref, rtol(dtype), what + " o");
-          expect_close(s, s_ref, rtol(dtype), what + " final state");
+          expect_close(o, o_ref, tol, what + " o");
+          expect_close(s, s_ref, tol, what + " final state");
 
           Tensor dq = poisoned(q.shape(), dtype), dk = poisoned(k.shape(), dtype), dv = poisoned(v.shape(), dtype),
                  ds0 = poisoned(s0.shape(), dtype);
@@ -105,10 +80,10 @@ TEST_F(CudaRetentionVsCpu, ForwardAndBackward) {
                  dv_ref = Tensor::empty(v.shape(), rd), ds0_ref = Tensor::empty(s0.shape(), rd);
           kernel::retention_backward_kernel(kCpu, as_reference(q), as_reference(k), as_reference(v), as_reference(s0),
                                             as_reference(dout), as_reference(ds), p, dq_ref, dk_ref, dv_ref, ds0_ref);
-          expect_close(dq, dq_ref, rtol(dtype), what + " → dq");
-          expect_close(dk, dk_ref, rtol(dtype), what + " → dk");
-          expect_close(dv, dv_ref, rtol(dtype), what + " → dv");
-          expect_close(ds0, ds0_ref, rtol(dtype), what + " → ds0");
+          expect_close(dq, dq_ref, tol, what + " → dq");
+          expect_close(dk, dk_ref, tol, what + " → dk");
+          expect_close(dv, dv_ref, tol, what + " → dv");
+          expect_close(ds0, ds0_ref, tol, what + " → ds0");
         }
       }
     }
@@ -120,30 +95,19 @@ TEST_F(CudaRetentionVsCpu, Deterministic) {
   const Case c{2, 77, 3, 40, 72, {}};
   const kernel::RetentionParams p = params(c, RetentionForm::chunkwise);
   for (DType dtype : {DType::f32, DType::bf16}) {
-    const Tensor q = on_gpu(Tensor::randn({c.B, c.T, c.H, c.dk}, gen_, dtype));
-    const Tensor k = on_gpu(Tensor::randn({c.B, c.T, c.H, c.dk}, gen_, dtype));
-    const Tensor v = on_gpu(Tensor::randn({c.B, c.T, c.H, c.dv}, gen_, dtype));
-    const Tensor s0 = on_gpu(Tensor::randn({c.B, c.H, c.dk, c.dv}, gen_, dtype));
-    const Tensor dout = on_gpu(Tensor::randn({c.B, c.T, c.H, c.dv}, gen_, dtype));
-    const Tensor ds = on_gpu(Tensor::randn({c.B, c.H, c.dk, c.dv}, gen_, dtype));
-    std::vector<double> first[6];
-    for (int run = 0; run < 2; ++run) {
-      Tensor o = poisoned(dout.shape(), dtype), s = poisoned(s0.shape(), dtype);
-      kernel::retention_forward_kernel(kGpu, q, k, v, s0, p, o, s);
-      Tensor dq = poisoned(q.shape(), dtype), dk = poisoned(k.shape(), dtype), dv = poisoned(v.shape(), dtype),
-             ds0 = poisoned(s0.shape(), dtype);
-      kernel::retention_backward_kernel(kGpu, q, k, v, s0, dout, ds, p, dq, dk, dv, ds0);
-      const Tensor* outs[6] = {&o, &s, &dq, &dk, &dv, &ds0};
-      for (int t = 0; t < 6; ++t) {
-        std::vector<double> now = outs[t]->to_doubles();
-        for (double x : now) ASSERT_TRUE(std::isfinite(x)) << "output " << t << " has a non-finite value";
-        if (run == 0) {
-          first[t] = now;
-        } else {
-          EXPECT_EQ(now, first[t]) << dtype_name(dtype) << " output " << t << " changed between runs";
-        }
-      }
-    }
+    const RetentionInputs x = make_retention_inputs(c, true, dtype, gen_);
+    const Tensor q = on_gpu(x.q), k = on_gpu(x.k), v = on_gpu(x.v), s0 = on_gpu(x.s0), dout = on_gpu(x.dout),
+                 ds = on_gpu(x.ds);
+    expect_same_bits_twice(
+        [&] {
+          Tensor o = poisoned(dout.shape(), dtype), s = poisoned(s0.shape(), dtype);
+          kernel::retention_forward_kernel(kGpu, q, k, v, s0, p, o, s);
+          Tensor dq = poisoned(q.shape(), dtype), dk = poisoned(k.shape(), dtype), dv = poisoned(v.shape(), dtype),
+                 ds0 = poisoned(s0.shape(), dtype);
+          kernel::retention_backward_kernel(kGpu, q, k, v, s0, dout, ds, p, dq, dk, dv, ds0);
+          return std::vector<Tensor>{o, s, dq, dk, dv, ds0};
+        },
+        dtype_name(dtype), true);
   }
 }
 
@@ -177,4 +141,4 @@ TEST_F(CudaRetentionVsCpu, DifferentiableOpAndHeadDimLimit) {
 }
 
 }  // namespace
-}  // namespace seqlab
+}  // namespace seqlab::testing

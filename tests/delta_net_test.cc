@@ -18,52 +18,27 @@
 #include "autograd/variable.h"
 #include "tensor/kernels.h"
 #include "test_util.h"
+#include "variant_cases.h"
 
 namespace seqlab {
 namespace {
 
+using testing::all_finite;
 using testing::max_rel_error;
 
 // The measured error, printed so that a run documents how close the forms are, not only that they pass.
 void report(const std::string& what, double error) { std::printf("    %s: max rel error %.3g\n", what.c_str(), error); }
 
-bool all_finite(const Tensor& t) {
-  for (double x : t.to_doubles()) {
-    if (!std::isfinite(x)) return false;
-  }
-  return true;
-}
-
-// Rows of unit L2 norm over the last dimension (the layer normalises keys).
-Tensor unit_rows(const Shape& shape, Generator& gen, DType dtype) {
-  std::vector<double> x = Tensor::randn(shape, gen, DType::f64).to_doubles();
-  const size_t d = static_cast<size_t>(shape.back());
-  for (size_t r = 0; r < x.size(); r += d) {
-    double n2 = 0;
-    for (size_t i = 0; i < d; ++i) n2 += x[r + i] * x[r + i];
-    for (size_t i = 0; i < d; ++i) x[r + i] /= std::sqrt(n2);
-  }
-  return Tensor::from_vector(x, shape, dtype);
-}
-
-struct Inputs {
-  Tensor q, k, v, beta, g, s0;
-  std::vector<Tensor> list() const { return {q, k, v, beta, g, s0}; }
-};
+// q, unit-norm k, v, β, log-gates g ∈ (g_lo, g_hi) (gated), an initial state (init); the cotangents the
+// shared generator also draws are not used here.
+using Inputs = testing::DeltaNetData;
 
 const char* kNames[] = {"q", "k", "v", "beta", "g", "initial_state"};
 
 Inputs make_inputs(int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv, bool gated, bool init, DType dtype,
                    uint64_t seed, double g_lo = -1.0, double g_hi = -0.02) {
   Generator gen(seed);
-  Inputs in;
-  in.q = Tensor::randn({B, T, H, dk}, gen, dtype);
-  in.k = unit_rows({B, T, H, dk}, gen, dtype);
-  in.v = Tensor::randn({B, T, H, dv}, gen, dtype);
-  in.beta = Tensor::rand({B, T, H}, gen, dtype, 0.05, 0.95);
-  if (gated) in.g = Tensor::rand({B, T, H}, gen, dtype, g_lo, g_hi);
-  if (init) in.s0 = Tensor::randn({B, H, dk, dv}, gen, dtype, 0.5);
-  return in;
+  return testing::make_delta_net_data({B, T, H, dk, dv, gated, init, 0}, dtype, gen, g_lo, g_hi);
 }
 
 struct Result {
@@ -74,7 +49,7 @@ struct Result {
 // Both outputs with random cotangents, gradients of every given input.
 Result run(const Inputs& in, const DeltaNetOptions& opts, uint64_t seed = 99) {
   std::vector<Tensor> xs;
-  for (const Tensor& t : in.list()) xs.push_back(t.defined() ? kernel::clone(t).set_requires_grad() : Tensor());
+  for (const Tensor& t : in.inputs()) xs.push_back(t.defined() ? kernel::clone(t).set_requires_grad() : Tensor());
   DeltaNetOutput out = delta_net(xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], opts);
   Generator gen(seed);
   Tensor go = Tensor::randn(out.o.shape(), gen, out.o.dtype());
@@ -271,7 +246,7 @@ TEST(DeltaNetGradcheck, EveryInputBothForms) {
                 DeltaNetOutput out = delta_net(x[0], x[1], x[2], x[3], x[4], x[5], opts);
                 return std::vector<Tensor>{out.o, out.final_state};
               },
-              in.list());
+              in.inputs());
           const int64_t expected =
               s.B * s.T * s.H * (2 * s.dk + s.dv + 1 + (gated ? 1 : 0)) + (init ? s.B * s.H * s.dk * s.dv : 0);
           EXPECT_EQ(r.elements_checked, expected);
@@ -323,7 +298,7 @@ TEST(DeltaNet, ExtremeGatesStayFinite) {
           DeltaNetOutput out = delta_net(x[0], x[1], x[2], x[3], x[4], x[5], opts);
           return std::vector<Tensor>{out.o, out.final_state};
         },
-        in.list());
+        in.inputs());
     report(std::string("gradcheck at extreme gates, ") + delta_net_form_name(opts.form), r.max_error);
     EXPECT_LE(r.max_error, 1e-6) << delta_net_form_name(opts.form) << ": " << r.worst;
   }
@@ -394,12 +369,7 @@ TEST(DeltaNet, RegistryEntry) {
 }
 
 std::string error_of(const Inputs& in, DeltaNetOptions opts = {}) {
-  try {
-    delta_net(in.q, in.k, in.v, in.beta, in.g, in.s0, opts);
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "no error";
+  return testing::error_message_of([&] { delta_net(in.q, in.k, in.v, in.beta, in.g, in.s0, opts); });
 }
 
 TEST(DeltaNet, ErrorsNameTheShapes) {

@@ -22,22 +22,15 @@
 #include "gated_scan_emulation.h"
 #include "layers/gla.h"
 #include "tensor/kernels.h"
+#include "variant_cases.h"
 
-namespace seqlab {
+// The tests live in seqlab::testing, beside the helpers of variant_cases.h they use.
+namespace seqlab::testing {
 namespace {
 
 namespace scan = cuda::scan;
-const Device kCpu = cpu_device();
-
-struct Case {
-  int64_t B, T, H, dk, dv;
-  double g_lo, g_hi;  // log-gates uniform in [g_lo, g_hi]
-  std::string name() const {
-    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
-           " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv) + " g∈[" + std::to_string(g_lo) + "," +
-           std::to_string(g_hi) + "]";
-  }
-};
+using Case = GlaCase;
+using Inputs = GlaInputs;
 
 const Case kCases[] = {
     {2, 37, 3, 16, 16, -1.5, -0.02},    // two full segments and a partial one
@@ -51,35 +44,13 @@ const Case kCases[] = {
     {2, 150, 4, 64, 64, -1.0, -0.01},   // as in the GPU test: many segments
 };
 
-struct Inputs {
-  Tensor q, k, v, g, gv, h0, dout, dfinal;
-};
-
+// The inputs in f64, then dO and dfinal ~ N(0, 1).
 Inputs make_inputs(const Case& c, bool with_gv, bool with_h0, uint64_t seed) {
   Generator gen(seed);
-  const DType d = DType::f64;
-  Inputs in;
-  in.q = Tensor::randn({c.B, c.T, c.H, c.dk}, gen, d);
-  in.k = Tensor::randn({c.B, c.T, c.H, c.dk}, gen, d);
-  in.v = Tensor::randn({c.B, c.T, c.H, c.dv}, gen, d);
-  in.g = Tensor::rand({c.B, c.T, c.H, c.dk}, gen, d, c.g_lo, c.g_hi);
-  if (with_gv) in.gv = Tensor::rand({c.B, c.T, c.H, c.dv}, gen, d, -1.0, -0.02);
-  if (with_h0) in.h0 = Tensor::randn({c.B, c.H, c.dk, c.dv}, gen, d);
-  in.dout = Tensor::randn({c.B, c.T, c.H, c.dv}, gen, d);
-  in.dfinal = Tensor::randn({c.B, c.H, c.dk, c.dv}, gen, d);
+  Inputs in = make_gla_inputs(c, DType::f64, with_gv, with_h0, gen);
+  in.dout = Tensor::randn({c.B, c.T, c.H, c.dv}, gen, DType::f64);
+  in.dfinal = Tensor::randn({c.B, c.H, c.dk, c.dv}, gen, DType::f64);
   return in;
-}
-
-Tensor as(const Tensor& t, DType d) { return t.defined() ? kernel::to_dtype(t, d) : Tensor(); }
-Tensor nan_like(const Shape& s, DType d) { return Tensor::full(s, std::numeric_limits<double>::quiet_NaN(), d); }
-
-template <class A>
-const A* ptr(const Tensor& t) {
-  return t.defined() ? t.data<A>() : nullptr;
-}
-template <class A>
-A* mut(const Tensor& t) {
-  return t.defined() ? t.data<A>() : nullptr;
 }
 
 template <class A>
@@ -101,21 +72,8 @@ scan::Problem<A, A> problem_of(const Inputs& in, double scale) {
 }
 
 Inputs converted(const Inputs& in, DType d) {
-  return {as(in.q, d),  as(in.k, d),  as(in.v, d),    as(in.g, d),
-          as(in.gv, d), as(in.h0, d), as(in.dout, d), as(in.dfinal, d)};
-}
-
-void expect_close(const Tensor& got, const Tensor& want, double rtol, const std::string& what) {
-  ASSERT_TRUE(got.defined() && want.defined()) << what;
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  const std::vector<double> g = got.to_doubles(), w = want.to_doubles();
-  int failures = 0;
-  for (size_t i = 0; i < g.size() && failures < 5; ++i) {
-    if (!(std::fabs(g[i] - w[i]) <= rtol * std::max(1.0, std::fabs(w[i])))) {
-      ++failures;
-      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " in the schedule, " << w[i] << " on the CPU";
-    }
-  }
+  return {cast_or_none(in.q, d),  cast_or_none(in.k, d),  cast_or_none(in.v, d),    cast_or_none(in.g, d),
+          cast_or_none(in.gv, d), cast_or_none(in.h0, d), cast_or_none(in.dout, d), cast_or_none(in.dfinal, d)};
 }
 
 struct Reference {
@@ -150,15 +108,15 @@ Emulated emulate(const Inputs& in64, double scale, int batch, bool want_dg, bool
   const Inputs in = converted(in64, d);
   const scan::Problem<A, A> pb = problem_of<A>(in, scale);
   Emulated e;
-  e.o = nan_like(in.dout.shape(), d);
-  e.fs = nan_like(in.dfinal.shape(), d);
+  e.o = poisoned(in.dout.shape(), d, kCpu);
+  e.fs = poisoned(in.dfinal.shape(), d, kCpu);
   testing::emulate_forward(pb, e.o.data<A>(), e.fs.data<A>());
-  e.dq = nan_like(in.q.shape(), d);
-  e.dk = nan_like(in.k.shape(), d);
-  e.dv = nan_like(in.v.shape(), d);
-  if (want_dg) e.dg = nan_like(in.g.shape(), d);
-  if (want_dgv && in.gv.defined()) e.dgv = nan_like(in.gv.shape(), d);
-  if (want_dh0) e.dh0 = nan_like(in.dfinal.shape(), d);
+  e.dq = poisoned(in.q.shape(), d, kCpu);
+  e.dk = poisoned(in.k.shape(), d, kCpu);
+  e.dv = poisoned(in.v.shape(), d, kCpu);
+  if (want_dg) e.dg = poisoned(in.g.shape(), d, kCpu);
+  if (want_dgv && in.gv.defined()) e.dgv = poisoned(in.gv.shape(), d, kCpu);
+  if (want_dh0) e.dh0 = poisoned(in.dfinal.shape(), d, kCpu);
   scan::BackwardIO<A, A> io;
   io.dout = ptr<A>(in.dout);
   io.dfinal = ptr<A>(in.dfinal);
@@ -170,14 +128,14 @@ Emulated emulate(const Inputs& in64, double scale, int batch, bool want_dg, bool
 }
 
 void compare(const Emulated& e, const Reference& r, const Inputs& in, double rtol, const std::string& what) {
-  expect_close(e.o, r.o, rtol, what + " o");
-  expect_close(e.fs, r.fs, rtol, what + " final_state");
-  expect_close(e.dq, r.grads.dq, rtol, what + " dq");
-  expect_close(e.dk, r.grads.dk, rtol, what + " dk");
-  expect_close(e.dv, r.grads.dv, rtol, what + " dv");
-  if (e.dg.defined()) expect_close(e.dg, r.grads.dg, rtol, what + " dg");
-  if (e.dgv.defined()) expect_close(e.dgv, r.grads.dgv, rtol, what + " dgv");
-  if (e.dh0.defined() && in.h0.defined()) expect_close(e.dh0, r.grads.dinitial_state, rtol, what + " dh0");
+  expect_schedule_close(e.o, r.o, rtol, what + " o");
+  expect_schedule_close(e.fs, r.fs, rtol, what + " final_state");
+  expect_schedule_close(e.dq, r.grads.dq, rtol, what + " dq");
+  expect_schedule_close(e.dk, r.grads.dk, rtol, what + " dk");
+  expect_schedule_close(e.dv, r.grads.dv, rtol, what + " dv");
+  if (e.dg.defined()) expect_schedule_close(e.dg, r.grads.dg, rtol, what + " dg");
+  if (e.dgv.defined()) expect_schedule_close(e.dgv, r.grads.dgv, rtol, what + " dgv");
+  if (e.dh0.defined() && in.h0.defined()) expect_schedule_close(e.dh0, r.grads.dinitial_state, rtol, what + " dh0");
 }
 
 // The batch the launcher picks for the largest budget it prefers (112 KiB), as on the GPU.
@@ -264,4 +222,4 @@ TEST(GlaCudaSchedule, GeometryAndSharedMemory) {
 }
 
 }  // namespace
-}  // namespace seqlab
+}  // namespace seqlab::testing

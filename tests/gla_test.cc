@@ -16,18 +16,13 @@
 #include "autograd/ops.h"
 #include "tensor/kernels.h"
 #include "test_util.h"
+#include "variant_cases.h"
 
 namespace seqlab {
 namespace {
 
+using testing::all_finite;
 using testing::max_rel_error;
-
-bool all_finite(const Tensor& t) {
-  for (double x : t.to_doubles()) {
-    if (!std::isfinite(x)) return false;
-  }
-  return true;
-}
 
 struct Case {
   const char* name;
@@ -325,12 +320,7 @@ TEST(Gla, RegistryEntry) {
 
 // ---- errors ----
 std::string error_of(const Inputs& in, GlaOptions opts = {}) {
-  try {
-    gla(in.q, in.k, in.v, in.g, in.gv, in.h0, opts);
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "no error";
+  return testing::error_message_of([&] { gla(in.q, in.k, in.v, in.g, in.gv, in.h0, opts); });
 }
 
 TEST(Gla, ShapeErrorsNameTheShapes) {

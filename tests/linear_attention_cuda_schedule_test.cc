@@ -22,59 +22,21 @@
 #include "cuda/linear_attention_schedule.h"
 #include "layers/linear_attention.h"
 #include "tensor/kernels.h"
-#include "test_util.h"
+#include "variant_cases.h"
 
-namespace seqlab {
+// The tests live in seqlab::testing, beside the helpers of variant_cases.h they use.
+namespace seqlab::testing {
 namespace {
 
 namespace la = linear_attention_cuda;
-using testing::max_rel_error;
-
-const Device kCpu = cpu_device();
-
-Tensor nan_like(const Shape& shape, DType dtype) {
-  return Tensor::full(shape, std::numeric_limits<double>::quiet_NaN(), dtype);
-}
-
-void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
-  for (double x : got.to_doubles()) ASSERT_FALSE(std::isnan(x)) << what << ": an element was not written";
-  EXPECT_LE(max_rel_error(got, want), tol) << what;
-}
+using Case = LinearAttentionCase;
+using Data = LinearAttentionData;
 
 Tensor to(const Tensor& t, DType dtype) { return kernel::to_dtype(t, dtype); }
 
-struct Case {
-  int64_t B, T, H, dk, dv;
-  bool init;
-  std::string name() const {
-    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
-           " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv) + (init ? " initial state" : "");
-  }
-};
-
-// T across the 32-step tile (70, 33), exactly one and two tiles, T = 1, dk ≠ dv both ways, head dims
-// 1 and 128 (every block thread a column and a row).
-const Case kCases[] = {{2, 70, 3, 16, 24, true},   {1, 1, 2, 5, 7, true},    {2, 33, 2, 8, 8, false},
-                       {1, 32, 2, 12, 4, true},    {1, 64, 1, 6, 10, false}, {2, 9, 2, 1, 3, true},
-                       {1, 40, 1, 128, 128, true}, {1, 35, 2, 96, 32, true}};
-
-struct Data {
-  Tensor fq, fk, v, s0, z0, dout, ds, dz;
-};
-
-// fq, fk positive, as the feature maps give them (so den stays away from 0).
 Data make_data(const Case& c, DType dtype, uint64_t seed) {
   Generator gen(seed);
-  Data x;
-  x.fq = Tensor::rand({c.B, c.T, c.H, c.dk}, gen, dtype, 0.05, 1.5);
-  x.fk = Tensor::rand({c.B, c.T, c.H, c.dk}, gen, dtype, 0.05, 1.5);
-  x.v = Tensor::randn({c.B, c.T, c.H, c.dv}, gen, dtype);
-  x.s0 = c.init ? Tensor::randn({c.B, c.H, c.dk, c.dv}, gen, dtype, 0.5) : Tensor::zeros({c.B, c.H, c.dk, c.dv}, dtype);
-  x.z0 = c.init ? Tensor::rand({c.B, c.H, c.dk}, gen, dtype, 0.0, 2.0) : Tensor::zeros({c.B, c.H, c.dk}, dtype);
-  x.dout = Tensor::randn({c.B, c.T, c.H, c.dv}, gen, dtype);
-  x.ds = Tensor::randn({c.B, c.H, c.dk, c.dv}, gen, dtype, 0.5);
-  x.dz = Tensor::randn({c.B, c.H, c.dk}, gen, dtype, 0.5);
-  return x;
+  return make_linear_attention_data(c, dtype, gen);
 }
 
 template <class T>
@@ -91,9 +53,10 @@ Outputs run_schedule(const Case& c, const Data& x, DType dtype, const kernel::Li
   const la::Dims d{c.B, c.T, c.H, c.dk, c.dv, p.form != LinearAttentionForm::noncausal, p.normalize};
   const la::Inputs<T> in = inputs_of<T>(x);
   const A eps = static_cast<A>(p.eps);
-  Outputs r{nan_like(x.dout.shape(), dtype), nan_like(x.s0.shape(), dtype), nan_like(x.z0.shape(), dtype),
-            nan_like(x.fq.shape(), dtype),   nan_like(x.fk.shape(), dtype), nan_like(x.v.shape(), dtype),
-            nan_like(x.s0.shape(), dtype),   nan_like(x.z0.shape(), dtype)};
+  Outputs r{poisoned(x.dout.shape(), dtype, kCpu), poisoned(x.s0.shape(), dtype, kCpu),
+            poisoned(x.z0.shape(), dtype, kCpu),   poisoned(x.fq.shape(), dtype, kCpu),
+            poisoned(x.fk.shape(), dtype, kCpu),   poisoned(x.v.shape(), dtype, kCpu),
+            poisoned(x.s0.shape(), dtype, kCpu),   poisoned(x.z0.shape(), dtype, kCpu)};
   for (int64_t idx = 0; idx < c.B * c.H * c.dv; ++idx) {
     la::forward_column(idx, d, in, eps, r.o.data<T>(), r.s.data<T>(), r.z.data<T>());
   }
@@ -136,7 +99,7 @@ Outputs cpu_reference(const Data& x, DType rd, const kernel::LinearAttentionPara
 
 template <class T, class A>
 void check_linear_attention(DType dtype, DType rd, double tol, uint64_t seed) {
-  for (const Case& c : kCases) {
+  for (const Case& c : kLinearAttentionCases) {
     const Data x = make_data(c, dtype, seed++);
     for (LinearAttentionForm form :
          {LinearAttentionForm::chunkwise, LinearAttentionForm::recurrent, LinearAttentionForm::noncausal}) {
@@ -145,14 +108,14 @@ void check_linear_attention(DType dtype, DType rd, double tol, uint64_t seed) {
         const std::string what = std::string(dtype_name(dtype)) + " " + c.name() + " form " +
                                  std::to_string(static_cast<int>(form)) + (normalize ? " normalized " : " ");
         const Outputs got = run_schedule<T, A>(c, x, dtype, p), want = cpu_reference(x, rd, p);
-        expect_close(got.o, want.o, tol, what + "o");
-        expect_close(got.s, want.s, tol, what + "final_state");
-        expect_close(got.z, want.z, tol, what + "final_normalizer");
-        expect_close(got.dfq, want.dfq, tol, what + "dfq");
-        expect_close(got.dfk, want.dfk, tol, what + "dfk");
-        expect_close(got.dv, want.dv, tol, what + "dv");
-        expect_close(got.ds0, want.ds0, tol, what + "ds0");
-        expect_close(got.dz0, want.dz0, tol, what + "dz0");
+        expect_schedule_close(got.o, want.o, tol, what + "o");
+        expect_schedule_close(got.s, want.s, tol, what + "final_state");
+        expect_schedule_close(got.z, want.z, tol, what + "final_normalizer");
+        expect_schedule_close(got.dfq, want.dfq, tol, what + "dfq");
+        expect_schedule_close(got.dfk, want.dfk, tol, what + "dfk");
+        expect_schedule_close(got.dv, want.dv, tol, what + "dv");
+        expect_schedule_close(got.ds0, want.ds0, tol, what + "ds0");
+        expect_schedule_close(got.dz0, want.dz0, tol, what + "dz0");
       }
     }
   }
@@ -189,7 +152,7 @@ void check_performer(DType dtype, DType rd, double tol, uint64_t seed) {
       const la::PerformerDims p{pc.B * pc.L * pc.H, pc.d, pc.m, stabilize};
       // Forward: the row-shift launch, then the element launch.
       std::vector<A> shift(static_cast<size_t>(p.N), std::numeric_limits<A>::quiet_NaN());
-      Tensor y = nan_like(dy.shape(), dtype);
+      Tensor y = poisoned(dy.shape(), dtype, kCpu);
       for (int64_t n = 0; n < p.N; ++n) la::performer_row_shift(n, p, x.data<T>(), omega.data<T>(), shift.data());
       const A inv_sqrt_m = static_cast<A>(1.0 / std::sqrt(static_cast<double>(p.m)));
       for (int64_t e = 0; e < p.N * p.m; ++e) {
@@ -197,7 +160,7 @@ void check_performer(DType dtype, DType rd, double tol, uint64_t seed) {
       }
       Tensor y_ref = Tensor::empty(dy.shape(), rd);
       kernel::performer_forward_kernel(kCpu, to(x, rd), to(omega, rd), stabilize, y_ref);
-      expect_close(y, y_ref, tol, what + "y");
+      expect_schedule_close(y, y_ref, tol, what + "y");
       // Backward on the same y (the CPU forward's, in the dtype under test): four launches.
       const Tensor y_saved = to(y_ref, dtype);
       const T *dY = dy.data<T>(), *X = x.data<T>(), *W = omega.data<T>(), *Y = y_saved.data<T>();
@@ -205,7 +168,7 @@ void check_performer(DType dtype, DType rd, double tol, uint64_t seed) {
       std::vector<int64_t> arg(static_cast<size_t>(p.N), -1);
       const int64_t blocks = (p.N + la::kRowBlock - 1) / la::kRowBlock;
       std::vector<A> partial(static_cast<size_t>(blocks * p.m * p.d), std::numeric_limits<A>::quiet_NaN());
-      Tensor dx = nan_like(x.shape(), dtype), domega = nan_like(omega.shape(), dtype);
+      Tensor dx = poisoned(x.shape(), dtype, kCpu), domega = poisoned(omega.shape(), dtype, kCpu);
       for (int64_t n = 0; n < p.N; ++n) la::performer_backward_row(n, p, dY, X, W, Y, rowsum.data(), arg.data());
       for (int64_t e = 0; e < p.N * p.d; ++e)
         la::performer_dx(e, p, dY, X, W, Y, rowsum.data(), arg.data(), dx.data<T>());
@@ -218,8 +181,8 @@ void check_performer(DType dtype, DType rd, double tol, uint64_t seed) {
       Tensor dx_ref = Tensor::empty(x.shape(), rd), dw_ref = Tensor::empty(omega.shape(), rd);
       kernel::performer_backward_kernel(kCpu, to(dy, rd), to(x, rd), to(omega, rd), to(y_saved, rd), stabilize, dx_ref,
                                         dw_ref);
-      expect_close(dx, dx_ref, tol, what + "dx");
-      expect_close(domega, dw_ref, tol, what + "domega");
+      expect_schedule_close(dx, dx_ref, tol, what + "dx");
+      expect_schedule_close(domega, dw_ref, tol, what + "domega");
     }
   }
 }
@@ -233,4 +196,4 @@ TEST(PerformerCudaSchedule, Bf16StorageF32ComputeMatchesCpuKernels) {
 }
 
 }  // namespace
-}  // namespace seqlab
+}  // namespace seqlab::testing

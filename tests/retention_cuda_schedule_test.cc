@@ -21,21 +21,15 @@
 #include "gated_scan_emulation.h"
 #include "layers/retention.h"
 #include "tensor/kernels.h"
+#include "variant_cases.h"
 
-namespace seqlab {
+// The tests live in seqlab::testing, beside the helpers of variant_cases.h they use.
+namespace seqlab::testing {
 namespace {
 
 namespace scan = cuda::scan;
-const Device kCpu = cpu_device();
-
-struct Case {
-  int64_t B, T, H, dk, dv;
-  std::vector<double> gammas;  // empty: RetNet's defaults
-  std::string name() const {
-    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
-           " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv) + (gammas.empty() ? " default gammas" : " gammas");
-  }
-};
+using Case = RetentionCase;
+using Inputs = RetentionInputs;
 
 const std::vector<Case> kCases = {
     {2, 37, 3, 16, 16, {}},                // two full segments and a partial one
@@ -47,39 +41,13 @@ const std::vector<Case> kCases = {
     {2, 150, 4, 64, 64, {}},               // as in the GPU test: many segments
 };
 
-struct Inputs {
-  Tensor q, k, v, s0, dout, ds;
-};
-
 Inputs make_inputs(const Case& c, bool random_s0, uint64_t seed) {
   Generator gen(seed);
-  const DType d = DType::f64;
-  Inputs in;
-  in.q = Tensor::randn({c.B, c.T, c.H, c.dk}, gen, d);
-  in.k = Tensor::randn({c.B, c.T, c.H, c.dk}, gen, d);
-  in.v = Tensor::randn({c.B, c.T, c.H, c.dv}, gen, d);
-  in.s0 = random_s0 ? Tensor::randn({c.B, c.H, c.dk, c.dv}, gen, d) : Tensor::zeros({c.B, c.H, c.dk, c.dv}, d);
-  in.dout = Tensor::randn({c.B, c.T, c.H, c.dv}, gen, d);
-  in.ds = Tensor::randn({c.B, c.H, c.dk, c.dv}, gen, d);
-  return in;
+  return make_retention_inputs(c, random_s0, DType::f64, gen);
 }
 
 kernel::RetentionParams params(const Case& c, RetentionForm form, double scale) {
   return {form, 8, scale, c.gammas.empty() ? retention_default_gammas(c.H) : c.gammas};
-}
-
-Tensor nan_like(const Shape& s, DType d) { return Tensor::full(s, std::numeric_limits<double>::quiet_NaN(), d); }
-
-void expect_close(const Tensor& got, const Tensor& want, double rtol, const std::string& what) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  const std::vector<double> g = got.to_doubles(), w = want.to_doubles();
-  int failures = 0;
-  for (size_t i = 0; i < g.size() && failures < 5; ++i) {
-    if (!(std::fabs(g[i] - w[i]) <= rtol * std::max(1.0, std::fabs(w[i])))) {
-      ++failures;
-      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " in the schedule, " << w[i] << " on the CPU";
-    }
-  }
 }
 
 struct Outputs {
@@ -127,8 +95,9 @@ Outputs emulate(const Inputs& in64, const kernel::RetentionParams& p, int batch)
   }
   const std::vector<A> decays(p.gammas.begin(), p.gammas.end());
   const scan::Problem<A, A> pb = problem_of<A>(x, decays, p.scale);
-  Outputs e{nan_like(in64.dout.shape(), d), nan_like(in64.ds.shape(), d), nan_like(in64.q.shape(), d),
-            nan_like(in64.k.shape(), d),    nan_like(in64.v.shape(), d),  nan_like(in64.s0.shape(), d)};
+  Outputs e{poisoned(in64.dout.shape(), d, kCpu), poisoned(in64.ds.shape(), d, kCpu),
+            poisoned(in64.q.shape(), d, kCpu),    poisoned(in64.k.shape(), d, kCpu),
+            poisoned(in64.v.shape(), d, kCpu),    poisoned(in64.s0.shape(), d, kCpu)};
   testing::emulate_forward(pb, e.o.data<A>(), e.s.data<A>());
   scan::BackwardIO<A, A> io;
   io.dout = x[4].data<A>();
@@ -140,12 +109,12 @@ Outputs emulate(const Inputs& in64, const kernel::RetentionParams& p, int batch)
 }
 
 void compare(const Outputs& e, const Outputs& r, double rtol, const std::string& what) {
-  expect_close(e.o, r.o, rtol, what + " o");
-  expect_close(e.s, r.s, rtol, what + " final state");
-  expect_close(e.dq, r.dq, rtol, what + " dq");
-  expect_close(e.dk, r.dk, rtol, what + " dk");
-  expect_close(e.dv, r.dv, rtol, what + " dv");
-  expect_close(e.ds0, r.ds0, rtol, what + " ds0");
+  expect_schedule_close(e.o, r.o, rtol, what + " o");
+  expect_schedule_close(e.s, r.s, rtol, what + " final state");
+  expect_schedule_close(e.dq, r.dq, rtol, what + " dq");
+  expect_schedule_close(e.dk, r.dk, rtol, what + " dk");
+  expect_schedule_close(e.dv, r.dv, rtol, what + " dv");
+  expect_schedule_close(e.ds0, r.ds0, rtol, what + " ds0");
 }
 
 TEST(RetentionCudaSchedule, MatchesCpuKernelsF64) {
@@ -190,4 +159,4 @@ TEST(RetentionCudaSchedule, MatchesCpuKernelsF32) {
 }
 
 }  // namespace
-}  // namespace seqlab
+}  // namespace seqlab::testing

@@ -16,18 +16,13 @@
 #include "autograd/ops.h"
 #include "tensor/kernels.h"
 #include "test_util.h"
+#include "variant_cases.h"
 
 namespace seqlab {
 namespace {
 
+using testing::all_finite;
 using testing::max_rel_error;
-
-bool all_finite(const Tensor& t) {
-  for (double x : t.to_doubles()) {
-    if (!std::isfinite(x)) return false;
-  }
-  return true;
-}
 
 struct Shape5 {
   int64_t B, T, H, Dk, Dv, chunk;
@@ -258,24 +253,16 @@ TEST(Retention, RegistryEntry) {
 
 std::string error_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s0 = Tensor(),
                      RetentionOptions o = {}) {
-  try {
-    retention(q, k, v, s0, o);
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "no error";
+  return testing::error_message_of([&] { retention(q, k, v, s0, o); });
 }
 
 TEST(Retention, ErrorsNameTheShapes) {
-  Tensor q = Tensor::zeros({2, 5, 3, 4}), v = Tensor::zeros({2, 5, 3, 6});
-  std::string e = error_of(q, Tensor::zeros({2, 5, 3, 3}), v);
-  EXPECT_NE(e.find("q and k differ"), std::string::npos) << e;
-  EXPECT_NE(e.find("k [2, 5, 3, 3]"), std::string::npos) << e;
-  e = error_of(q, q, v, Tensor::zeros({2, 3, 6, 4}));
-  EXPECT_NE(e.find("initial_state has the wrong shape"), std::string::npos) << e;
+  testing::expect_qkv_state_shape_errors(
+      [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s0) { return error_of(q, k, v, s0); });
+  const Tensor q = Tensor::zeros({2, 5, 3, 4}), v = Tensor::zeros({2, 5, 3, 6});
   RetentionOptions o;
   o.gammas = {0.9, 0.9};
-  e = error_of(q, q, v, Tensor(), o);
+  std::string e = error_of(q, q, v, Tensor(), o);
   EXPECT_NE(e.find("2 values for 3 heads"), std::string::npos) << e;
   o.gammas = {0.9, 0.9, 1.5};
   e = error_of(q, q, v, Tensor(), o);
