@@ -29,6 +29,7 @@
 
 #include "autograd/function.h"
 #include "autograd/op_registry.h"
+#include "layers/variant_inputs.h"
 #include "tensor/cpu/blas_rows.h"
 #include "tensor/cpu/parallel.h"
 #include "tensor/kernels.h"
@@ -52,13 +53,11 @@ SEQLAB_DEFINE_KERNEL(delta_net_backward_kernel);
 
 namespace {
 
-struct Dims {
-  int64_t B, T, H, dk, dv;
-};
+using Dims = HeadDims;
 
 std::string shapes_str(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
                        const Tensor& s0) {
-  auto one = [](const Tensor& t) { return t.defined() ? shape_str(t.shape()) : std::string("undefined"); };
+  const auto one = &shape_or_undefined;
   return "q " + one(q) + ", k " + one(k) + ", v " + one(v) + ", beta " + one(beta) + ", g " + one(g) +
          ", initial_state " + one(s0);
 }
@@ -70,11 +69,8 @@ Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
                                 "; expected q, k [B, T, H, dk], v [B, T, H, dv], beta [B, T, H], g [B, T, H] or "
                                 "none, initial_state [B, H, dk, dv] or none)");
   };
-  if (!q.defined() || !k.defined() || !v.defined() || !beta.defined()) fail("q, k, v and beta must all be given");
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) fail("q, k and v must have 4 dimensions");
-  const Dims d{q.size(0), q.size(1), q.size(2), q.size(3), v.size(3)};
-  if (k.shape() != q.shape()) fail("q and k differ in shape");
-  if (v.size(0) != d.B || v.size(1) != d.T || v.size(2) != d.H) fail("v differs from q in batch, length or heads");
+  if (!beta.defined()) fail("q, k, v and beta must all be given");
+  const Dims d = check_qkv(q, k, v, fail);
   const Shape bth{d.B, d.T, d.H};
   if (beta.shape() != bth) fail("beta must be [B, T, H]");
   if (g.defined() && g.shape() != bth) fail("g must be [B, T, H]");

@@ -24,8 +24,9 @@
 
 #include "autograd/function.h"
 #include "autograd/op_registry.h"
-#include "tensor/cpu/parallel.h"
+#include "layers/variant_inputs.h"
 #include "tensor/cpu/blas_rows.h"
+#include "tensor/cpu/parallel.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -56,28 +57,20 @@ LinearAttentionForm parse_linear_attention_form(const std::string& name) {
 
 namespace {
 
-struct Dims {
-  int64_t B, T, H, Dk, Dv;
-};
-
-std::string one_shape(const Tensor& t) { return t.defined() ? shape_str(t.shape()) : std::string("undefined"); }
+using Dims = HeadDims;
 
 Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s0, const Tensor& z0,
                   const LinearAttentionOptions& opts) {
   auto fail = [&](const std::string& why) {
-    throw std::invalid_argument("linear_attention: " + why + " (got q " + one_shape(q) + ", k " + one_shape(k) +
-                                ", v " + one_shape(v) + ", initial_state " + one_shape(s0) +
-                                ", initial_normalizer " + one_shape(z0) +
+    throw std::invalid_argument("linear_attention: " + why + " (got q " + shape_or_undefined(q) + ", k " +
+                                shape_or_undefined(k) + ", v " + shape_or_undefined(v) + ", initial_state " +
+                                shape_or_undefined(s0) + ", initial_normalizer " + shape_or_undefined(z0) +
                                 "; expected q, k [B, T, H, dk], v [B, T, H, dv], initial_state [B, H, dk, dv], "
                                 "initial_normalizer [B, H, dk])");
   };
-  if (!q.defined() || !k.defined() || !v.defined()) fail("q, k and v must all be given");
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) fail("q, k and v must have 4 dimensions");
-  const Dims d{q.size(0), q.size(1), q.size(2), q.size(3), v.size(3)};
-  if (k.shape() != q.shape()) fail("q and k differ in shape");
-  if (v.size(0) != d.B || v.size(1) != d.T || v.size(2) != d.H) fail("v differs from q in batch, length or heads");
-  if (s0.defined() && s0.shape() != Shape{d.B, d.H, d.Dk, d.Dv}) fail("initial_state has the wrong shape");
-  if (z0.defined() && z0.shape() != Shape{d.B, d.H, d.Dk}) fail("initial_normalizer has the wrong shape");
+  const Dims d = check_qkv(q, k, v, fail);
+  if (s0.defined() && s0.shape() != Shape{d.B, d.H, d.dk, d.dv}) fail("initial_state has the wrong shape");
+  if (z0.defined() && z0.shape() != Shape{d.B, d.H, d.dk}) fail("initial_normalizer has the wrong shape");
   const DType dt = q.dtype();
   if (!is_floating(dt) || k.dtype() != dt || v.dtype() != dt || (s0.defined() && s0.dtype() != dt) ||
       (z0.defined() && z0.dtype() != dt)) {
@@ -540,12 +533,12 @@ LinearAttentionOutput linear_attention(const Tensor& q, const Tensor& k, const T
                                        const Tensor& initial_normalizer, const LinearAttentionOptions& opts) {
   const Dims d = check_inputs(q, k, v, initial_state, initial_normalizer, opts);
   const Tensor qc = kernel::contiguous(q), kc = kernel::contiguous(k), vc = kernel::contiguous(v);
-  const Tensor s0 = or_zeros(initial_state, {d.B, d.H, d.Dk, d.Dv}, q);
-  const Tensor z0 = or_zeros(initial_normalizer, {d.B, d.H, d.Dk}, q);
+  const Tensor s0 = or_zeros(initial_state, {d.B, d.H, d.dk, d.dv}, q);
+  const Tensor z0 = or_zeros(initial_normalizer, {d.B, d.H, d.dk}, q);
   const kernel::LinearAttentionParams p = params_of(opts);
-  LinearAttentionOutput out{Tensor::empty({d.B, d.T, d.H, d.Dv}, q.dtype(), q.device()),
-                            Tensor::empty({d.B, d.H, d.Dk, d.Dv}, q.dtype(), q.device()),
-                            Tensor::empty({d.B, d.H, d.Dk}, q.dtype(), q.device())};
+  LinearAttentionOutput out{Tensor::empty({d.B, d.T, d.H, d.dv}, q.dtype(), q.device()),
+                            Tensor::empty({d.B, d.H, d.dk, d.dv}, q.dtype(), q.device()),
+                            Tensor::empty({d.B, d.H, d.dk}, q.dtype(), q.device())};
   const Tensor fq = feature_map(opts.feature_map, qc), fk = feature_map(opts.feature_map, kc);
   kernel::linear_attention_forward_kernel(q.device(), fq, fk, vc, s0, z0, p, out.o, out.final_state,
                                           out.final_normalizer);
@@ -575,8 +568,8 @@ namespace {
 
 void check_performer(const Tensor& x, const Tensor& omega) {
   auto fail = [&](const std::string& why) {
-    throw std::invalid_argument("performer_features: " + why + " (got x " + one_shape(x) + ", omega " +
-                                one_shape(omega) + "; expected x [B, T, H, d], omega [m, d])");
+    throw std::invalid_argument("performer_features: " + why + " (got x " + shape_or_undefined(x) + ", omega " +
+                                shape_or_undefined(omega) + "; expected x [B, T, H, d], omega [m, d])");
   };
   if (!x.defined() || !omega.defined()) fail("x and omega must be given");
   if (x.dim() != 4 || omega.dim() != 2) fail("x must have 4 dimensions and omega 2");

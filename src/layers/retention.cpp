@@ -22,8 +22,9 @@
 
 #include "autograd/function.h"
 #include "autograd/op_registry.h"
-#include "tensor/cpu/parallel.h"
+#include "layers/variant_inputs.h"
 #include "tensor/cpu/blas_rows.h"
+#include "tensor/cpu/parallel.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -49,24 +50,17 @@ RetentionForm parse_retention_form(const std::string& name) {
 
 namespace {
 
-struct Dims {
-  int64_t B, T, H, Dk, Dv;
-};
-
-std::string one_shape(const Tensor& t) { return t.defined() ? shape_str(t.shape()) : std::string("undefined"); }
+using Dims = HeadDims;
 
 Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s0, const RetentionOptions& opts) {
   auto fail = [&](const std::string& why) {
-    throw std::invalid_argument("retention: " + why + " (got q " + one_shape(q) + ", k " + one_shape(k) + ", v " +
-                                one_shape(v) + ", initial_state " + one_shape(s0) +
+    throw std::invalid_argument("retention: " + why + " (got q " + shape_or_undefined(q) + ", k " +
+                                shape_or_undefined(k) + ", v " + shape_or_undefined(v) + ", initial_state " +
+                                shape_or_undefined(s0) +
                                 "; expected q, k [B, T, H, dk], v [B, T, H, dv], initial_state [B, H, dk, dv])");
   };
-  if (!q.defined() || !k.defined() || !v.defined()) fail("q, k and v must all be given");
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) fail("q, k and v must have 4 dimensions");
-  const Dims d{q.size(0), q.size(1), q.size(2), q.size(3), v.size(3)};
-  if (k.shape() != q.shape()) fail("q and k differ in shape");
-  if (v.size(0) != d.B || v.size(1) != d.T || v.size(2) != d.H) fail("v differs from q in batch, length or heads");
-  if (s0.defined() && s0.shape() != Shape{d.B, d.H, d.Dk, d.Dv}) fail("initial_state has the wrong shape");
+  const Dims d = check_qkv(q, k, v, fail);
+  if (s0.defined() && s0.shape() != Shape{d.B, d.H, d.dk, d.dv}) fail("initial_state has the wrong shape");
   const DType dt = q.dtype();
   if (!is_floating(dt) || k.dtype() != dt || v.dtype() != dt || (s0.defined() && s0.dtype() != dt)) {
     fail("all inputs must share dtype f32, f64 or bf16");
@@ -75,7 +69,7 @@ Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
     if (t->defined() && t->device() != q.device()) fail("inputs are on different devices");
   }
   if (opts.chunk <= 0) fail("chunk must be positive, got " + std::to_string(opts.chunk));
-  if (d.Dk == 0) fail("the head dim dk is 0");
+  if (d.dk == 0) fail("the head dim dk is 0");
   if (!opts.gammas.empty()) {
     if (static_cast<int64_t>(opts.gammas.size()) != d.H) {
       fail("gammas has " + std::to_string(opts.gammas.size()) + " values for " + std::to_string(d.H) + " heads");
@@ -91,7 +85,7 @@ kernel::RetentionParams resolve(const RetentionOptions& o, const Dims& d) {
   kernel::RetentionParams p;
   p.form = o.form;
   p.chunk = o.chunk;
-  p.scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(d.Dk));
+  p.scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(d.dk));
   p.gammas = o.gammas.empty() ? retention_default_gammas(d.H) : o.gammas;
   return p;
 }
@@ -355,9 +349,9 @@ RetentionOutput retention(const Tensor& q, const Tensor& k, const Tensor& v, con
   const kernel::RetentionParams p = resolve(opts, d);
   const Tensor qc = kernel::contiguous(q), kc = kernel::contiguous(k), vc = kernel::contiguous(v);
   const Tensor s0 = initial_state.defined() ? kernel::contiguous(initial_state)
-                                            : Tensor::zeros({d.B, d.H, d.Dk, d.Dv}, q.dtype(), q.device());
-  RetentionOutput out{Tensor::empty({d.B, d.T, d.H, d.Dv}, q.dtype(), q.device()),
-                      Tensor::empty({d.B, d.H, d.Dk, d.Dv}, q.dtype(), q.device())};
+                                            : Tensor::zeros({d.B, d.H, d.dk, d.dv}, q.dtype(), q.device());
+  RetentionOutput out{Tensor::empty({d.B, d.T, d.H, d.dv}, q.dtype(), q.device()),
+                      Tensor::empty({d.B, d.H, d.dk, d.dv}, q.dtype(), q.device())};
   kernel::retention_forward_kernel(q.device(), qc, kc, vc, s0, p, out.o, out.final_state);
   record("retention", {q, k, v, initial_state}, {&out.o, &out.final_state}, {qc, kc, vc, s0},
          [p](const std::vector<Tensor>& g, const std::vector<Tensor>& s, const std::vector<bool>& need) {
