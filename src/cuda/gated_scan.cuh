@@ -92,6 +92,23 @@ inline void check_head_dims(const char* op, int64_t dk, int64_t dv) {
   }
 }
 
+// A problem's sizes, scale and q, k, v from contiguous q, k [B, T, H, dk] and v [B, T, H, dv] of element
+// type E; the op then points it at its gates or decays and its initial state.
+template <class E, class A>
+Problem<E, A> qkv_problem(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
+  Problem<E, A> pb;
+  pb.nb = q.size(0);
+  pb.nt = q.size(1);
+  pb.nh = q.size(2);
+  pb.dk = q.size(3);
+  pb.dv = v.size(3);
+  pb.scale = static_cast<A>(scale);
+  pb.q = static_cast<const E*>(q.raw_data());
+  pb.k = static_cast<const E*>(k.raw_data());
+  pb.v = static_cast<const E*>(v.raw_data());
+  return pb;
+}
+
 template <class E, class A>
 dim3 grid_of(const char* what, const Problem<E, A>& pb) {
   if (pb.nh > 65535 || pb.nb > 65535) {

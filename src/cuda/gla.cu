@@ -51,16 +51,7 @@ void check_inputs(const char* op, int device, const Tensor& q, const Tensor& k, 
 template <class E, class A>
 scan::Problem<E, A> problem_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
                                const Tensor& h0, double scale) {
-  scan::Problem<E, A> pb;
-  pb.nb = q.size(0);
-  pb.nt = q.size(1);
-  pb.nh = q.size(2);
-  pb.dk = q.size(3);
-  pb.dv = v.size(3);
-  pb.scale = static_cast<A>(scale);
-  pb.q = in_or_null<E>(q);
-  pb.k = in_or_null<E>(k);
-  pb.v = in_or_null<E>(v);
+  scan::Problem<E, A> pb = scan::qkv_problem<E, A>(q, k, v, scale);
   pb.g = in_or_null<E>(g);
   pb.gv = in_or_null<E>(gv);
   pb.h0 = in_or_null<E>(h0);

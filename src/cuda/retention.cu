@@ -44,16 +44,7 @@ Tensor decays_on(const Tensor& q, const kernel::RetentionParams& p, DType acc) {
 template <class E, class A>
 scan::Problem<E, A> problem_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s0,
                                const Tensor& decays, double scale) {
-  scan::Problem<E, A> pb;
-  pb.nb = q.size(0);
-  pb.nt = q.size(1);
-  pb.nh = q.size(2);
-  pb.dk = q.size(3);
-  pb.dv = v.size(3);
-  pb.scale = static_cast<A>(scale);
-  pb.q = static_cast<const E*>(q.raw_data());
-  pb.k = static_cast<const E*>(k.raw_data());
-  pb.v = static_cast<const E*>(v.raw_data());
+  scan::Problem<E, A> pb = scan::qkv_problem<E, A>(q, k, v, scale);
   pb.h0 = static_cast<const E*>(s0.raw_data());
   pb.decay = static_cast<const A*>(decays.raw_data());
   return pb;
