@@ -9,12 +9,13 @@
 //       them. `kernel` may be a __global__ function (template instance) or any callable, e.g. a lambda
 //       with no arguments. The blocks run one after another. A block's threads are fibers (ucontext,
 //       one stack each) of the launching OS thread: one runs at a time, until it reaches a barrier or
-//       returns, and then the next to run is picked at random among the runnable ones (seeded per
-//       launch, so every run of a program is the same). So the threads of a block interleave in a
-//       different order at every barrier, and a missing barrier shows up as a read that comes before
-//       the write it needed, or after the next one — reproducibly. (Fibers rather than one OS thread
-//       per CUDA thread: waking 256 OS threads at every barrier on a two-core machine cost ~3 ms per
-//       __syncthreads, a hundred times more.)
+//       returns, and then the scheduler picks the next (seeded per launch, so every run of a program is
+//       the same): in half the blocks at random among the runnable threads, in the other half by a
+//       random priority per thread (whole warps ranked), so that some warps run ahead as far as the
+//       barriers let them while others lag. A missing barrier then shows up as a read that comes
+//       before the write it needed, or after the write that replaced it — reproducibly. (Fibers
+//       rather than one OS thread per CUDA thread: waking 256 OS threads at every barrier on a
+//       two-core machine cost ~3 ms per __syncthreads, twenty times more.)
 //   threadIdx, blockIdx, blockDim, gridDim (set by the launch), warpSize, dim3, uint4.
 //   __syncthreads(), __syncwarp(): barriers of the block's and the warp's threads. A thread that
 //       returns from the kernel no longer counts at later barriers, as on the hardware. Threads that
@@ -36,7 +37,7 @@
 //       __float2bfloat16 / __float2bfloat16_rn (round to nearest even, as CUDA's),
 //       __floats2bfloat162_rn. No arithmetic operators on __nv_bfloat16: kernels convert explicitly.
 //   Math: the <math.h> names (expf, logf, sqrtf, exp, log, isnan, INFINITY, ...) plus rsqrtf, rsqrt,
-//       __expf, __logf, __fdividef, __ldg; atomicAdd; __trap() (aborts).
+//       __expf, __logf, __fdividef, __ldg; atomicAdd; __trap() (aborts); min and max of two integers.
 //   __global__, __device__, __host__, __forceinline__, __launch_bounds__(...), __align__(n) as the
 //       host compiler understands them.
 //   emu::kMultiprocessors: the emulated GPU's multiprocessor count, for the launchers' grid helpers
@@ -118,8 +119,8 @@ constexpr int kMultiprocessors = 1;
 
 // The threads of the running block, as fibers (ucontext) of the launching OS thread, and the barriers
 // they wait at. Only one fiber runs at a time; it runs until it reaches a barrier (or returns), then
-// the scheduler resumes a runnable fiber picked at random (seeded per launch, so a run is
-// reproducible). A barrier releases its waiters once every thread it counts has arrived; a thread that
+// the scheduler resumes a runnable fiber picked by a random rule (seeded per launch, so a run is
+// reproducible; see run()). A barrier releases its waiters once every thread it counts has arrived; a thread that
 // returned from the kernel no longer counts, as on the hardware.
 class Block {
  public:
@@ -161,8 +162,28 @@ class Block {
     }
     Block* const outer = running_;
     running_ = this;
+    // The order: half the blocks pick uniformly at random among the runnable fibers, so the threads
+    // advance roughly together in a random interleaving; the other half always run the runnable fiber
+    // of highest priority (warps ranked at random, lanes at random within them), so some warps run
+    // as far ahead as the barriers let them while others lag: that exposes a missing barrier before
+    // a shared buffer is overwritten (the lagging thread has not read it yet), which a uniform order
+    // almost never does.
+    const bool uniform = rng_() % 2 == 0;
+    if (!uniform) {
+      std::vector<unsigned> warp_rank(warp_count_);
+      for (unsigned w = 0; w < warp_count_; ++w) warp_rank[w] = w;
+      std::shuffle(warp_rank.begin(), warp_rank.end(), rng_);
+      for (unsigned t = 0; t < threads_; ++t) fibers_[t].priority = warp_rank[t / 32] * 64 + rng_() % 64;
+    }
     while (!runnable_.empty()) {
-      const size_t pick = rng_() % runnable_.size();
+      size_t pick = 0;
+      if (uniform) {
+        pick = rng_() % runnable_.size();
+      } else {
+        for (size_t i = 1; i < runnable_.size(); ++i) {
+          if (fibers_[runnable_[i]].priority > fibers_[runnable_[pick]].priority) pick = i;
+        }
+      }
       current_ = runnable_[pick];
       runnable_[pick] = runnable_.back();
       runnable_.pop_back();
@@ -187,6 +208,7 @@ class Block {
     ucontext_t context;
     std::unique_ptr<char[]> stack;
     bool done = false;
+    uint64_t priority = 0;
   };
   struct Barrier {
     unsigned expected = 0;
@@ -341,6 +363,18 @@ T atomicAdd(T* address, T val) {
   return old;
 }
 [[noreturn]] inline void __trap() { emu::fail("__trap() in a kernel"); }
+// CUDA's global min and max for two integers of one type (device code calls them unqualified, e.g.
+// min(static_cast<int64_t>(kTile), T - i0) in attention_kernels.cuh). Floating-point min/max (fminf's
+// NaN rules) are not emulated: a kernel that needs them gets a compile error here, not a silent
+// difference.
+template <class T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+T min(T a, T b) {
+  return b < a ? b : a;
+}
+template <class T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+T max(T a, T b) {
+  return a < b ? b : a;
+}
 
 // ---- outputs of emulated kernels ----------------------------------------------------------------
 namespace seqlab::testing {

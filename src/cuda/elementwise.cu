@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/reduce_rows_kernels.cuh"
 #include "cuda/runtime.h"
 #include "tensor/elementwise_math.h"
 #include "tensor/kernels.h"
@@ -296,53 +297,11 @@ void where_cuda(const Tensor& cond, const Tensor& a, const Tensor& b, const Tens
 
 // ---- row sums ------------------------------------------------------------------------------------
 
-// Rows shorter than this are summed by one thread each: a block per row would leave most threads idle.
-constexpr int64_t kShortRow = 32;
-
-template <class A>
-__device__ __forceinline__ A warp_sum(A v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-// out[r] = Σ_i x[r, i] for a contiguous x [rows, inner], one block per row (blocks stride over the
-// rows when there are more rows than blocks). Each thread adds every kThreads-th element of the row in
-// a register, each warp combines its 32 sums by shuffles, and warp 0 combines the 8 warp sums from
-// shared memory. Reads x once, writes out once; accumulates in f32 (f64 for f64). A single long row
-// (a sum over the whole tensor) keeps only one multiprocessor busy; a two-pass version would fix that.
-template <class T>
-__global__ void __launch_bounds__(kThreads) sum_rows_by_block(const T* x, T* out, int64_t rows, int64_t inner) {
-  using A = compute_t<T>;
-  __shared__ A warp_sums[kThreads / 32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* row = x + r * inner;
-    A acc = 0;
-    for (int64_t i = threadIdx.x; i < inner; i += kThreads) acc += convert<A>(row[i]);
-    acc = warp_sum(acc);
-    if (lane == 0) warp_sums[warp] = acc;
-    __syncthreads();
-    if (warp == 0) {
-      acc = warp_sum(lane < kThreads / 32 ? warp_sums[lane] : A(0));
-      if (lane == 0) out[r] = convert<T>(acc);
-    }
-    __syncthreads();  // warp_sums is rewritten for the next row
-  }
-}
-
-// out[r] = Σ_i x[r, i] by thread r, for rows shorter than kShortRow (0 for empty rows).
-template <class T>
-struct SumShortRowsFn {
-  const T* x;
-  T* out;
-  int64_t inner;
-  __device__ void operator()(int64_t r) const {
-    compute_t<T> acc = 0;
-    for (int64_t i = 0; i < inner; ++i) acc += convert<compute_t<T>>(x[r * inner + i]);
-    out[r] = convert<T>(acc);
-  }
-};
+// The row-sum kernels are in reduce_rows_kernels.cuh.
+using rows::kShortRow;
+using rows::row_grid;
+using rows::sum_rows_by_block;
+using rows::SumShortRowsFn;
 
 void sum_rows_cuda(const Tensor& x, const Tensor& out) {
   if (x.dim() != 2 || !x.is_contiguous() || !out.is_contiguous() || out.numel() != x.size(0)) {
@@ -361,7 +320,7 @@ void sum_rows_cuda(const Tensor& x, const Tensor& out) {
     if (rows == 0) return;
     const int device = out.device().index;
     DeviceGuard guard(device);
-    const int blocks = static_cast<int>(std::min<int64_t>(rows, int64_t{multiprocessor_count(device)} * 32));
+    const int blocks = row_grid(rows, multiprocessor_count(device));
     sum_rows_by_block<T><<<blocks, kThreads, 0, stream(device)>>>(in, o, rows, inner);
     SEQLAB_CUDA_CHECK_LAUNCH("sum_rows_by_block");
   });

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "cuda/reduce_rows_kernels.cuh"
 #include "cuda/row_kernels.cuh"
 #include "tensor/kernels.h"
 
@@ -159,60 +160,7 @@ void embedding_backward_cuda(const Tensor& dy, const Tensor& index, const Tensor
 
 // ---- max over rows, and its backward -------------------------------------------------------------
 
-// A candidate for a row's max: value and column; column −1 is "no candidate yet".
-template <class A>
-struct Best {
-  A value;
-  int64_t index;
-};
-
-// The CPU's sequential rule `if (row[i] > row[best]) best = i` starting from best = 0, made
-// associative: a non-NaN value beats NaN, a larger value beats a smaller, and equal values go to the
-// earlier column. The one case that differs, a NaN in column 0 (the CPU never moves off it), is
-// applied after the reduction.
-template <class A>
-__device__ __forceinline__ Best<A> better(Best<A> a, Best<A> b) {
-  if (b.index < 0) return a;
-  if (a.index < 0) return b;
-  const bool a_nan = isnan(a.value), b_nan = isnan(b.value);
-  if (a_nan != b_nan) return a_nan ? b : a;
-  if (!a_nan && a.value != b.value) return a.value > b.value ? a : b;
-  return a.index < b.index ? a : b;
-}
-
-// One block per row r of x [outer, inner] (inner ≥ 1): out[r] = x[r, best], index[r] = best, the
-// CPU's first argmax. Reads the row once; writes one value and one index per row.
-template <class T>
-__global__ void __launch_bounds__(kMaxThreads) max_rows(const T* x, T* out, int64_t* index, int64_t outer, int64_t inner) {
-  using A = compute_t<T>;
-  __shared__ A values[kMaxWarps];
-  __shared__ int64_t columns[kMaxWarps];
-  for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
-    const T* row = x + r * inner;
-    Best<A> best{A(0), -1};
-    for (int64_t i = threadIdx.x; i < inner; i += blockDim.x) best = better(best, Best<A>{convert<A>(row[i]), i});
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-      const Best<A> other{__shfl_xor_sync(0xffffffffu, best.value, offset),
-                          __shfl_xor_sync(0xffffffffu, best.index, offset)};
-      best = better(best, other);
-    }
-    __syncthreads();  // the previous row's readers are done with the shared arrays
-    if (threadIdx.x % 32 == 0) {
-      values[threadIdx.x / 32] = best.value;
-      columns[threadIdx.x / 32] = best.index;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      best = Best<A>{values[0], columns[0]};
-      for (unsigned w = 1; w < blockDim.x / 32; ++w) best = better(best, Best<A>{values[w], columns[w]});
-      const A first = convert<A>(row[0]);
-      if (isnan(first)) best = Best<A>{first, 0};
-      out[r] = convert<T>(best.value);
-      index[r] = best.index;
-    }
-  }
-}
+// max_rows, the CPU's first argmax per row, is in reduce_rows_kernels.cuh.
 
 // dx[r, index[r]] = dy[r] for a dx [outer, inner] the caller zeroed: one thread per row, one read of
 // dy and index and one write each.

@@ -1,0 +1,456 @@
+// The row-reduction CUDA kernels, run on the CPU against the CPU slots: layer and RMS norm (forward,
+// plain and fused with the residual add; dx with and without the residual's gradient; the dw/db
+// column sums), softmax and log-softmax (forward and backward), cross-entropy (forward rows and the
+// element-wise backward, i32 and i64 targets, ignore_index), the row sums of sum_rows and max over rows
+// with the CPU's first argmax. No GPU needed: this is the check these kernels get on every build until
+// a GPU runs tests/cuda_rows_gpu_test.cc, which checks the same slots end to end.
+//
+// The kernel source (src/cuda/{norm,softmax,reduce_rows}_kernels.cuh, block_reduce.cuh) is compiled by
+// the host compiler over tests/cuda_emulation.h: one std::thread per CUDA thread, real barriers and
+// shuffles, an emulated GPU of one multiprocessor. Each launch below mirrors its launcher in
+// src/cuda/{norm,softmax,elementwise,index}.cu: the same early returns, the same grid and block (the
+// launchers' own helpers, row_grid, row_threads, param_chunks, grid_stride_blocks, given the emulated
+// multiprocessor count), the same arguments. With one multiprocessor a grid stops at 32 blocks, so the
+// shapes with more rows than that run the kernels' row loops too. Outputs start as NaN (a sentinel for
+// indices) between guard bands, so an element not written and a write outside the output both fail.
+//
+// Shapes: columns 1, 7 (< a warp), 33, 100 (not a multiple of the block), 300 and 600 (> 256: several
+// elements per thread), rows 1 to 40. Tolerances as in the GPU test (gpu_rtol: 1e-5 f32, 1e-10 f64,
+// 1e-2 bf16, the reference being the CPU kernels in f32 on the same bf16 values); argmax exact.
+// What this cannot check: the real compiler, the hardware's memory system and scheduling, performance.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "cuda_emulation.h"
+#include "cuda_test_util.h"
+#include "tensor/kernels.h"
+#include "tensor/tensor.h"
+
+// The kernels, after the emulation they are compiled over.
+#include "cuda/norm_kernels.cuh"
+#include "cuda/reduce_rows_kernels.cuh"
+#include "cuda/softmax_kernels.cuh"
+
+namespace seqlab {
+namespace {
+
+namespace rows = cuda::rows;
+using cuda::compute_t;
+using kernel::NormGrads;
+using kernel::NormOutput;
+using testing::expect_values_close;
+using testing::GuardedOutput;
+using testing::kCpu;
+using testing::reference_type;
+constexpr int kSMs = emu::kMultiprocessors;
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+double rtol(DType d) { return testing::gpu_rtol(d); }
+Tensor cpu_empty(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype, kCpu); }
+// `x` (already in the dtype under test) as the CPU reference computes from it.
+Tensor ref(const Tensor& x) { return testing::as_reference(x); }
+std::string case_name(const char* op, DType dtype, int64_t rows, int64_t cols) {
+  return std::string(op) + " " + dtype_name(dtype) + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+}
+
+// fn(T{}, dtype) for each element type the kernels take, T being the kernels' own (bf16_t for bf16).
+template <class Fn>
+void for_each_type(Fn&& fn) {
+  fn(float{}, DType::f32);
+  fn(double{}, DType::f64);
+  fn(cuda::bf16_t{}, DType::bf16);
+}
+// fn(std::bool_constant<b>{}) for a runtime b: picks a kernel's bool template argument.
+template <class Fn>
+void with_flag(bool b, Fn&& fn) {
+  if (b) {
+    fn(std::true_type{});
+  } else {
+    fn(std::false_type{});
+  }
+}
+// The output's value against the reference, and nothing written outside it.
+void expect_output(const GuardedOutput& got, const Tensor& want, double tol, const std::string& what,
+                   const Tensor& scale = Tensor()) {
+  expect_values_close(got.value(), want, tol, what, scale);
+  got.expect_guards_intact(what);
+}
+
+// ---- the launchers, as src/cuda/*.cu launch (with the emulated multiprocessor count) --------------
+
+// rows::launch_elements: f(i) for i in [0, n) in a grid-stride loop.
+template <class F>
+void launch_elements(int64_t n, const F& f) {
+  if (n == 0) return;
+  emu::launch(dim3(cuda::grid_stride_blocks(n, kSMs)), dim3(cuda::kThreads), 0, cuda::grid_stride_loop<F>, n, f);
+}
+
+// norm.cu norm_forward: residual and sum both defined (fused) or both null; mean null for rms.
+template <class T>
+void norm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, double eps,
+                  GuardedOutput* sum, GuardedOutput& y, GuardedOutput* mean, GuardedOutput& rstd) {
+  using A = compute_t<T>;
+  const int64_t n = x.size(0), c = x.size(1);
+  if (n == 0 || c == 0) return;
+  const T* bias = b.defined() ? b.data<T>() : nullptr;
+  const T* res = residual.defined() ? residual.data<T>() : nullptr;
+  T* s = sum != nullptr ? sum->data<T>() : nullptr;
+  const dim3 grid(rows::row_grid(n, kSMs)), block(rows::row_threads(c));
+  with_flag(mean != nullptr, [&](auto centered) {
+    constexpr bool kCentered = decltype(centered)::value;
+    emu::launch(grid, block, 0, rows::norm_forward_rows<T, kCentered>, x.data<T>(), res, s, w.data<T>(), bias,
+                y.data<T>(), kCentered ? mean->data<A>() : nullptr, rstd.data<A>(), n, c, eps);
+  });
+}
+
+// norm.cu norm_backward: each of dx, dw, db null where not asked for; mean undefined for rms.
+template <class T>
+void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                   const Tensor& dsum, GuardedOutput* dx, GuardedOutput* dw, GuardedOutput* db) {
+  using A = compute_t<T>;
+  const int64_t n = x.size(0), c = x.size(1);
+  with_flag(mean.defined(), [&](auto centered) {
+    constexpr bool kCentered = decltype(centered)::value;
+    const A* mu = kCentered ? mean.data<A>() : nullptr;
+    if (dx != nullptr && n > 0 && c > 0) {
+      emu::launch(dim3(rows::row_grid(n, kSMs)), dim3(rows::row_threads(c)), 0,
+                  rows::norm_backward_dx_rows<T, kCentered>, dy.data<T>(), x.data<T>(), w.data<T>(), mu, rstd.data<A>(),
+                  dsum.defined() ? dsum.data<T>() : nullptr, dx->data<T>(), n, c);
+    }
+    if ((dw == nullptr && db == nullptr) || c == 0) return;
+    const int64_t chunks = n == 0 ? 1 : rows::param_chunks(n, c, kSMs), per = n == 0 ? 0 : (n + chunks - 1) / chunks;
+    const DType acc_type = std::is_same_v<A, double> ? DType::f64 : DType::f32;
+    GuardedOutput part_w({chunks, c}, acc_type), part_b({chunks, c}, acc_type);
+    A* pw = dw != nullptr ? part_w.data<A>() : nullptr;
+    A* pb = db != nullptr ? part_b.data<A>() : nullptr;
+    const dim3 grid(static_cast<unsigned>((c + rows::kMaxThreads - 1) / rows::kMaxThreads),
+                    static_cast<unsigned>(chunks));
+    emu::launch(grid, dim3(rows::kMaxThreads), 0, rows::norm_param_partials<T, kCentered>, dy.data<T>(), x.data<T>(),
+                mu, rstd.data<A>(), pw, pb, n, c, per);
+    if (dw != nullptr) launch_elements(c, rows::SumPartialsFn<T>{pw, dw->data<T>(), chunks, c});
+    if (db != nullptr) launch_elements(c, rows::SumPartialsFn<T>{pb, db->data<T>(), chunks, c});
+    part_w.expect_guards_intact("norm weight partial sums");
+    part_b.expect_guards_intact("norm bias partial sums");
+  });
+}
+
+// softmax.cu softmax_cuda and softmax_backward_cuda on rows [n, c].
+template <class T>
+void softmax_forward(const Tensor& x, bool log, GuardedOutput& y) {
+  const int64_t n = x.size(0), c = x.size(1);
+  if (n == 0 || c == 0) return;
+  with_flag(log, [&](auto is_log) {
+    emu::launch(dim3(rows::row_grid(n, kSMs)), dim3(rows::row_threads(c)), 0,
+                rows::softmax_rows<T, decltype(is_log)::value>, x.data<T>(), y.data<T>(), n, c);
+  });
+}
+template <class T>
+void softmax_backward(const Tensor& dy, const Tensor& y, bool log, GuardedOutput& dx) {
+  const int64_t n = y.size(0), c = y.size(1);
+  if (n == 0 || c == 0) return;
+  with_flag(log, [&](auto is_log) {
+    emu::launch(dim3(rows::row_grid(n, kSMs)), dim3(rows::row_threads(c)), 0,
+                rows::softmax_backward_rows<T, decltype(is_log)::value>, dy.data<T>(), y.data<T>(), dx.data<T>(), n, c);
+  });
+}
+
+// softmax.cu cross_entropy_cuda and cross_entropy_backward_cuda, targets of index type I.
+template <class T, class I>
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, GuardedOutput& losses,
+                           GuardedOutput& lse) {
+  using A = compute_t<T>;
+  const int64_t n = logits.size(0), v = logits.size(1);
+  if (n == 0) return;
+  emu::launch(dim3(rows::row_grid(n, kSMs)), dim3(rows::row_threads(v)), 0, rows::cross_entropy_rows<T, I>,
+              logits.data<T>(), targets.data<I>(), ignore_index, losses.data<A>(), lse.data<A>(), n, v);
+}
+template <class T, class I>
+void cross_entropy_backward(double scale, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            int64_t ignore_index, GuardedOutput& dlogits) {
+  using A = compute_t<T>;
+  launch_elements(logits.numel(), rows::CrossEntropyBackwardFn<T, I>{logits.data<T>(), lse.data<A>(), targets.data<I>(),
+                                                                     dlogits.data<T>(), logits.size(1), ignore_index,
+                                                                     static_cast<A>(scale)});
+}
+
+// elementwise.cu sum_rows_cuda: short rows by one thread each, longer ones by a block per row.
+template <class T>
+void sum_rows(const Tensor& x, GuardedOutput& out) {
+  const int64_t n = x.size(0), inner = x.size(1);
+  if (inner < rows::kShortRow) {
+    launch_elements(n, rows::SumShortRowsFn<T>{x.data<T>(), out.data<T>(), inner});
+    return;
+  }
+  if (n == 0) return;
+  emu::launch(dim3(rows::row_grid(n, kSMs)), dim3(cuda::kThreads), 0, rows::sum_rows_by_block<T>, x.data<T>(),
+              out.data<T>(), n, inner);
+}
+
+// index.cu max_rows_cuda.
+template <class T>
+void max_rows(const Tensor& x, GuardedOutput& out, GuardedOutput& index) {
+  const int64_t outer = x.size(0), inner = x.size(1);
+  if (outer == 0) return;
+  emu::launch(dim3(rows::row_grid(outer, kSMs)), dim3(rows::row_threads(inner)), 0, rows::max_rows<T>, x.data<T>(),
+              out.data<T>(), index.data<int64_t>(), outer, inner);
+}
+
+// ---- the tests ----------------------------------------------------------------------------------
+
+class RowsEmulation : public ::testing::Test {
+ protected:
+  // Uniform integers in [0, n), with about `ignored_share` of them replaced by `ignored`.
+  Tensor indices(int64_t count, int64_t n, DType dtype, double ignored_share = 0.0, int64_t ignored = -100) {
+    std::vector<int64_t> v(static_cast<size_t>(count));
+    for (int64_t& i : v) {
+      i = static_cast<int64_t>(gen_.next_u64() % static_cast<uint64_t>(n));
+      if (gen_.uniform() < ignored_share) i = ignored;
+    }
+    return Tensor::from_indices(v, {count}, dtype);
+  }
+
+  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 31};
+};
+
+// [rows, C]: one element; a column per row with more rows than the 32-block grid; a few short rows;
+// rows of a warp and one; more rows than blocks with C not a multiple of the block; C > 256.
+const std::pair<int64_t, int64_t> kRowShapes[] = {{1, 1}, {40, 1}, {5, 7}, {37, 33}, {3, 300}, {2, 600}};
+
+TEST_F(RowsEmulation, NormForwardPlainAndFused) {
+  for_each_type([&](auto tag, DType dtype) {
+    using T = decltype(tag);
+    const DType rt = reference_type(dtype), at = accumulate_dtype(dtype);
+    for (auto [n, c] : kRowShapes) {
+      // An offset mean (3) so the centering matters.
+      Tensor x =
+          kernel::to_dtype(kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, c}, gen_, rt, 2.0), 3.0), dtype);
+      Tensor res = Tensor::randn({n, c}, gen_, dtype), w = Tensor::randn({c}, gen_, dtype);
+      Tensor b = Tensor::randn({c}, gen_, dtype);
+      for (bool fused : {false, true}) {
+        for (int kind = 0; kind < 3; ++kind) {  // layer norm, layer norm without bias, rms norm
+          const bool centered = kind < 2, with_bias = kind == 0;
+          const std::string what = case_name(kind == 0   ? "layer_norm"
+                                             : kind == 1 ? "layer_norm without bias"
+                                                         : "rms_norm",
+                                             dtype, n, c) +
+                                   (fused ? " fused with the residual add" : "");
+          const double eps = centered ? 1e-5 : 1e-6;
+          const Tensor bias = with_bias ? b : Tensor();
+          // The reference: the CPU's fused sum, then its plain norm of that sum as stored in the dtype
+          // under test (the kernel normalises the rounded s it writes).
+          Tensor normalised = x, want_sum;
+          if (fused) {
+            want_sum = cpu_empty({n, c}, rt);
+            NormOutput ignored{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
+            if (centered) {
+              kernel::add_layer_norm_kernel(kCpu, ref(x), ref(res), ref(w), ref(bias), eps, want_sum, ignored);
+            } else {
+              kernel::add_rms_norm_kernel(kCpu, ref(x), ref(res), ref(w), eps, want_sum, ignored);
+            }
+            normalised = kernel::to_dtype(want_sum, dtype);
+          }
+          NormOutput want{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
+          if (centered) {
+            kernel::layer_norm_kernel(kCpu, ref(normalised), ref(w), ref(bias), eps, want);
+          } else {
+            kernel::rms_norm_kernel(kCpu, ref(normalised), ref(w), eps, want);
+          }
+
+          GuardedOutput sum({n, c}, dtype), y({n, c}, dtype), mean({n}, at), rstd({n}, at);
+          norm_forward<T>(x, fused ? res : Tensor(), w, bias, eps, fused ? &sum : nullptr, y,
+                          centered ? &mean : nullptr, rstd);
+          if (fused) expect_output(sum, want_sum, rtol(dtype), what + " sum");
+          expect_output(y, want.y, rtol(dtype), what + " y");
+          if (centered) expect_output(mean, want.mean, rtol(dtype), what + " mean");
+          expect_output(rstd, want.rstd, rtol(dtype), what + " rstd");
+          // What a launch must not write: the sum when not fused, the mean for rms.
+          if (!fused) expect_output(sum, testing::poisoned({n, c}, dtype, kCpu), 0.0, what + " sum (not written)");
+          if (!centered) expect_output(mean, testing::poisoned({n}, at, kCpu), 0.0, what + " mean (not written)");
+        }
+      }
+    }
+  });
+}
+
+TEST_F(RowsEmulation, NormBackward) {
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {40, 1}, {5, 7}, {37, 33}, {3, 300}, {0, 5}};
+  for_each_type([&](auto tag, DType dtype) {
+    using T = decltype(tag);
+    const DType rt = reference_type(dtype), at = accumulate_dtype(dtype);
+    for (auto [n, c] : shapes) {
+      Tensor x =
+          kernel::to_dtype(kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, c}, gen_, rt, 2.0), -1.5), dtype);
+      Tensor w = Tensor::randn({c}, gen_, dtype), dy = Tensor::randn({n, c}, gen_, dtype);
+      Tensor dsum = Tensor::randn({n, c}, gen_, dtype);
+      for (bool centered : {true, false}) {
+        const std::string what = case_name(centered ? "layer_norm backward" : "rms_norm backward", dtype, n, c);
+        // The statistics as the forward saved them: computed, then stored in accumulate_dtype (f32 for bf16).
+        NormOutput fwd{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
+        if (centered) {
+          kernel::layer_norm_kernel(kCpu, ref(x), ref(w), Tensor(), 1e-5, fwd);
+        } else {
+          kernel::rms_norm_kernel(kCpu, ref(x), ref(w), 1e-5, fwd);
+        }
+        const Tensor mean = centered ? kernel::to_dtype(fwd.mean, at) : Tensor();
+        const Tensor rstd = kernel::to_dtype(fwd.rstd, at);
+        // Every gradient, then only the parameter gradients (dx skipped), then only dx; dx also with
+        // dsum, the gradient of a fused residual sum, added onto it.
+        for (int ask = 0; ask < 3; ++ask) {
+          const bool need_dx = ask != 1, need_params = ask != 2;
+          NormGrads want{need_dx ? cpu_empty({n, c}, rt) : Tensor(), need_params ? cpu_empty({c}, rt) : Tensor(),
+                         need_params && centered ? cpu_empty({c}, rt) : Tensor()};
+          if (centered) {
+            kernel::layer_norm_backward_kernel(kCpu, ref(dy), ref(x), ref(w), ref(mean), ref(rstd), Tensor(), want);
+          } else {
+            kernel::rms_norm_backward_kernel(kCpu, ref(dy), ref(x), ref(w), ref(rstd), Tensor(), want);
+          }
+          for (bool with_dsum : {false, true}) {
+            if (with_dsum && !need_dx) continue;
+            GuardedOutput dx({n, c}, dtype), dw({c}, dtype), db({c}, dtype);
+            norm_backward<T>(dy, x, w, mean, rstd, with_dsum ? dsum : Tensor(), need_dx ? &dx : nullptr,
+                             need_params ? &dw : nullptr, need_params && centered ? &db : nullptr);
+            // With dsum: dnorm as stored in the dtype, plus dsum, as a separate add would compute it.
+            const Tensor want_dx =
+                with_dsum ? kernel::binary(kernel::BinaryOp::add, ref(kernel::to_dtype(want.dx, dtype)), ref(dsum))
+                          : want.dx;
+            const std::string asked = what + " (ask " + std::to_string(ask) + (with_dsum ? ", with dsum)" : ")");
+            if (need_dx) expect_output(dx, want_dx, rtol(dtype), asked + " dx", with_dsum ? want.dx : Tensor());
+            if (need_params) expect_output(dw, want.dweight, rtol(dtype), asked + " dweight");
+            if (need_params && centered) expect_output(db, want.dbias, rtol(dtype), asked + " dbias");
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST_F(RowsEmulation, SoftmaxForwardAndBackward) {
+  for_each_type([&](auto tag, DType dtype) {
+    using T = decltype(tag);
+    const DType rt = reference_type(dtype);
+    for (auto [n, c] : kRowShapes) {
+      Tensor x = Tensor::randn({n, c}, gen_, dtype, 3.0), dy = Tensor::randn({n, c}, gen_, dtype);
+      for (bool log : {false, true}) {
+        const std::string what = case_name(log ? "log_softmax" : "softmax", dtype, n, c);
+        Tensor want = cpu_empty({n, c}, rt);
+        kernel::softmax_kernel(kCpu, ref(x), log, want);
+        GuardedOutput got({n, c}, dtype);
+        softmax_forward<T>(x, log, got);
+        expect_output(got, want, rtol(dtype), what);
+
+        Tensor y = kernel::to_dtype(want, dtype);  // y as the forward stored it
+        Tensor dwant = cpu_empty({n, c}, rt);
+        kernel::softmax_backward_kernel(kCpu, ref(dy), ref(y), log, dwant);
+        GuardedOutput dgot({n, c}, dtype);
+        softmax_backward<T>(dy, y, log, dgot);
+        expect_output(dgot, dwant, rtol(dtype), what + " backward");
+      }
+    }
+  });
+}
+
+TEST_F(RowsEmulation, SoftmaxOfLargeLogitsAndNaN) {
+  // Logits in the hundreds overflow exp without the max subtraction; a NaN poisons its row only.
+  for_each_type([&](auto tag, DType dtype) {
+    using T = decltype(tag);
+    std::vector<double> values =
+        kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({4, 100}, gen_, DType::f64, 30.0), 400.0).to_doubles();
+    values[2 * 100 + 17] = kNaN;
+    const Tensor x = Tensor::from_vector(values, {4, 100}, dtype);
+    for (bool log : {false, true}) {
+      Tensor want = cpu_empty({4, 100}, reference_type(dtype));
+      kernel::softmax_kernel(kCpu, ref(x), log, want);
+      GuardedOutput got({4, 100}, dtype);
+      softmax_forward<T>(x, log, got);
+      expect_output(got, want, rtol(dtype),
+                    std::string(log ? "log_softmax" : "softmax") + " large " + dtype_name(dtype));
+    }
+  });
+}
+
+TEST_F(RowsEmulation, CrossEntropyForwardAndBackward) {
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {40, 1}, {13, 7}, {33, 100}, {3, 600}};
+  for_each_type([&](auto tag, DType dtype) {
+    using T = decltype(tag);
+    const DType rt = reference_type(dtype), at = accumulate_dtype(dtype);
+    for (DType target_type : {DType::i32, DType::i64}) {
+      for (auto [n, v] : shapes) {
+        const std::string what = case_name("cross_entropy", dtype, n, v) + " " + dtype_name(target_type);
+        // An offset of 20 so lse − x_target is a difference of large numbers.
+        Tensor logits = kernel::to_dtype(
+            kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, v}, gen_, DType::f64, 3.0), 20.0), dtype);
+        Tensor targets = indices(n, v, target_type, 0.2, -100);
+        Tensor loss_want = cpu_empty({n}, rt), lse_want = cpu_empty({n}, rt);
+        kernel::cross_entropy_kernel(kCpu, ref(logits), targets, -100, loss_want, lse_want);
+        GuardedOutput loss_got({n}, at), lse_got({n}, at);
+        Tensor lse = kernel::to_dtype(lse_want, at);  // lse as the forward stored it
+        Tensor dwant = cpu_empty({n, v}, rt);
+        kernel::cross_entropy_backward_kernel(kCpu, 0.37, ref(logits), targets, ref(lse), -100, dwant);
+        GuardedOutput dgot({n, v}, dtype);
+        if (target_type == DType::i32) {
+          cross_entropy_forward<T, int32_t>(logits, targets, -100, loss_got, lse_got);
+          cross_entropy_backward<T, int32_t>(0.37, logits, targets, lse, -100, dgot);
+        } else {
+          cross_entropy_forward<T, int64_t>(logits, targets, -100, loss_got, lse_got);
+          cross_entropy_backward<T, int64_t>(0.37, logits, targets, lse, -100, dgot);
+        }
+        expect_output(loss_got, loss_want, rtol(dtype), what + " losses");
+        expect_output(lse_got, lse_want, rtol(dtype), what + " lse");
+        expect_output(dgot, dwant, rtol(dtype), what + " backward");
+      }
+    }
+  });
+}
+
+TEST_F(RowsEmulation, SumRows) {
+  // Short rows (one thread each, below kShortRow = 32 columns) and block rows, more rows than blocks.
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {300, 7}, {5, 31}, {40, 32}, {3, 300}, {2, 1000}, {0, 40}};
+  for_each_type([&](auto tag, DType dtype) {
+    using T = decltype(tag);
+    for (auto [n, c] : shapes) {
+      Tensor x = Tensor::rand({n, c}, gen_, dtype, -1.0, 2.0);  // mean 0.5: the sums grow
+      Tensor want = cpu_empty({n}, reference_type(dtype));
+      kernel::sum_rows_kernel(kCpu, ref(x), want);
+      GuardedOutput got({n}, dtype);
+      sum_rows<T>(x, got);
+      expect_output(got, want, rtol(dtype), case_name("sum_rows", dtype, n, c));
+    }
+  });
+}
+
+TEST_F(RowsEmulation, MaxRowsFirstArgmaxTiesAndNaN) {
+  for_each_type([&](auto tag, DType dtype) {
+    using T = decltype(tag);
+    for (auto [n, c] : kRowShapes) {
+      const std::string what = case_name("max_rows", dtype, n, c);
+      // Small integers, so most rows hold their max several times: the first one must win.
+      std::vector<double> values = Tensor::randn({n, c}, gen_, DType::f64, 2.0).to_doubles();
+      for (double& v : values) v = std::round(v);
+      if (n >= 5 && c >= 7) {
+        values[static_cast<size_t>(1 * c + 0)] = kNaN;  // NaN first: the CPU never leaves column 0
+        values[static_cast<size_t>(2 * c + 3)] = kNaN;  // NaN later: skipped
+        for (int64_t i = 0; i < c; ++i) values[static_cast<size_t>(3 * c + i)] = kNaN;
+        values[static_cast<size_t>(3 * c + c - 1)] = -1.0;  // all NaN but the last column
+      }
+      // Row 0's max in its last column only, where a block's last warp holds it.
+      if (c > 1) values[static_cast<size_t>(c - 1)] = 100.0;
+      Tensor x = Tensor::from_vector(values, {n, c}, dtype);
+      Tensor want = cpu_empty({n}, reference_type(dtype)), want_index = cpu_empty({n}, DType::i64);
+      kernel::max_rows_kernel(kCpu, ref(x), want, want_index);
+      GuardedOutput got({n}, dtype), got_index({n}, DType::i64);
+      max_rows<T>(x, got, got_index);
+      expect_output(got, want, 0.0, what + " values");
+      expect_output(got_index, want_index, 0.0, what + " indices");
+    }
+  });
+}
+
+}  // namespace
+}  // namespace seqlab
