@@ -9,7 +9,9 @@
 //   shared memory): the tensor-core kernels of src/cuda/attention_tc.cu (wmma 16×16×16 bf16 products
 //   with f32 accumulation; forward, and after this file's δ kernel, dK/dV and dQ), chosen by
 //   attention_tc::supports(). Compiled for sm_80/sm_90 but not yet run on a GPU.
-// - Everything else (f32, f64, other bf16 shapes): the kernels below. Plain FMA arithmetic, no tensor
+// - Everything else (f32, f64, other bf16 shapes): the FMA kernels of attention_kernels.cuh (described
+//   below; a header of their own so tests/attention_cuda_emulation_test.cc runs them on the CPU, over
+//   tests/cuda_emulation.h, against the CPU kernels). Plain FMA arithmetic, no tensor
 //   cores, no asynchronous copies. f32 and bf16 compute and accumulate in f32 (bf16 rounded on
 //   store), f64 in f64. lse and dlse are in the compute type (f32 for bf16: accumulate_dtype). Head
 //   dims up to 128 (each lane of a warp owns ≤ 4 of a row's dims). Also not yet run on a GPU.
@@ -41,350 +43,17 @@
 #include <utility>
 
 #include "cuda/attention_tc.h"
-#include "cuda/row_kernels.cuh"
+#include "cuda/common.cuh"
 #include "cuda/runtime.h"
 #include "layers/attention.h"
+
+#define SEQLAB_ATTENTION_SHARED_MEMORY(name) extern __shared__ __align__(16) unsigned char name[]
+#include "cuda/attention_kernels.cuh"
 
 namespace seqlab::cuda {
 namespace {
 
-using rows::exp_of;
-using rows::log_of;
-
-constexpr int kWarps = 4;
-constexpr int kAttentionThreads = kWarps * 32;
-constexpr int kMaxHeadDim = 128;
-constexpr int kDimsPerLane = kMaxHeadDim / 32;  // dims d = lane + 32·k, k < 4
-constexpr int kKeyTile = 32;                    // keys per staged tile in the forward and dQ (lane per key)
-
-// Query rows per warp in the forward and dQ kernels, keys per warp in the dK/dV kernel, and query
-// rows per staged tile there (fewer for f64: twice the registers and shared memory per element).
-template <class A>
-constexpr int kRowsPerWarp = sizeof(A) == 8 ? 2 : 4;
-template <class A>
-constexpr int kKeysPerWarp = sizeof(A) == 8 ? 2 : 4;
-template <class A>
-constexpr int kQueryTile = sizeof(A) == 8 ? 16 : 32;
-
-template <class A>
-__device__ __forceinline__ A warp_sum(A x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-template <class A>
-__device__ __forceinline__ A warp_max(A x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const A y = __shfl_xor_sync(0xffffffffu, x, o);
-    x = y > x ? y : x;
-  }
-  return x;
-}
-
-struct Geo {
-  int64_t B, T, S, H, Hk, Dk, Dv, group;
-  bool causal;
-  __device__ int64_t q_row(int64_t b, int64_t i, int64_t h) const { return (b * T + i) * H + h; }
-  __device__ int64_t kv_row(int64_t b, int64_t j, int64_t hk) const { return (b * S + j) * Hk + hk; }
-  __device__ int64_t key_end(int64_t i) const { return causal ? i + S - T + 1 : S; }
-};
-
-// Copies rows [j0, j0 + n) of one kv head of x [B, S, Hk, D] into sh [kKeyTile][D + 1] (compute
-// type; the padding keeps lane-per-row reads free of bank conflicts); rows past n are zeroed.
-template <class T, class A>
-__device__ void stage_keys(const Geo& g, const T* x, int64_t D, int64_t b, int64_t hk, int64_t j0, int64_t n,
-                           A* sh) {
-  const int64_t ld = D + 1;
-  for (int64_t e = threadIdx.x; e < kKeyTile * D; e += blockDim.x) {
-    const int64_t c = e / D, d = e - c * D;
-    sh[c * ld + d] = c < n ? convert<A>(x[g.kv_row(b, j0 + c, hk) * D + d]) : A(0);
-  }
-}
-
-// One output row, lane owning dims d = lane + 32·t:  acc[t] += Σ_{c < n} w_c · tile[c·ld + d] for d < dims,
-// where w_c is lane c's `w` (broadcast by shuffle). The forward's o += Σ_c p_c v_c and dQ's
-// dq += Σ_c (scale·dS_c) k_c. Reads n rows of the shared tile; the whole warp calls it.
-template <class A>
-__device__ __forceinline__ void add_weighted_tile_rows(A (&acc)[kDimsPerLane], A w, const A* tile, int64_t ld,
-                                                       int64_t dims, int64_t n, int lane) {
-  for (int64_t c = 0; c < n; ++c) {
-    const A wc = __shfl_sync(0xffffffffu, w, static_cast<int>(c));
-    const A* row = tile + c * ld;
-#pragma unroll
-    for (int t = 0; t < kDimsPerLane; ++t) {
-      const int64_t d = lane + 32 * t;
-      if (d < dims) acc[t] += wc * row[d];
-    }
-  }
-}
-
-// Copies rows [i0, i0 + n) of one head of x [B, T, H, D] into sh [rows][D] (zeros past n).
-template <class T, class A>
-__device__ void stage_queries(const Geo& g, const T* x, int64_t D, int64_t b, int64_t h, int64_t i0, int64_t n,
-                              int rows, A* sh) {
-  for (int64_t e = threadIdx.x; e < rows * D; e += blockDim.x) {
-    const int64_t r = e / D, d = e - r * D;
-    sh[e] = r < n ? convert<A>(x[g.q_row(b, i0 + r, h) * D + d]) : A(0);
-  }
-}
-
-// Forward. Block (tile, h, b) owns query rows i0 .. i0 + 4·RPW − 1 of head h; warp w owns rows
-// w·RPW .. w·RPW + RPW − 1 of the tile. Per row, over the key tiles the tile's last row sees:
-//   s_c = scale q_i·k_c (lane c; −∞ beyond key_end(i)),  m' = max(m, max_c s_c),
-//   ℓ ← ℓ e^{m − m'} + Σ_c e^{s_c − m'},  o ← o e^{m − m'} + Σ_c e^{s_c − m'} v_c,  m ← m'
-// then o_i = o / ℓ, lse_i = m + log ℓ. Shared: Q tile [4·RPW][Dk], K tile [32][Dk+1], V tile
-// [32][Dv+1]. Reads q once, k and v once per query tile; writes o and lse once.
-template <class T>
-__global__ void __launch_bounds__(kAttentionThreads)
-    attention_fwd(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                  compute_t<T> scale, T* __restrict__ o, compute_t<T>* __restrict__ lse) {
-  using A = compute_t<T>;
-  constexpr int RPW = kRowsPerWarp<A>, BR = kWarps * RPW;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  A* Qs = reinterpret_cast<A*>(smem_raw);
-  A* Ks = Qs + BR * g.Dk;
-  A* Vs = Ks + kKeyTile * (g.Dk + 1);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / g.group;
-  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * BR, rows = min(static_cast<int64_t>(BR), g.T - i0);
-  stage_queries(g, q, g.Dk, b, h, i0, rows, BR, Qs);
-
-  A m[RPW], l[RPW], acc[RPW][kDimsPerLane];
-#pragma unroll
-  for (int rr = 0; rr < RPW; ++rr) {
-    m[rr] = -INFINITY;
-    l[rr] = 0;
-#pragma unroll
-    for (int t = 0; t < kDimsPerLane; ++t) acc[rr][t] = 0;
-  }
-  const int64_t tile_key_end = g.key_end(i0 + rows - 1);
-  for (int64_t j0 = 0; j0 < tile_key_end; j0 += kKeyTile) {
-    const int64_t nk = min(static_cast<int64_t>(kKeyTile), tile_key_end - j0);
-    __syncthreads();  // the previous tile's readers are done (and, the first time, nothing to wait for)
-    stage_keys(g, k, g.Dk, b, hk, j0, nk, Ks);
-    stage_keys(g, v, g.Dv, b, hk, j0, nk, Vs);
-    __syncthreads();
-#pragma unroll
-    for (int rr = 0; rr < RPW; ++rr) {
-      const int r = warp * RPW + rr;
-      if (r >= rows) continue;  // warp-uniform
-      const int64_t seen = min(nk, g.key_end(i0 + r) - j0);  // keys of this tile the row sees (may be ≤ 0)
-      A s = -INFINITY;
-      if (lane < seen) {
-        const A* qr = Qs + r * g.Dk;
-        const A* kc = Ks + lane * (g.Dk + 1);
-        A dot = 0;
-        for (int64_t d = 0; d < g.Dk; ++d) dot += qr[d] * kc[d];
-        s = scale * dot;
-      }
-      const A tile_max = warp_max(s);
-      if (tile_max > m[rr]) {  // rescale what was summed against the old max (0 on the first tile)
-        const A rescale = exp_of(m[rr] - tile_max);
-        l[rr] *= rescale;
-#pragma unroll
-        for (int t = 0; t < kDimsPerLane; ++t) acc[rr][t] *= rescale;
-        m[rr] = tile_max;
-      }
-      const A p = lane < seen ? exp_of(s - m[rr]) : A(0);
-      l[rr] += warp_sum(p);
-      add_weighted_tile_rows(acc[rr], p, Vs, g.Dv + 1, g.Dv, max(seen, static_cast<int64_t>(0)), lane);
-    }
-  }
-#pragma unroll
-  for (int rr = 0; rr < RPW; ++rr) {
-    const int r = warp * RPW + rr;
-    if (r >= rows) continue;
-    const int64_t row = g.q_row(b, i0 + r, h);
-    const A inv = A(1) / l[rr];
-#pragma unroll
-    for (int t = 0; t < kDimsPerLane; ++t) {
-      const int64_t d = lane + 32 * t;
-      if (d < g.Dv) o[row * g.Dv + d] = convert<T>(acc[rr][t] * inv);
-    }
-    if (lane == 0) lse[row] = m[rr] + log_of(l[rr]);
-  }
-}
-
-// δ_r = Σ_d dO_rd O_rd − dlse_r for every row r < n of [n, Dv]; one warp per row, lanes striding
-// over d, then a warp sum. Reads dO and O once; writes δ (compute type) once.
-template <class T>
-__global__ void __launch_bounds__(kAttentionThreads)
-    attention_delta(int64_t n, int64_t Dv, const T* __restrict__ dout, const T* __restrict__ out,
-                    const compute_t<T>* __restrict__ dlse, compute_t<T>* __restrict__ delta) {
-  using A = compute_t<T>;
-  const int lane = threadIdx.x % 32;
-  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kWarps;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; r < n; r += warps_total) {
-    A dot = 0;
-    for (int64_t d = lane; d < Dv; d += 32) dot += convert<A>(dout[r * Dv + d]) * convert<A>(out[r * Dv + d]);
-    dot = warp_sum(dot);
-    if (lane == 0) delta[r] = dot - dlse[r];
-  }
-}
-
-// dK/dV. Block (tile, hk, b) owns keys j0 .. j0 + 4·KPW − 1 of kv head hk; warp w owns keys
-// j0 + w·KPW + kk, holding k_j and v_j (lane owns dims lane + 32t) and the accumulators. For every
-// query head h of the group and every query row i that sees key j (i ≥ j − (S − T) when causal):
-//   s = scale q_i·k_j,  P = exp(s − lse_i),  dP = dO_i·v_j,  dS = P (dP − δ_i),
-//   dV_j += P dO_i,  dK_j += scale dS q_i
-// (the two dots are warp sums). Query rows are staged QT at a time: Q [QT][Dk], dO [QT][Dv],
-// lse and δ [QT]. Writes each requested dK/dV row once (zeros for keys no query sees).
-template <class T>
-__global__ void __launch_bounds__(kAttentionThreads)
-    attention_dkdv(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                   const T* __restrict__ dout, const compute_t<T>* __restrict__ lse,
-                   const compute_t<T>* __restrict__ delta, compute_t<T> scale, T* __restrict__ dk, T* __restrict__ dv) {
-  using A = compute_t<T>;
-  constexpr int KPW = kKeysPerWarp<A>, BK = kWarps * KPW, QT = kQueryTile<A>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  A* Qs = reinterpret_cast<A*>(smem_raw);
-  A* dOs = Qs + QT * g.Dk;
-  A* Ls = dOs + QT * g.Dv;
-  A* Ds = Ls + QT;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * BK;
-  const int64_t nk = min(static_cast<int64_t>(BK), g.S - j0);
-
-  A kr[KPW][kDimsPerLane], vr[KPW][kDimsPerLane], dka[KPW][kDimsPerLane], dva[KPW][kDimsPerLane];
-#pragma unroll
-  for (int kk = 0; kk < KPW; ++kk) {
-    const int64_t c = warp * KPW + kk;
-#pragma unroll
-    for (int t = 0; t < kDimsPerLane; ++t) {
-      const int64_t d = lane + 32 * t;
-      kr[kk][t] = c < nk && d < g.Dk ? convert<A>(k[g.kv_row(b, j0 + c, hk) * g.Dk + d]) : A(0);
-      vr[kk][t] = c < nk && d < g.Dv ? convert<A>(v[g.kv_row(b, j0 + c, hk) * g.Dv + d]) : A(0);
-      dka[kk][t] = 0;
-      dva[kk][t] = 0;
-    }
-  }
-  // The first query that sees key j0 (every later query sees it too).
-  const int64_t i_first = g.causal ? max(static_cast<int64_t>(0), j0 - (g.S - g.T)) : 0;
-  for (int64_t h = hk * g.group; h < (hk + 1) * g.group; ++h) {
-    for (int64_t i0 = i_first - i_first % QT; i0 < g.T; i0 += QT) {
-      const int64_t rows = min(static_cast<int64_t>(QT), g.T - i0);
-      __syncthreads();
-      stage_queries(g, q, g.Dk, b, h, i0, rows, QT, Qs);
-      stage_queries(g, dout, g.Dv, b, h, i0, rows, QT, dOs);
-      for (int r = threadIdx.x; r < QT; r += blockDim.x) {
-        Ls[r] = r < rows ? convert<A>(lse[g.q_row(b, i0 + r, h)]) : A(0);
-        Ds[r] = r < rows ? delta[g.q_row(b, i0 + r, h)] : A(0);
-      }
-      __syncthreads();
-#pragma unroll
-      for (int kk = 0; kk < KPW; ++kk) {
-        const int64_t c = warp * KPW + kk;
-        if (c >= nk) continue;  // warp-uniform
-        const int64_t j = j0 + c;
-        for (int64_t r = 0; r < rows; ++r) {
-          if (j >= g.key_end(i0 + r)) continue;  // the row does not see this key (uniform)
-          const A* qr = Qs + r * g.Dk;
-          const A* dor = dOs + r * g.Dv;
-          A s = 0, dp = 0;
-#pragma unroll
-          for (int t = 0; t < kDimsPerLane; ++t) {
-            const int64_t d = lane + 32 * t;
-            if (d < g.Dk) s += qr[d] * kr[kk][t];
-            if (d < g.Dv) dp += dor[d] * vr[kk][t];
-          }
-          s = scale * warp_sum(s);
-          dp = warp_sum(dp);
-          const A p = exp_of(s - Ls[r]);
-          const A ds = p * (dp - Ds[r]);
-#pragma unroll
-          for (int t = 0; t < kDimsPerLane; ++t) {
-            const int64_t d = lane + 32 * t;
-            if (d < g.Dv) dva[kk][t] += p * dor[d];
-            if (d < g.Dk) dka[kk][t] += scale * ds * qr[d];
-          }
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int kk = 0; kk < KPW; ++kk) {
-    const int64_t c = warp * KPW + kk;
-    if (c >= nk) continue;
-    const int64_t row = g.kv_row(b, j0 + c, hk);
-#pragma unroll
-    for (int t = 0; t < kDimsPerLane; ++t) {
-      const int64_t d = lane + 32 * t;
-      if (dk && d < g.Dk) dk[row * g.Dk + d] = convert<T>(dka[kk][t]);
-      if (dv && d < g.Dv) dv[row * g.Dv + d] = convert<T>(dva[kk][t]);
-    }
-  }
-}
-
-// dQ. The forward's geometry: block (tile, h, b), warp w owns RPW query rows, key/value tiles of 32
-// staged in shared memory. Per row and key tile, lane c computes for key c
-//   s = scale q_i·k_c,  P = exp(s − lse_i),  dP = dO_i·v_c,  dS_c = P (dP − δ_i)   (0 beyond key_end(i))
-// and then dQ_i += scale Σ_c dS_c k_c with lane owning dims lane + 32t. Shared: Q [BR][Dk],
-// dO [BR][Dv], K [32][Dk+1], V [32][Dv+1]. Writes each dQ row once.
-template <class T>
-__global__ void __launch_bounds__(kAttentionThreads)
-    attention_dq(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                 const T* __restrict__ dout, const compute_t<T>* __restrict__ lse,
-                 const compute_t<T>* __restrict__ delta, compute_t<T> scale, T* __restrict__ dq) {
-  using A = compute_t<T>;
-  constexpr int RPW = kRowsPerWarp<A>, BR = kWarps * RPW;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  A* Qs = reinterpret_cast<A*>(smem_raw);
-  A* dOs = Qs + BR * g.Dk;
-  A* Ks = dOs + BR * g.Dv;
-  A* Vs = Ks + kKeyTile * (g.Dk + 1);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / g.group;
-  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * BR, rows = min(static_cast<int64_t>(BR), g.T - i0);
-  stage_queries(g, q, g.Dk, b, h, i0, rows, BR, Qs);
-  stage_queries(g, dout, g.Dv, b, h, i0, rows, BR, dOs);
-
-  A lse_r[RPW], delta_r[RPW], acc[RPW][kDimsPerLane];
-#pragma unroll
-  for (int rr = 0; rr < RPW; ++rr) {
-    const int r = warp * RPW + rr;
-    lse_r[rr] = r < rows ? convert<A>(lse[g.q_row(b, i0 + r, h)]) : A(0);
-    delta_r[rr] = r < rows ? delta[g.q_row(b, i0 + r, h)] : A(0);
-#pragma unroll
-    for (int t = 0; t < kDimsPerLane; ++t) acc[rr][t] = 0;
-  }
-  const int64_t tile_key_end = g.key_end(i0 + rows - 1);
-  for (int64_t j0 = 0; j0 < tile_key_end; j0 += kKeyTile) {
-    const int64_t nk = min(static_cast<int64_t>(kKeyTile), tile_key_end - j0);
-    __syncthreads();
-    stage_keys(g, k, g.Dk, b, hk, j0, nk, Ks);
-    stage_keys(g, v, g.Dv, b, hk, j0, nk, Vs);
-    __syncthreads();
-#pragma unroll
-    for (int rr = 0; rr < RPW; ++rr) {
-      const int r = warp * RPW + rr;
-      if (r >= rows) continue;  // warp-uniform
-      const int64_t seen = min(nk, g.key_end(i0 + r) - j0);
-      A ds = 0;
-      if (lane < seen) {
-        const A *qr = Qs + r * g.Dk, *kc = Ks + lane * (g.Dk + 1);
-        const A *dor = dOs + r * g.Dv, *vc = Vs + lane * (g.Dv + 1);
-        A s = 0, dp = 0;
-        for (int64_t d = 0; d < g.Dk; ++d) s += qr[d] * kc[d];
-        for (int64_t d = 0; d < g.Dv; ++d) dp += dor[d] * vc[d];
-        const A p = exp_of(scale * s - lse_r[rr]);
-        ds = p * (dp - delta_r[rr]);
-      }
-      add_weighted_tile_rows(acc[rr], scale * ds, Ks, g.Dk + 1, g.Dk, max(seen, static_cast<int64_t>(0)), lane);
-    }
-  }
-#pragma unroll
-  for (int rr = 0; rr < RPW; ++rr) {
-    const int r = warp * RPW + rr;
-    if (r >= rows) continue;
-    const int64_t row = g.q_row(b, i0 + r, h);
-#pragma unroll
-    for (int t = 0; t < kDimsPerLane; ++t) {
-      const int64_t d = lane + 32 * t;
-      if (d < g.Dk) dq[row * g.Dk + d] = convert<T>(acc[rr][t]);
-    }
-  }
-}
+using namespace attention_fma;
 
 Geo geometry(const Tensor& q, const Tensor& k, const Tensor& v, const kernel::AttentionParams& p) {
   Geo g{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3), 1, p.causal};
@@ -395,9 +64,9 @@ Geo geometry(const Tensor& q, const Tensor& k, const Tensor& v, const kernel::At
 // `dtype`: q's, or for lse and dlse accumulate_dtype(q's) (f32 for bf16).
 void check_tensor(const Tensor& t, const Tensor& q, const char* what, DType dtype) {
   if (!t.is_contiguous() || t.dtype() != dtype || !t.device().is_cuda() || t.device() != q.device()) {
-    throw std::logic_error(std::string("attention on CUDA: ") + what + " must be a contiguous " +
-                           dtype_name(dtype) + " tensor on " + q.device().str() + ", got " +
-                           shape_str(t.shape()) + " " + dtype_name(t.dtype()) + " on " + t.device().str());
+    throw std::logic_error(std::string("attention on CUDA: ") + what + " must be a contiguous " + dtype_name(dtype) +
+                           " tensor on " + q.device().str() + ", got " + shape_str(t.shape()) + " " +
+                           dtype_name(t.dtype()) + " on " + t.device().str());
   }
 }
 
@@ -418,8 +87,8 @@ void check_geometry(const Geo& g) {
 // Raises the kernel's dynamic shared memory limit to `bytes` (above the default 48 KiB when needed).
 template <class Kernel>
 void allow_shared(Kernel kernel_fn, size_t bytes) {
-  SEQLAB_CUDA_CHECK(cudaFuncSetAttribute(kernel_fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(bytes)));
+  SEQLAB_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel_fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 // The tensor-core kernels' view of the call (attention_tc.h); they take it only for bf16 with Dk = Dv
@@ -428,8 +97,8 @@ attention_tc::Problem tc_problem(const Geo& g, const kernel::AttentionParams& p)
   return {g.B, g.T, g.S, g.H, g.Hk, g.Dk, g.causal, static_cast<float>(p.scale)};
 }
 
-void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const kernel::AttentionParams& p,
-                  const Tensor& o, const Tensor& lse) {
+void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const kernel::AttentionParams& p, const Tensor& o,
+                  const Tensor& lse) {
   for (auto [t, what] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"}}) check_tensor(*t, q, what, q.dtype());
   check_tensor(lse, q, "lse", accumulate_dtype(q.dtype()));
   const Geo g = geometry(q, k, v, p);
@@ -448,13 +117,10 @@ void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const kerne
   dispatch_floating(q.dtype(), "attention", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = compute_t<T>;
-    constexpr int BR = kWarps * kRowsPerWarp<A>;
-    const size_t smem = sizeof(A) * static_cast<size_t>(BR * g.Dk + kKeyTile * (g.Dk + 1) + kKeyTile * (g.Dv + 1));
-    const dim3 grid(static_cast<unsigned>((g.T + BR - 1) / BR), static_cast<unsigned>(g.H),
-                    static_cast<unsigned>(g.B));
+    const LaunchShape shape = forward_shape<A>(g);
     DeviceGuard guard(device);
-    allow_shared(attention_fwd<T>, smem);
-    attention_fwd<T><<<grid, kAttentionThreads, smem, stream(device)>>>(
+    allow_shared(attention_fwd<T>, shape.shared_bytes);
+    attention_fwd<T><<<shape.grid, kAttentionThreads, shape.shared_bytes, stream(device)>>>(
         g, static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
         static_cast<const T*>(v.raw_data()), static_cast<A>(p.scale), static_cast<T*>(o.raw_data()),
         static_cast<A*>(lse.raw_data()));
@@ -500,9 +166,8 @@ void backward_cuda(const Tensor& dout, const Tensor& dlse, const Tensor& q, cons
     const int64_t n = g.B * g.T * g.H;
     Tensor delta = Tensor::empty({n}, sizeof(A) == 8 ? DType::f64 : DType::f32, q.device());
     A* D = static_cast<A*>(delta.raw_data());
-    const int64_t delta_blocks = std::min<int64_t>((n + kWarps - 1) / kWarps, 65535);
-    attention_delta<T><<<static_cast<unsigned>(delta_blocks), kAttentionThreads, 0, st>>>(
-        n, g.Dv, dO, static_cast<const T*>(o.raw_data()), static_cast<const A*>(dlse.raw_data()), D);
+    attention_delta<T><<<delta_blocks(n), kAttentionThreads, 0, st>>>(n, g.Dv, dO, static_cast<const T*>(o.raw_data()),
+                                                                      static_cast<const A*>(dlse.raw_data()), D);
     SEQLAB_CUDA_CHECK_LAUNCH("attention backward delta kernel");
 
     if constexpr (std::is_same_v<T, bf16_t>) {
@@ -518,25 +183,18 @@ void backward_cuda(const Tensor& dout, const Tensor& dlse, const Tensor& q, cons
     }
 
     if (grads.dk.defined() || grads.dv.defined()) {
-      constexpr int BK = kWarps * kKeysPerWarp<A>, QT = kQueryTile<A>;
-      const size_t smem = sizeof(A) * static_cast<size_t>(QT * (g.Dk + g.Dv + 2));
-      const dim3 grid(static_cast<unsigned>((g.S + BK - 1) / BK), static_cast<unsigned>(g.Hk),
-                      static_cast<unsigned>(g.B));
-      allow_shared(attention_dkdv<T>, smem);
-      attention_dkdv<T><<<grid, kAttentionThreads, smem, st>>>(
+      const LaunchShape shape = dkdv_shape<A>(g);
+      allow_shared(attention_dkdv<T>, shape.shared_bytes);
+      attention_dkdv<T><<<shape.grid, kAttentionThreads, shape.shared_bytes, st>>>(
           g, Q, K, V, dO, L, D, scale, grads.dk.defined() ? static_cast<T*>(grads.dk.raw_data()) : nullptr,
           grads.dv.defined() ? static_cast<T*>(grads.dv.raw_data()) : nullptr);
       SEQLAB_CUDA_CHECK_LAUNCH("attention backward dK/dV kernel");
     }
     if (grads.dq.defined()) {
-      constexpr int BR = kWarps * kRowsPerWarp<A>;
-      const size_t smem =
-          sizeof(A) * static_cast<size_t>(BR * (g.Dk + g.Dv) + kKeyTile * (g.Dk + 1) + kKeyTile * (g.Dv + 1));
-      const dim3 grid(static_cast<unsigned>((g.T + BR - 1) / BR), static_cast<unsigned>(g.H),
-                      static_cast<unsigned>(g.B));
-      allow_shared(attention_dq<T>, smem);
-      attention_dq<T><<<grid, kAttentionThreads, smem, st>>>(g, Q, K, V, dO, L, D, scale,
-                                                    static_cast<T*>(grads.dq.raw_data()));
+      const LaunchShape shape = dq_shape<A>(g);
+      allow_shared(attention_dq<T>, shape.shared_bytes);
+      attention_dq<T><<<shape.grid, kAttentionThreads, shape.shared_bytes, st>>>(g, Q, K, V, dO, L, D, scale,
+                                                                                 static_cast<T*>(grads.dq.raw_data()));
       SEQLAB_CUDA_CHECK_LAUNCH("attention backward dQ kernel");
     }
   });

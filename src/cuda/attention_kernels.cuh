@@ -1,0 +1,396 @@
+// The device code of src/cuda/attention.cu's FMA kernels (read that file's header comment first: what
+// runs where, the tiling and the three backward launches), and their launch shapes. A header of its
+// own, needing only CUDA's built-ins, so that tests/attention_cuda_emulation_test.cc runs these same
+// kernels on the CPU over tests/cuda_emulation.h, launched with the same grids and shared memory.
+//
+// The includer defines SEQLAB_ATTENTION_SHARED_MEMORY(name), which declares `name` as the block's
+// dynamic shared memory (unsigned char, at least 16-byte aligned): `extern __shared__` for nvcc.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/block_reduce.cuh"
+#include "cuda/device_common.cuh"
+
+namespace seqlab::cuda::attention_fma {
+
+using rows::exp_of;
+using rows::log_of;
+
+constexpr int kWarps = 4;
+constexpr int kAttentionThreads = kWarps * 32;
+constexpr int kMaxHeadDim = 128;
+constexpr int kDimsPerLane = kMaxHeadDim / 32;  // dims d = lane + 32·k, k < 4
+constexpr int kKeyTile = 32;                    // keys per staged tile in the forward and dQ (lane per key)
+
+// Query rows per warp in the forward and dQ kernels, keys per warp in the dK/dV kernel, and query
+// rows per staged tile there (fewer for f64: twice the registers and shared memory per element).
+template <class A>
+constexpr int kRowsPerWarp = sizeof(A) == 8 ? 2 : 4;
+template <class A>
+constexpr int kKeysPerWarp = sizeof(A) == 8 ? 2 : 4;
+template <class A>
+constexpr int kQueryTile = sizeof(A) == 8 ? 16 : 32;
+
+template <class A>
+__device__ __forceinline__ A warp_sum(A x) {
+  SEQLAB_UNROLL
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+template <class A>
+__device__ __forceinline__ A warp_max(A x) {
+  SEQLAB_UNROLL
+  for (int o = 16; o > 0; o >>= 1) {
+    const A y = __shfl_xor_sync(0xffffffffu, x, o);
+    x = y > x ? y : x;
+  }
+  return x;
+}
+
+// The call's sizes (attention.cu's geometry()): q [B, T, H, Dk], k [B, S, Hk, Dk], v [B, S, Hk, Dv],
+// group = H / Hk query heads per kv head; row indices of the [.., H or Hk, D] tensors.
+struct Geo {
+  int64_t B, T, S, H, Hk, Dk, Dv, group;
+  bool causal;
+  __device__ int64_t q_row(int64_t b, int64_t i, int64_t h) const { return (b * T + i) * H + h; }
+  __device__ int64_t kv_row(int64_t b, int64_t j, int64_t hk) const { return (b * S + j) * Hk + hk; }
+  __device__ int64_t key_end(int64_t i) const { return causal ? i + S - T + 1 : S; }
+};
+
+// Copies rows [j0, j0 + n) of one kv head of x [B, S, Hk, D] into sh [kKeyTile][D + 1] (compute
+// type; the padding keeps lane-per-row reads free of bank conflicts); rows past n are zeroed.
+template <class T, class A>
+__device__ void stage_keys(const Geo& g, const T* x, int64_t D, int64_t b, int64_t hk, int64_t j0, int64_t n, A* sh) {
+  const int64_t ld = D + 1;
+  for (int64_t e = threadIdx.x; e < kKeyTile * D; e += blockDim.x) {
+    const int64_t c = e / D, d = e - c * D;
+    sh[c * ld + d] = c < n ? convert<A>(x[g.kv_row(b, j0 + c, hk) * D + d]) : A(0);
+  }
+}
+
+// One output row, lane owning dims d = lane + 32·t:  acc[t] += Σ_{c < n} w_c · tile[c·ld + d] for d < dims,
+// where w_c is lane c's `w` (broadcast by shuffle). The forward's o += Σ_c p_c v_c and dQ's
+// dq += Σ_c (scale·dS_c) k_c. Reads n rows of the shared tile; the whole warp calls it.
+template <class A>
+__device__ __forceinline__ void add_weighted_tile_rows(A (&acc)[kDimsPerLane], A w, const A* tile, int64_t ld,
+                                                       int64_t dims, int64_t n, int lane) {
+  for (int64_t c = 0; c < n; ++c) {
+    const A wc = __shfl_sync(0xffffffffu, w, static_cast<int>(c));
+    const A* row = tile + c * ld;
+    SEQLAB_UNROLL
+    for (int t = 0; t < kDimsPerLane; ++t) {
+      const int64_t d = lane + 32 * t;
+      if (d < dims) acc[t] += wc * row[d];
+    }
+  }
+}
+
+// Copies rows [i0, i0 + n) of one head of x [B, T, H, D] into sh [rows][D] (zeros past n).
+template <class T, class A>
+__device__ void stage_queries(const Geo& g, const T* x, int64_t D, int64_t b, int64_t h, int64_t i0, int64_t n,
+                              int rows, A* sh) {
+  for (int64_t e = threadIdx.x; e < rows * D; e += blockDim.x) {
+    const int64_t r = e / D, d = e - r * D;
+    sh[e] = r < n ? convert<A>(x[g.q_row(b, i0 + r, h) * D + d]) : A(0);
+  }
+}
+
+// Forward. Block (tile, h, b) owns query rows i0 .. i0 + 4·RPW − 1 of head h; warp w owns rows
+// w·RPW .. w·RPW + RPW − 1 of the tile. Per row, over the key tiles the tile's last row sees:
+//   s_c = scale q_i·k_c (lane c; −∞ beyond key_end(i)),  m' = max(m, max_c s_c),
+//   ℓ ← ℓ e^{m − m'} + Σ_c e^{s_c − m'},  o ← o e^{m − m'} + Σ_c e^{s_c − m'} v_c,  m ← m'
+// then o_i = o / ℓ, lse_i = m + log ℓ. Shared: Q tile [4·RPW][Dk], K tile [32][Dk+1], V tile
+// [32][Dv+1]. Reads q once, k and v once per query tile; writes o and lse once.
+template <class T>
+__global__ void __launch_bounds__(kAttentionThreads)
+    attention_fwd(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, compute_t<T> scale,
+                  T* __restrict__ o, compute_t<T>* __restrict__ lse) {
+  using A = compute_t<T>;
+  constexpr int RPW = kRowsPerWarp<A>, BR = kWarps * RPW;
+  SEQLAB_ATTENTION_SHARED_MEMORY(smem_raw);
+  A* Qs = reinterpret_cast<A*>(smem_raw);
+  A* Ks = Qs + BR * g.Dk;
+  A* Vs = Ks + kKeyTile * (g.Dk + 1);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / g.group;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * BR, rows = min(static_cast<int64_t>(BR), g.T - i0);
+  stage_queries(g, q, g.Dk, b, h, i0, rows, BR, Qs);
+
+  A m[RPW], l[RPW], acc[RPW][kDimsPerLane];
+  SEQLAB_UNROLL
+  for (int rr = 0; rr < RPW; ++rr) {
+    m[rr] = -INFINITY;
+    l[rr] = 0;
+    SEQLAB_UNROLL
+    for (int t = 0; t < kDimsPerLane; ++t) acc[rr][t] = 0;
+  }
+  const int64_t tile_key_end = g.key_end(i0 + rows - 1);
+  for (int64_t j0 = 0; j0 < tile_key_end; j0 += kKeyTile) {
+    const int64_t nk = min(static_cast<int64_t>(kKeyTile), tile_key_end - j0);
+    __syncthreads();  // the previous tile's readers are done (and, the first time, nothing to wait for)
+    stage_keys(g, k, g.Dk, b, hk, j0, nk, Ks);
+    stage_keys(g, v, g.Dv, b, hk, j0, nk, Vs);
+    __syncthreads();
+    SEQLAB_UNROLL
+    for (int rr = 0; rr < RPW; ++rr) {
+      const int r = warp * RPW + rr;
+      if (r >= rows) continue;                               // warp-uniform
+      const int64_t seen = min(nk, g.key_end(i0 + r) - j0);  // keys of this tile the row sees (may be ≤ 0)
+      A s = -INFINITY;
+      if (lane < seen) {
+        const A* qr = Qs + r * g.Dk;
+        const A* kc = Ks + lane * (g.Dk + 1);
+        A dot = 0;
+        for (int64_t d = 0; d < g.Dk; ++d) dot += qr[d] * kc[d];
+        s = scale * dot;
+      }
+      const A tile_max = warp_max(s);
+      if (tile_max > m[rr]) {  // rescale what was summed against the old max (0 on the first tile)
+        const A rescale = exp_of(m[rr] - tile_max);
+        l[rr] *= rescale;
+        SEQLAB_UNROLL
+        for (int t = 0; t < kDimsPerLane; ++t) acc[rr][t] *= rescale;
+        m[rr] = tile_max;
+      }
+      const A p = lane < seen ? exp_of(s - m[rr]) : A(0);
+      l[rr] += warp_sum(p);
+      add_weighted_tile_rows(acc[rr], p, Vs, g.Dv + 1, g.Dv, max(seen, static_cast<int64_t>(0)), lane);
+    }
+  }
+  SEQLAB_UNROLL
+  for (int rr = 0; rr < RPW; ++rr) {
+    const int r = warp * RPW + rr;
+    if (r >= rows) continue;
+    const int64_t row = g.q_row(b, i0 + r, h);
+    const A inv = A(1) / l[rr];
+    SEQLAB_UNROLL
+    for (int t = 0; t < kDimsPerLane; ++t) {
+      const int64_t d = lane + 32 * t;
+      if (d < g.Dv) o[row * g.Dv + d] = convert<T>(acc[rr][t] * inv);
+    }
+    if (lane == 0) lse[row] = m[rr] + log_of(l[rr]);
+  }
+}
+
+// δ_r = Σ_d dO_rd O_rd − dlse_r for every row r < n of [n, Dv]; one warp per row, lanes striding
+// over d, then a warp sum. Reads dO and O once; writes δ (compute type) once.
+template <class T>
+__global__ void __launch_bounds__(kAttentionThreads)
+    attention_delta(int64_t n, int64_t Dv, const T* __restrict__ dout, const T* __restrict__ out,
+                    const compute_t<T>* __restrict__ dlse, compute_t<T>* __restrict__ delta) {
+  using A = compute_t<T>;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; r < n; r += warps_total) {
+    A dot = 0;
+    for (int64_t d = lane; d < Dv; d += 32) dot += convert<A>(dout[r * Dv + d]) * convert<A>(out[r * Dv + d]);
+    dot = warp_sum(dot);
+    if (lane == 0) delta[r] = dot - dlse[r];
+  }
+}
+
+// dK/dV. Block (tile, hk, b) owns keys j0 .. j0 + 4·KPW − 1 of kv head hk; warp w owns keys
+// j0 + w·KPW + kk, holding k_j and v_j (lane owns dims lane + 32t) and the accumulators. For every
+// query head h of the group and every query row i that sees key j (i ≥ j − (S − T) when causal):
+//   s = scale q_i·k_j,  P = exp(s − lse_i),  dP = dO_i·v_j,  dS = P (dP − δ_i),
+//   dV_j += P dO_i,  dK_j += scale dS q_i
+// (the two dots are warp sums). Query rows are staged QT at a time: Q [QT][Dk], dO [QT][Dv],
+// lse and δ [QT]. Writes each requested dK/dV row once (zeros for keys no query sees).
+template <class T>
+__global__ void __launch_bounds__(kAttentionThreads)
+    attention_dkdv(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                   const T* __restrict__ dout, const compute_t<T>* __restrict__ lse,
+                   const compute_t<T>* __restrict__ delta, compute_t<T> scale, T* __restrict__ dk, T* __restrict__ dv) {
+  using A = compute_t<T>;
+  constexpr int KPW = kKeysPerWarp<A>, BK = kWarps * KPW, QT = kQueryTile<A>;
+  SEQLAB_ATTENTION_SHARED_MEMORY(smem_raw);
+  A* Qs = reinterpret_cast<A*>(smem_raw);
+  A* dOs = Qs + QT * g.Dk;
+  A* Ls = dOs + QT * g.Dv;
+  A* Ds = Ls + QT;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * BK;
+  const int64_t nk = min(static_cast<int64_t>(BK), g.S - j0);
+
+  A kr[KPW][kDimsPerLane], vr[KPW][kDimsPerLane], dka[KPW][kDimsPerLane], dva[KPW][kDimsPerLane];
+  SEQLAB_UNROLL
+  for (int kk = 0; kk < KPW; ++kk) {
+    const int64_t c = warp * KPW + kk;
+    SEQLAB_UNROLL
+    for (int t = 0; t < kDimsPerLane; ++t) {
+      const int64_t d = lane + 32 * t;
+      kr[kk][t] = c < nk && d < g.Dk ? convert<A>(k[g.kv_row(b, j0 + c, hk) * g.Dk + d]) : A(0);
+      vr[kk][t] = c < nk && d < g.Dv ? convert<A>(v[g.kv_row(b, j0 + c, hk) * g.Dv + d]) : A(0);
+      dka[kk][t] = 0;
+      dva[kk][t] = 0;
+    }
+  }
+  // The first query that sees key j0 (every later query sees it too).
+  const int64_t i_first = g.causal ? max(static_cast<int64_t>(0), j0 - (g.S - g.T)) : 0;
+  for (int64_t h = hk * g.group; h < (hk + 1) * g.group; ++h) {
+    for (int64_t i0 = i_first - i_first % QT; i0 < g.T; i0 += QT) {
+      const int64_t rows = min(static_cast<int64_t>(QT), g.T - i0);
+      __syncthreads();
+      stage_queries(g, q, g.Dk, b, h, i0, rows, QT, Qs);
+      stage_queries(g, dout, g.Dv, b, h, i0, rows, QT, dOs);
+      for (int r = threadIdx.x; r < QT; r += blockDim.x) {
+        Ls[r] = r < rows ? convert<A>(lse[g.q_row(b, i0 + r, h)]) : A(0);
+        Ds[r] = r < rows ? delta[g.q_row(b, i0 + r, h)] : A(0);
+      }
+      __syncthreads();
+      SEQLAB_UNROLL
+      for (int kk = 0; kk < KPW; ++kk) {
+        const int64_t c = warp * KPW + kk;
+        if (c >= nk) continue;  // warp-uniform
+        const int64_t j = j0 + c;
+        for (int64_t r = 0; r < rows; ++r) {
+          if (j >= g.key_end(i0 + r)) continue;  // the row does not see this key (uniform)
+          const A* qr = Qs + r * g.Dk;
+          const A* dor = dOs + r * g.Dv;
+          A s = 0, dp = 0;
+          SEQLAB_UNROLL
+          for (int t = 0; t < kDimsPerLane; ++t) {
+            const int64_t d = lane + 32 * t;
+            if (d < g.Dk) s += qr[d] * kr[kk][t];
+            if (d < g.Dv) dp += dor[d] * vr[kk][t];
+          }
+          s = scale * warp_sum(s);
+          dp = warp_sum(dp);
+          const A p = exp_of(s - Ls[r]);
+          const A ds = p * (dp - Ds[r]);
+          SEQLAB_UNROLL
+          for (int t = 0; t < kDimsPerLane; ++t) {
+            const int64_t d = lane + 32 * t;
+            if (d < g.Dv) dva[kk][t] += p * dor[d];
+            if (d < g.Dk) dka[kk][t] += scale * ds * qr[d];
+          }
+        }
+      }
+    }
+  }
+  SEQLAB_UNROLL
+  for (int kk = 0; kk < KPW; ++kk) {
+    const int64_t c = warp * KPW + kk;
+    if (c >= nk) continue;
+    const int64_t row = g.kv_row(b, j0 + c, hk);
+    SEQLAB_UNROLL
+    for (int t = 0; t < kDimsPerLane; ++t) {
+      const int64_t d = lane + 32 * t;
+      if (dk && d < g.Dk) dk[row * g.Dk + d] = convert<T>(dka[kk][t]);
+      if (dv && d < g.Dv) dv[row * g.Dv + d] = convert<T>(dva[kk][t]);
+    }
+  }
+}
+
+// dQ. The forward's geometry: block (tile, h, b), warp w owns RPW query rows, key/value tiles of 32
+// staged in shared memory. Per row and key tile, lane c computes for key c
+//   s = scale q_i·k_c,  P = exp(s − lse_i),  dP = dO_i·v_c,  dS_c = P (dP − δ_i)   (0 beyond key_end(i))
+// and then dQ_i += scale Σ_c dS_c k_c with lane owning dims lane + 32t. Shared: Q [BR][Dk],
+// dO [BR][Dv], K [32][Dk+1], V [32][Dv+1]. Writes each dQ row once.
+template <class T>
+__global__ void __launch_bounds__(kAttentionThreads)
+    attention_dq(Geo g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                 const T* __restrict__ dout, const compute_t<T>* __restrict__ lse,
+                 const compute_t<T>* __restrict__ delta, compute_t<T> scale, T* __restrict__ dq) {
+  using A = compute_t<T>;
+  constexpr int RPW = kRowsPerWarp<A>, BR = kWarps * RPW;
+  SEQLAB_ATTENTION_SHARED_MEMORY(smem_raw);
+  A* Qs = reinterpret_cast<A*>(smem_raw);
+  A* dOs = Qs + BR * g.Dk;
+  A* Ks = dOs + BR * g.Dv;
+  A* Vs = Ks + kKeyTile * (g.Dk + 1);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / g.group;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * BR, rows = min(static_cast<int64_t>(BR), g.T - i0);
+  stage_queries(g, q, g.Dk, b, h, i0, rows, BR, Qs);
+  stage_queries(g, dout, g.Dv, b, h, i0, rows, BR, dOs);
+
+  A lse_r[RPW], delta_r[RPW], acc[RPW][kDimsPerLane];
+  SEQLAB_UNROLL
+  for (int rr = 0; rr < RPW; ++rr) {
+    const int r = warp * RPW + rr;
+    lse_r[rr] = r < rows ? convert<A>(lse[g.q_row(b, i0 + r, h)]) : A(0);
+    delta_r[rr] = r < rows ? delta[g.q_row(b, i0 + r, h)] : A(0);
+    SEQLAB_UNROLL
+    for (int t = 0; t < kDimsPerLane; ++t) acc[rr][t] = 0;
+  }
+  const int64_t tile_key_end = g.key_end(i0 + rows - 1);
+  for (int64_t j0 = 0; j0 < tile_key_end; j0 += kKeyTile) {
+    const int64_t nk = min(static_cast<int64_t>(kKeyTile), tile_key_end - j0);
+    __syncthreads();
+    stage_keys(g, k, g.Dk, b, hk, j0, nk, Ks);
+    stage_keys(g, v, g.Dv, b, hk, j0, nk, Vs);
+    __syncthreads();
+    SEQLAB_UNROLL
+    for (int rr = 0; rr < RPW; ++rr) {
+      const int r = warp * RPW + rr;
+      if (r >= rows) continue;  // warp-uniform
+      const int64_t seen = min(nk, g.key_end(i0 + r) - j0);
+      A ds = 0;
+      if (lane < seen) {
+        const A *qr = Qs + r * g.Dk, *kc = Ks + lane * (g.Dk + 1);
+        const A *dor = dOs + r * g.Dv, *vc = Vs + lane * (g.Dv + 1);
+        A s = 0, dp = 0;
+        for (int64_t d = 0; d < g.Dk; ++d) s += qr[d] * kc[d];
+        for (int64_t d = 0; d < g.Dv; ++d) dp += dor[d] * vc[d];
+        const A p = exp_of(scale * s - lse_r[rr]);
+        ds = p * (dp - delta_r[rr]);
+      }
+      add_weighted_tile_rows(acc[rr], scale * ds, Ks, g.Dk + 1, g.Dk, max(seen, static_cast<int64_t>(0)), lane);
+    }
+  }
+  SEQLAB_UNROLL
+  for (int rr = 0; rr < RPW; ++rr) {
+    const int r = warp * RPW + rr;
+    if (r >= rows) continue;
+    const int64_t row = g.q_row(b, i0 + r, h);
+    SEQLAB_UNROLL
+    for (int t = 0; t < kDimsPerLane; ++t) {
+      const int64_t d = lane + 32 * t;
+      if (d < g.Dk) dq[row * g.Dk + d] = convert<T>(acc[rr][t]);
+    }
+  }
+}
+
+// ---- launch shapes (attention.cu's launchers and the emulation test) -------------------------------
+// Every kernel runs kAttentionThreads threads per block; A is the compute type (compute_t<T>).
+
+struct LaunchShape {
+  dim3 grid;
+  size_t shared_bytes;  // dynamic shared memory per block
+};
+
+// attention_fwd: one block per (tile of 4·RPW query rows, query head, batch); Q, K and V tiles.
+template <class A>
+LaunchShape forward_shape(const Geo& g) {
+  constexpr int BR = kWarps * kRowsPerWarp<A>;
+  return {dim3(static_cast<unsigned>((g.T + BR - 1) / BR), static_cast<unsigned>(g.H), static_cast<unsigned>(g.B)),
+          sizeof(A) * static_cast<size_t>(BR * g.Dk + kKeyTile * (g.Dk + 1) + kKeyTile * (g.Dv + 1))};
+}
+
+// attention_delta: one warp per row of n, at most 65535 blocks (the kernel's loop strides over the rest).
+inline unsigned delta_blocks(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>((n + kWarps - 1) / kWarps, 65535));
+}
+
+// attention_dkdv: one block per (tile of 4·KPW keys, kv head, batch); Q and dO tiles, lse and δ.
+template <class A>
+LaunchShape dkdv_shape(const Geo& g) {
+  constexpr int BK = kWarps * kKeysPerWarp<A>, QT = kQueryTile<A>;
+  return {dim3(static_cast<unsigned>((g.S + BK - 1) / BK), static_cast<unsigned>(g.Hk), static_cast<unsigned>(g.B)),
+          sizeof(A) * static_cast<size_t>(QT * (g.Dk + g.Dv + 2))};
+}
+
+// attention_dq: the forward's grid; Q, dO, K and V tiles.
+template <class A>
+LaunchShape dq_shape(const Geo& g) {
+  constexpr int BR = kWarps * kRowsPerWarp<A>;
+  return {dim3(static_cast<unsigned>((g.T + BR - 1) / BR), static_cast<unsigned>(g.H), static_cast<unsigned>(g.B)),
+          sizeof(A) * static_cast<size_t>(BR * (g.Dk + g.Dv) + kKeyTile * (g.Dk + 1) + kKeyTile * (g.Dv + 1))};
+}
+
+}  // namespace seqlab::cuda::attention_fma

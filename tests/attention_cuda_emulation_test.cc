@@ -1,0 +1,235 @@
+// The FMA attention kernels (src/cuda/attention_kernels.cuh: the forward with its online softmax and
+// lse, the δ = rowsum(dO ⊙ O) − dlse kernel, dK/dV and dQ), run on the CPU against the CPU attention
+// slots. No GPU needed: this is the check these kernels get on every build until a GPU runs
+// tests/cuda_attention_gpu_test.cc. They serve f32, f64 and the bf16 shapes the tensor-core kernels
+// do not take (tests/attention_tc_emulation_test.cc checks those).
+//
+// The kernel source is compiled by the host compiler over tests/cuda_emulation.h: one std::thread per
+// CUDA thread (128 per block), real barriers and shuffles, dynamic shared memory filled with NaN before
+// every block. Each launch mirrors attention.cu's launchers: the same grids and shared-memory sizes
+// (forward_shape, delta_blocks, dkdv_shape, dq_shape of the kernel header), the same arguments, and the
+// backward's dK/dV and dQ kernels read the δ that the delta kernel wrote. Outputs start as NaN between
+// guard bands, so an element not written and a write outside an output both fail; gradients not asked
+// for get a null pointer, as from the launcher, and stay untouched.
+//
+// Shapes (as in the GPU test): causal and bidirectional, T = S, T < S (queries at the end of a longer
+// cache, the causal diagonal crossing key tiles), T > S (bidirectional), decoding, MHA, GQA and MQA,
+// Dk ≠ Dv, head dims 1 to 128, T and S not multiples of the tiles (16 or 8 query rows, 32 keys, 16 or
+// 8 keys per dK/dV block, 32 or 16 staged query rows). Tolerance: fused_op_rtol (1e-4 f32, 1e-10 f64,
+// 2e-2 bf16, the reference being the CPU kernels in f32 on the same bf16 values); δ against a sum in
+// double at gpu_rtol, scaled by Σ|dO·O| + |dlse|.
+// What this cannot check: the real compiler, the hardware's scheduling and memory system, performance.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda_emulation.h"
+#include "cuda_test_util.h"
+#include "layers/attention.h"
+#include "tensor/kernels.h"
+#include "tensor/tensor.h"
+
+// The kernels, after the emulation they are compiled over.
+#define SEQLAB_ATTENTION_SHARED_MEMORY(name) unsigned char* name = emu::dynamic_shared()
+#include "cuda/attention_kernels.cuh"
+
+namespace seqlab {
+namespace {
+
+namespace fma = cuda::attention_fma;
+using cuda::compute_t;
+using testing::as_reference;
+using testing::expect_values_close;
+using testing::GuardedOutput;
+using testing::kCpu;
+using testing::reference_type;
+
+double rtol(DType d) { return testing::fused_op_rtol(d); }
+
+struct Case {
+  int64_t B, T, S, H, Hk, Dk, Dv;
+  bool causal;
+  double scale;  // ≤ 0: 1/√Dk
+  // Also run the backward with some gradients not asked for (each subset relaunches dK/dV or dQ).
+  bool subsets = false;
+  std::string name() const {
+    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " S=" + std::to_string(S) +
+           " H=" + std::to_string(H) + " Hk=" + std::to_string(Hk) + " Dk=" + std::to_string(Dk) +
+           " Dv=" + std::to_string(Dv) + (causal ? " causal" : " bidirectional");
+  }
+  kernel::AttentionParams params() const {
+    return {causal, scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(Dk)), 16};
+  }
+  // attention.cu's geometry().
+  fma::Geo geo() const { return {B, T, S, H, Hk, Dk, Dv, H / Hk, causal}; }
+};
+
+// Small, because every shuffle and barrier is a round of fiber switches in the emulation (the dK/dV
+// kernel costs ~0.3 ms per (query, key) pair here): B·H·T·S stays in the low thousands per case.
+// Query tiles are 16 rows (8 for f64), key tiles 32, dK/dV blocks 16 keys (8 for f64) over staged
+// query tiles of 32 rows (16 for f64).
+const Case kCases[] = {
+    {1, 37, 37, 2, 1, 16, 16, true, 0},       // GQA, T = S, partial tiles; causal dK/dV blocks start mid-tile
+    {1, 5, 70, 4, 2, 24, 40, true, 0, true},  // GQA, a block of new queries against a longer cache, Dk ≠ Dv
+    {2, 1, 33, 3, 1, 32, 32, true, 0, true},  // decoding, MQA, two sequences
+    {1, 40, 19, 1, 1, 8, 12, false, 0},       // bidirectional with T > S
+    {1, 12, 40, 1, 1, 128, 96, false, 0.3},   // the largest head dims (4 and 3 per lane), explicit scale
+    {1, 17, 17, 1, 1, 1, 3, true, 0},         // a head dim of 1
+    {1, 20, 90, 1, 1, 40, 72, true, 0},       // S − T = 70: the diagonal crosses a key tile; dims not multiples of 32
+    {1, 1, 1, 1, 1, 5, 7, true, 0},           // one query, one key
+};
+
+// fn(T{}, dtype) for each element type the kernels take, T being the kernels' own (bf16_t for bf16).
+template <class Fn>
+void for_each_type(Fn&& fn) {
+  fn(float{}, DType::f32);
+  fn(double{}, DType::f64);
+  fn(cuda::bf16_t{}, DType::bf16);
+}
+
+void expect_output(const GuardedOutput& got, const Tensor& want, double tol, const std::string& what,
+                   const Tensor& scale = Tensor()) {
+  expect_values_close(got.value(), want, tol, what, scale);
+  got.expect_guards_intact(what);
+}
+
+// ---- the launches, as attention.cu's forward_cuda and backward_cuda make them ---------------------
+
+template <class T>
+void forward(const fma::Geo& g, const Tensor& q, const Tensor& k, const Tensor& v, double scale, GuardedOutput& o,
+             GuardedOutput& lse) {
+  using A = compute_t<T>;
+  if (g.B == 0 || g.T == 0 || g.H == 0) return;
+  const fma::LaunchShape shape = fma::forward_shape<A>(g);
+  emu::launch(shape.grid, dim3(fma::kAttentionThreads), shape.shared_bytes, fma::attention_fwd<T>, g, q.data<T>(),
+              k.data<T>(), v.data<T>(), static_cast<A>(scale), o.data<T>(), lse.data<A>());
+}
+
+template <class T>
+void delta(const fma::Geo& g, const Tensor& dout, const Tensor& o, const Tensor& dlse, GuardedOutput& out) {
+  using A = compute_t<T>;
+  const int64_t n = g.B * g.T * g.H;
+  emu::launch(dim3(fma::delta_blocks(n)), dim3(fma::kAttentionThreads), 0, fma::attention_delta<T>, n, g.Dv,
+              dout.data<T>(), o.data<T>(), dlse.data<A>(), out.data<A>());
+}
+
+// dq, dk, dv: null where not asked for.
+template <class T>
+void backward(const fma::Geo& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+              const Tensor& lse, const GuardedOutput& delta, double scale, GuardedOutput* dq, GuardedOutput* dk,
+              GuardedOutput* dv) {
+  using A = compute_t<T>;
+  const A* D = delta.data<A>();
+  if (dk != nullptr || dv != nullptr) {
+    const fma::LaunchShape shape = fma::dkdv_shape<A>(g);
+    emu::launch(shape.grid, dim3(fma::kAttentionThreads), shape.shared_bytes, fma::attention_dkdv<T>, g, q.data<T>(),
+                k.data<T>(), v.data<T>(), dout.data<T>(), lse.data<A>(), D, static_cast<A>(scale),
+                dk != nullptr ? dk->data<T>() : nullptr, dv != nullptr ? dv->data<T>() : nullptr);
+  }
+  if (dq != nullptr) {
+    const fma::LaunchShape shape = fma::dq_shape<A>(g);
+    emu::launch(shape.grid, dim3(fma::kAttentionThreads), shape.shared_bytes, fma::attention_dq<T>, g, q.data<T>(),
+                k.data<T>(), v.data<T>(), dout.data<T>(), lse.data<A>(), D, static_cast<A>(scale), dq->data<T>());
+  }
+}
+
+// ---- the tests ----------------------------------------------------------------------------------
+
+class AttentionEmulation : public ::testing::Test {
+ protected:
+  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 43};
+};
+
+TEST_F(AttentionEmulation, ForwardMatchesTheCpuKernel) {
+  for_each_type([&](auto tag, DType dtype) {
+    using T = decltype(tag);
+    const DType rt = reference_type(dtype), at = accumulate_dtype(dtype);
+    for (const Case& c : kCases) {
+      const std::string what = std::string(dtype_name(dtype)) + " " + c.name();
+      Tensor q = Tensor::randn({c.B, c.T, c.H, c.Dk}, gen_, dtype);
+      Tensor k = Tensor::randn({c.B, c.S, c.Hk, c.Dk}, gen_, dtype);
+      Tensor v = Tensor::randn({c.B, c.S, c.Hk, c.Dv}, gen_, dtype);
+      const kernel::AttentionParams p = c.params();
+      GuardedOutput o({c.B, c.T, c.H, c.Dv}, dtype), lse({c.B, c.T, c.H}, at);
+      forward<T>(c.geo(), q, k, v, p.scale, o, lse);
+      Tensor o_ref = Tensor::empty(o.value().shape(), rt), lse_ref = Tensor::empty(lse.value().shape(), rt);
+      kernel::attention_forward_kernel(kCpu, as_reference(q), as_reference(k), as_reference(v), p, o_ref, lse_ref);
+      expect_output(o, o_ref, rtol(dtype), what + " o");
+      expect_output(lse, lse_ref, rtol(dtype), what + " lse");
+    }
+  });
+}
+
+TEST_F(AttentionEmulation, BackwardAllAndSomeGradients) {
+  struct Need {
+    bool dq, dk, dv;
+  };
+  for_each_type([&](auto tag, DType dtype) {
+    using T = decltype(tag);
+    const DType rt = reference_type(dtype), at = accumulate_dtype(dtype);
+    for (const Case& c : kCases) {
+      const kernel::AttentionParams p = c.params();
+      Tensor q = Tensor::randn({c.B, c.T, c.H, c.Dk}, gen_, dtype);
+      Tensor k = Tensor::randn({c.B, c.S, c.Hk, c.Dk}, gen_, dtype);
+      Tensor v = Tensor::randn({c.B, c.S, c.Hk, c.Dv}, gen_, dtype);
+      Tensor dout = Tensor::randn({c.B, c.T, c.H, c.Dv}, gen_, dtype);
+      Tensor dlse = Tensor::randn({c.B, c.T, c.H}, gen_, at, 0.5);
+      Tensor o_ref = Tensor::empty({c.B, c.T, c.H, c.Dv}, rt), lse_ref = Tensor::empty({c.B, c.T, c.H}, rt);
+      kernel::attention_forward_kernel(kCpu, as_reference(q), as_reference(k), as_reference(v), p, o_ref, lse_ref);
+      // The saved outputs as the dtype under test holds them; both sides read these values.
+      Tensor o = kernel::to_dtype(o_ref, dtype), lse = kernel::to_dtype(lse_ref, at);
+
+      // δ_r = Σ_d dO_rd O_rd − dlse_r, against the same sum in double from the same values.
+      const std::string what = std::string(dtype_name(dtype)) + " " + c.name();
+      const int64_t n = c.B * c.T * c.H;
+      const std::vector<double> dod = dout.to_doubles(), od = o.to_doubles(), dld = dlse.to_doubles();
+      std::vector<double> want_delta(static_cast<size_t>(n)), delta_scale(static_cast<size_t>(n));
+      for (size_t r = 0; r < want_delta.size(); ++r) {
+        double dot = 0, magnitude = std::fabs(dld[r]);
+        for (size_t d = 0; d < static_cast<size_t>(c.Dv); ++d) {
+          dot += dod[r * c.Dv + d] * od[r * c.Dv + d];
+          magnitude += std::fabs(dod[r * c.Dv + d] * od[r * c.Dv + d]);
+        }
+        want_delta[r] = dot - dld[r];
+        delta_scale[r] = magnitude;
+      }
+      GuardedOutput got_delta({n}, at);
+      delta<T>(c.geo(), dout, o, dlse, got_delta);
+      expect_output(got_delta, Tensor::from_vector(want_delta, {n}, at), testing::gpu_rtol(dtype), what + " δ",
+                    Tensor::from_vector(delta_scale, {n}, at));
+
+      std::vector<Need> needs = {{true, true, true}};
+      if (c.subsets) needs.insert(needs.end(), {{false, false, true}, {true, false, false}, {false, true, false}});
+      for (Need need : needs) {
+        const std::string with = what + (need.dq ? " dq" : "") + (need.dk ? " dk" : "") + (need.dv ? " dv" : "");
+        GuardedOutput dq(q.shape(), dtype), dk(k.shape(), dtype), dv(v.shape(), dtype);
+        backward<T>(c.geo(), q, k, v, dout, lse, got_delta, p.scale, need.dq ? &dq : nullptr, need.dk ? &dk : nullptr,
+                    need.dv ? &dv : nullptr);
+        kernel::AttentionGrads want;
+        if (need.dq) want.dq = Tensor::empty(q.shape(), rt);
+        if (need.dk) want.dk = Tensor::empty(k.shape(), rt);
+        if (need.dv) want.dv = Tensor::empty(v.shape(), rt);
+        kernel::attention_backward_kernel(kCpu, as_reference(dout), as_reference(dlse), as_reference(q),
+                                          as_reference(k), as_reference(v), as_reference(o), as_reference(lse), p,
+                                          want);
+        const auto check = [&](bool asked, const GuardedOutput& got, const Tensor& want_grad, const char* name) {
+          if (asked) {
+            expect_output(got, want_grad, rtol(dtype), with + " → " + name);
+          } else {  // not asked for: untouched
+            expect_output(got, testing::poisoned(got.value().shape(), dtype, kCpu), 0.0,
+                          with + " → " + name + " (not written)");
+          }
+        };
+        check(need.dq, dq, want.dq, "dq");
+        check(need.dk, dk, want.dk, "dk");
+        check(need.dv, dv, want.dv, "dv");
+      }
+    }
+  });
+}
+
+}  // namespace
+}  // namespace seqlab
