@@ -1,6 +1,7 @@
 // CUDA side of the optimizer slots declared in src/train/optim.h (the CPU kernels are in
 // src/train/optim.cpp): the fused AdamW and SGD updates, the sum of squares behind the global
-// gradient norm, and the in-place scale behind gradient clipping and averaging.
+// gradient norm, and the in-place scale behind gradient clipping and averaging. The kernels are in
+// optim_kernels.cuh (tests/optim_cuda_emulation_test.cc runs them on the CPU against these slots).
 //
 // The updates and the scale are elementwise, one grid-stride loop each, and compute exactly the
 // CPU formulas in the same type: S = f64 for f64 parameters and f32 otherwise; bf16 parameters and
@@ -22,15 +23,14 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/optim_kernels.cuh"
 #include "cuda/runtime.h"
 #include "train/optim.h"
 
 namespace seqlab::cuda {
 namespace {
 
-// S for a parameter type P: f64 for f64, f32 for f32 and bf16 (as Compute<P> in optim.cpp).
-template <class P>
-using state_t = std::conditional_t<std::is_same_v<P, double>, double, float>;
+using namespace optim;  // the kernels (optim_kernels.cuh)
 
 // Throws std::logic_error naming the op when a tensor breaks the slots' contract (contiguous, on
 // one CUDA device, n elements of the expected dtype).
@@ -39,39 +39,11 @@ void check_operand(const char* op, const char* name, const Tensor& t, int64_t n,
       t.device().index != device) {
     throw std::logic_error(std::string(op) + " on CUDA: " + name + " must be a contiguous " + dtype_name(dtype) +
                            " tensor of " + std::to_string(n) + " elements on cuda:" + std::to_string(device) +
-                           ", got " + shape_str(t.shape()) + " " + dtype_name(t.dtype()) + " on " +
-                           t.device().str());
+                           ", got " + shape_str(t.shape()) + " " + dtype_name(t.dtype()) + " on " + t.device().str());
   }
 }
 
 // ---- AdamW -----------------------------------------------------------------------------------------
-
-template <class S>
-struct AdamWCoefficients {
-  S lr, lr_wd, eps, b1, c1, b2, c2, inv_bc1, inv_bc2;
-};
-
-// For each i < n (p of type P; g of type G: P, or f32 beside a master; m, v and the master w (or null)
-// of type S; all read once and written once, g only read), with x = w when w is given, else p:
-//   x ← x − lr·wd·x;  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;
-//   x ← x − lr · (m / bc1) / (√(v / bc2) + ε)    with 1/bc1, 1/bc2 premultiplied;  p ← P(x).
-template <class P, class G, class S>
-__global__ void __launch_bounds__(kThreads)
-    adamw_step_kernel_impl(int64_t n, AdamWCoefficients<S> k, P* p, const G* g, S* m, S* v, S* w) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    const S gi = convert<S>(g[i]);
-    S pi = w ? w[i] : convert<S>(p[i]);
-    pi -= k.lr_wd * pi;
-    const S mi = k.b1 * m[i] + k.c1 * gi;
-    const S vi = k.b2 * v[i] + k.c2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    pi -= k.lr * (mi * k.inv_bc1) / (sqrt(vi * k.inv_bc2) + k.eps);
-    if (w) w[i] = pi;
-    p[i] = convert<P>(pi);
-  }
-}
 
 // The master w of a bf16 parameter, checked (f32, p's size, on p's device), or null.
 float* master_of(const char* op, const Tensor& p, const Tensor& w, int device) {
@@ -114,9 +86,7 @@ void adamw_step_cuda(const AdamWStep& s, const Tensor& p, const Tensor& g, const
     S* wp = nullptr;
     if constexpr (std::is_same_v<S, float>) wp = master;
     if (n == 0) return;
-    const AdamWCoefficients<S> k{S(s.lr),          S(s.lr * s.weight_decay), S(s.eps),
-                                 S(s.beta1),       S(1.0 - s.beta1),         S(s.beta2),
-                                 S(1.0 - s.beta2), S(1.0 / s.bias_correction1), S(1.0 / s.bias_correction2)};
+    const AdamWCoefficients<S> k = adamw_coefficients<S>(s);
     DeviceGuard guard(device);
     with_grad_type<P>("adamw_step", p, g, w, device, [&](auto gtag) {
       using G = typename decltype(gtag)::type;
@@ -130,36 +100,6 @@ void adamw_step_cuda(const AdamWStep& s, const Tensor& p, const Tensor& g, const
 
 // ---- SGD -------------------------------------------------------------------------------------------
 
-template <class S>
-struct SgdCoefficients {
-  S lr, lr_wd, mu;
-  bool nesterov;
-};
-
-// For each i < n (p of type P; g of type G: P, or f32 beside a master; b and the master w of type S or
-// null; each read once, p, b and w written once), with x = w when w is given, else p:
-//   x ← x − lr·wd·x;  b ← μ·b + g;  d = nesterov ? g + μ·b : b  (d = g without b);  x ← x − lr·d;
-//   p ← P(x).
-template <class P, class G, class S>
-__global__ void __launch_bounds__(kThreads)
-    sgd_step_kernel_impl(int64_t n, SgdCoefficients<S> k, P* p, const G* g, S* b, S* w) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    const S gi = convert<S>(g[i]);
-    S pi = w ? w[i] : convert<S>(p[i]);
-    pi -= k.lr_wd * pi;
-    S d = gi;
-    if (b) {
-      const S bi = k.mu * b[i] + gi;
-      b[i] = bi;
-      d = k.nesterov ? gi + k.mu * bi : bi;
-    }
-    pi -= k.lr * d;
-    if (w) w[i] = pi;
-    p[i] = convert<P>(pi);
-  }
-}
-
 void sgd_step_cuda(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b, const Tensor& w) {
   const int64_t n = p.numel();
   const int device = p.device().index;
@@ -170,7 +110,7 @@ void sgd_step_cuda(const SgdStep& s, const Tensor& p, const Tensor& g, const Ten
     check_operand("sgd_step", "p", p, n, p.dtype(), device);
     if (b.defined()) check_operand("sgd_step", "the momentum buffer", b, n, state_dtype, device);
     if (n == 0) return;
-    const SgdCoefficients<S> k{S(s.lr), S(s.lr * s.weight_decay), S(s.momentum), s.nesterov};
+    const SgdCoefficients<S> k = sgd_coefficients<S>(s);
     S* bp = b.defined() ? static_cast<S*>(b.raw_data()) : nullptr;
     float* const master = master_of("sgd_step", p, w, device);  // throws for a master beside a non-bf16 p
     S* wp = nullptr;
@@ -187,46 +127,6 @@ void sgd_step_cuda(const SgdStep& s, const Tensor& p, const Tensor& g, const Ten
 
 // ---- sum of squares --------------------------------------------------------------------------------
 
-// Elements per block in pass 1: 32 per thread, so a 1M-element gradient fills 128 blocks.
-constexpr int64_t kSumChunk = int64_t{kThreads} * 32;
-
-// Sums acc over the block's kThreads threads in a fixed order (a shared-memory tree: thread t adds
-// t + half for half = 128, 64, ..., 1). The result is valid in thread 0.
-__device__ double block_sum(double acc) {
-  __shared__ double buf[kThreads];
-  buf[threadIdx.x] = acc;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (static_cast<int>(threadIdx.x) < half) buf[threadIdx.x] += buf[threadIdx.x + half];
-    __syncthreads();
-  }
-  return buf[0];
-}
-
-// Pass 1: partial[b] = Σ x[i]² over i in [b·kSumChunk, min(n, (b+1)·kSumChunk)), in double. Thread t
-// sums the elements t, t + kThreads, ... of the block's range; block_sum combines the threads. Reads
-// x once, writes gridDim.x doubles. Launched with exactly ceil(n / kSumChunk) blocks.
-template <class T>
-__global__ void __launch_bounds__(kThreads) sum_squares_partials(const T* x, int64_t n, double* partial) {
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kSumChunk;
-  const int64_t end = n - begin < kSumChunk ? n : begin + kSumChunk;
-  double acc = 0.0;
-  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-    const double e = convert<double>(x[i]);
-    acc += e * e;
-  }
-  const double total = block_sum(acc);
-  if (threadIdx.x == 0) partial[blockIdx.x] = total;
-}
-
-// Pass 2, one block: *out = Σ_b partial[b] for b < count, thread t summing b = t, t + kThreads, ...
-__global__ void __launch_bounds__(kThreads) sum_partials(const double* partial, int64_t count, double* out) {
-  double acc = 0.0;
-  for (int64_t b = threadIdx.x; b < count; b += kThreads) acc += partial[b];
-  const double total = block_sum(acc);
-  if (threadIdx.x == 0) *out = total;
-}
-
 double sum_squares_cuda(const Tensor& x) {
   const int64_t n = x.numel();
   const int device = x.device().index;
@@ -235,7 +135,7 @@ double sum_squares_cuda(const Tensor& x) {
     using T = typename decltype(tag)::type;
     check_operand("sum_squares", "x", x, n, x.dtype(), device);
     if (n == 0) return;
-    const int64_t blocks = (n + kSumChunk - 1) / kSumChunk;
+    const int64_t blocks = sum_squares_blocks(n);
     if (blocks > int64_t{0x7fffffff}) {
       throw std::invalid_argument("sum_squares on CUDA: " + std::to_string(n) + " elements is too many for one grid");
     }
@@ -245,8 +145,8 @@ double sum_squares_cuda(const Tensor& x) {
     double* partial = static_cast<double*>(scratch.raw_data());
     DeviceGuard guard(device);
     cudaStream_t st = stream(device);
-    sum_squares_partials<T><<<static_cast<unsigned>(blocks), kThreads, 0, st>>>(
-        static_cast<const T*>(x.raw_data()), n, partial);
+    sum_squares_partials<T>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, st>>>(static_cast<const T*>(x.raw_data()), n, partial);
     SEQLAB_CUDA_CHECK_LAUNCH("sum_squares partials kernel");
     sum_partials<<<1, kThreads, 0, st>>>(partial, blocks, partial + blocks);
     SEQLAB_CUDA_CHECK_LAUNCH("sum_squares final kernel");
@@ -258,15 +158,6 @@ double sum_squares_cuda(const Tensor& x) {
 
 // ---- scale -----------------------------------------------------------------------------------------
 
-// x[i] ← k·x[i] for i < n, computed in S (f32 for bf16); reads and writes x once.
-template <class T, class S>
-__global__ void __launch_bounds__(kThreads) scale_inplace_kernel_impl(int64_t n, S k, T* x) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    x[i] = convert<T>(k * convert<S>(x[i]));
-  }
-}
-
 void scale_inplace_cuda(const Tensor& x, double s) {
   const int64_t n = x.numel();
   const int device = x.device().index;
@@ -276,8 +167,8 @@ void scale_inplace_cuda(const Tensor& x, double s) {
     check_operand("scale_inplace", "x", x, n, x.dtype(), device);
     if (n == 0) return;
     DeviceGuard guard(device);
-    scale_inplace_kernel_impl<T, S><<<blocks_for(n, device), kThreads, 0, stream(device)>>>(
-        n, S(s), static_cast<T*>(x.raw_data()));
+    scale_inplace_kernel_impl<T, S>
+        <<<blocks_for(n, device), kThreads, 0, stream(device)>>>(n, S(s), static_cast<T*>(x.raw_data()));
     SEQLAB_CUDA_CHECK_LAUNCH("scale_inplace kernel");
   });
 }

@@ -1,0 +1,310 @@
+// The optimizer CUDA kernels (src/cuda/optim_kernels.cuh: the AdamW and SGD updates, with an f32
+// master beside bf16 parameters and an f32 gradient beside a master; the two-pass sum of squares
+// behind the global gradient norm; the in-place scale), run on the CPU against the CPU slots of
+// src/train/optim.cpp. No GPU needed: this is the check these kernels get on every build until a GPU
+// runs tests/cuda_optim_gpu_test.cc.
+//
+// The kernel source is compiled by the host compiler over tests/cuda_emulation.h (one std::thread per
+// CUDA thread, real barriers, an emulated GPU of one multiprocessor, so a grid-stride grid stops at 32
+// blocks of 256 and the larger sizes take the loops' strides). Each launch mirrors optim.cu's
+// launchers: the same early returns, grids (grid_stride_blocks, sum_squares_blocks), coefficients
+// (adamw_coefficients, sgd_coefficients) and arguments. Every buffer a kernel writes sits between guard
+// bands; the read-only gradient is checked unchanged.
+//
+// Sizes: empty, one element, around the block size, several blocks, more elements than the 32-block
+// grid covers in one stride. The sum of squares also runs its final one-block pass over more than 256
+// partials (a thread summing several), and its result must equal, bit for bit, the order optim.cu
+// documents (per-thread strided sums, then the shared-memory tree), replayed on the host.
+// Tolerance: gpu_rtol (1e-5 f32, 1e-10 f64, 1e-2 bf16); the sum 1e-10 against the CPU's.
+// What this cannot check: the real compiler (nvcc contracts a·b + c into FMAs, so the GPU's bits can
+// differ from the replay), the hardware's scheduling and memory system, performance.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_emulation.h"
+#include "cuda_test_util.h"
+#include "tensor/kernels.h"
+#include "tensor/tensor.h"
+#include "train/optim.h"
+
+// The kernels, after the emulation they are compiled over.
+#include "cuda/optim_kernels.cuh"
+
+namespace seqlab {
+namespace {
+
+namespace optim = cuda::optim;
+using testing::expect_values_close;
+using testing::GuardedOutput;
+using testing::kCpu;
+constexpr int kSMs = emu::kMultiprocessors;
+
+// Empty, one element, around the 256-thread block, and more than the 32 blocks of the emulated grid.
+const int64_t kSizes[] = {0, 1, 255, 257, 4099, 100003};
+
+double rtol(DType d) { return testing::gpu_rtol(d); }
+DType state_type(DType param) { return param == DType::f64 ? DType::f64 : DType::f32; }
+std::string size_name(int64_t n, DType d) { return std::string(dtype_name(d)) + " n=" + std::to_string(n); }
+
+// fn(T{}, dtype) for each element type the kernels take, T being the kernels' own (bf16_t for bf16).
+template <class Fn>
+void for_each_type(Fn&& fn) {
+  fn(float{}, DType::f32);
+  fn(double{}, DType::f64);
+  fn(cuda::bf16_t{}, DType::bf16);
+}
+
+// A kernel's in-place operand: x's values between guard bands (undefined x: none, data() null).
+class InPlace {
+ public:
+  explicit InPlace(const Tensor& x) {
+    if (!x.defined()) return;
+    buffer_ = std::make_unique<GuardedOutput>(x.shape(), x.dtype());
+    std::memcpy(buffer_->value().raw_data(), x.raw_data(), static_cast<size_t>(x.numel()) * dtype_size(x.dtype()));
+  }
+  template <class T>
+  T* data() const {
+    return buffer_ ? buffer_->data<T>() : nullptr;
+  }
+  // Its values against want (undefined: both), and nothing written outside.
+  void expect(const Tensor& want, double tol, const std::string& what) const {
+    ASSERT_EQ(buffer_ != nullptr, want.defined()) << what;
+    if (!buffer_) return;
+    expect_values_close(buffer_->value(), want, tol, what);
+    buffer_->expect_guards_intact(what);
+  }
+
+ private:
+  std::unique_ptr<GuardedOutput> buffer_;
+};
+
+// optim.cu's grid for the elementwise kernels.
+dim3 elementwise_grid(int64_t n) { return dim3(cuda::grid_stride_blocks(n, kSMs)); }
+
+// optim.cu sum_squares_cuda: pass 1 into partial[0, blocks), pass 2 into partial[blocks].
+template <class T>
+double sum_squares(const Tensor& x) {
+  const int64_t n = x.numel();
+  if (n == 0) return 0.0;
+  const int64_t blocks = optim::sum_squares_blocks(n);
+  GuardedOutput partial({blocks + 1}, DType::f64);
+  emu::launch(dim3(static_cast<unsigned>(blocks)), dim3(cuda::kThreads), 0, optim::sum_squares_partials<T>, x.data<T>(),
+              n, partial.data<double>());
+  emu::launch(dim3(1), dim3(cuda::kThreads), 0, optim::sum_partials, partial.data<double>(), blocks,
+              partial.data<double>() + blocks);
+  partial.expect_guards_intact("sum_squares partials");
+  return partial.data<double>()[blocks];
+}
+
+// The order optim.cu documents, on the host: thread t of a block sums elements t, t + 256, ... of its
+// range; block_sum adds t + half into t for half = 128, ..., 1.
+double tree_sum(std::vector<double> buf) {
+  for (size_t half = buf.size() / 2; half > 0; half /= 2) {
+    for (size_t t = 0; t < half; ++t) buf[t] += buf[t + half];
+  }
+  return buf[0];
+}
+double strided_tree_sum(const std::vector<double>& terms, int64_t begin, int64_t end) {
+  std::vector<double> acc(cuda::kThreads, 0.0);
+  for (int64_t t = 0; t < cuda::kThreads; ++t) {
+    for (int64_t i = begin + t; i < end; i += cuda::kThreads) acc[t] += terms[i];
+  }
+  return tree_sum(acc);
+}
+double documented_sum_squares(const Tensor& x) {
+  std::vector<double> squares = x.to_doubles();
+  for (double& e : squares) e = e * e;
+  const int64_t n = x.numel(), blocks = optim::sum_squares_blocks(n);
+  std::vector<double> partial(static_cast<size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b) {
+    partial[b] = strided_tree_sum(squares, b * optim::kSumChunk, std::min(n, (b + 1) * optim::kSumChunk));
+  }
+  return strided_tree_sum(partial, 0, blocks);
+}
+
+class OptimEmulation : public ::testing::Test {
+ protected:
+  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 53};
+};
+
+TEST_F(OptimEmulation, AdamWStep) {
+  for_each_type([&](auto tag, DType dtype) {
+    using P = decltype(tag);
+    using S = optim::state_t<P>;
+    const DType sdt = state_type(dtype);
+    for (int64_t n : kSizes) {
+      for (int t : {1, 7}) {
+        AdamWStep s;
+        s.lr = 1e-2;
+        s.weight_decay = t == 1 ? 0.0 : 0.1;
+        s.beta1 = 0.9;
+        s.beta2 = 0.95;
+        s.eps = 1e-8;
+        s.bias_correction1 = 1.0 - std::pow(s.beta1, t);
+        s.bias_correction2 = 1.0 - std::pow(s.beta2, t);
+        const std::string what = "adamw " + size_name(n, dtype) + " t=" + std::to_string(t);
+        Tensor p = Tensor::randn({n}, gen_, dtype);
+        Tensor g = Tensor::randn({n}, gen_, dtype, 0.5);
+        Tensor m = Tensor::randn({n}, gen_, sdt, 0.1);
+        Tensor v = Tensor::rand({n}, gen_, sdt, 0.01, 1.0);
+        // bf16 parameters carry an f32 master (mixed precision), p = bf16(master); beside a master the
+        // gradient may also be an f32 sum of micro-batch gradients.
+        Tensor w = dtype == DType::bf16 ? Tensor::randn({n}, gen_, DType::f32) : Tensor();
+        if (w.defined()) p = kernel::to_dtype(w, DType::bf16);
+        if (w.defined() && t == 7) g = Tensor::randn({n}, gen_, DType::f32, 0.5);
+        const Tensor g_before = kernel::clone(g);
+
+        InPlace pe(p), me(m), ve(v), we(w);
+        if (n > 0) {
+          const optim::AdamWCoefficients<S> k = optim::adamw_coefficients<S>(s);
+          const auto run = [&](auto grad) {
+            using G = decltype(grad);
+            emu::launch(elementwise_grid(n), dim3(cuda::kThreads), 0, optim::adamw_step_kernel_impl<P, G, S>, n, k,
+                        pe.data<P>(), g.data<G>(), me.data<S>(), ve.data<S>(), we.data<S>());
+          };
+          if (g.dtype() == DType::f32 && dtype == DType::bf16) {
+            run(float{});
+          } else {
+            run(P{});
+          }
+        }
+        Tensor pc = kernel::clone(p), mc = kernel::clone(m), vc = kernel::clone(v),
+               wc = w.defined() ? kernel::clone(w) : w;
+        adamw_step_kernel(kCpu, s, pc, g, mc, vc, wc);
+        pe.expect(pc, rtol(dtype), what + " p");
+        we.expect(wc, rtol(DType::f32), what + " master");
+        me.expect(mc, rtol(sdt), what + " m");
+        ve.expect(vc, rtol(sdt), what + " v");
+        expect_values_close(g, g_before, 0.0, what + " g (read only)");
+      }
+    }
+  });
+}
+
+TEST_F(OptimEmulation, SgdStepPlainMomentumAndNesterov) {
+  struct Case {
+    double momentum;
+    bool nesterov;
+  };
+  for_each_type([&](auto tag, DType dtype) {
+    using P = decltype(tag);
+    using S = optim::state_t<P>;
+    const DType sdt = state_type(dtype);
+    for (int64_t n : kSizes) {
+      for (Case c : {Case{0.0, false}, Case{0.9, false}, Case{0.9, true}}) {
+        SgdStep s;
+        s.lr = 5e-2;
+        s.weight_decay = 0.01;
+        s.momentum = c.momentum;
+        s.nesterov = c.nesterov;
+        const std::string what =
+            "sgd " + size_name(n, dtype) + " momentum=" + std::to_string(c.momentum) + (c.nesterov ? " nesterov" : "");
+        Tensor p = Tensor::randn({n}, gen_, dtype);
+        Tensor g = Tensor::randn({n}, gen_, dtype);
+        Tensor b = c.momentum > 0 ? Tensor::randn({n}, gen_, sdt) : Tensor();
+        Tensor w = dtype == DType::bf16 ? Tensor::randn({n}, gen_, DType::f32) : Tensor();
+        if (w.defined()) p = kernel::to_dtype(w, DType::bf16);
+        // Beside a master, the momentum case with Nesterov takes an f32 gradient.
+        if (w.defined() && c.nesterov) g = Tensor::randn({n}, gen_, DType::f32);
+        const Tensor g_before = kernel::clone(g);
+
+        InPlace pe(p), be(b), we(w);
+        if (n > 0) {
+          const optim::SgdCoefficients<S> k = optim::sgd_coefficients<S>(s);
+          const auto run = [&](auto grad) {
+            using G = decltype(grad);
+            emu::launch(elementwise_grid(n), dim3(cuda::kThreads), 0, optim::sgd_step_kernel_impl<P, G, S>, n, k,
+                        pe.data<P>(), g.data<G>(), be.data<S>(), we.data<S>());
+          };
+          if (g.dtype() == DType::f32 && dtype == DType::bf16) {
+            run(float{});
+          } else {
+            run(P{});
+          }
+        }
+        Tensor pc = kernel::clone(p), bc = b.defined() ? kernel::clone(b) : b, wc = w.defined() ? kernel::clone(w) : w;
+        sgd_step_kernel(kCpu, s, pc, g, bc, wc);
+        pe.expect(pc, rtol(dtype), what + " p");
+        we.expect(wc, rtol(DType::f32), what + " master");
+        be.expect(bc, rtol(sdt), what + " momentum buffer");
+        expect_values_close(g, g_before, 0.0, what + " g (read only)");
+      }
+    }
+  });
+}
+
+TEST_F(OptimEmulation, SumSquaresMatchesTheCpuAndTheDocumentedOrder) {
+  for_each_type([&](auto tag, DType dtype) {
+    using T = decltype(tag);
+    // 8193: two pass-1 blocks, the second with one element; 2100000: 257 partials, so a thread of
+    // pass 2 sums two.
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{255}, int64_t{8193}, int64_t{100003}, int64_t{2100000}}) {
+      const std::string what = "sum_squares " + size_name(n, dtype);
+      Tensor x = Tensor::randn({n}, gen_, dtype, 1.5);
+      const double got = sum_squares<T>(x);
+      const double want = sum_squares_kernel(kCpu, x);
+      EXPECT_NEAR(got, want, 1e-10 * std::max(std::fabs(want), 1.0)) << what;
+      if (n == 0) {
+        EXPECT_EQ(got, 0.0) << what;
+      } else {
+        const double replay = documented_sum_squares(x);
+        EXPECT_EQ(std::memcmp(&got, &replay, sizeof(double)), 0) << what << ": " << got << " against " << replay;
+      }
+    }
+  });
+}
+
+// Pass 2 alone, over one partial, exactly one per thread, and several per thread.
+TEST_F(OptimEmulation, SumPartialsOverMoreThanABlock) {
+  for (int64_t count : {int64_t{1}, int64_t{256}, int64_t{700}}) {
+    const std::vector<double> partial = Tensor::rand({count}, gen_, DType::f64, 0.0, 100.0).to_doubles();
+    GuardedOutput out({1}, DType::f64);
+    emu::launch(dim3(1), dim3(cuda::kThreads), 0, optim::sum_partials, partial.data(), count, out.data<double>());
+    const double got = out.data<double>()[0], replay = strided_tree_sum(partial, 0, count);
+    EXPECT_EQ(std::memcmp(&got, &replay, sizeof(double)), 0) << count << " partials: " << got << " against " << replay;
+    double plain = 0;
+    for (double p : partial) plain += p;
+    EXPECT_NEAR(got, plain, 1e-12 * plain) << count << " partials";
+    out.expect_guards_intact("sum_partials");
+  }
+}
+
+TEST_F(OptimEmulation, SumSquaresOfNonFiniteIsNonFinite) {
+  std::vector<double> values = Tensor::randn({9000}, gen_, DType::f32).to_doubles();
+  values[8500] = std::numeric_limits<double>::infinity();  // in the second block
+  EXPECT_TRUE(std::isinf(sum_squares<float>(Tensor::from_vector(values, {9000}, DType::f32))));
+  values[8500] = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(sum_squares<float>(Tensor::from_vector(values, {9000}, DType::f32))));
+}
+
+TEST_F(OptimEmulation, ScaleInplace) {
+  for_each_type([&](auto tag, DType dtype) {
+    using T = decltype(tag);
+    using S = optim::state_t<T>;
+    for (int64_t n : kSizes) {
+      for (double k : {0.37, -2.5}) {
+        const std::string what = "scale " + size_name(n, dtype) + " by " + std::to_string(k);
+        Tensor x = Tensor::randn({n}, gen_, dtype);
+        InPlace xe(x);
+        if (n > 0) {
+          emu::launch(elementwise_grid(n), dim3(cuda::kThreads), 0, optim::scale_inplace_kernel_impl<T, S>, n, S(k),
+                      xe.data<T>());
+        }
+        Tensor xc = kernel::clone(x);
+        scale_inplace_kernel(kCpu, xc, k);
+        xe.expect(xc, rtol(dtype), what);
+      }
+    }
+  });
+}
+
+}  // namespace
+}  // namespace seqlab
