@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -410,8 +411,9 @@ TEST_F(RowsEmulation, CrossEntropyForwardAndBackward) {
 }
 
 TEST_F(RowsEmulation, SumRows) {
-  // Short rows (one thread each, below kShortRow = 32 columns) and block rows, more rows than blocks.
-  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {300, 7}, {5, 31}, {40, 32}, {3, 300}, {2, 1000}, {0, 40}};
+  // Short rows (one thread each, below kShortRow = 32 columns) and block rows, more rows than blocks
+  // (with one busy warp, and with all eight).
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {300, 7}, {5, 31}, {40, 32}, {40, 300}, {2, 1000}, {0, 40}};
   for_each_type([&](auto tag, DType dtype) {
     using T = decltype(tag);
     for (auto [n, c] : shapes) {
@@ -426,13 +428,18 @@ TEST_F(RowsEmulation, SumRows) {
 }
 
 TEST_F(RowsEmulation, MaxRowsFirstArgmaxTiesAndNaN) {
+  // kRowShapes, and more rows than blocks with every warp of the block holding candidates.
+  std::vector<std::pair<int64_t, int64_t>> shapes(std::begin(kRowShapes), std::end(kRowShapes));
+  shapes.emplace_back(40, 100);
   for_each_type([&](auto tag, DType dtype) {
     using T = decltype(tag);
-    for (auto [n, c] : kRowShapes) {
+    for (auto [n, c] : shapes) {
       const std::string what = case_name("max_rows", dtype, n, c);
-      // Small integers, so most rows hold their max several times: the first one must win.
+      // Small integers, so most rows hold their max several times: the first one must win. Each row
+      // 10 above the one before, so a candidate leaking from a block's next row would win.
       std::vector<double> values = Tensor::randn({n, c}, gen_, DType::f64, 2.0).to_doubles();
-      for (double& v : values) v = std::round(v);
+      for (size_t i = 0; i < values.size(); ++i)
+        values[i] = std::round(values[i]) + 10.0 * static_cast<double>(i / static_cast<size_t>(c));
       if (n >= 5 && c >= 7) {
         values[static_cast<size_t>(1 * c + 0)] = kNaN;  // NaN first: the CPU never leaves column 0
         values[static_cast<size_t>(2 * c + 3)] = kNaN;  // NaN later: skipped
