@@ -4,7 +4,6 @@
 #include <nccl.h>
 
 #include <cstring>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "cuda/runtime.h"
+#include "tensor/caching_pool.h"
 #include "tensor/device.h"
 
 namespace seqlab::cuda {
@@ -32,103 +32,43 @@ DeviceGuard::~DeviceGuard() {
 
 namespace {
 
-// Device memory in size classes: multiples of 512 bytes up to 4 KiB, then eight classes per octave
-// (at most 12.5% waste). A freed block goes to a per-class free list and serves the next request of
-// its class; cudaMalloc is called only when the list is empty, and cudaFree only by empty_cache()
-// or to make room when cudaMalloc runs out. See runtime.h for why reuse needs no event.
-class CudaAllocator final : public Allocator {
+// cudaMalloc and cudaFree on one device: the raw memory under that device's CachingPool, which
+// serves requests in the device size classes (caching_pool.h: multiples of 512 bytes up to 4 KiB,
+// then eight classes per octave). The pool caches every block, so a freed block goes to its class's
+// free list and serves the next request of its class: cudaMalloc runs only when that list is empty,
+// and cudaFree only in empty_cache() or when cudaMalloc runs out and the pool makes room before
+// trying once more. Freeing a tensor (Storage's destructor, maybe during static destruction) thus
+// makes no CUDA call and never throws. See runtime.h for why reuse needs no event.
+class DeviceMemory final : public RawMemory {
  public:
-  explicit CudaAllocator(int device) : device_(device) {}
+  explicit DeviceMemory(int device) : device_(device) {}
 
-  void* allocate(size_t nbytes) override {
-    const size_t size = block_size(nbytes);
-    std::lock_guard<std::mutex> lock(mutex_);
-    void* p = nullptr;
-    auto it = free_.find(size);
-    if (it != free_.end() && !it->second.empty()) {
-      p = it->second.back();
-      it->second.pop_back();
-      cached_ -= size;
-    } else {
-      p = device_malloc(size);
-      reserved_ += size;
-    }
-    counter_.on_alloc(nbytes);
-    return p;
-  }
-
-  // Runs in Storage's destructor (maybe during static destruction): no CUDA call, no throw.
-  void deallocate(void* ptr, size_t nbytes) override {
-    counter_.on_free(nbytes);
-    const size_t size = block_size(nbytes);
-    std::lock_guard<std::mutex> lock(mutex_);
-    free_[size].push_back(ptr);
-    cached_ += size;
-  }
-
-  MemoryStats stats() const override {
-    MemoryStats s = counter_.snapshot();
-    std::lock_guard<std::mutex> lock(mutex_);
-    s.reserved_bytes = static_cast<int64_t>(reserved_);
-    return s;
-  }
-  void reset_peak() override { counter_.reset_peak(); }
-
-  void empty_cache() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    release_cached();
-  }
-
- private:
-  static size_t block_size(size_t nbytes) {
-    if (nbytes <= 4096) return nbytes == 0 ? 512 : (nbytes + 511) / 512 * 512;
-    size_t octave = size_t{1} << (63 - __builtin_clzll(nbytes));
-    size_t unit = octave / 8;
-    return (nbytes + unit - 1) / unit * unit;
-  }
-
-  // cudaMalloc; on failure, hands the cache back to the driver and tries once more.
-  void* device_malloc(size_t size) {
+  void* obtain(size_t nbytes) override {
     DeviceGuard guard(device_);
     void* p = nullptr;
-    cudaError_t err = cudaMalloc(&p, size);
-    if (err == cudaErrorMemoryAllocation && cached_ > 0) {
-      cudaGetLastError();  // clear the failed call's error before retrying
-      release_cached();
-      err = cudaMalloc(&p, size);
-    }
+    const cudaError_t err = cudaMalloc(&p, nbytes);
     if (err == cudaErrorMemoryAllocation) {
-      cudaGetLastError();
-      throw std::runtime_error("CUDA out of memory on cuda:" + std::to_string(device_) + " allocating " +
-                               std::to_string(size) + " bytes (" + std::to_string(counter_.snapshot().live_bytes) +
-                               " bytes live in tensors, " + std::to_string(reserved_) + " reserved)");
+      cudaGetLastError();  // clear the failed call's error: the pool may retry, or reports it itself
+      return nullptr;
     }
     SEQLAB_CUDA_CHECK(err);
     return p;
   }
 
-  void release_cached() {  // mutex_ held
-    if (cached_ == 0) return;
+  void release(void* ptr, size_t) override {
     DeviceGuard guard(device_);
-    for (auto& [size, blocks] : free_) {
-      for (void* p : blocks) SEQLAB_CUDA_CHECK(cudaFree(p));
-      reserved_ -= size * blocks.size();
-      blocks.clear();
-    }
-    cached_ = 0;
+    SEQLAB_CUDA_CHECK(cudaFree(ptr));
   }
 
+ private:
   const int device_;
-  MemoryCounter counter_;
-  mutable std::mutex mutex_;
-  std::map<size_t, std::vector<void*>> free_;
-  size_t reserved_ = 0;  // bytes obtained from cudaMalloc and not yet freed
-  size_t cached_ = 0;    // of which in free_
 };
 
 struct PerDevice {
-  explicit PerDevice(int index) : allocator(index) {}
-  CudaAllocator allocator;
+  explicit PerDevice(int index)
+      : memory(index), allocator(memory, device_size_classes(), "cuda:" + std::to_string(index)) {}
+  DeviceMemory memory;
+  CachingPool allocator;
   std::once_flag stream_once;
   cudaStream_t stream = nullptr;
   int multiprocessors = 0;

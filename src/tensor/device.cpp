@@ -1,11 +1,9 @@
 #include "tensor/device.h"
 
 #include <cstdlib>
-#include <map>
-#include <mutex>
-#include <vector>
-#include <new>
 #include <stdexcept>
+
+#include "tensor/caching_pool.h"
 
 namespace seqlab {
 
@@ -30,75 +28,19 @@ MemoryStats MemoryCounter::snapshot() const {
 
 namespace {
 
-// 64-byte aligned host memory. Blocks of 256 KiB and more are cached by size and reused: a
-// training step allocates the same activation sizes every step, and handing a large block back
-// to the system would make the next step pay page faults to touch it again. Small blocks go
-// straight to malloc, which caches them itself.
-class CpuAllocator final : public Allocator {
+// 64-byte aligned host memory from the C library, under a CachingPool with the host size classes
+// (caching_pool.h: which sizes are cached and why).
+class HostMemory final : public RawMemory {
  public:
-  ~CpuAllocator() override { release_cache(); }
+  void* obtain(size_t nbytes) override { return std::aligned_alloc(64, nbytes); }  // nbytes: a multiple of 64
+  void release(void* ptr, size_t) override { std::free(ptr); }
+};
 
-  void* allocate(size_t nbytes) override {
-    const size_t size = block_size(nbytes);
-    void* p = nullptr;
-    if (size >= kCachedFrom) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = cache_.find(size);
-      if (it != cache_.end() && !it->second.empty()) {
-        p = it->second.back();
-        it->second.pop_back();
-        cached_bytes_ -= static_cast<int64_t>(size);
-      }
-    }
-    if (!p) p = std::aligned_alloc(64, size);
-    if (!p) throw std::bad_alloc();
-    counter_.on_alloc(nbytes);
-    return p;
-  }
-
-  void deallocate(void* ptr, size_t nbytes) override {
-    counter_.on_free(nbytes);
-    const size_t size = block_size(nbytes);
-    if (size < kCachedFrom) {
-      std::free(ptr);
-      return;
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    cache_[size].push_back(ptr);
-    cached_bytes_ += static_cast<int64_t>(size);
-  }
-
-  MemoryStats stats() const override {
-    MemoryStats s = counter_.snapshot();
-    std::lock_guard<std::mutex> lock(mutex_);
-    s.reserved_bytes = s.live_bytes + cached_bytes_;
-    return s;
-  }
-  void reset_peak() override { counter_.reset_peak(); }
-
-  void release_cache() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [size, blocks] : cache_) {
-      for (void* p : blocks) std::free(p);
-    }
-    cache_.clear();
-    cached_bytes_ = 0;
-  }
-
- private:
-  static constexpr size_t kCachedFrom = 256 * 1024;
-  // Multiples of 64 bytes below the cached range; multiples of 64 KiB inside it, so nearby sizes
-  // share blocks.
-  static size_t block_size(size_t nbytes) {
-    if (nbytes == 0) return 64;
-    size_t unit = nbytes >= kCachedFrom ? 65536 : 64;
-    return (nbytes + unit - 1) / unit * unit;
-  }
-
-  MemoryCounter counter_;
-  mutable std::mutex mutex_;
-  std::map<size_t, std::vector<void*>> cache_;
-  int64_t cached_bytes_ = 0;
+// The host allocator: the pool and the memory under it. Its cache goes back to the system at exit.
+struct CpuAllocator {
+  ~CpuAllocator() { pool.empty_cache(); }
+  HostMemory memory;
+  CachingPool pool{memory, host_size_classes(), "cpu"};
 };
 
 CpuAllocator& cpu_allocator_instance() {
@@ -113,8 +55,8 @@ DeviceBackend*& cuda_slot() {
 
 }  // namespace
 
-Allocator& cpu_allocator() { return cpu_allocator_instance(); }
-void cpu_empty_cache() { cpu_allocator_instance().release_cache(); }
+Allocator& cpu_allocator() { return cpu_allocator_instance().pool; }
+void cpu_empty_cache() { cpu_allocator_instance().pool.empty_cache(); }
 
 void register_cuda_backend(DeviceBackend* backend) { cuda_slot() = backend; }
 DeviceBackend* cuda_backend() { return cuda_slot(); }
