@@ -178,7 +178,7 @@ TEST_F(CudaOptimVsCpu, RopeForwardAndInverse) {
       {{2, 129, 4, 34}, 10000.0, 17},     // pairs not a multiple of the block
       {{0, 5, 2, 8}, 10000.0, 0},         // empty
   };
-  for (DType dtype : {DType::f32, DType::f64}) {
+  for (DType dtype : kFloatTypes) {  // bf16: computed in f32 on both sides, rounded on store
     for (const Case& c : cases) {
       for (bool inverse : {false, true}) {
         RopeOptions opts;
