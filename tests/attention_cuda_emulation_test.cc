@@ -4,20 +4,21 @@
 // tests/cuda_attention_gpu_test.cc. They serve f32, f64 and the bf16 shapes the tensor-core kernels
 // do not take (tests/attention_tc_emulation_test.cc checks those).
 //
-// The kernel source is compiled by the host compiler over tests/cuda_emulation.h: one std::thread per
-// CUDA thread (128 per block), real barriers and shuffles, dynamic shared memory filled with NaN before
-// every block. Each launch mirrors attention.cu's launchers: the same grids and shared-memory sizes
-// (forward_shape, delta_blocks, dkdv_shape, dq_shape of the kernel header), the same arguments, and the
-// backward's dK/dV and dQ kernels read the δ that the delta kernel wrote. Outputs start as NaN between
-// guard bands, so an element not written and a write outside an output both fail; gradients not asked
-// for get a null pointer, as from the launcher, and stay untouched.
+// The kernel source is compiled by the host compiler over tests/cuda_emulation.h: one fiber per CUDA
+// thread (128 per block) run from barrier to barrier in a seeded random order, real barriers and
+// shuffles, dynamic shared memory filled with NaN before every block. Each launch mirrors
+// attention.cu's launchers: the same grids and shared-memory sizes (forward_shape, delta_blocks,
+// dkdv_shape, dq_shape of the kernel header), the same arguments, and the backward's dK/dV and dQ
+// kernels read the δ that the delta kernel wrote. Outputs start as NaN between guard bands, so an
+// element not written and a write outside an output both fail; gradients not asked for get a null
+// pointer, as from the launcher, and stay untouched.
 //
-// Shapes (as in the GPU test): causal and bidirectional, T = S, T < S (queries at the end of a longer
-// cache, the causal diagonal crossing key tiles), T > S (bidirectional), decoding, MHA, GQA and MQA,
-// Dk ≠ Dv, head dims 1 to 128, T and S not multiples of the tiles (16 or 8 query rows, 32 keys, 16 or
-// 8 keys per dK/dV block, 32 or 16 staged query rows). Tolerance: fused_op_rtol (1e-4 f32, 1e-10 f64,
-// 2e-2 bf16, the reference being the CPU kernels in f32 on the same bf16 values); δ against a sum in
-// double at gpu_rtol, scaled by Σ|dO·O| + |dlse|.
+// Shapes (the GPU test's kinds, smaller: see kCases): causal and bidirectional, T = S, T < S (queries
+// at the end of a longer cache, the causal diagonal crossing key tiles), T > S (bidirectional),
+// decoding, MHA, GQA and MQA, Dk ≠ Dv, head dims 1 to 128, T and S not multiples of the tiles (16 or
+// 8 query rows, 32 keys, 16 or 8 keys per dK/dV block, 32 or 16 staged query rows). Tolerance:
+// fused_op_rtol (1e-4 f32, 1e-10 f64, 2e-2 bf16, the reference being the CPU kernels in f32 on the
+// same bf16 values); δ against a sum in double at gpu_rtol, scaled by Σ|dO·O| + |dlse|.
 // What this cannot check: the real compiler, the hardware's scheduling and memory system, performance.
 #include <gtest/gtest.h>
 
@@ -72,12 +73,12 @@ struct Case {
 // Query tiles are 16 rows (8 for f64), key tiles 32, dK/dV blocks 16 keys (8 for f64) over staged
 // query tiles of 32 rows (16 for f64).
 const Case kCases[] = {
-    {1, 37, 37, 2, 1, 16, 16, true, 0},       // GQA, T = S, partial tiles; causal dK/dV blocks start mid-tile
-    {1, 5, 70, 4, 2, 24, 40, true, 0, true},  // GQA, a block of new queries against a longer cache, Dk ≠ Dv
+    {1, 37, 37, 2, 1, 16, 16, true, 0},       // two heads on one kv head, T = S, partial tiles everywhere
+    {1, 5, 40, 4, 2, 24, 40, true, 0},        // GQA, a block of new queries against a longer cache, Dk ≠ Dv
     {2, 1, 33, 3, 1, 32, 32, true, 0, true},  // decoding, MQA, two sequences
     {1, 40, 19, 1, 1, 8, 12, false, 0},       // bidirectional with T > S
     {1, 12, 40, 1, 1, 128, 96, false, 0.3},   // the largest head dims (4 and 3 per lane), explicit scale
-    {1, 17, 17, 1, 1, 1, 3, true, 0},         // a head dim of 1
+    {1, 17, 17, 2, 2, 1, 3, true, 0, true},   // MHA, a head dim of 1
     {1, 20, 90, 1, 1, 40, 72, true, 0},       // S − T = 70: the diagonal crosses a key tile; dims not multiples of 32
     {1, 1, 1, 1, 1, 5, 7, true, 0},           // one query, one key
 };

@@ -4,8 +4,8 @@
 // src/train/optim.cpp. No GPU needed: this is the check these kernels get on every build until a GPU
 // runs tests/cuda_optim_gpu_test.cc.
 //
-// The kernel source is compiled by the host compiler over tests/cuda_emulation.h (one std::thread per
-// CUDA thread, real barriers, an emulated GPU of one multiprocessor, so a grid-stride grid stops at 32
+// The kernel source is compiled by the host compiler over tests/cuda_emulation.h (one fiber per CUDA
+// thread, real barriers, an emulated GPU of one multiprocessor, so a grid-stride grid stops at 32
 // blocks of 256 and the larger sizes take the loops' strides). Each launch mirrors optim.cu's
 // launchers: the same early returns, grids (grid_stride_blocks, sum_squares_blocks), coefficients
 // (adamw_coefficients, sgd_coefficients) and arguments. Every buffer a kernel writes sits between guard

@@ -2,8 +2,8 @@
 // rotation), run on the CPU against the CPU rope slot (src/layers/rope.cpp). No GPU needed: this is
 // the check these kernels get on every build until a GPU runs tests/cuda_optim_gpu_test.cc.
 //
-// The kernel source is compiled by the host compiler over tests/cuda_emulation.h (one std::thread per
-// CUDA thread, an emulated GPU of one multiprocessor, so grids stop at 32 blocks of 256 and the larger
+// The kernel source is compiled by the host compiler over tests/cuda_emulation.h (one fiber per CUDA
+// thread, an emulated GPU of one multiprocessor, so grids stop at 32 blocks of 256 and the larger
 // shapes take the grid-stride loops). Each launch mirrors rope.cu's launcher: θ from the same host
 // helper (inverse_frequencies), tables in the compute type, the same grids (grid_stride_blocks) and
 // arguments. The tables and y sit between guard bands and start as NaN.
