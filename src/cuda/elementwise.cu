@@ -8,91 +8,27 @@
 // bf16 (__nv_bfloat16, bit-identical to seqlab::bf16) is loaded to f32, computed in f32 and rounded
 // to nearest even on store. Strided operands are addressed through StridedOffsets, which first merges
 // the dimensions that are contiguous for every operand: a contiguous tensor is indexed as one
-// dimension, a bias broadcast over [B, T, C] as two.
+// dimension, a bias broadcast over [B, T, C] as two. The functors and StridedOffsets are in
+// elementwise_kernels.cuh (host-includable: tests/elementwise_cuda_emulation_test.cc runs them on the
+// CPU); this file holds the launchers.
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <array>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/elementwise_kernels.cuh"
 #include "cuda/reduce_rows_kernels.cuh"
 #include "cuda/runtime.h"
-#include "tensor/elementwise_math.h"
 #include "tensor/kernels.h"
 
 namespace seqlab::cuda {
 namespace {
 
-using kernel::BinaryOp;
-using kernel::ScalarOp;
-using kernel::UnaryOp;
-
-// Calls fn(std::integral_constant<Enum, op>{}) for the runtime value of op.
-template <class Enum, Enum... Ops, class Fn>
-void with_op(Enum op, Fn&& fn) {
-  (void)((op == Ops ? (fn(std::integral_constant<Enum, Ops>{}), true) : false) || ...);
-}
-
-template <class Fn>
-void with_unary(UnaryOp op, Fn&& fn) {
-  with_op<UnaryOp, UnaryOp::neg, UnaryOp::exp, UnaryOp::log, UnaryOp::sqrt, UnaryOp::rsqrt, UnaryOp::square,
-          UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::silu, UnaryOp::gelu, UnaryOp::relu, UnaryOp::elu,
-          UnaryOp::softplus>(op, fn);
-}
-
-// ---- strided addressing --------------------------------------------------------------------------
-
-constexpr int kMaxDims = 8;
-
-// Element offsets of N operands iterated over one shape, from the row-major linear index. Passed to
-// kernels by value; dimensions are stored innermost first.
-template <int N>
-struct StridedOffsets {
-  int ndim = 0;
-  int64_t size[kMaxDims] = {};
-  int64_t stride[N][kMaxDims] = {};
-
-  __device__ __forceinline__ void operator()(int64_t i, int64_t (&off)[N]) const {
-#pragma unroll
-    for (int k = 0; k < N; ++k) off[k] = ndim == 1 ? i * stride[k][0] : 0;
-    if (ndim == 1) return;
-#pragma unroll
-    for (int d = 0; d < kMaxDims; ++d) {  // constant d keeps size[] and stride[] out of local memory
-      if (d == ndim) break;
-      const int64_t q = i / size[d], r = i - q * size[d];
-#pragma unroll
-      for (int k = 0; k < N; ++k) off[k] += r * stride[k][d];
-      i = q;
-    }
-  }
-};
-
-// Drops size-1 dimensions and merges neighbours that are contiguous in every operand.
-template <int N>
-StridedOffsets<N> strided_offsets(const Shape& shape, const std::array<const Tensor*, N>& operands, const char* op) {
-  StridedOffsets<N> s;
-  for (size_t d = shape.size(); d-- > 0;) {
-    if (shape[d] == 1) continue;
-    const int last = s.ndim - 1;
-    bool merge = s.ndim > 0;
-    for (int k = 0; k < N && merge; ++k) merge = operands[k]->strides()[d] == s.stride[k][last] * s.size[last];
-    if (merge) {
-      s.size[last] *= shape[d];
-      continue;
-    }
-    if (s.ndim == kMaxDims) {
-      throw std::invalid_argument(std::string(op) + " on CUDA: the strided layout of shape " + shape_str(shape) +
-                                  " needs more than " + std::to_string(kMaxDims) + " dimensions");
-    }
-    for (int k = 0; k < N; ++k) s.stride[k][s.ndim] = operands[k]->strides()[d];
-    s.size[s.ndim++] = shape[d];
-  }
-  return s;
-}
+// The functors, StridedOffsets and the op dispatch are in elementwise_kernels.cuh.
+using namespace elementwise;
 
 // ---- launching -----------------------------------------------------------------------------------
 
@@ -108,27 +44,6 @@ void launch(const char* what, const Tensor& on, int64_t n, const F& f) {
 }
 
 // ---- copy and fill -------------------------------------------------------------------------------
-
-// dst[at(i)[0]] = convert(src[at(i)[1]]): reads and writes numel elements, both sides strided.
-template <class D, class S>
-struct CopyFn {
-  D* dst;
-  const S* src;
-  StridedOffsets<2> at;
-  __device__ void operator()(int64_t i) const {
-    int64_t off[2];
-    at(i, off);
-    dst[off[0]] = convert<D>(src[off[1]]);
-  }
-};
-
-// out[i] = bits: writes n elements of a contiguous tensor with the bit pattern of the value.
-template <class U>
-struct FillFn {
-  U* out;
-  U bits;
-  __device__ void operator()(int64_t i) const { out[i] = bits; }
-};
 
 void copy_cuda(const Tensor& dst, const Tensor& src) {
   const int device = dst.device().index;
@@ -154,10 +69,8 @@ void fill_cuda(const Tensor& dst, double value) {
   // The value is converted on the host by the CPU's own rule, so both devices store the same bits.
   dispatch_any(dst.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const T v = convert_scalar<T>(value);
-    using U = std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
-    U bits;
-    std::memcpy(&bits, &v, sizeof(U));
+    using U = fill_bits_t<T>;
+    const U bits = fill_bits<T>(value);
     if (bits == 0 && dst.nbytes() > 0) {
       DeviceGuard guard(dst.device().index);
       SEQLAB_CUDA_CHECK(cudaMemsetAsync(dst.raw_data(), 0, dst.nbytes(), stream(dst.device().index)));
@@ -168,70 +81,6 @@ void fill_cuda(const Tensor& dst, double value) {
 }
 
 // ---- elementwise ops -----------------------------------------------------------------------------
-
-// out[i] = f(x[i]): reads n elements of x, writes n of out (both contiguous).
-template <class T, UnaryOp kOp>
-struct UnaryFn {
-  const T* x;
-  T* out;
-  compute_t<T> alpha;
-  __device__ void operator()(int64_t i) const {
-    out[i] = convert<T>(math::unary_forward(kOp, convert<compute_t<T>>(x[i]), alpha));
-  }
-};
-
-// dx[i] = dy[i] · f'(x[i]) (given y = f(x)): reads n elements each of dy, x, y, writes n of dx.
-template <class T, UnaryOp kOp>
-struct UnaryBackwardFn {
-  const T *dy, *x, *y;
-  T* dx;
-  compute_t<T> alpha;
-  __device__ void operator()(int64_t i) const {
-    using C = compute_t<T>;
-    dx[i] = convert<T>(math::unary_backward(kOp, convert<C>(dy[i]), convert<C>(x[i]), convert<C>(y[i]), alpha));
-  }
-};
-
-// out[i] = a[at(i)[0]] op b[at(i)[1]]: a and b are broadcast views (stride 0 where expanded), so an
-// element of a may be read many times; writes n elements of a contiguous out.
-template <class T, BinaryOp kOp>
-struct BinaryFn {
-  const T *a, *b;
-  T* out;
-  StridedOffsets<2> at;
-  __device__ void operator()(int64_t i) const {
-    using C = compute_t<T>;
-    int64_t off[2];
-    at(i, off);
-    out[i] = convert<T>(math::binary(kOp, convert<C>(a[off[0]]), convert<C>(b[off[1]])));
-  }
-};
-
-// out[i] = x[i] op s: reads n elements of x, writes n of out (both contiguous).
-template <class T, ScalarOp kOp>
-struct ScalarFn {
-  const T* x;
-  T* out;
-  compute_t<T> s;
-  __device__ void operator()(int64_t i) const {
-    out[i] = convert<T>(math::scalar(kOp, convert<compute_t<T>>(x[i]), s));
-  }
-};
-
-// out[i] = cond[at(i)[0]] ≠ 0 ? a[at(i)[1]] : b[at(i)[2]]: three broadcast views read, one element of
-// either a or b per output; writes n elements of a contiguous out.
-template <class C, class T>
-struct WhereFn {
-  const C* cond;
-  const T *a, *b;
-  T* out;
-  StridedOffsets<3> at;
-  __device__ void operator()(int64_t i) const {
-    int64_t off[3];
-    at(i, off);
-    out[i] = convert<double>(cond[off[0]]) != 0.0 ? a[off[1]] : b[off[2]];
-  }
-};
 
 void unary_cuda(UnaryOp op_value, const Tensor& x, double alpha, const Tensor& out) {
   with_unary(op_value, [&](auto op) {
@@ -260,7 +109,7 @@ void unary_backward_cuda(UnaryOp op_value, const Tensor& dy, const Tensor& x, co
 
 void binary_cuda(BinaryOp op_value, const Tensor& a, const Tensor& b, const Tensor& out) {
   const StridedOffsets<2> at = strided_offsets<2>(out.shape(), {&a, &b}, kernel::binary_name(op_value));
-  with_op<BinaryOp, BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div>(op_value, [&](auto op) {
+  with_binary(op_value, [&](auto op) {
     dispatch_floating(out.dtype(), kernel::binary_name(op), [&](auto tag) {
       using T = typename decltype(tag)::type;
       launch(kernel::binary_name(op), out, out.numel(),
@@ -271,15 +120,14 @@ void binary_cuda(BinaryOp op_value, const Tensor& a, const Tensor& b, const Tens
 }
 
 void scalar_cuda(ScalarOp op_value, const Tensor& x, double s, const Tensor& out) {
-  with_op<ScalarOp, ScalarOp::add, ScalarOp::mul, ScalarOp::pow, ScalarOp::rsub, ScalarOp::rdiv>(
-      op_value, [&](auto op) {
-        dispatch_floating(x.dtype(), "scalar op", [&](auto tag) {
-          using T = typename decltype(tag)::type;
-          launch("scalar op", out, x.numel(),
-                 ScalarFn<T, decltype(op)::value>{static_cast<const T*>(x.raw_data()), static_cast<T*>(out.raw_data()),
-                                                  static_cast<compute_t<T>>(s)});
-        });
-      });
+  with_scalar(op_value, [&](auto op) {
+    dispatch_floating(x.dtype(), "scalar op", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      launch("scalar op", out, x.numel(),
+             ScalarFn<T, decltype(op)::value>{static_cast<const T*>(x.raw_data()), static_cast<T*>(out.raw_data()),
+                                              static_cast<compute_t<T>>(s)});
+    });
+  });
 }
 
 void where_cuda(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {

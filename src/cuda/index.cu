@@ -7,13 +7,16 @@
 // token position, exactly the CPU's counting-sort buckets; then thread (u, j) sums dy[order[k], j]
 // over its bucket in that order. The same inputs give the same bits on every run, and every row of
 // dweight is written (0 where no token points). Indices were range-checked by the entry point
-// (src/tensor/embedding.cpp), so the kernels index with them directly.
+// (src/tensor/embedding.cpp), so the kernels index with them directly. The functors are in
+// index_kernels.cuh (host-includable: tests/index_cuda_emulation_test.cc runs them on the CPU); this
+// file holds the launchers.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
+#include "cuda/index_kernels.cuh"
 #include "cuda/reduce_rows_kernels.cuh"
 #include "cuda/row_kernels.cuh"
 #include "tensor/kernels.h"
@@ -22,72 +25,10 @@ namespace seqlab::cuda {
 namespace {
 
 using namespace rows;
+// The functors and the sort's bit range are in index_kernels.cuh.
+using namespace indexing;
 
 // ---- embedding -----------------------------------------------------------------------------------
-
-// out[t, j] = weight[index[t], j]   weight [V, C], index [N], out [N, C]: one thread per output element;
-// reads N·C weights (rows in any order) and N indices (cached across the row), writes N·C.
-template <class T, class I>
-struct EmbeddingFn {
-  const T* weight;
-  const I* index;
-  T* out;
-  int64_t c;
-  __device__ void operator()(int64_t i) const {
-    const int64_t t = i / c, j = i - t * c;
-    out[i] = weight[static_cast<int64_t>(index[t]) * c + j];
-  }
-};
-
-// keys[t] = index[t] as i32, positions[t] = t: the sort's input. Reads and writes N values each.
-template <class I>
-struct SortInputFn {
-  const I* index;
-  int32_t* keys;
-  int32_t* positions;
-  __device__ void operator()(int64_t t) const {
-    keys[t] = static_cast<int32_t>(index[t]);
-    positions[t] = static_cast<int32_t>(t);
-  }
-};
-
-// start[u] = the first k with sorted[k] ≥ u (lower bound; start[V] = N): bucket u of the sorted keys is
-// [start[u], start[u + 1]). One thread per u ≤ V, log2 N reads of the sorted keys each.
-struct BucketStartFn {
-  const int32_t* sorted;
-  int32_t* start;
-  int64_t n;
-  __device__ void operator()(int64_t u) const {
-    int64_t lo = 0, hi = n;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (sorted[mid] < u) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
-    start[u] = static_cast<int32_t>(lo);
-  }
-};
-
-// dweight[u, j] = Σ_{k ∈ [start[u], start[u+1])} dy[order[k], j], summed in k order (increasing token
-// position) in f32 (f64 for f64). One thread per element of dweight [V, C]: a warp reads whole rows of
-// dy, coalesced; every dy row is read once, dweight written once.
-template <class T>
-struct EmbeddingGradFn {
-  const T* dy;
-  const int32_t* order;
-  const int32_t* start;
-  T* dweight;
-  int64_t c;
-  __device__ void operator()(int64_t i) const {
-    const int64_t u = i / c, j = i - u * c;
-    compute_t<T> acc = 0;
-    for (int32_t k = start[u]; k < start[u + 1]; ++k) acc += convert<compute_t<T>>(dy[int64_t{order[k]} * c + j]);
-    dweight[i] = convert<T>(acc);
-  }
-};
 
 void embedding_cuda(const Tensor& weight, const Tensor& index, const Tensor& out) {
   const int device = weight.device().index;
@@ -142,8 +83,7 @@ void embedding_backward_cuda(const Tensor& dy, const Tensor& index, const Tensor
     using I = typename decltype(itag)::type;
     launch_elements("embedding backward sort input", device, n, SortInputFn<I>{cptr<I>(index), keys_in, pos_in});
   });
-  int end_bit = 1;  // keys lie in [0, V): sort only the bits that can be set
-  while (end_bit < 31 && (int64_t{1} << end_bit) < v) ++end_bit;
+  const int end_bit = sort_end_bit(v);  // keys lie in [0, V): sort only the bits that can be set
   size_t temp_bytes = 0;
   SEQLAB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, pos_in, order,
                                                     static_cast<int>(n), 0, end_bit, s));
@@ -161,17 +101,6 @@ void embedding_backward_cuda(const Tensor& dy, const Tensor& index, const Tensor
 // ---- max over rows, and its backward -------------------------------------------------------------
 
 // max_rows, the CPU's first argmax per row, is in reduce_rows_kernels.cuh.
-
-// dx[r, index[r]] = dy[r] for a dx [outer, inner] the caller zeroed: one thread per row, one read of
-// dy and index and one write each.
-template <class T>
-struct ScatterRowsFn {
-  const T* dy;
-  const int64_t* index;
-  T* dx;
-  int64_t inner;
-  __device__ void operator()(int64_t r) const { dx[r * inner + index[r]] = dy[r]; }
-};
 
 void max_rows_cuda(const Tensor& x, const Tensor& out, const Tensor& index) {
   const int device = x.device().index;
@@ -209,27 +138,6 @@ void scatter_rows_cuda(const Tensor& dy, const Tensor& index, const Tensor& dx) 
 }
 
 // ---- cumulative sums -----------------------------------------------------------------------------
-
-// out[o, j, i] = Σ_{j' ≤ j} x[o, j', i] (j' ≥ j when reverse) for x [outer, n, inner]: thread p owns
-// column (o, i) = (p / inner, p % inner) and runs down its n elements, accumulating in f32 (f64 for
-// f64) in the CPU's order. Neighbouring threads take neighbouring i, so reads and writes are coalesced
-// when inner is large; each element is read and written once.
-template <class T>
-struct CumsumFn {
-  const T* x;
-  T* out;
-  int64_t n, inner;
-  bool reverse;
-  __device__ void operator()(int64_t p) const {
-    const int64_t base = (p / inner) * n * inner + p % inner;
-    compute_t<T> acc = 0;
-    for (int64_t s = 0; s < n; ++s) {
-      const int64_t at = base + (reverse ? n - 1 - s : s) * inner;
-      acc += convert<compute_t<T>>(x[at]);
-      out[at] = convert<T>(acc);
-    }
-  }
-};
 
 void cumsum_cuda(const Tensor& x, bool reverse, const Tensor& out) {
   const int device = x.device().index;
