@@ -11,17 +11,18 @@
 // thousands, no rows at all. Tolerance: |got − want| ≤ rtol · max(|want|, 1) with rtol 1e-5 for f32,
 // 1e-10 for f64 and 1e-2 for bf16 (for dx = dnorm + dsum, whose dnorm is rounded before the add,
 // max(|want|, |dnorm|, 1)); argmax indices, gathers and scatters must match exactly.
-// Inputs come from a fixed seed; --gtest_shuffle (or --gtest_random_seed=N) draws others.
+// Inputs and references of the row kernels come from tests/rows_cases.h, shared with the emulation
+// test (tests/rows_cuda_emulation_test.cc). Inputs come from a fixed seed; --gtest_shuffle (or
+// --gtest_random_seed=N) draws others.
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "rows_cases.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -31,24 +32,22 @@ using kernel::CrossEntropyOutput;
 using kernel::NormGrads;
 using kernel::NormOutput;
 
+using testing::cpu_empty;
+using testing::expect_close;
 using testing::kCpu;
-using testing::kGpu;
 using testing::kFloatTypes;
-const double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-double rtol(DType d) { return testing::gpu_rtol(d); }
+using testing::kGpu;
+using testing::kIgnoreIndex;
+using testing::kLossScale;
+using testing::on_gpu;
+using testing::poisoned;
 using testing::reference_type;
 
-using testing::poisoned;
-Tensor cpu_empty(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype, kCpu); }
+double rtol(DType d) { return testing::gpu_rtol(d); }
 // `x` (already in the dtype under test) as the CPU reference computes from it.
-Tensor ref(const Tensor& x) { return kernel::to_dtype(x, reference_type(x.dtype())); }
-using testing::on_gpu;
-
-using testing::expect_close;
-
+Tensor ref(const Tensor& x) { return testing::as_reference(x); }
 std::string case_name(const char* op, DType dtype, int64_t rows, int64_t cols) {
-  return std::string(op) + " " + dtype_name(dtype) + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+  return testing::rows_case_name(op, dtype, rows, cols);
 }
 
 class CudaRowsVsCpu : public ::testing::Test {
@@ -56,16 +55,11 @@ class CudaRowsVsCpu : public ::testing::Test {
   void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
 
   // Uniform integers in [0, n), with about `ignored_share` of them replaced by `ignored`.
-  Tensor indices(int64_t count, int64_t n, DType dtype, double ignored_share = 0.0, int64_t ignored = -100) {
-    std::vector<int64_t> v(static_cast<size_t>(count));
-    for (int64_t& i : v) {
-      i = static_cast<int64_t>(gen_.next_u64() % static_cast<uint64_t>(n));
-      if (gen_.uniform() < ignored_share) i = ignored;
-    }
-    return Tensor::from_indices(v, {count}, dtype);
+  Tensor indices(int64_t count, int64_t n, DType dtype, double ignored_share = 0.0, int64_t ignored = kIgnoreIndex) {
+    return testing::random_indices(gen_, count, n, dtype, ignored_share, ignored);
   }
 
-  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 29};
+  Generator gen_{testing::test_seed(29)};
 };
 
 // [rows, C]: one element, one column, a few short rows, rows of a few hundred (not a multiple of 32),
@@ -76,16 +70,13 @@ const std::pair<int64_t, int64_t> kRowShapes[] = {{1, 1}, {37, 1}, {5, 7}, {300,
 
 TEST_F(CudaRowsVsCpu, NormForward) {
   for (DType dtype : kFloatTypes) {
-    const DType rt = reference_type(dtype);
     for (auto [n, c] : kRowShapes) {
       // An offset mean (3) so the centering matters.
-      Tensor x = kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, c}, gen_, rt, 2.0), 3.0);
-      x = kernel::to_dtype(x, dtype);
+      const Tensor x = testing::offset_rows(n, c, 3.0, dtype, gen_);
       Tensor w = Tensor::randn({c}, gen_, dtype), b = Tensor::randn({c}, gen_, dtype);
       for (bool with_bias : {true, false}) {
         const std::string what = case_name(with_bias ? "layer_norm" : "layer_norm without bias", dtype, n, c);
-        NormOutput want{cpu_empty({n, c}, rt), cpu_empty({n}, rt), cpu_empty({n}, rt)};
-        kernel::layer_norm_kernel(kCpu, ref(x), ref(w), with_bias ? ref(b) : Tensor(), 1e-5, want);
+        const NormOutput want = testing::norm_reference(x, w, with_bias ? b : Tensor(), true);
         NormOutput got{poisoned({n, c}, dtype), poisoned({n}, accumulate_dtype(dtype)),
                        poisoned({n}, accumulate_dtype(dtype))};
         kernel::layer_norm_kernel(kGpu, on_gpu(x), on_gpu(w), with_bias ? on_gpu(b) : Tensor(), 1e-5, got);
@@ -94,8 +85,7 @@ TEST_F(CudaRowsVsCpu, NormForward) {
         expect_close(got.rstd, want.rstd, rtol(dtype), what + " rstd");
       }
       const std::string what = case_name("rms_norm", dtype, n, c);
-      NormOutput want{cpu_empty({n, c}, rt), Tensor(), cpu_empty({n}, rt)};
-      kernel::rms_norm_kernel(kCpu, ref(x), ref(w), 1e-6, want);
+      const NormOutput want = testing::norm_reference(x, w, Tensor(), false);
       NormOutput got{poisoned({n, c}, dtype), Tensor(), poisoned({n}, accumulate_dtype(dtype))};
       kernel::rms_norm_kernel(kGpu, on_gpu(x), on_gpu(w), 1e-6, got);
       expect_close(got.y, want.y, rtol(dtype), what + " y");
@@ -106,49 +96,29 @@ TEST_F(CudaRowsVsCpu, NormForward) {
 
 TEST_F(CudaRowsVsCpu, NormBackward) {
   for (DType dtype : kFloatTypes) {
-    const DType rt = reference_type(dtype);
     for (auto [n, c] : kRowShapes) {
-      Tensor x =
-          kernel::to_dtype(kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, c}, gen_, rt, 2.0), -1.5), dtype);
-      Tensor w = Tensor::randn({c}, gen_, dtype), dy = Tensor::randn({n, c}, gen_, dtype);
-      Tensor dsum = Tensor::randn({n, c}, gen_, dtype);
+      const testing::NormBackwardInputs in = testing::norm_backward_inputs(n, c, dtype, gen_);
+      const Tensor x = on_gpu(in.x), w = on_gpu(in.weight), dy = on_gpu(in.dy);
       for (bool centered : {true, false}) {
         const std::string what = case_name(centered ? "layer_norm backward" : "rms_norm backward", dtype, n, c);
-        // The statistics as the forward saved them: computed, then stored in accumulate_dtype (f32 for bf16).
-        NormOutput fwd{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
-        if (centered) {
-          kernel::layer_norm_kernel(kCpu, ref(x), ref(w), Tensor(), 1e-5, fwd);
-        } else {
-          kernel::rms_norm_kernel(kCpu, ref(x), ref(w), 1e-5, fwd);
-        }
-        Tensor mean = centered ? kernel::to_dtype(fwd.mean, accumulate_dtype(dtype)) : Tensor();
-        Tensor rstd = kernel::to_dtype(fwd.rstd, accumulate_dtype(dtype));
+        const testing::NormStatistics saved = testing::saved_norm_statistics(in, centered);
+        const Tensor mean = on_gpu(saved.mean), rstd = on_gpu(saved.rstd);
         // Every gradient, then only the parameter gradients (dx skipped), then only dx; each asking for
         // dx again with dsum, the gradient of a fused residual sum, added onto it.
         for (int ask = 0; ask < 3; ++ask) {
           const bool need_dx = ask != 1, need_params = ask != 2;
-          NormGrads want{need_dx ? cpu_empty({n, c}, rt) : Tensor(), need_params ? cpu_empty({c}, rt) : Tensor(),
-                         need_params && centered ? cpu_empty({c}, rt) : Tensor()};
-          if (centered) {
-            kernel::layer_norm_backward_kernel(kCpu, ref(dy), ref(x), ref(w), ref(mean), ref(rstd), Tensor(), want);
-          } else {
-            kernel::rms_norm_backward_kernel(kCpu, ref(dy), ref(x), ref(w), ref(rstd), Tensor(), want);
-          }
+          const NormGrads want = testing::norm_backward_reference(in, saved, centered, need_dx, need_params);
           for (bool with_dsum : {false, true}) {
             if (with_dsum && !need_dx) continue;
             NormGrads got{need_dx ? poisoned({n, c}, dtype) : Tensor(), need_params ? poisoned({c}, dtype) : Tensor(),
                           need_params && centered ? poisoned({c}, dtype) : Tensor()};
-            const Tensor ds = with_dsum ? on_gpu(dsum) : Tensor();
+            const Tensor ds = with_dsum ? on_gpu(in.dsum) : Tensor();
             if (centered) {
-              kernel::layer_norm_backward_kernel(kGpu, on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(mean), on_gpu(rstd), ds,
-                                                 got);
+              kernel::layer_norm_backward_kernel(kGpu, dy, x, w, mean, rstd, ds, got);
             } else {
-              kernel::rms_norm_backward_kernel(kGpu, on_gpu(dy), on_gpu(x), on_gpu(w), on_gpu(rstd), ds, got);
+              kernel::rms_norm_backward_kernel(kGpu, dy, x, w, rstd, ds, got);
             }
-            // With dsum: dnorm as stored in the dtype, plus dsum, as a separate add would compute it.
-            const Tensor want_dx =
-                with_dsum ? kernel::binary(kernel::BinaryOp::add, ref(kernel::to_dtype(want.dx, dtype)), ref(dsum))
-                          : want.dx;
+            const Tensor want_dx = with_dsum ? testing::dx_plus_dsum(want.dx, in.dsum) : want.dx;
             const std::string asked = what + " (ask " + std::to_string(ask) + (with_dsum ? ", with dsum)" : ")");
             if (need_dx) expect_close(got.dx, want_dx, rtol(dtype), asked + " dx", with_dsum ? want.dx : Tensor());
             if (need_params) expect_close(got.dweight, want.dweight, rtol(dtype), asked + " dweight");
@@ -165,38 +135,29 @@ TEST_F(CudaRowsVsCpu, NormBackward) {
 // (for bf16 the kernel normalises the rounded s it writes, which the backward reads back).
 TEST_F(CudaRowsVsCpu, AddNormForward) {
   for (DType dtype : kFloatTypes) {
-    const DType rt = reference_type(dtype);
     for (auto [n, c] : kRowShapes) {
-      Tensor x =
-          kernel::to_dtype(kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, c}, gen_, rt, 2.0), 3.0), dtype);
-      Tensor res = Tensor::randn({n, c}, gen_, dtype), w = Tensor::randn({c}, gen_, dtype);
-      Tensor b = Tensor::randn({c}, gen_, dtype);
+      const testing::AddNormInputs in = testing::add_norm_inputs(n, c, dtype, gen_);
+      const Tensor x = on_gpu(in.x), res = on_gpu(in.residual), w = on_gpu(in.weight);
       for (int kind = 0; kind < 3; ++kind) {  // layer norm, layer norm without bias, rms norm
         const bool centered = kind < 2, with_bias = kind == 0;
         const std::string what = case_name(kind == 0   ? "add_layer_norm"
                                            : kind == 1 ? "add_layer_norm without bias"
                                                        : "add_rms_norm",
                                            dtype, n, c);
-        const Tensor bias_ref = with_bias ? ref(b) : Tensor(), bias_gpu = with_bias ? on_gpu(b) : Tensor();
-        Tensor want_sum = cpu_empty({n, c}, rt);
-        NormOutput fused{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
-        NormOutput want{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
+        const testing::AddNormReference want = testing::add_norm_reference(in, centered, with_bias);
         Tensor got_sum = poisoned({n, c}, dtype);
         NormOutput got{poisoned({n, c}, dtype), centered ? poisoned({n}, accumulate_dtype(dtype)) : Tensor(),
                        poisoned({n}, accumulate_dtype(dtype))};
         if (centered) {
-          kernel::add_layer_norm_kernel(kCpu, ref(x), ref(res), ref(w), bias_ref, 1e-5, want_sum, fused);
-          kernel::layer_norm_kernel(kCpu, ref(kernel::to_dtype(want_sum, dtype)), ref(w), bias_ref, 1e-5, want);
-          kernel::add_layer_norm_kernel(kGpu, on_gpu(x), on_gpu(res), on_gpu(w), bias_gpu, 1e-5, got_sum, got);
+          const Tensor bias = with_bias ? on_gpu(in.bias) : Tensor();
+          kernel::add_layer_norm_kernel(kGpu, x, res, w, bias, 1e-5, got_sum, got);
         } else {
-          kernel::add_rms_norm_kernel(kCpu, ref(x), ref(res), ref(w), 1e-6, want_sum, fused);
-          kernel::rms_norm_kernel(kCpu, ref(kernel::to_dtype(want_sum, dtype)), ref(w), 1e-6, want);
-          kernel::add_rms_norm_kernel(kGpu, on_gpu(x), on_gpu(res), on_gpu(w), 1e-6, got_sum, got);
+          kernel::add_rms_norm_kernel(kGpu, x, res, w, 1e-6, got_sum, got);
         }
-        expect_close(got_sum, want_sum, rtol(dtype), what + " sum");
-        expect_close(got.y, want.y, rtol(dtype), what + " y");
-        if (centered) expect_close(got.mean, want.mean, rtol(dtype), what + " mean");
-        expect_close(got.rstd, want.rstd, rtol(dtype), what + " rstd");
+        expect_close(got_sum, want.sum, rtol(dtype), what + " sum");
+        expect_close(got.y, want.norm.y, rtol(dtype), what + " y");
+        if (centered) expect_close(got.mean, want.norm.mean, rtol(dtype), what + " mean");
+        expect_close(got.rstd, want.norm.rstd, rtol(dtype), what + " rstd");
       }
     }
   }
@@ -267,22 +228,19 @@ TEST_F(CudaRowsVsCpu, AddNormThroughTheEntryPoints) {
 
 TEST_F(CudaRowsVsCpu, SoftmaxForwardAndBackward) {
   for (DType dtype : kFloatTypes) {
-    const DType rt = reference_type(dtype);
     for (auto [n, c] : kRowShapes) {
-      Tensor x = Tensor::randn({n, c}, gen_, dtype, 3.0), dy = Tensor::randn({n, c}, gen_, dtype);
+      const testing::SoftmaxInputs in = testing::softmax_inputs(n, c, dtype, gen_);
       for (bool log : {false, true}) {
         const std::string what = case_name(log ? "log_softmax" : "softmax", dtype, n, c);
-        Tensor want = cpu_empty({n, c}, rt);
-        kernel::softmax_kernel(kCpu, ref(x), log, want);
+        const Tensor want = testing::softmax_reference(in.x, log);
         Tensor got = poisoned({n, c}, dtype);
-        kernel::softmax_kernel(kGpu, on_gpu(x), log, got);
+        kernel::softmax_kernel(kGpu, on_gpu(in.x), log, got);
         expect_close(got, want, rtol(dtype), what);
 
-        Tensor y = kernel::to_dtype(want, dtype);  // y as the forward stored it
-        Tensor dwant = cpu_empty({n, c}, rt);
-        kernel::softmax_backward_kernel(kCpu, ref(dy), ref(y), log, dwant);
+        const Tensor y = kernel::to_dtype(want, dtype);  // y as the forward stored it
+        const Tensor dwant = testing::softmax_backward_reference(in.dy, y, log);
         Tensor dgot = poisoned({n, c}, dtype);
-        kernel::softmax_backward_kernel(kGpu, on_gpu(dy), on_gpu(y), log, dgot);
+        kernel::softmax_backward_kernel(kGpu, on_gpu(in.dy), on_gpu(y), log, dgot);
         expect_close(dgot, dwant, rtol(dtype), what + " backward");
       }
     }
@@ -290,16 +248,10 @@ TEST_F(CudaRowsVsCpu, SoftmaxForwardAndBackward) {
 }
 
 TEST_F(CudaRowsVsCpu, SoftmaxOfLargeLogitsAndNaN) {
-  // Logits in the hundreds overflow exp without the max subtraction; a NaN poisons its row only.
   for (DType dtype : kFloatTypes) {
-    Tensor x = kernel::to_dtype(
-        kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({4, 100}, gen_, DType::f64, 30.0), 400.0), dtype);
-    std::vector<double> values = x.to_doubles();
-    values[2 * 100 + 17] = kNaN;
-    x = Tensor::from_vector(values, {4, 100}, dtype);
+    const Tensor x = testing::large_logits_with_nan(dtype, gen_);
     for (bool log : {false, true}) {
-      Tensor want = cpu_empty({4, 100}, reference_type(dtype));
-      kernel::softmax_kernel(kCpu, ref(x), log, want);
+      const Tensor want = testing::softmax_reference(x, log);
       Tensor got = poisoned({4, 100}, dtype);
       kernel::softmax_kernel(kGpu, on_gpu(x), log, got);
       expect_close(got, want, rtol(dtype),
@@ -313,27 +265,22 @@ TEST_F(CudaRowsVsCpu, SoftmaxOfLargeLogitsAndNaN) {
 TEST_F(CudaRowsVsCpu, CrossEntropyForwardAndBackward) {
   const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {37, 1}, {13, 7}, {33, 300}, {4, 5001}, {0, 9}};
   for (DType dtype : kFloatTypes) {
-    const DType rt = reference_type(dtype);
     for (DType target_type : {DType::i32, DType::i64}) {
       for (auto [n, v] : shapes) {
         const std::string what = case_name("cross_entropy", dtype, n, v) + " " + dtype_name(target_type);
-        // An offset of 20 so lse − x_target is a difference of large numbers.
-        Tensor logits = kernel::to_dtype(
-            kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, v}, gen_, DType::f64, 3.0), 20.0), dtype);
-        Tensor targets = indices(n, v, target_type, 0.2, -100);
-        Tensor loss_want = cpu_empty({n}, rt), lse_want = cpu_empty({n}, rt);
-        kernel::cross_entropy_kernel(kCpu, ref(logits), targets, -100, loss_want, lse_want);
+        const testing::CrossEntropyInputs in = testing::cross_entropy_inputs(n, v, dtype, target_type, gen_);
+        const testing::CrossEntropyReference want = testing::cross_entropy_reference(in);
+        const Tensor logits = on_gpu(in.logits), targets = on_gpu(in.targets);
         Tensor loss_got = poisoned({n}, accumulate_dtype(dtype)), lse_got = poisoned({n}, accumulate_dtype(dtype));
-        kernel::cross_entropy_kernel(kGpu, on_gpu(logits), on_gpu(targets), -100, loss_got, lse_got);
-        expect_close(loss_got, loss_want, rtol(dtype), what + " losses");
-        expect_close(lse_got, lse_want, rtol(dtype), what + " lse");
+        kernel::cross_entropy_kernel(kGpu, logits, targets, kIgnoreIndex, loss_got, lse_got);
+        expect_close(loss_got, want.losses, rtol(dtype), what + " losses");
+        expect_close(lse_got, want.lse, rtol(dtype), what + " lse");
 
-        Tensor lse = kernel::to_dtype(lse_want, accumulate_dtype(dtype));  // lse as the forward stored it
-        Tensor dwant = cpu_empty({n, v}, rt);
-        kernel::cross_entropy_backward_kernel(kCpu, 0.37, ref(logits), targets, ref(lse), -100, dwant);
+        // The backward reads lse as the forward stored it.
         Tensor dgot = poisoned({n, v}, dtype);
-        kernel::cross_entropy_backward_kernel(kGpu, 0.37, on_gpu(logits), on_gpu(targets), on_gpu(lse), -100, dgot);
-        expect_close(dgot, dwant, rtol(dtype), what + " backward");
+        kernel::cross_entropy_backward_kernel(kGpu, kLossScale, logits, targets, on_gpu(want.saved_lse), kIgnoreIndex,
+                                              dgot);
+        expect_close(dgot, want.dlogits, rtol(dtype), what + " backward");
       }
     }
   }
@@ -402,16 +349,8 @@ TEST_F(CudaRowsVsCpu, MaxRowsFirstArgmaxTiesAndNaN) {
     const DType rt = reference_type(dtype);
     for (auto [n, c] : kRowShapes) {
       const std::string what = case_name("max_rows", dtype, n, c);
-      // Small integers, so most rows hold their max several times: the first one must win.
-      std::vector<double> values = Tensor::randn({n, c}, gen_, DType::f64, 2.0).to_doubles();
-      for (double& v : values) v = std::round(v);
-      if (n >= 5 && c >= 7) {
-        values[static_cast<size_t>(1 * c + 0)] = kNaN;  // NaN first: the CPU never leaves column 0
-        values[static_cast<size_t>(2 * c + 3)] = kNaN;  // NaN later: skipped
-        for (int64_t i = 0; i < c; ++i) values[static_cast<size_t>(3 * c + i)] = kNaN;
-        values[static_cast<size_t>(3 * c + c - 1)] = -1.0;  // all NaN but the last column
-      }
-      Tensor x = Tensor::from_vector(values, {n, c}, dtype);
+      // Ties (the first max must win) and NaN rows.
+      Tensor x = Tensor::from_vector(testing::max_rows_values(n, c, gen_), {n, c}, dtype);
       Tensor want = cpu_empty({n}, rt), want_index = cpu_empty({n}, DType::i64);
       kernel::max_rows_kernel(kCpu, ref(x), want, want_index);
       Tensor got = poisoned({n}, dtype), got_index = poisoned({n}, DType::i64);

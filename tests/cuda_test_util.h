@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
@@ -27,6 +28,12 @@ inline double gpu_rtol(DType d) { return d == DType::bf16 ? 1e-2 : d == DType::f
 // The fused ops (attention, the recurrent variants) sum in another order on the GPU than on the CPU:
 // 1e-4 for f32, 1e-10 for f64, 2e-2 for bf16.
 inline double fused_op_rtol(DType d) { return d == DType::bf16 ? 2e-2 : d == DType::f64 ? 1e-10 : 1e-4; }
+// A test program's seed: GoogleTest's random seed (fixed unless --gtest_shuffle or
+// --gtest_random_seed=N) plus the program's own salt, so that programs draw different inputs.
+inline uint64_t test_seed(uint64_t salt) {
+  return static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + salt;
+}
+
 // The CPU kernels take no bf16: references run in f32 on the same (rounded) values.
 inline DType reference_type(DType d) { return d == DType::bf16 ? DType::f32 : d; }
 

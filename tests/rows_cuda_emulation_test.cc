@@ -6,7 +6,7 @@
 // a GPU runs tests/cuda_rows_gpu_test.cc, which checks the same slots end to end.
 //
 // The kernel source (src/cuda/{norm,softmax,reduce_rows}_kernels.cuh, block_reduce.cuh) is compiled by
-// the host compiler over tests/cuda_emulation.h: one std::thread per CUDA thread, real barriers and
+// the host compiler over tests/cuda_emulation.h: one fiber per CUDA thread, real barriers and
 // shuffles, an emulated GPU of one multiprocessor. Each launch below mirrors its launcher in
 // src/cuda/{norm,softmax,elementwise,index}.cu: the same early returns, the same grid and block (the
 // launchers' own helpers, row_grid, row_threads, param_chunks, grid_stride_blocks, given the emulated
@@ -17,20 +17,19 @@
 // Shapes: columns 1, 7 (< a warp), 33, 100 (not a multiple of the block), 300 and 600 (> 256: several
 // elements per thread), rows 1 to 40. Tolerances as in the GPU test (gpu_rtol: 1e-5 f32, 1e-10 f64,
 // 1e-2 bf16, the reference being the CPU kernels in f32 on the same bf16 values); argmax exact.
+// Inputs and references: tests/rows_cases.h, drawn and computed as in the GPU test.
 // What this cannot check: the real compiler, the hardware's memory system and scheduling, performance.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdint>
 #include <iterator>
-#include <limits>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "cuda_emulation.h"
-#include "cuda_test_util.h"
+#include "cuda_emulation_util.h"
+#include "rows_cases.h"
 #include "tensor/kernels.h"
 #include "tensor/tensor.h"
 
@@ -46,28 +45,22 @@ namespace rows = cuda::rows;
 using cuda::compute_t;
 using kernel::NormGrads;
 using kernel::NormOutput;
-using testing::expect_values_close;
+using testing::as_reference;
+using testing::cpu_empty;
+using testing::expect_output;
+using testing::for_each_type;
 using testing::GuardedOutput;
 using testing::kCpu;
+using testing::kIgnoreIndex;
+using testing::kLossScale;
 using testing::reference_type;
 constexpr int kSMs = emu::kMultiprocessors;
-const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 double rtol(DType d) { return testing::gpu_rtol(d); }
-Tensor cpu_empty(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype, kCpu); }
-// `x` (already in the dtype under test) as the CPU reference computes from it.
-Tensor ref(const Tensor& x) { return testing::as_reference(x); }
 std::string case_name(const char* op, DType dtype, int64_t rows, int64_t cols) {
-  return std::string(op) + " " + dtype_name(dtype) + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+  return testing::rows_case_name(op, dtype, rows, cols);
 }
 
-// fn(T{}, dtype) for each element type the kernels take, T being the kernels' own (bf16_t for bf16).
-template <class Fn>
-void for_each_type(Fn&& fn) {
-  fn(float{}, DType::f32);
-  fn(double{}, DType::f64);
-  fn(cuda::bf16_t{}, DType::bf16);
-}
 // fn(std::bool_constant<b>{}) for a runtime b: picks a kernel's bool template argument.
 template <class Fn>
 void with_flag(bool b, Fn&& fn) {
@@ -76,12 +69,6 @@ void with_flag(bool b, Fn&& fn) {
   } else {
     fn(std::false_type{});
   }
-}
-// The output's value against the reference, and nothing written outside it.
-void expect_output(const GuardedOutput& got, const Tensor& want, double tol, const std::string& what,
-                   const Tensor& scale = Tensor()) {
-  expect_values_close(got.value(), want, tol, what, scale);
-  got.expect_guards_intact(what);
 }
 
 // ---- the launchers, as src/cuda/*.cu launch (with the emulated multiprocessor count) --------------
@@ -207,17 +194,7 @@ void max_rows(const Tensor& x, GuardedOutput& out, GuardedOutput& index) {
 
 class RowsEmulation : public ::testing::Test {
  protected:
-  // Uniform integers in [0, n), with about `ignored_share` of them replaced by `ignored`.
-  Tensor indices(int64_t count, int64_t n, DType dtype, double ignored_share = 0.0, int64_t ignored = -100) {
-    std::vector<int64_t> v(static_cast<size_t>(count));
-    for (int64_t& i : v) {
-      i = static_cast<int64_t>(gen_.next_u64() % static_cast<uint64_t>(n));
-      if (gen_.uniform() < ignored_share) i = ignored;
-    }
-    return Tensor::from_indices(v, {count}, dtype);
-  }
-
-  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 31};
+  Generator gen_{testing::test_seed(31)};
 };
 
 // [rows, C]: one element; a column per row with more rows than the 32-block grid; a few short rows;
@@ -227,13 +204,9 @@ const std::pair<int64_t, int64_t> kRowShapes[] = {{1, 1}, {40, 1}, {5, 7}, {37, 
 TEST_F(RowsEmulation, NormForwardPlainAndFused) {
   for_each_type([&](auto tag, DType dtype) {
     using T = decltype(tag);
-    const DType rt = reference_type(dtype), at = accumulate_dtype(dtype);
+    const DType at = accumulate_dtype(dtype);
     for (auto [n, c] : kRowShapes) {
-      // An offset mean (3) so the centering matters.
-      Tensor x =
-          kernel::to_dtype(kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, c}, gen_, rt, 2.0), 3.0), dtype);
-      Tensor res = Tensor::randn({n, c}, gen_, dtype), w = Tensor::randn({c}, gen_, dtype);
-      Tensor b = Tensor::randn({c}, gen_, dtype);
+      const testing::AddNormInputs in = testing::add_norm_inputs(n, c, dtype, gen_);
       for (bool fused : {false, true}) {
         for (int kind = 0; kind < 3; ++kind) {  // layer norm, layer norm without bias, rms norm
           const bool centered = kind < 2, with_bias = kind == 0;
@@ -242,32 +215,16 @@ TEST_F(RowsEmulation, NormForwardPlainAndFused) {
                                                          : "rms_norm",
                                              dtype, n, c) +
                                    (fused ? " fused with the residual add" : "");
-          const double eps = centered ? 1e-5 : 1e-6;
-          const Tensor bias = with_bias ? b : Tensor();
-          // The reference: the CPU's fused sum, then its plain norm of that sum as stored in the dtype
-          // under test (the kernel normalises the rounded s it writes).
-          Tensor normalised = x, want_sum;
-          if (fused) {
-            want_sum = cpu_empty({n, c}, rt);
-            NormOutput ignored{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
-            if (centered) {
-              kernel::add_layer_norm_kernel(kCpu, ref(x), ref(res), ref(w), ref(bias), eps, want_sum, ignored);
-            } else {
-              kernel::add_rms_norm_kernel(kCpu, ref(x), ref(res), ref(w), eps, want_sum, ignored);
-            }
-            normalised = kernel::to_dtype(want_sum, dtype);
-          }
-          NormOutput want{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
-          if (centered) {
-            kernel::layer_norm_kernel(kCpu, ref(normalised), ref(w), ref(bias), eps, want);
-          } else {
-            kernel::rms_norm_kernel(kCpu, ref(normalised), ref(w), eps, want);
-          }
+          const Tensor bias = with_bias ? in.bias : Tensor();
+          // Fused: the CPU's sum, then its plain norm of that sum as stored in the dtype under test.
+          const testing::AddNormReference fused_want = fused ? testing::add_norm_reference(in, centered, with_bias)
+                                                             : testing::AddNormReference();
+          const NormOutput want = fused ? fused_want.norm : testing::norm_reference(in.x, in.weight, bias, centered);
 
           GuardedOutput sum({n, c}, dtype), y({n, c}, dtype), mean({n}, at), rstd({n}, at);
-          norm_forward<T>(x, fused ? res : Tensor(), w, bias, eps, fused ? &sum : nullptr, y,
-                          centered ? &mean : nullptr, rstd);
-          if (fused) expect_output(sum, want_sum, rtol(dtype), what + " sum");
+          norm_forward<T>(in.x, fused ? in.residual : Tensor(), in.weight, bias, testing::norm_eps(centered),
+                          fused ? &sum : nullptr, y, centered ? &mean : nullptr, rstd);
+          if (fused) expect_output(sum, fused_want.sum, rtol(dtype), what + " sum");
           expect_output(y, want.y, rtol(dtype), what + " y");
           if (centered) expect_output(mean, want.mean, rtol(dtype), what + " mean");
           expect_output(rstd, want.rstd, rtol(dtype), what + " rstd");
@@ -284,43 +241,23 @@ TEST_F(RowsEmulation, NormBackward) {
   const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {40, 1}, {5, 7}, {37, 33}, {3, 300}, {0, 5}};
   for_each_type([&](auto tag, DType dtype) {
     using T = decltype(tag);
-    const DType rt = reference_type(dtype), at = accumulate_dtype(dtype);
     for (auto [n, c] : shapes) {
-      Tensor x =
-          kernel::to_dtype(kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, c}, gen_, rt, 2.0), -1.5), dtype);
-      Tensor w = Tensor::randn({c}, gen_, dtype), dy = Tensor::randn({n, c}, gen_, dtype);
-      Tensor dsum = Tensor::randn({n, c}, gen_, dtype);
+      const testing::NormBackwardInputs in = testing::norm_backward_inputs(n, c, dtype, gen_);
       for (bool centered : {true, false}) {
         const std::string what = case_name(centered ? "layer_norm backward" : "rms_norm backward", dtype, n, c);
-        // The statistics as the forward saved them: computed, then stored in accumulate_dtype (f32 for bf16).
-        NormOutput fwd{cpu_empty({n, c}, rt), centered ? cpu_empty({n}, rt) : Tensor(), cpu_empty({n}, rt)};
-        if (centered) {
-          kernel::layer_norm_kernel(kCpu, ref(x), ref(w), Tensor(), 1e-5, fwd);
-        } else {
-          kernel::rms_norm_kernel(kCpu, ref(x), ref(w), 1e-5, fwd);
-        }
-        const Tensor mean = centered ? kernel::to_dtype(fwd.mean, at) : Tensor();
-        const Tensor rstd = kernel::to_dtype(fwd.rstd, at);
+        const testing::NormStatistics saved = testing::saved_norm_statistics(in, centered);
         // Every gradient, then only the parameter gradients (dx skipped), then only dx; dx also with
         // dsum, the gradient of a fused residual sum, added onto it.
         for (int ask = 0; ask < 3; ++ask) {
           const bool need_dx = ask != 1, need_params = ask != 2;
-          NormGrads want{need_dx ? cpu_empty({n, c}, rt) : Tensor(), need_params ? cpu_empty({c}, rt) : Tensor(),
-                         need_params && centered ? cpu_empty({c}, rt) : Tensor()};
-          if (centered) {
-            kernel::layer_norm_backward_kernel(kCpu, ref(dy), ref(x), ref(w), ref(mean), ref(rstd), Tensor(), want);
-          } else {
-            kernel::rms_norm_backward_kernel(kCpu, ref(dy), ref(x), ref(w), ref(rstd), Tensor(), want);
-          }
+          const NormGrads want = testing::norm_backward_reference(in, saved, centered, need_dx, need_params);
           for (bool with_dsum : {false, true}) {
             if (with_dsum && !need_dx) continue;
             GuardedOutput dx({n, c}, dtype), dw({c}, dtype), db({c}, dtype);
-            norm_backward<T>(dy, x, w, mean, rstd, with_dsum ? dsum : Tensor(), need_dx ? &dx : nullptr,
-                             need_params ? &dw : nullptr, need_params && centered ? &db : nullptr);
-            // With dsum: dnorm as stored in the dtype, plus dsum, as a separate add would compute it.
-            const Tensor want_dx =
-                with_dsum ? kernel::binary(kernel::BinaryOp::add, ref(kernel::to_dtype(want.dx, dtype)), ref(dsum))
-                          : want.dx;
+            norm_backward<T>(in.dy, in.x, in.weight, saved.mean, saved.rstd, with_dsum ? in.dsum : Tensor(),
+                             need_dx ? &dx : nullptr, need_params ? &dw : nullptr,
+                             need_params && centered ? &db : nullptr);
+            const Tensor want_dx = with_dsum ? testing::dx_plus_dsum(want.dx, in.dsum) : want.dx;
             const std::string asked = what + " (ask " + std::to_string(ask) + (with_dsum ? ", with dsum)" : ")");
             if (need_dx) expect_output(dx, want_dx, rtol(dtype), asked + " dx", with_dsum ? want.dx : Tensor());
             if (need_params) expect_output(dw, want.dweight, rtol(dtype), asked + " dweight");
@@ -335,22 +272,19 @@ TEST_F(RowsEmulation, NormBackward) {
 TEST_F(RowsEmulation, SoftmaxForwardAndBackward) {
   for_each_type([&](auto tag, DType dtype) {
     using T = decltype(tag);
-    const DType rt = reference_type(dtype);
     for (auto [n, c] : kRowShapes) {
-      Tensor x = Tensor::randn({n, c}, gen_, dtype, 3.0), dy = Tensor::randn({n, c}, gen_, dtype);
+      const testing::SoftmaxInputs in = testing::softmax_inputs(n, c, dtype, gen_);
       for (bool log : {false, true}) {
         const std::string what = case_name(log ? "log_softmax" : "softmax", dtype, n, c);
-        Tensor want = cpu_empty({n, c}, rt);
-        kernel::softmax_kernel(kCpu, ref(x), log, want);
+        const Tensor want = testing::softmax_reference(in.x, log);
         GuardedOutput got({n, c}, dtype);
-        softmax_forward<T>(x, log, got);
+        softmax_forward<T>(in.x, log, got);
         expect_output(got, want, rtol(dtype), what);
 
-        Tensor y = kernel::to_dtype(want, dtype);  // y as the forward stored it
-        Tensor dwant = cpu_empty({n, c}, rt);
-        kernel::softmax_backward_kernel(kCpu, ref(dy), ref(y), log, dwant);
+        const Tensor y = kernel::to_dtype(want, dtype);  // y as the forward stored it
+        const Tensor dwant = testing::softmax_backward_reference(in.dy, y, log);
         GuardedOutput dgot({n, c}, dtype);
-        softmax_backward<T>(dy, y, log, dgot);
+        softmax_backward<T>(in.dy, y, log, dgot);
         expect_output(dgot, dwant, rtol(dtype), what + " backward");
       }
     }
@@ -358,16 +292,11 @@ TEST_F(RowsEmulation, SoftmaxForwardAndBackward) {
 }
 
 TEST_F(RowsEmulation, SoftmaxOfLargeLogitsAndNaN) {
-  // Logits in the hundreds overflow exp without the max subtraction; a NaN poisons its row only.
   for_each_type([&](auto tag, DType dtype) {
     using T = decltype(tag);
-    std::vector<double> values =
-        kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({4, 100}, gen_, DType::f64, 30.0), 400.0).to_doubles();
-    values[2 * 100 + 17] = kNaN;
-    const Tensor x = Tensor::from_vector(values, {4, 100}, dtype);
+    const Tensor x = testing::large_logits_with_nan(dtype, gen_);
     for (bool log : {false, true}) {
-      Tensor want = cpu_empty({4, 100}, reference_type(dtype));
-      kernel::softmax_kernel(kCpu, ref(x), log, want);
+      const Tensor want = testing::softmax_reference(x, log);
       GuardedOutput got({4, 100}, dtype);
       softmax_forward<T>(x, log, got);
       expect_output(got, want, rtol(dtype),
@@ -380,31 +309,24 @@ TEST_F(RowsEmulation, CrossEntropyForwardAndBackward) {
   const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {40, 1}, {13, 7}, {33, 100}, {3, 600}};
   for_each_type([&](auto tag, DType dtype) {
     using T = decltype(tag);
-    const DType rt = reference_type(dtype), at = accumulate_dtype(dtype);
+    const DType at = accumulate_dtype(dtype);
     for (DType target_type : {DType::i32, DType::i64}) {
       for (auto [n, v] : shapes) {
         const std::string what = case_name("cross_entropy", dtype, n, v) + " " + dtype_name(target_type);
-        // An offset of 20 so lse − x_target is a difference of large numbers.
-        Tensor logits = kernel::to_dtype(
-            kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, v}, gen_, DType::f64, 3.0), 20.0), dtype);
-        Tensor targets = indices(n, v, target_type, 0.2, -100);
-        Tensor loss_want = cpu_empty({n}, rt), lse_want = cpu_empty({n}, rt);
-        kernel::cross_entropy_kernel(kCpu, ref(logits), targets, -100, loss_want, lse_want);
-        GuardedOutput loss_got({n}, at), lse_got({n}, at);
-        Tensor lse = kernel::to_dtype(lse_want, at);  // lse as the forward stored it
-        Tensor dwant = cpu_empty({n, v}, rt);
-        kernel::cross_entropy_backward_kernel(kCpu, 0.37, ref(logits), targets, ref(lse), -100, dwant);
-        GuardedOutput dgot({n, v}, dtype);
+        const testing::CrossEntropyInputs in = testing::cross_entropy_inputs(n, v, dtype, target_type, gen_);
+        const testing::CrossEntropyReference want = testing::cross_entropy_reference(in);
+        GuardedOutput loss_got({n}, at), lse_got({n}, at), dgot({n, v}, dtype);
+        // The backward reads lse as the forward stored it.
         if (target_type == DType::i32) {
-          cross_entropy_forward<T, int32_t>(logits, targets, -100, loss_got, lse_got);
-          cross_entropy_backward<T, int32_t>(0.37, logits, targets, lse, -100, dgot);
+          cross_entropy_forward<T, int32_t>(in.logits, in.targets, kIgnoreIndex, loss_got, lse_got);
+          cross_entropy_backward<T, int32_t>(kLossScale, in.logits, in.targets, want.saved_lse, kIgnoreIndex, dgot);
         } else {
-          cross_entropy_forward<T, int64_t>(logits, targets, -100, loss_got, lse_got);
-          cross_entropy_backward<T, int64_t>(0.37, logits, targets, lse, -100, dgot);
+          cross_entropy_forward<T, int64_t>(in.logits, in.targets, kIgnoreIndex, loss_got, lse_got);
+          cross_entropy_backward<T, int64_t>(kLossScale, in.logits, in.targets, want.saved_lse, kIgnoreIndex, dgot);
         }
-        expect_output(loss_got, loss_want, rtol(dtype), what + " losses");
-        expect_output(lse_got, lse_want, rtol(dtype), what + " lse");
-        expect_output(dgot, dwant, rtol(dtype), what + " backward");
+        expect_output(loss_got, want.losses, rtol(dtype), what + " losses");
+        expect_output(lse_got, want.lse, rtol(dtype), what + " lse");
+        expect_output(dgot, want.dlogits, rtol(dtype), what + " backward");
       }
     }
   });
@@ -419,7 +341,7 @@ TEST_F(RowsEmulation, SumRows) {
     for (auto [n, c] : shapes) {
       Tensor x = Tensor::rand({n, c}, gen_, dtype, -1.0, 2.0);  // mean 0.5: the sums grow
       Tensor want = cpu_empty({n}, reference_type(dtype));
-      kernel::sum_rows_kernel(kCpu, ref(x), want);
+      kernel::sum_rows_kernel(kCpu, as_reference(x), want);
       GuardedOutput got({n}, dtype);
       sum_rows<T>(x, got);
       expect_output(got, want, rtol(dtype), case_name("sum_rows", dtype, n, c));
@@ -435,22 +357,14 @@ TEST_F(RowsEmulation, MaxRowsFirstArgmaxTiesAndNaN) {
     using T = decltype(tag);
     for (auto [n, c] : shapes) {
       const std::string what = case_name("max_rows", dtype, n, c);
-      // Small integers, so most rows hold their max several times: the first one must win. Each row
-      // 10 above the one before, so a candidate leaking from a block's next row would win.
-      std::vector<double> values = Tensor::randn({n, c}, gen_, DType::f64, 2.0).to_doubles();
-      for (size_t i = 0; i < values.size(); ++i)
-        values[i] = std::round(values[i]) + 10.0 * static_cast<double>(i / static_cast<size_t>(c));
-      if (n >= 5 && c >= 7) {
-        values[static_cast<size_t>(1 * c + 0)] = kNaN;  // NaN first: the CPU never leaves column 0
-        values[static_cast<size_t>(2 * c + 3)] = kNaN;  // NaN later: skipped
-        for (int64_t i = 0; i < c; ++i) values[static_cast<size_t>(3 * c + i)] = kNaN;
-        values[static_cast<size_t>(3 * c + c - 1)] = -1.0;  // all NaN but the last column
-      }
+      // Ties, NaN rows, and each row 10 above the one before, so a candidate leaking from a block's
+      // next row would win.
+      std::vector<double> values = testing::max_rows_values(n, c, gen_, 10.0);
       // Row 0's max in its last column only, where a block's last warp holds it.
       if (c > 1) values[static_cast<size_t>(c - 1)] = 100.0;
       Tensor x = Tensor::from_vector(values, {n, c}, dtype);
       Tensor want = cpu_empty({n}, reference_type(dtype)), want_index = cpu_empty({n}, DType::i64);
-      kernel::max_rows_kernel(kCpu, ref(x), want, want_index);
+      kernel::max_rows_kernel(kCpu, as_reference(x), want, want_index);
       GuardedOutput got({n}, dtype), got_index({n}, DType::i64);
       max_rows<T>(x, got, got_index);
       expect_output(got, want, 0.0, what + " values");
