@@ -61,6 +61,7 @@ const DType kAllTypes[] = {DType::f32, DType::f64, DType::bf16, DType::i32, DTyp
 const UnaryOp kUnaryOps[] = {UnaryOp::neg,    UnaryOp::exp,  UnaryOp::log,     UnaryOp::sqrt, UnaryOp::rsqrt,
                              UnaryOp::square, UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::silu, UnaryOp::gelu,
                              UnaryOp::relu,   UnaryOp::elu,  UnaryOp::softplus};
+const char* const kScalarNames[] = {"add", "mul", "pow", "rsub", "rdiv"};  // by ScalarOp's value
 const BinaryOp kBinaryOps[] = {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div};
 
 // fn(T{}) with T the kernels' element type of d (bf16_t for bf16).
@@ -421,15 +422,18 @@ TEST_F(ElementwiseEmulation, ScalarOps) {
     ScalarOp op;
     double s;
   };
-  const Case cases[] = {{ScalarOp::add, 0.75}, {ScalarOp::mul, -1.25}, {ScalarOp::pow, 2.5}, {ScalarOp::pow, -1.5},
-                        {ScalarOp::pow, 3.0},  {ScalarOp::rsub, 0.5},  {ScalarOp::rdiv, 1.5}};
+  // Scalars exact in f32 and not (0.1, 1/3: the launcher rounds s to the compute type, as the CPU).
+  const Case cases[] = {{ScalarOp::add, 0.75},      {ScalarOp::add, 0.1},       {ScalarOp::mul, -1.25},
+                        {ScalarOp::mul, 1.0 / 3.0}, {ScalarOp::pow, 2.5},       {ScalarOp::pow, -1.5},
+                        {ScalarOp::pow, 3.0},       {ScalarOp::rsub, 0.5},      {ScalarOp::rsub, 0.1},
+                        {ScalarOp::rdiv, 1.5},      {ScalarOp::rdiv, 1.0 / 3.0}};
   for (DType dtype : testing::kFloatTypes) {
     with_float_type(dtype, [&](auto tag) {
       using T = decltype(tag);
       for (const Case& c : cases) {
         ew::with_scalar(c.op, [&](auto op) {
           for (int64_t n : kSizes) {
-            const std::string what = "scalar op " + std::to_string(static_cast<int>(c.op)) +
+            const std::string what = std::string("scalar ") + kScalarNames[static_cast<int>(c.op)] +
                                      " s=" + std::to_string(c.s) + " " + dtype_name(dtype) + " n=" + std::to_string(n);
             const Tensor x = Tensor::rand({n}, gen_, dtype, 0.5, 3.0);  // positive, away from 0 (pow, rdiv)
             GuardedOutput got({n}, dtype);
