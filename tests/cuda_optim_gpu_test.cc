@@ -7,18 +7,23 @@
 // with NaN, so an element the kernel fails to write shows up. Sizes are odd and straddle the block
 // size, the sum's per-block chunk and its single final block (more than 256 partials). Tolerance:
 // |got − want| ≤ rtol · max(|want|, 1) with rtol 1e-5 for f32, 1e-10 for f64 and 1e-2 for bf16.
-// Inputs come from a fixed seed; --gtest_shuffle (or --gtest_random_seed=N) draws others.
+// Sizes, steps, inputs and rope cases: tests/optim_cases.h and tests/rope_cases.h, shared with the
+// emulation tests (tests/{optim,rope}_cuda_emulation_test.cc). Inputs come from a fixed seed;
+// --gtest_shuffle (or --gtest_random_seed=N) draws others.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "cuda_test_util.h"
 #include "layers/rope.h"
+#include "optim_cases.h"
+#include "rope_cases.h"
 #include "tensor/kernels.h"
 #include "train/optim.h"
 
@@ -28,12 +33,11 @@ namespace {
 using testing::kGpu;
 using testing::kCpu;
 using testing::kFloatTypes;
-// Empty, one element, around the 256-thread block, and large enough for many blocks of each grid.
-const int64_t kSizes[] = {0, 1, 255, 257, 4099, 100003};
+using testing::kOptimSizes;
+using testing::size_name;
+using testing::state_type;
 
 double rtol(DType d) { return testing::gpu_rtol(d); }
-DType state_type(DType param) { return param == DType::f64 ? DType::f64 : DType::f32; }
-std::string size_name(int64_t n, DType d) { return std::string(dtype_name(d)) + " n=" + std::to_string(n); }
 
 using testing::on_gpu;
 Tensor on_cpu_copy(const Tensor& x) { return kernel::clone(x); }
@@ -43,32 +47,19 @@ using testing::expect_close;
 class CudaOptimVsCpu : public ::testing::Test {
  protected:
   void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
-  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 29};
+  Generator gen_{testing::test_seed(29)};
 };
 
 TEST_F(CudaOptimVsCpu, AdamWStep) {
   for (DType dtype : kFloatTypes) {
     const DType sdt = state_type(dtype);
-    for (int64_t n : kSizes) {
-      for (int t : {1, 7}) {
-        AdamWStep s;
-        s.lr = 1e-2;
-        s.weight_decay = t == 1 ? 0.0 : 0.1;
-        s.beta1 = 0.9;
-        s.beta2 = 0.95;
-        s.eps = 1e-8;
-        s.bias_correction1 = 1.0 - std::pow(s.beta1, t);
-        s.bias_correction2 = 1.0 - std::pow(s.beta2, t);
-        const std::string what = "adamw " + size_name(n, dtype) + " t=" + std::to_string(t);
-        Tensor p = Tensor::randn({n}, gen_, dtype);
-        Tensor g = Tensor::randn({n}, gen_, dtype, 0.5);
-        Tensor m = Tensor::randn({n}, gen_, sdt, 0.1);
-        Tensor v = Tensor::rand({n}, gen_, sdt, 0.01, 1.0);
-        // bf16 parameters carry an f32 master (mixed precision), p = bf16(master).
-        Tensor w = dtype == DType::bf16 ? Tensor::randn({n}, gen_, DType::f32) : Tensor();
-        if (w.defined()) p = kernel::to_dtype(w, DType::bf16);
-        // Beside a master, the gradient may also be an f32 sum of micro-batch gradients.
-        if (w.defined() && t == 7) g = Tensor::randn({n}, gen_, DType::f32, 0.5);
+    for (int64_t n : kOptimSizes) {
+      for (int t : testing::kAdamWSteps) {
+        const AdamWStep s = testing::adamw_step(t);
+        const std::string what = testing::adamw_name(n, dtype, t);
+        // bf16 parameters carry an f32 master (mixed precision); beside it the gradient may be f32.
+        const testing::AdamWInputs in = testing::adamw_inputs(n, dtype, t, gen_);
+        const Tensor &p = in.p, &g = in.g, &m = in.m, &v = in.v, &w = in.w;
         Tensor pg = on_gpu(p), gg = on_gpu(g), mg = on_gpu(m), vg = on_gpu(v), wg = w.defined() ? on_gpu(w) : w;
         adamw_step_kernel(kGpu, s, pg, gg, mg, vg, wg);
         Tensor pc = on_cpu_copy(p), mc = on_cpu_copy(m), vc = on_cpu_copy(v), wc = w.defined() ? on_cpu_copy(w) : w;
@@ -84,26 +75,14 @@ TEST_F(CudaOptimVsCpu, AdamWStep) {
 }
 
 TEST_F(CudaOptimVsCpu, SgdStepPlainMomentumAndNesterov) {
-  struct Case {
-    double momentum;
-    bool nesterov;
-  };
   for (DType dtype : kFloatTypes) {
     const DType sdt = state_type(dtype);
-    for (int64_t n : kSizes) {
-      for (Case c : {Case{0.0, false}, Case{0.9, false}, Case{0.9, true}}) {
-        SgdStep s;
-        s.lr = 5e-2;
-        s.weight_decay = 0.01;
-        s.momentum = c.momentum;
-        s.nesterov = c.nesterov;
-        const std::string what =
-            "sgd " + size_name(n, dtype) + " momentum=" + std::to_string(c.momentum) + (c.nesterov ? " nesterov" : "");
-        Tensor p = Tensor::randn({n}, gen_, dtype);
-        Tensor g = Tensor::randn({n}, gen_, dtype);
-        Tensor b = c.momentum > 0 ? Tensor::randn({n}, gen_, sdt) : Tensor();
-        Tensor w = dtype == DType::bf16 ? Tensor::randn({n}, gen_, DType::f32) : Tensor();
-        if (w.defined()) p = kernel::to_dtype(w, DType::bf16);
+    for (int64_t n : kOptimSizes) {
+      for (const testing::SgdCase& c : testing::kSgdCases) {
+        const SgdStep s = testing::sgd_step(c);
+        const std::string what = testing::sgd_name(n, dtype, c);
+        const testing::SgdInputs in = testing::sgd_inputs(n, dtype, c, gen_);
+        const Tensor &p = in.p, &g = in.g, &b = in.b, &w = in.w;
         Tensor pg = on_gpu(p), gg = on_gpu(g), bg = b.defined() ? on_gpu(b) : Tensor();
         Tensor wg = w.defined() ? on_gpu(w) : w;
         sgd_step_kernel(kGpu, s, pg, gg, bg, wg);
@@ -151,9 +130,9 @@ TEST_F(CudaOptimVsCpu, SumSquaresOfNonFiniteIsNonFinite) {
 
 TEST_F(CudaOptimVsCpu, ScaleInplace) {
   for (DType dtype : kFloatTypes) {
-    for (int64_t n : kSizes) {
-      for (double k : {0.37, -2.5}) {
-        const std::string what = "scale " + size_name(n, dtype) + " by " + std::to_string(k);
+    for (int64_t n : kOptimSizes) {
+      for (double k : testing::kScaleFactors) {
+        const std::string what = testing::scale_name(n, dtype, k);
         Tensor x = Tensor::randn({n}, gen_, dtype);
         Tensor xg = on_gpu(x);
         scale_inplace_kernel(kGpu, xg, k);
@@ -166,26 +145,14 @@ TEST_F(CudaOptimVsCpu, ScaleInplace) {
 }
 
 TEST_F(CudaOptimVsCpu, RopeForwardAndInverse) {
-  struct Case {
-    Shape shape;
-    double base;
-    int64_t start;
-  };
-  const Case cases[] = {
-      {{2, 7, 3, 10}, 10000.0, 0},        // odd T and H, D/2 odd
-      {{1, 33, 5, 64}, 10000.0, 123457},  // far positions: the angle must be formed in double
-      {{3, 1, 1, 2}, 500.0, 9},           // one pair per head
-      {{2, 129, 4, 34}, 10000.0, 17},     // pairs not a multiple of the block
-      {{0, 5, 2, 8}, 10000.0, 0},         // empty
-  };
+  // The shared cases, and an empty one.
+  std::vector<testing::RopeCase> cases(std::begin(testing::kRopeCases), std::end(testing::kRopeCases));
+  cases.push_back({{0, 5, 2, 8}, 10000.0, 0});
   for (DType dtype : kFloatTypes) {  // bf16: computed in f32 on both sides, rounded on store
-    for (const Case& c : cases) {
+    for (const testing::RopeCase& c : cases) {
       for (bool inverse : {false, true}) {
-        RopeOptions opts;
-        opts.base = c.base;
-        opts.start = c.start;
-        const std::string what = std::string("rope ") + dtype_name(dtype) + " " + shape_str(c.shape) +
-                                 " start=" + std::to_string(c.start) + (inverse ? " inverse" : "");
+        const RopeOptions opts = testing::rope_options(c);
+        const std::string what = testing::rope_name(dtype, c, inverse);
         Tensor x = Tensor::randn(c.shape, gen_, dtype);
         Tensor want = Tensor::empty(c.shape, dtype, kCpu);
         if (want.numel() > 0) kernel::rope_kernel(kCpu, x, opts, inverse, want);

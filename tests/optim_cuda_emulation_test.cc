@@ -15,7 +15,8 @@
 // grid covers in one stride. The sum of squares also runs its final one-block pass over more than 256
 // partials (a thread summing several), and its result must equal, bit for bit, the order optim.cu
 // documents (per-thread strided sums, then the shared-memory tree), replayed on the host.
-// Tolerance: gpu_rtol (1e-5 f32, 1e-10 f64, 1e-2 bf16); the sum 1e-10 against the CPU's.
+// Tolerance: gpu_rtol (1e-5 f32, 1e-10 f64, 1e-2 bf16); the sum 1e-10 against the CPU's. Sizes,
+// steps and inputs: tests/optim_cases.h, drawn as in the GPU test.
 // What this cannot check: the real compiler (nvcc contracts a·b + c into FMAs, so the GPU's bits can
 // differ from the replay), the hardware's scheduling and memory system, performance.
 #include <gtest/gtest.h>
@@ -29,8 +30,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda_emulation.h"
-#include "cuda_test_util.h"
+#include "cuda_emulation_util.h"
+#include "optim_cases.h"
 #include "tensor/kernels.h"
 #include "tensor/tensor.h"
 #include "train/optim.h"
@@ -43,24 +44,15 @@ namespace {
 
 namespace optim = cuda::optim;
 using testing::expect_values_close;
+using testing::for_each_type;
 using testing::GuardedOutput;
 using testing::kCpu;
+using testing::kOptimSizes;
+using testing::size_name;
+using testing::state_type;
 constexpr int kSMs = emu::kMultiprocessors;
 
-// Empty, one element, around the 256-thread block, and more than the 32 blocks of the emulated grid.
-const int64_t kSizes[] = {0, 1, 255, 257, 4099, 100003};
-
 double rtol(DType d) { return testing::gpu_rtol(d); }
-DType state_type(DType param) { return param == DType::f64 ? DType::f64 : DType::f32; }
-std::string size_name(int64_t n, DType d) { return std::string(dtype_name(d)) + " n=" + std::to_string(n); }
-
-// fn(T{}, dtype) for each element type the kernels take, T being the kernels' own (bf16_t for bf16).
-template <class Fn>
-void for_each_type(Fn&& fn) {
-  fn(float{}, DType::f32);
-  fn(double{}, DType::f64);
-  fn(cuda::bf16_t{}, DType::bf16);
-}
 
 // A kernel's in-place operand: x's values between guard bands (undefined x: none, data() null).
 class InPlace {
@@ -132,7 +124,7 @@ double documented_sum_squares(const Tensor& x) {
 
 class OptimEmulation : public ::testing::Test {
  protected:
-  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 53};
+  Generator gen_{testing::test_seed(53)};
 };
 
 TEST_F(OptimEmulation, AdamWStep) {
@@ -140,26 +132,13 @@ TEST_F(OptimEmulation, AdamWStep) {
     using P = decltype(tag);
     using S = optim::state_t<P>;
     const DType sdt = state_type(dtype);
-    for (int64_t n : kSizes) {
-      for (int t : {1, 7}) {
-        AdamWStep s;
-        s.lr = 1e-2;
-        s.weight_decay = t == 1 ? 0.0 : 0.1;
-        s.beta1 = 0.9;
-        s.beta2 = 0.95;
-        s.eps = 1e-8;
-        s.bias_correction1 = 1.0 - std::pow(s.beta1, t);
-        s.bias_correction2 = 1.0 - std::pow(s.beta2, t);
-        const std::string what = "adamw " + size_name(n, dtype) + " t=" + std::to_string(t);
-        Tensor p = Tensor::randn({n}, gen_, dtype);
-        Tensor g = Tensor::randn({n}, gen_, dtype, 0.5);
-        Tensor m = Tensor::randn({n}, gen_, sdt, 0.1);
-        Tensor v = Tensor::rand({n}, gen_, sdt, 0.01, 1.0);
-        // bf16 parameters carry an f32 master (mixed precision), p = bf16(master); beside a master the
-        // gradient may also be an f32 sum of micro-batch gradients.
-        Tensor w = dtype == DType::bf16 ? Tensor::randn({n}, gen_, DType::f32) : Tensor();
-        if (w.defined()) p = kernel::to_dtype(w, DType::bf16);
-        if (w.defined() && t == 7) g = Tensor::randn({n}, gen_, DType::f32, 0.5);
+    for (int64_t n : kOptimSizes) {
+      for (int t : testing::kAdamWSteps) {
+        const AdamWStep s = testing::adamw_step(t);
+        const std::string what = testing::adamw_name(n, dtype, t);
+        // bf16 parameters carry an f32 master (mixed precision); beside it the gradient may be f32.
+        const testing::AdamWInputs in = testing::adamw_inputs(n, dtype, t, gen_);
+        const Tensor &p = in.p, &g = in.g, &m = in.m, &v = in.v, &w = in.w;
         const Tensor g_before = kernel::clone(g);
 
         InPlace pe(p), me(m), ve(v), we(w);
@@ -190,28 +169,17 @@ TEST_F(OptimEmulation, AdamWStep) {
 }
 
 TEST_F(OptimEmulation, SgdStepPlainMomentumAndNesterov) {
-  struct Case {
-    double momentum;
-    bool nesterov;
-  };
   for_each_type([&](auto tag, DType dtype) {
     using P = decltype(tag);
     using S = optim::state_t<P>;
     const DType sdt = state_type(dtype);
-    for (int64_t n : kSizes) {
-      for (Case c : {Case{0.0, false}, Case{0.9, false}, Case{0.9, true}}) {
-        SgdStep s;
-        s.lr = 5e-2;
-        s.weight_decay = 0.01;
-        s.momentum = c.momentum;
-        s.nesterov = c.nesterov;
-        const std::string what =
-            "sgd " + size_name(n, dtype) + " momentum=" + std::to_string(c.momentum) + (c.nesterov ? " nesterov" : "");
-        Tensor p = Tensor::randn({n}, gen_, dtype);
-        Tensor g = Tensor::randn({n}, gen_, dtype);
-        Tensor b = c.momentum > 0 ? Tensor::randn({n}, gen_, sdt) : Tensor();
-        Tensor w = dtype == DType::bf16 ? Tensor::randn({n}, gen_, DType::f32) : Tensor();
-        if (w.defined()) p = kernel::to_dtype(w, DType::bf16);
+    for (int64_t n : kOptimSizes) {
+      for (const testing::SgdCase& c : testing::kSgdCases) {
+        const SgdStep s = testing::sgd_step(c);
+        const std::string what = testing::sgd_name(n, dtype, c);
+        testing::SgdInputs in = testing::sgd_inputs(n, dtype, c, gen_);
+        const Tensor &p = in.p, &b = in.b, &w = in.w;
+        Tensor& g = in.g;
         // Beside a master, the momentum case with Nesterov takes an f32 gradient.
         if (w.defined() && c.nesterov) g = Tensor::randn({n}, gen_, DType::f32);
         const Tensor g_before = kernel::clone(g);
@@ -289,9 +257,9 @@ TEST_F(OptimEmulation, ScaleInplace) {
   for_each_type([&](auto tag, DType dtype) {
     using T = decltype(tag);
     using S = optim::state_t<T>;
-    for (int64_t n : kSizes) {
-      for (double k : {0.37, -2.5}) {
-        const std::string what = "scale " + size_name(n, dtype) + " by " + std::to_string(k);
+    for (int64_t n : kOptimSizes) {
+      for (double k : testing::kScaleFactors) {
+        const std::string what = testing::scale_name(n, dtype, k);
         Tensor x = Tensor::randn({n}, gen_, dtype);
         InPlace xe(x);
         if (n > 0) {

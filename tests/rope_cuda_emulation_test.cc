@@ -10,7 +10,8 @@
 //
 // Shapes: odd T and H with D/2 odd, far positions (the angle must be formed in double), one pair per
 // head, more pairs than one stride of the grid; f32, f64 and bf16 (computed in f32 and rounded on
-// store, as the CPU slot does with its f32 stand-ins); the forward and the inverse rotation.
+// store, as the CPU slot does with its f32 stand-ins); the forward and the inverse rotation. The
+// cases: tests/rope_cases.h, shared with the GPU test.
 // Tolerance: gpu_rtol (1e-5 f32, 1e-10 f64, 1e-2 bf16, the reference being the CPU kernel in f32 on
 // the same bf16 values); the tables against cos and sin in double at the compute type's gpu_rtol.
 // What this cannot check: the real compiler and device math library, the hardware, performance.
@@ -21,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda_emulation.h"
-#include "cuda_test_util.h"
+#include "cuda_emulation_util.h"
 #include "layers/rope.h"
+#include "rope_cases.h"
 #include "tensor/kernels.h"
 #include "tensor/tensor.h"
 
@@ -36,49 +37,22 @@ namespace {
 namespace rotary = cuda::rotary;
 using cuda::compute_t;
 using testing::as_reference;
-using testing::expect_values_close;
+using testing::expect_output;
+using testing::for_each_type;
 using testing::GuardedOutput;
 using testing::kCpu;
 constexpr int kSMs = emu::kMultiprocessors;
 
-// fn(T{}, dtype) for each element type the kernels take, T being the kernels' own (bf16_t for bf16).
-template <class Fn>
-void for_each_type(Fn&& fn) {
-  fn(float{}, DType::f32);
-  fn(double{}, DType::f64);
-  fn(cuda::bf16_t{}, DType::bf16);
-}
-
-void expect_output(const GuardedOutput& got, const Tensor& want, double tol, const std::string& what) {
-  expect_values_close(got.value(), want, tol, what);
-  got.expect_guards_intact(what);
-}
-
-struct Case {
-  Shape shape;
-  double base;
-  int64_t start;
-};
-
 TEST(RopeEmulation, TablesAndRotationMatchTheCpuKernel) {
-  const Case cases[] = {
-      {{2, 7, 3, 10}, 10000.0, 0},        // odd T and H, D/2 odd
-      {{1, 33, 5, 64}, 10000.0, 123457},  // far positions: the angle must be formed in double
-      {{3, 1, 1, 2}, 500.0, 9},           // one pair per head
-      {{2, 129, 4, 34}, 10000.0, 17},     // more pairs (35088) than one stride of the 32-block grid
-  };
-  Generator gen(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 59);
+  Generator gen(testing::test_seed(59));
   for_each_type([&](auto tag, DType dtype) {
     using T = decltype(tag);
     using A = compute_t<T>;
     const DType at = accumulate_dtype(dtype);
-    for (const Case& c : cases) {
+    for (const testing::RopeCase& c : testing::kRopeCases) {
       for (bool inverse : {false, true}) {
-        RopeOptions opts;
-        opts.base = c.base;
-        opts.start = c.start;
-        const std::string what = std::string("rope ") + dtype_name(dtype) + " " + shape_str(c.shape) +
-                                 " start=" + std::to_string(c.start) + (inverse ? " inverse" : "");
+        const RopeOptions opts = testing::rope_options(c);
+        const std::string what = testing::rope_name(dtype, c, inverse);
         const int64_t Tn = c.shape[1], H = c.shape[2], D = c.shape[3], P = D / 2;
         const int64_t pairs = c.shape[0] * Tn * H * P;
         Tensor x = Tensor::randn(c.shape, gen, dtype);
