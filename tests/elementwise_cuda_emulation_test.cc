@@ -37,8 +37,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_emulation.h"
-#include "cuda_test_util.h"
+#include "cuda_emulation_util.h"
 #include "tensor/kernels.h"
 #include "tensor/tensor.h"
 
@@ -52,7 +51,7 @@ namespace ew = cuda::elementwise;
 using kernel::BinaryOp;
 using kernel::ScalarOp;
 using kernel::UnaryOp;
-using testing::expect_values_close;
+using testing::expect_output;
 using testing::GuardedOutput;
 using testing::kCpu;
 constexpr int kSMs = emu::kMultiprocessors;
@@ -81,32 +80,11 @@ void with_type(DType d, Fn&& fn) {
   }
 }
 
-// The same for a floating dtype (the ops other than copy, fill and where's condition take no other).
-template <class Fn>
-void with_float_type(DType d, Fn&& fn) {
-  switch (d) {
-    case DType::f32:
-      return fn(float{});
-    case DType::f64:
-      return fn(double{});
-    case DType::bf16:
-      return fn(cuda::bf16_t{});
-    default:
-      FAIL() << "not a floating dtype: " << dtype_name(d);
-  }
-}
-
 // elementwise.cu launch: f(i) for i in [0, n) in a grid-stride loop, nothing for n = 0.
 template <class F>
 void launch_elements(int64_t n, const F& f) {
   if (n == 0) return;
   emu::launch(dim3(cuda::grid_stride_blocks(n, kSMs)), dim3(cuda::kThreads), 0, cuda::grid_stride_loop<F>, n, f);
-}
-
-// The output's value against the CPU's, and nothing written outside it.
-void expect_output(const GuardedOutput& got, const Tensor& want, double tol, const std::string& what) {
-  expect_values_close(got.value(), want, tol, what);
-  got.expect_guards_intact(what);
 }
 
 // A view: shape and strides (elements) at `offset` into a base buffer of `base` elements.
@@ -143,7 +121,7 @@ Tensor random_values(int64_t n, DType dtype, Generator& gen) {
 
 class ElementwiseEmulation : public ::testing::Test {
  protected:
-  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 71};
+  Generator gen_{testing::test_seed(71)};
 };
 
 // ---- strided addressing ------------------------------------------------------------------------------
@@ -336,36 +314,34 @@ Tensor unary_input(UnaryOp op, int64_t n, DType dtype, Generator& gen) {
 }
 
 TEST_F(ElementwiseEmulation, UnaryForwardAndBackward) {
-  for (DType dtype : testing::kFloatTypes) {
-    with_float_type(dtype, [&](auto tag) {
-      using T = decltype(tag);
-      using C = cuda::compute_t<T>;
-      for (UnaryOp op_value : kUnaryOps) {
-        ew::with_unary(op_value, [&](auto op) {
-          constexpr UnaryOp kOp = decltype(op)::value;
-          for (int64_t n : kSizes) {
-            const std::string what =
-                std::string(kernel::unary_name(kOp)) + " " + dtype_name(dtype) + " n=" + std::to_string(n);
-            const Tensor x = unary_input(kOp, n, dtype, gen_);
-            GuardedOutput y({n}, dtype);
-            launch_elements(n, ew::UnaryFn<T, kOp>{x.data<T>(), y.data<T>(), static_cast<C>(kAlpha)});
-            Tensor y_cpu = Tensor::empty({n}, dtype, kCpu);
-            kernel::unary_kernel(kCpu, kOp, x, kAlpha, y_cpu);
-            expect_output(y, y_cpu, fma_in_forward(kOp) ? testing::gpu_rtol(dtype) : 0.0, what);
+  testing::for_each_type([&](auto tag, DType dtype) {
+    using T = decltype(tag);
+    using C = cuda::compute_t<T>;
+    for (UnaryOp op_value : kUnaryOps) {
+      ew::with_unary(op_value, [&](auto op) {
+        constexpr UnaryOp kOp = decltype(op)::value;
+        for (int64_t n : kSizes) {
+          const std::string what =
+              std::string(kernel::unary_name(kOp)) + " " + dtype_name(dtype) + " n=" + std::to_string(n);
+          const Tensor x = unary_input(kOp, n, dtype, gen_);
+          GuardedOutput y({n}, dtype);
+          launch_elements(n, ew::UnaryFn<T, kOp>{x.data<T>(), y.data<T>(), static_cast<C>(kAlpha)});
+          Tensor y_cpu = Tensor::empty({n}, dtype, kCpu);
+          kernel::unary_kernel(kCpu, kOp, x, kAlpha, y_cpu);
+          expect_output(y, y_cpu, fma_in_forward(kOp) ? testing::gpu_rtol(dtype) : 0.0, what);
 
-            // The backward from the CPU's y, so both sides see the same inputs.
-            const Tensor dy = Tensor::randn({n}, gen_, dtype);
-            GuardedOutput dx({n}, dtype);
-            launch_elements(n, ew::UnaryBackwardFn<T, kOp>{dy.data<T>(), x.data<T>(), y_cpu.data<T>(), dx.data<T>(),
-                                                           static_cast<C>(kAlpha)});
-            Tensor dx_cpu = Tensor::empty({n}, dtype, kCpu);
-            kernel::unary_backward_kernel(kCpu, kOp, dy, x, y_cpu, kAlpha, dx_cpu);
-            expect_output(dx, dx_cpu, fma_in_backward(kOp) ? testing::gpu_rtol(dtype) : 0.0, what + " backward");
-          }
-        });
-      }
-    });
-  }
+          // The backward from the CPU's y, so both sides see the same inputs.
+          const Tensor dy = Tensor::randn({n}, gen_, dtype);
+          GuardedOutput dx({n}, dtype);
+          launch_elements(n, ew::UnaryBackwardFn<T, kOp>{dy.data<T>(), x.data<T>(), y_cpu.data<T>(), dx.data<T>(),
+                                                         static_cast<C>(kAlpha)});
+          Tensor dx_cpu = Tensor::empty({n}, dtype, kCpu);
+          kernel::unary_backward_kernel(kCpu, kOp, dy, x, y_cpu, kAlpha, dx_cpu);
+          expect_output(dx, dx_cpu, fma_in_backward(kOp) ? testing::gpu_rtol(dtype) : 0.0, what + " backward");
+        }
+      });
+    }
+  });
 }
 
 // ---- binary ops with broadcasting ------------------------------------------------------------------
@@ -391,28 +367,26 @@ const BroadcastCase kBroadcasts[] = {
 };
 
 TEST_F(ElementwiseEmulation, BinaryWithBroadcasting) {
-  for (DType dtype : testing::kFloatTypes) {
-    with_float_type(dtype, [&](auto tag) {
-      using T = decltype(tag);
-      for (const BroadcastCase& c : kBroadcasts) {
-        const Tensor a = view_of(Tensor::randn({c.a.base}, gen_, dtype, 2.0), c.a);
-        const Tensor b = view_of(Tensor::rand({c.b.base}, gen_, dtype, 0.5, 2.0), c.b);  // away from 0 for div
-        for (BinaryOp op_value : kBinaryOps) {
-          const std::string what = std::string(kernel::binary_name(op_value)) + " " + dtype_name(dtype) + " " + c.name;
-          // elementwise.cu binary_cuda
-          const ew::StridedOffsets<2> at = ew::strided_offsets<2>(c.out, {&a, &b}, kernel::binary_name(op_value));
-          GuardedOutput got(c.out, dtype);
-          ew::with_binary(op_value, [&](auto op) {
-            launch_elements(shape_numel(c.out),
-                            ew::BinaryFn<T, decltype(op)::value>{a.data<T>(), b.data<T>(), got.data<T>(), at});
-          });
-          Tensor want = Tensor::empty(c.out, dtype, kCpu);
-          kernel::binary_kernel(kCpu, op_value, a, b, want);
-          expect_output(got, want, 0.0, what);
-        }
+  testing::for_each_type([&](auto tag, DType dtype) {
+    using T = decltype(tag);
+    for (const BroadcastCase& c : kBroadcasts) {
+      const Tensor a = view_of(Tensor::randn({c.a.base}, gen_, dtype, 2.0), c.a);
+      const Tensor b = view_of(Tensor::rand({c.b.base}, gen_, dtype, 0.5, 2.0), c.b);  // away from 0 for div
+      for (BinaryOp op_value : kBinaryOps) {
+        const std::string what = std::string(kernel::binary_name(op_value)) + " " + dtype_name(dtype) + " " + c.name;
+        // elementwise.cu binary_cuda
+        const ew::StridedOffsets<2> at = ew::strided_offsets<2>(c.out, {&a, &b}, kernel::binary_name(op_value));
+        GuardedOutput got(c.out, dtype);
+        ew::with_binary(op_value, [&](auto op) {
+          launch_elements(shape_numel(c.out),
+                          ew::BinaryFn<T, decltype(op)::value>{a.data<T>(), b.data<T>(), got.data<T>(), at});
+        });
+        Tensor want = Tensor::empty(c.out, dtype, kCpu);
+        kernel::binary_kernel(kCpu, op_value, a, b, want);
+        expect_output(got, want, 0.0, what);
       }
-    });
-  }
+    }
+  });
 }
 
 // ---- scalar ops ------------------------------------------------------------------------------------
@@ -427,26 +401,24 @@ TEST_F(ElementwiseEmulation, ScalarOps) {
                         {ScalarOp::mul, 1.0 / 3.0}, {ScalarOp::pow, 2.5},       {ScalarOp::pow, -1.5},
                         {ScalarOp::pow, 3.0},       {ScalarOp::rsub, 0.5},      {ScalarOp::rsub, 0.1},
                         {ScalarOp::rdiv, 1.5},      {ScalarOp::rdiv, 1.0 / 3.0}};
-  for (DType dtype : testing::kFloatTypes) {
-    with_float_type(dtype, [&](auto tag) {
-      using T = decltype(tag);
-      for (const Case& c : cases) {
-        ew::with_scalar(c.op, [&](auto op) {
-          for (int64_t n : kSizes) {
-            const std::string what = std::string("scalar ") + kScalarNames[static_cast<int>(c.op)] +
-                                     " s=" + std::to_string(c.s) + " " + dtype_name(dtype) + " n=" + std::to_string(n);
-            const Tensor x = Tensor::rand({n}, gen_, dtype, 0.5, 3.0);  // positive, away from 0 (pow, rdiv)
-            GuardedOutput got({n}, dtype);
-            launch_elements(n, ew::ScalarFn<T, decltype(op)::value>{x.data<T>(), got.data<T>(),
-                                                                    static_cast<cuda::compute_t<T>>(c.s)});
-            Tensor want = Tensor::empty({n}, dtype, kCpu);
-            kernel::scalar_kernel(kCpu, c.op, x, c.s, want);
-            expect_output(got, want, 0.0, what);
-          }
-        });
-      }
-    });
-  }
+  testing::for_each_type([&](auto tag, DType dtype) {
+    using T = decltype(tag);
+    for (const Case& c : cases) {
+      ew::with_scalar(c.op, [&](auto op) {
+        for (int64_t n : kSizes) {
+          const std::string what = std::string("scalar ") + kScalarNames[static_cast<int>(c.op)] +
+                                   " s=" + std::to_string(c.s) + " " + dtype_name(dtype) + " n=" + std::to_string(n);
+          const Tensor x = Tensor::rand({n}, gen_, dtype, 0.5, 3.0);  // positive, away from 0 (pow, rdiv)
+          GuardedOutput got({n}, dtype);
+          launch_elements(n, ew::ScalarFn<T, decltype(op)::value>{x.data<T>(), got.data<T>(),
+                                                                  static_cast<cuda::compute_t<T>>(c.s)});
+          Tensor want = Tensor::empty({n}, dtype, kCpu);
+          kernel::scalar_kernel(kCpu, c.op, x, c.s, want);
+          expect_output(got, want, 0.0, what);
+        }
+      });
+    }
+  });
 }
 
 // ---- where -----------------------------------------------------------------------------------------
@@ -478,33 +450,31 @@ TEST_F(ElementwiseEmulation, WhereWithBroadcasting) {
   };
   // Zero and non-zero conditions; 0.25 is 0 as an integer, -0 is 0 as a float.
   const double choices[] = {0.0, 1.0, -3.0, 0.25, -0.0};
-  for (DType dtype : testing::kFloatTypes) {
-    with_float_type(dtype, [&](auto tag) {
-      using T = decltype(tag);
-      for (DType cond_dtype : kAllTypes) {
-        with_type(cond_dtype, [&](auto ctag) {
-          using Cond = decltype(ctag);
-          for (const Case& c : cases) {
-            const std::string what =
-                std::string("where ") + dtype_name(dtype) + " cond " + dtype_name(cond_dtype) + " " + c.name;
-            std::vector<double> cv(static_cast<size_t>(c.cond.base));
-            for (double& e : cv) e = choices[gen_.next_u64() % 5];
-            const Tensor cond = view_of(Tensor::from_vector(cv, {c.cond.base}, cond_dtype), c.cond);
-            const Tensor a = view_of(Tensor::randn({c.a.base}, gen_, dtype), c.a);
-            const Tensor b = view_of(Tensor::randn({c.b.base}, gen_, dtype), c.b);
-            // elementwise.cu where_cuda
-            const ew::StridedOffsets<3> at = ew::strided_offsets<3>(c.out, {&cond, &a, &b}, "where");
-            GuardedOutput got(c.out, dtype);
-            launch_elements(shape_numel(c.out),
-                            ew::WhereFn<Cond, T>{cond.data<Cond>(), a.data<T>(), b.data<T>(), got.data<T>(), at});
-            Tensor want = Tensor::empty(c.out, dtype, kCpu);
-            kernel::where_kernel(kCpu, cond, a, b, want);
-            expect_output(got, want, 0.0, what);
-          }
-        });
-      }
-    });
-  }
+  testing::for_each_type([&](auto tag, DType dtype) {
+    using T = decltype(tag);
+    for (DType cond_dtype : kAllTypes) {
+      with_type(cond_dtype, [&](auto ctag) {
+        using Cond = decltype(ctag);
+        for (const Case& c : cases) {
+          const std::string what =
+              std::string("where ") + dtype_name(dtype) + " cond " + dtype_name(cond_dtype) + " " + c.name;
+          std::vector<double> cv(static_cast<size_t>(c.cond.base));
+          for (double& e : cv) e = choices[gen_.next_u64() % 5];
+          const Tensor cond = view_of(Tensor::from_vector(cv, {c.cond.base}, cond_dtype), c.cond);
+          const Tensor a = view_of(Tensor::randn({c.a.base}, gen_, dtype), c.a);
+          const Tensor b = view_of(Tensor::randn({c.b.base}, gen_, dtype), c.b);
+          // elementwise.cu where_cuda
+          const ew::StridedOffsets<3> at = ew::strided_offsets<3>(c.out, {&cond, &a, &b}, "where");
+          GuardedOutput got(c.out, dtype);
+          launch_elements(shape_numel(c.out),
+                          ew::WhereFn<Cond, T>{cond.data<Cond>(), a.data<T>(), b.data<T>(), got.data<T>(), at});
+          Tensor want = Tensor::empty(c.out, dtype, kCpu);
+          kernel::where_kernel(kCpu, cond, a, b, want);
+          expect_output(got, want, 0.0, what);
+        }
+      });
+    }
+  });
 }
 
 }  // namespace

@@ -29,8 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_emulation.h"
-#include "cuda_test_util.h"
+#include "cuda_emulation_util.h"
 #include "tensor/kernels.h"
 #include "tensor/tensor.h"
 
@@ -41,18 +40,12 @@ namespace seqlab {
 namespace {
 
 namespace ix = cuda::indexing;
-using testing::expect_values_close;
+using testing::expect_output;
+using testing::for_each_type;
 using testing::GuardedOutput;
 using testing::kCpu;
 constexpr int kSMs = emu::kMultiprocessors;
 
-// fn(T{}, dtype) for each element type the kernels take, T being the kernels' own (bf16_t for bf16).
-template <class Fn>
-void for_each_type(Fn&& fn) {
-  fn(float{}, DType::f32);
-  fn(double{}, DType::f64);
-  fn(cuda::bf16_t{}, DType::bf16);
-}
 // fn(I{}, dtype) for each index type.
 template <class Fn>
 void for_each_index_type(Fn&& fn) {
@@ -65,12 +58,6 @@ template <class F>
 void launch_elements(int64_t n, const F& f) {
   if (n == 0) return;
   emu::launch(dim3(cuda::grid_stride_blocks(n, kSMs)), dim3(cuda::kThreads), 0, cuda::grid_stride_loop<F>, n, f);
-}
-
-// The output's value against the CPU's, and nothing written outside it.
-void expect_output(const GuardedOutput& got, const Tensor& want, double tol, const std::string& what) {
-  expect_values_close(got.value(), want, tol, what);
-  got.expect_guards_intact(what);
 }
 
 // n indices in [0, v) of `dtype`, with the first and last row among them where n allows.
@@ -89,7 +76,7 @@ std::string shape_name(const char* op, DType dtype, DType itype, int64_t v, int6
 
 class IndexEmulation : public ::testing::Test {
  protected:
-  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 89};
+  Generator gen_{testing::test_seed(89)};
 };
 
 struct EmbeddingCase {
