@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -220,6 +221,24 @@ TEST_F(ElementwiseEmulation, CopyEveryViewAndDtypePair) {
   }
 }
 
+// Integers beyond f32's 24-bit mantissa (i64 up to ±2^40, i32 up to ±(2^31 − 1)), transposed, into
+// every floating dtype: rounded once to f32 or f64, and to bf16 through f32, as convert_scalar does.
+TEST_F(ElementwiseEmulation, CopyLargeIntegersToFloating) {
+  const Layout l{"transposed [7, 9] of [9, 7]", 63, {7, 9}, {1, 7}};
+  for (DType from : {DType::i32, DType::i64}) {
+    const double range = from == DType::i32 ? 2147483647.0 : 1099511627776.0;
+    std::vector<double> v(63);
+    for (double& e : v) e = std::trunc((2.0 * gen_.uniform() - 1.0) * range);
+    v[0] = range;
+    v[1] = -range;
+    v[2] = 16777217.0;  // 2^24 + 1: the first integer f32 rounds
+    const Tensor src = view_of(Tensor::from_vector(v, {63}, from), l);
+    for (DType to : {DType::f32, DType::f64, DType::bf16}) {
+      check_copy(src, to, std::string("copy large ") + dtype_name(from) + " → " + dtype_name(to));
+    }
+  }
+}
+
 // Destinations that are views: a transpose (the source contiguous, or itself transposed back) and a
 // slice, each inside a poisoned buffer whose other elements must stay poisoned.
 TEST_F(ElementwiseEmulation, CopyIntoStridedDestinations) {
@@ -302,13 +321,16 @@ bool fma_in_backward(UnaryOp op) {
 const int64_t kSizes[] = {1, 37, 9000};  // one element, part of a block, more than the 32-block grid covers
 const double kAlpha = 0.7;               // elu's
 
-// Inputs of op in its domain, `n` of them in `dtype`; the first few are edge values where n allows.
+// Inputs of op in its domain (its closure: 0, ±∞ and NaN too), `n` of them in `dtype`; the first few
+// are edge values where n allows.
 Tensor unary_input(UnaryOp op, int64_t n, DType dtype, Generator& gen) {
   std::vector<double> v =
       (positive_domain(op) ? Tensor::rand({n}, gen, DType::f64, 0.05, 4.0) : Tensor::randn({n}, gen, DType::f64, 2.5))
           .to_doubles();
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
   const std::vector<double> edges =
-      positive_domain(op) ? std::vector<double>{1.0, 1e-3, 100.0} : std::vector<double>{0.0, 30.0, -30.0, -0.5, 12.0};
+      positive_domain(op) ? std::vector<double>{1.0, 1e-3, 100.0, 0.0, inf, nan}
+                          : std::vector<double>{0.0, 30.0, -30.0, -0.5, 12.0, -0.0, 100.0, -100.0, inf, -inf, nan};
   for (size_t i = 0; i < edges.size() && i < v.size(); ++i) v[i] = edges[i];
   return Tensor::from_vector(v, {n}, dtype);
 }
