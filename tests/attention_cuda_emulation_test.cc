@@ -18,7 +18,8 @@
 // decoding, MHA, GQA and MQA, Dk ≠ Dv, head dims 1 to 128, T and S not multiples of the tiles (16 or
 // 8 query rows, 32 keys, 16 or 8 keys per dK/dV block, 32 or 16 staged query rows). Tolerance:
 // fused_op_rtol (1e-4 f32, 1e-10 f64, 2e-2 bf16, the reference being the CPU kernels in f32 on the
-// same bf16 values); δ against a sum in double at gpu_rtol, scaled by Σ|dO·O| + |dlse|.
+// same bf16 values); δ against a sum in double at gpu_rtol, scaled by Σ|dO·O| + |dlse|. The case
+// struct, inputs and references: tests/attention_cases.h, as in the GPU test.
 // What this cannot check: the real compiler, the hardware's scheduling and memory system, performance.
 #include <gtest/gtest.h>
 
@@ -27,8 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda_emulation.h"
-#include "cuda_test_util.h"
+#include "attention_cases.h"
+#include "cuda_emulation_util.h"
 #include "layers/attention.h"
 #include "tensor/kernels.h"
 #include "tensor/tensor.h"
@@ -42,36 +43,21 @@ namespace {
 
 namespace fma = cuda::attention_fma;
 using cuda::compute_t;
-using testing::as_reference;
-using testing::expect_values_close;
+using testing::expect_output;
+using testing::for_each_type;
 using testing::GuardedOutput;
-using testing::kCpu;
-using testing::reference_type;
+using testing::GradientsNeeded;
+using Case = testing::AttentionCase;
 
 double rtol(DType d) { return testing::fused_op_rtol(d); }
 
-struct Case {
-  int64_t B, T, S, H, Hk, Dk, Dv;
-  bool causal;
-  double scale;  // ≤ 0: 1/√Dk
-  // Also run the backward with some gradients not asked for (each subset relaunches dK/dV or dQ).
-  bool subsets = false;
-  std::string name() const {
-    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " S=" + std::to_string(S) +
-           " H=" + std::to_string(H) + " Hk=" + std::to_string(Hk) + " Dk=" + std::to_string(Dk) +
-           " Dv=" + std::to_string(Dv) + (causal ? " causal" : " bidirectional");
-  }
-  kernel::AttentionParams params() const {
-    return {causal, scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(Dk)), 16};
-  }
-  // attention.cu's geometry().
-  fma::Geo geo() const { return {B, T, S, H, Hk, Dk, Dv, H / Hk, causal}; }
-};
+// attention.cu's geometry().
+fma::Geo geo(const Case& c) { return {c.B, c.T, c.S, c.H, c.Hk, c.Dk, c.Dv, c.H / c.Hk, c.causal}; }
 
 // Small, because every shuffle and barrier is a round of fiber switches in the emulation (the dK/dV
 // kernel costs ~0.3 ms per (query, key) pair here): B·H·T·S stays in the low thousands per case.
 // Query tiles are 16 rows (8 for f64), key tiles 32, dK/dV blocks 16 keys (8 for f64) over staged
-// query tiles of 32 rows (16 for f64).
+// query tiles of 32 rows (16 for f64). `subsets`: each subset of gradients relaunches dK/dV or dQ.
 const Case kCases[] = {
     {1, 37, 37, 2, 1, 16, 16, true, 0},       // two heads on one kv head, T = S, partial tiles everywhere
     {1, 5, 40, 4, 2, 24, 40, true, 0},        // GQA, a block of new queries against a longer cache, Dk ≠ Dv
@@ -82,20 +68,6 @@ const Case kCases[] = {
     {1, 20, 90, 1, 1, 40, 72, true, 0},       // S − T = 70: the diagonal crosses a key tile; dims not multiples of 32
     {1, 1, 1, 1, 1, 5, 7, true, 0},           // one query, one key
 };
-
-// fn(T{}, dtype) for each element type the kernels take, T being the kernels' own (bf16_t for bf16).
-template <class Fn>
-void for_each_type(Fn&& fn) {
-  fn(float{}, DType::f32);
-  fn(double{}, DType::f64);
-  fn(cuda::bf16_t{}, DType::bf16);
-}
-
-void expect_output(const GuardedOutput& got, const Tensor& want, double tol, const std::string& what,
-                   const Tensor& scale = Tensor()) {
-  expect_values_close(got.value(), want, tol, what, scale);
-  got.expect_guards_intact(what);
-}
 
 // ---- the launches, as attention.cu's forward_cuda and backward_cuda make them ---------------------
 
@@ -141,47 +113,34 @@ void backward(const fma::Geo& g, const Tensor& q, const Tensor& k, const Tensor&
 
 class AttentionEmulation : public ::testing::Test {
  protected:
-  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 43};
+  Generator gen_{testing::test_seed(43)};
 };
 
 TEST_F(AttentionEmulation, ForwardMatchesTheCpuKernel) {
   for_each_type([&](auto tag, DType dtype) {
     using T = decltype(tag);
-    const DType rt = reference_type(dtype), at = accumulate_dtype(dtype);
     for (const Case& c : kCases) {
       const std::string what = std::string(dtype_name(dtype)) + " " + c.name();
-      Tensor q = Tensor::randn({c.B, c.T, c.H, c.Dk}, gen_, dtype);
-      Tensor k = Tensor::randn({c.B, c.S, c.Hk, c.Dk}, gen_, dtype);
-      Tensor v = Tensor::randn({c.B, c.S, c.Hk, c.Dv}, gen_, dtype);
-      const kernel::AttentionParams p = c.params();
-      GuardedOutput o({c.B, c.T, c.H, c.Dv}, dtype), lse({c.B, c.T, c.H}, at);
-      forward<T>(c.geo(), q, k, v, p.scale, o, lse);
-      Tensor o_ref = Tensor::empty(o.value().shape(), rt), lse_ref = Tensor::empty(lse.value().shape(), rt);
-      kernel::attention_forward_kernel(kCpu, as_reference(q), as_reference(k), as_reference(v), p, o_ref, lse_ref);
-      expect_output(o, o_ref, rtol(dtype), what + " o");
-      expect_output(lse, lse_ref, rtol(dtype), what + " lse");
+      const testing::AttentionInputs in = testing::attention_inputs(c, dtype, gen_, false);
+      GuardedOutput o(c.o_shape(), dtype), lse(c.lse_shape(), accumulate_dtype(dtype));
+      forward<T>(geo(c), in.q, in.k, in.v, c.params().scale, o, lse);
+      const testing::AttentionOutputs want = testing::attention_forward_reference(c, in);
+      expect_output(o, want.o, rtol(dtype), what + " o");
+      expect_output(lse, want.lse, rtol(dtype), what + " lse");
     }
   });
 }
 
 TEST_F(AttentionEmulation, BackwardAllAndSomeGradients) {
-  struct Need {
-    bool dq, dk, dv;
-  };
   for_each_type([&](auto tag, DType dtype) {
     using T = decltype(tag);
-    const DType rt = reference_type(dtype), at = accumulate_dtype(dtype);
+    const DType at = accumulate_dtype(dtype);
     for (const Case& c : kCases) {
-      const kernel::AttentionParams p = c.params();
-      Tensor q = Tensor::randn({c.B, c.T, c.H, c.Dk}, gen_, dtype);
-      Tensor k = Tensor::randn({c.B, c.S, c.Hk, c.Dk}, gen_, dtype);
-      Tensor v = Tensor::randn({c.B, c.S, c.Hk, c.Dv}, gen_, dtype);
-      Tensor dout = Tensor::randn({c.B, c.T, c.H, c.Dv}, gen_, dtype);
-      Tensor dlse = Tensor::randn({c.B, c.T, c.H}, gen_, at, 0.5);
-      Tensor o_ref = Tensor::empty({c.B, c.T, c.H, c.Dv}, rt), lse_ref = Tensor::empty({c.B, c.T, c.H}, rt);
-      kernel::attention_forward_kernel(kCpu, as_reference(q), as_reference(k), as_reference(v), p, o_ref, lse_ref);
+      const testing::AttentionInputs in = testing::attention_inputs(c, dtype, gen_, true);
+      const Tensor &q = in.q, &k = in.k, &v = in.v, &dout = in.dout, &dlse = in.dlse;
       // The saved outputs as the dtype under test holds them; both sides read these values.
-      Tensor o = kernel::to_dtype(o_ref, dtype), lse = kernel::to_dtype(lse_ref, at);
+      const testing::AttentionOutputs saved = testing::saved_attention_outputs(c, in);
+      const Tensor &o = saved.o, &lse = saved.lse;
 
       // δ_r = Σ_d dO_rd O_rd − dlse_r, against the same sum in double from the same values.
       const std::string what = std::string(dtype_name(dtype)) + " " + c.name();
@@ -198,29 +157,23 @@ TEST_F(AttentionEmulation, BackwardAllAndSomeGradients) {
         delta_scale[r] = magnitude;
       }
       GuardedOutput got_delta({n}, at);
-      delta<T>(c.geo(), dout, o, dlse, got_delta);
+      delta<T>(geo(c), dout, o, dlse, got_delta);
       expect_output(got_delta, Tensor::from_vector(want_delta, {n}, at), testing::gpu_rtol(dtype), what + " δ",
                     Tensor::from_vector(delta_scale, {n}, at));
 
-      std::vector<Need> needs = {{true, true, true}};
+      std::vector<GradientsNeeded> needs = {{true, true, true}};
       if (c.subsets) needs.insert(needs.end(), {{false, false, true}, {true, false, false}, {false, true, false}});
-      for (Need need : needs) {
-        const std::string with = what + (need.dq ? " dq" : "") + (need.dk ? " dk" : "") + (need.dv ? " dv" : "");
+      for (GradientsNeeded need : needs) {
+        const std::string with = what + need.names();
         GuardedOutput dq(q.shape(), dtype), dk(k.shape(), dtype), dv(v.shape(), dtype);
-        backward<T>(c.geo(), q, k, v, dout, lse, got_delta, p.scale, need.dq ? &dq : nullptr, need.dk ? &dk : nullptr,
-                    need.dv ? &dv : nullptr);
-        kernel::AttentionGrads want;
-        if (need.dq) want.dq = Tensor::empty(q.shape(), rt);
-        if (need.dk) want.dk = Tensor::empty(k.shape(), rt);
-        if (need.dv) want.dv = Tensor::empty(v.shape(), rt);
-        kernel::attention_backward_kernel(kCpu, as_reference(dout), as_reference(dlse), as_reference(q),
-                                          as_reference(k), as_reference(v), as_reference(o), as_reference(lse), p,
-                                          want);
+        backward<T>(geo(c), q, k, v, dout, lse, got_delta, c.params().scale, need.dq ? &dq : nullptr,
+                    need.dk ? &dk : nullptr, need.dv ? &dv : nullptr);
+        const kernel::AttentionGrads want = testing::attention_backward_reference(c, in, saved, need);
         const auto check = [&](bool asked, const GuardedOutput& got, const Tensor& want_grad, const char* name) {
           if (asked) {
             expect_output(got, want_grad, rtol(dtype), with + " → " + name);
           } else {  // not asked for: untouched
-            expect_output(got, testing::poisoned(got.value().shape(), dtype, kCpu), 0.0,
+            expect_output(got, testing::poisoned(got.value().shape(), dtype, testing::kCpu), 0.0,
                           with + " → " + name + " (not written)");
           }
         };

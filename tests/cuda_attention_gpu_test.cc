@@ -16,7 +16,8 @@
 // multiple of the tile (the diagonal crosses tiles), bidirectional with T > S, GQA, MQA and decoding.
 // Tolerance: |got − want| ≤ rtol · max(|want|, 1); rtol 1e-4 for f32 (the two sides sum scores and
 // gradients over up to a few hundred terms in different orders and use different exp routines),
-// 1e-10 for f64, 2e-2 for bf16.
+// 1e-10 for f64, 2e-2 for bf16. The case struct, inputs and references: tests/attention_cases.h, shared
+// with the emulation tests (tests/attention_cuda_emulation_test.cc, attention_tc_emulation_test.cc).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_cases.h"
 #include "cuda_test_util.h"
 #include "layers/attention.h"
 #include "tensor/kernels.h"
@@ -33,33 +35,16 @@
 namespace seqlab {
 namespace {
 
-using testing::kGpu;
-using testing::reference_type;
+using testing::expect_close;
+using testing::GradientsNeeded;
 using testing::kCpu;
 using testing::kFloatTypes;
-
-double rtol(DType d) { return testing::fused_op_rtol(d); }
-
-using testing::as_reference;
+using testing::kGpu;
 using testing::on_gpu;
 using testing::poisoned;
+using Case = testing::AttentionCase;
 
-using testing::expect_close;
-
-struct Case {
-  int64_t B, T, S, H, Hk, Dk, Dv;
-  bool causal;
-  double scale;  // ≤ 0: 1/√Dk
-  std::string name() const {
-    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " S=" + std::to_string(S) +
-           " H=" + std::to_string(H) + " Hk=" + std::to_string(Hk) + " Dk=" + std::to_string(Dk) +
-           " Dv=" + std::to_string(Dv) + (causal ? " causal" : " bidirectional");
-  }
-  kernel::AttentionParams params() const {
-    // The CPU block (16) is not the CUDA tiles' size, so the two tile the work differently.
-    return {causal, scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(Dk)), 16};
-  }
-};
+double rtol(DType d) { return testing::fused_op_rtol(d); }
 
 const Case kCases[] = {
     {2, 37, 37, 4, 4, 16, 16, true, 0},       // MHA, T = S, odd
@@ -83,59 +68,40 @@ const Case kCases[] = {
 class CudaAttentionVsCpu : public ::testing::Test {
  protected:
   void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
-  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 41};
+  Generator gen_{testing::test_seed(41)};
 };
 
 TEST_F(CudaAttentionVsCpu, Forward) {
   for (DType dtype : kFloatTypes) {
     for (const Case& c : kCases) {
       const std::string what = std::string(dtype_name(dtype)) + " " + c.name();
-      Tensor q = Tensor::randn({c.B, c.T, c.H, c.Dk}, gen_, dtype);
-      Tensor k = Tensor::randn({c.B, c.S, c.Hk, c.Dk}, gen_, dtype);
-      Tensor v = Tensor::randn({c.B, c.S, c.Hk, c.Dv}, gen_, dtype);
-      const kernel::AttentionParams p = c.params();
-      Tensor o = poisoned({c.B, c.T, c.H, c.Dv}, dtype), lse = poisoned({c.B, c.T, c.H}, accumulate_dtype(dtype));
-      kernel::attention_forward_kernel(kGpu, on_gpu(q), on_gpu(k), on_gpu(v), p, o, lse);
-      const DType rd = reference_type(dtype);
-      Tensor o_ref = Tensor::empty(o.shape(), rd), lse_ref = Tensor::empty(lse.shape(), rd);
-      kernel::attention_forward_kernel(kCpu, as_reference(q), as_reference(k), as_reference(v), p, o_ref, lse_ref);
-      expect_close(o, o_ref, rtol(dtype), what + " o");
-      expect_close(lse, lse_ref, rtol(dtype), what + " lse");
+      const testing::AttentionInputs in = testing::attention_inputs(c, dtype, gen_, false);
+      Tensor o = poisoned(c.o_shape(), dtype), lse = poisoned(c.lse_shape(), accumulate_dtype(dtype));
+      kernel::attention_forward_kernel(kGpu, on_gpu(in.q), on_gpu(in.k), on_gpu(in.v), c.params(), o, lse);
+      const testing::AttentionOutputs want = testing::attention_forward_reference(c, in);
+      expect_close(o, want.o, rtol(dtype), what + " o");
+      expect_close(lse, want.lse, rtol(dtype), what + " lse");
     }
   }
 }
 
 TEST_F(CudaAttentionVsCpu, BackwardAllAndSomeGradients) {
-  struct Need {
-    bool dq, dk, dv;
-  };
   for (DType dtype : kFloatTypes) {
     for (const Case& c : kCases) {
-      for (Need need :
-           {Need{true, true, true}, Need{false, false, true}, Need{true, false, false}, Need{false, true, false}}) {
-        const std::string what = std::string(dtype_name(dtype)) + " " + c.name() + (need.dq ? " dq" : "") +
-                                 (need.dk ? " dk" : "") + (need.dv ? " dv" : "");
-        const DType rd = reference_type(dtype);
-        Tensor q = Tensor::randn({c.B, c.T, c.H, c.Dk}, gen_, dtype);
-        Tensor k = Tensor::randn({c.B, c.S, c.Hk, c.Dk}, gen_, dtype);
-        Tensor v = Tensor::randn({c.B, c.S, c.Hk, c.Dv}, gen_, dtype);
-        Tensor dout = Tensor::randn({c.B, c.T, c.H, c.Dv}, gen_, dtype);
-        Tensor dlse = Tensor::randn({c.B, c.T, c.H}, gen_, accumulate_dtype(dtype), 0.5);
-        const kernel::AttentionParams p = c.params();
-        Tensor o_ref = Tensor::empty({c.B, c.T, c.H, c.Dv}, rd), lse_ref = Tensor::empty({c.B, c.T, c.H}, rd);
-        kernel::attention_forward_kernel(kCpu, as_reference(q), as_reference(k), as_reference(v), p, o_ref, lse_ref);
+      for (GradientsNeeded need : {GradientsNeeded{true, true, true}, GradientsNeeded{false, false, true},
+                                   GradientsNeeded{true, false, false}, GradientsNeeded{false, true, false}}) {
+        const std::string what = std::string(dtype_name(dtype)) + " " + c.name() + need.names();
+        const testing::AttentionInputs in = testing::attention_inputs(c, dtype, gen_, true);
         // The saved outputs as the dtype under test holds them; both sides read these values.
-        Tensor o = kernel::to_dtype(o_ref, dtype), lse = kernel::to_dtype(lse_ref, accumulate_dtype(dtype));
+        const testing::AttentionOutputs saved = testing::saved_attention_outputs(c, in);
 
-        kernel::AttentionGrads got, want;
-        if (need.dq) got.dq = poisoned(q.shape(), dtype), want.dq = Tensor::empty(q.shape(), rd);
-        if (need.dk) got.dk = poisoned(k.shape(), dtype), want.dk = Tensor::empty(k.shape(), rd);
-        if (need.dv) got.dv = poisoned(v.shape(), dtype), want.dv = Tensor::empty(v.shape(), rd);
-        kernel::attention_backward_kernel(kGpu, on_gpu(dout), on_gpu(dlse), on_gpu(q), on_gpu(k), on_gpu(v), on_gpu(o),
-                                          on_gpu(lse), p, got);
-        kernel::attention_backward_kernel(kCpu, as_reference(dout), as_reference(dlse), as_reference(q),
-                                          as_reference(k), as_reference(v), as_reference(o), as_reference(lse), p,
-                                          want);
+        kernel::AttentionGrads got;
+        if (need.dq) got.dq = poisoned(c.q_shape(), dtype);
+        if (need.dk) got.dk = poisoned(c.k_shape(), dtype);
+        if (need.dv) got.dv = poisoned(c.v_shape(), dtype);
+        kernel::attention_backward_kernel(kGpu, on_gpu(in.dout), on_gpu(in.dlse), on_gpu(in.q), on_gpu(in.k),
+                                          on_gpu(in.v), on_gpu(saved.o), on_gpu(saved.lse), c.params(), got);
+        const kernel::AttentionGrads want = testing::attention_backward_reference(c, in, saved, need);
         if (need.dq) expect_close(got.dq, want.dq, rtol(dtype), what + " → dq");
         if (need.dk) expect_close(got.dk, want.dk, rtol(dtype), what + " → dk");
         if (need.dv) expect_close(got.dv, want.dv, rtol(dtype), what + " → dv");
@@ -178,11 +144,8 @@ TEST_F(CudaAttentionVsCpu, TensorCoreKernelsAreDeterministic) {
   const Case cases[] = {{2, 100, 130, 4, 2, 64, 64, true, 0}, {1, 90, 70, 4, 1, 128, 128, false, 0}};
   for (const Case& c : cases) {
     const DType bf = DType::bf16;
-    Tensor q = on_gpu(Tensor::randn({c.B, c.T, c.H, c.Dk}, gen_, bf));
-    Tensor k = on_gpu(Tensor::randn({c.B, c.S, c.Hk, c.Dk}, gen_, bf));
-    Tensor v = on_gpu(Tensor::randn({c.B, c.S, c.Hk, c.Dv}, gen_, bf));
-    Tensor dout = on_gpu(Tensor::randn({c.B, c.T, c.H, c.Dv}, gen_, bf));
-    Tensor dlse = on_gpu(Tensor::randn({c.B, c.T, c.H}, gen_, DType::f32, 0.5));  // lse, dlse: f32 for bf16
+    const testing::AttentionInputs in = testing::attention_inputs(c, bf, gen_, true);  // lse, dlse: f32 for bf16
+    const Tensor q = on_gpu(in.q), k = on_gpu(in.k), v = on_gpu(in.v), dout = on_gpu(in.dout), dlse = on_gpu(in.dlse);
     const kernel::AttentionParams p = c.params();
     std::vector<double> first[5];
     for (int run = 0; run < 2; ++run) {

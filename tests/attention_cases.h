@@ -1,0 +1,108 @@
+// The case struct, input builder and CPU references shared by the checks of the CUDA attention
+// kernels — the GPU test (tests/cuda_attention_gpu_test.cc, the slots of src/cuda/attention.cu and
+// attention_tc.cu) and the emulation tests (tests/attention_cuda_emulation_test.cc for the FMA
+// kernels, tests/attention_tc_emulation_test.cc for the tensor-core ones, run on the CPU) — so that
+// all draw q, k, v, dO and dlse the same way and compare with the same reference. Each program keeps
+// its own case table (the emulation runs smaller shapes: it is slow), its launches and its checks.
+//
+// The references run the CPU slots in reference_type (f32 for bf16, which the CPU kernels do not
+// take) on the values as the dtype under test holds them. The backward reads the forward's outputs as
+// a GPU run saves them: o in the dtype under test, lse in its accumulate_dtype.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "cuda_test_util.h"
+#include "layers/attention.h"
+#include "tensor/kernels.h"
+#include "tensor/tensor.h"
+
+namespace seqlab::testing {
+
+// q [B, T, H, Dk] against k [B, S, Hk, Dk] and v [B, S, Hk, Dv], H a multiple of Hk.
+struct AttentionCase {
+  int64_t B, T, S, H, Hk, Dk, Dv;
+  bool causal;
+  double scale;  // ≤ 0: 1/√Dk
+  // Also run the backward with some gradients not asked for (where a test does not always).
+  bool subsets = false;
+
+  std::string name() const {
+    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " S=" + std::to_string(S) +
+           " H=" + std::to_string(H) + " Hk=" + std::to_string(Hk) + " Dk=" + std::to_string(Dk) +
+           " Dv=" + std::to_string(Dv) + (causal ? " causal" : " bidirectional");
+  }
+  kernel::AttentionParams params() const {
+    // The CPU block (16) is not the CUDA tiles' size, so the two tile the work differently.
+    return {causal, scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(Dk)), 16};
+  }
+  Shape q_shape() const { return {B, T, H, Dk}; }
+  Shape k_shape() const { return {B, S, Hk, Dk}; }
+  Shape v_shape() const { return {B, S, Hk, Dv}; }
+  Shape o_shape() const { return {B, T, H, Dv}; }
+  Shape lse_shape() const { return {B, T, H}; }
+};
+
+// q, k, v ~ N(0, 1) in the dtype under test, drawn in this order; with the backward's, then
+// dO ~ N(0, 1) in the dtype and dlse ~ N(0, 0.5²) in its accumulate_dtype (undefined without).
+struct AttentionInputs {
+  Tensor q, k, v, dout, dlse;
+};
+inline AttentionInputs attention_inputs(const AttentionCase& c, DType dtype, Generator& gen, bool with_backward) {
+  AttentionInputs in;
+  in.q = Tensor::randn(c.q_shape(), gen, dtype);
+  in.k = Tensor::randn(c.k_shape(), gen, dtype);
+  in.v = Tensor::randn(c.v_shape(), gen, dtype);
+  if (with_backward) {
+    in.dout = Tensor::randn(c.o_shape(), gen, dtype);
+    in.dlse = Tensor::randn(c.lse_shape(), gen, accumulate_dtype(dtype), 0.5);
+  }
+  return in;
+}
+
+// The forward's outputs: o [B, T, H, Dv] and lse [B, T, H].
+struct AttentionOutputs {
+  Tensor o, lse;
+};
+// The CPU's forward, in reference_type.
+inline AttentionOutputs attention_forward_reference(const AttentionCase& c, const AttentionInputs& in) {
+  const DType rt = reference_type(in.q.dtype());
+  AttentionOutputs want{Tensor::empty(c.o_shape(), rt), Tensor::empty(c.lse_shape(), rt)};
+  kernel::attention_forward_kernel(kCpu, as_reference(in.q), as_reference(in.k), as_reference(in.v), c.params(),
+                                   want.o, want.lse);
+  return want;
+}
+// The CPU forward's outputs as a GPU run saves them for the backward: o in the dtype under test, lse
+// in its accumulate_dtype. Both sides of a backward check read these values.
+inline AttentionOutputs saved_attention_outputs(const AttentionCase& c, const AttentionInputs& in) {
+  const AttentionOutputs want = attention_forward_reference(c, in);
+  const DType dtype = in.q.dtype();
+  return {kernel::to_dtype(want.o, dtype), kernel::to_dtype(want.lse, accumulate_dtype(dtype))};
+}
+
+// The gradients a backward is asked for, and their names in messages (" dq dk dv").
+struct GradientsNeeded {
+  bool dq, dk, dv;
+  std::string names() const {
+    return std::string(dq ? " dq" : "") + (dk ? " dk" : "") + (dv ? " dv" : "");
+  }
+};
+
+// The CPU's backward from the saved outputs, in reference_type: the gradients asked for, the others
+// undefined.
+inline kernel::AttentionGrads attention_backward_reference(const AttentionCase& c, const AttentionInputs& in,
+                                                           const AttentionOutputs& saved, GradientsNeeded need) {
+  const DType rt = reference_type(in.q.dtype());
+  kernel::AttentionGrads want;
+  if (need.dq) want.dq = Tensor::empty(c.q_shape(), rt);
+  if (need.dk) want.dk = Tensor::empty(c.k_shape(), rt);
+  if (need.dv) want.dv = Tensor::empty(c.v_shape(), rt);
+  kernel::attention_backward_kernel(kCpu, as_reference(in.dout), as_reference(in.dlse), as_reference(in.q),
+                                    as_reference(in.k), as_reference(in.v), as_reference(saved.o),
+                                    as_reference(saved.lse), c.params(), want);
+  return want;
+}
+
+}  // namespace seqlab::testing
