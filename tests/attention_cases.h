@@ -76,10 +76,11 @@ inline AttentionOutputs attention_forward_reference(const AttentionCase& c, cons
 }
 // The CPU forward's outputs as a GPU run saves them for the backward: o in the dtype under test, lse
 // in its accumulate_dtype. Both sides of a backward check read these values.
+inline AttentionOutputs as_saved(const AttentionOutputs& reference, DType dtype) {
+  return {kernel::to_dtype(reference.o, dtype), kernel::to_dtype(reference.lse, accumulate_dtype(dtype))};
+}
 inline AttentionOutputs saved_attention_outputs(const AttentionCase& c, const AttentionInputs& in) {
-  const AttentionOutputs want = attention_forward_reference(c, in);
-  const DType dtype = in.q.dtype();
-  return {kernel::to_dtype(want.o, dtype), kernel::to_dtype(want.lse, accumulate_dtype(dtype))};
+  return as_saved(attention_forward_reference(c, in), in.q.dtype());
 }
 
 // The gradients a backward is asked for, and their names in messages (" dq dk dv").

@@ -20,7 +20,7 @@
 // Shapes: head dims 64 and 128, T and S not multiples of the 64-row tiles, T < S and T > S, causal and
 // bidirectional, MHA, GQA and MQA, decoding. Tolerance as for bf16 in the GPU test:
 // |got − want| ≤ 2e-2 · max(|want|, 1), the reference being the CPU kernels in f32 on the same bf16
-// values.
+// values. The case struct, inputs and references: tests/attention_cases.h, as in the GPU test.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_cases.h"
 #include "cuda_emulation.h"
 #include "layers/attention.h"
 #include "tensor/kernels.h"
@@ -116,25 +117,16 @@ namespace seqlab {
 namespace {
 
 namespace tc = cuda::attention_tc;
-
-struct Case {
-  int64_t B, T, S, H, Hk, D;
-  bool causal;
-  double scale;  // ≤ 0: 1/√D
-  std::string name() const {
-    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " S=" + std::to_string(S) +
-           " H=" + std::to_string(H) + " Hk=" + std::to_string(Hk) + " D=" + std::to_string(D) +
-           (causal ? " causal" : " bidirectional");
-  }
-};
+using testing::GradientsNeeded;
+using Case = testing::AttentionCase;  // Dk = Dv = D, 64 or 128
 
 const Case kCases[] = {
-    {2, 100, 100, 2, 2, 64, true, 0},     // MHA, T = S, a partial second tile
-    {1, 77, 150, 4, 2, 128, true, 0},     // GQA, queries at the end of a longer cache (S − T = 73)
-    {1, 130, 61, 3, 1, 64, false, 0},     // bidirectional MQA, T > S, partial tiles both ways
-    {1, 1, 200, 2, 1, 128, true, 0},      // decoding
-    {1, 128, 192, 2, 1, 64, true, 0},     // exact multiples of the tile, S − T = 64
-    {1, 90, 90, 2, 2, 128, false, 0.05},  // bidirectional, explicit scale
+    {2, 100, 100, 2, 2, 64, 64, true, 0},      // MHA, T = S, a partial second tile
+    {1, 77, 150, 4, 2, 128, 128, true, 0},     // GQA, queries at the end of a longer cache (S − T = 73)
+    {1, 130, 61, 3, 1, 64, 64, false, 0},      // bidirectional MQA, T > S, partial tiles both ways
+    {1, 1, 200, 2, 1, 128, 128, true, 0},      // decoding
+    {1, 128, 192, 2, 1, 64, 64, true, 0},      // exact multiples of the tile, S − T = 64
+    {1, 90, 90, 2, 2, 128, 128, false, 0.05},  // bidirectional, explicit scale
 };
 
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
@@ -150,18 +142,14 @@ void expect_close(const Tensor& got, const Tensor& want, const std::string& what
 }
 
 Tensor nans(const Shape& shape, DType dtype = DType::bf16) { return Tensor::full(shape, std::nan(""), dtype); }
-Tensor f32(const Tensor& x) { return kernel::to_dtype(x, DType::f32); }
 
 template <int D>
 void run_case(const Case& c, Generator& gen) {
   const std::string what = c.name();
-  const kernel::AttentionParams params{c.causal, c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(D)), 16};
-  const tc::Problem p{c.B, c.T, c.S, c.H, c.Hk, D, c.causal, static_cast<float>(params.scale)};
-  Tensor q = Tensor::randn({c.B, c.T, c.H, D}, gen, DType::bf16),
-         k = Tensor::randn({c.B, c.S, c.Hk, D}, gen, DType::bf16),
-         v = Tensor::randn({c.B, c.S, c.Hk, D}, gen, DType::bf16);
-  Tensor dout = Tensor::randn({c.B, c.T, c.H, D}, gen, DType::bf16),
-         dlse = Tensor::randn({c.B, c.T, c.H}, gen, DType::f32, 0.5);
+  const tc::Problem p{c.B, c.T, c.S, c.H, c.Hk, D, c.causal, static_cast<float>(c.params().scale)};
+  // bf16 q, k, v, dO; dlse f32 (lse and dlse: f32 for bf16).
+  const testing::AttentionInputs in = testing::attention_inputs(c, DType::bf16, gen, true);
+  const Tensor &q = in.q, &k = in.k, &v = in.v, &dout = in.dout, &dlse = in.dlse;
   const bf16 *Q = q.data<bf16>(), *K = k.data<bf16>(), *V = v.data<bf16>(), *dO = dout.data<bf16>();
   const unsigned query_tiles = static_cast<unsigned>((c.T + 63) / 64),
                  key_tiles = static_cast<unsigned>((c.S + 63) / 64);
@@ -172,31 +160,28 @@ void run_case(const Case& c, Generator& gen) {
   emu::launch(dim3(query_tiles, static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)), block,
               tc::kernels::FwdLayout<D>::bytes,
               [&] { tc::kernels::tc_forward<D>(p, Q, K, V, o.data<bf16>(), lse.data<float>()); });
-  Tensor o_ref = Tensor::empty(o.shape()), lse_ref = Tensor::empty(lse.shape());
-  kernel::attention_forward_kernel(cpu_device(), f32(q), f32(k), f32(v), params, o_ref, lse_ref);
-  expect_close(o, o_ref, what + " o");
-  expect_close(lse, lse_ref, what + " lse");
+  const testing::AttentionOutputs want = testing::attention_forward_reference(c, in);
+  expect_close(o, want.o, what + " o");
+  expect_close(lse, want.lse, what + " lse");
 
   // Backward from the CPU forward's outputs as bf16 holds them (both sides read the same values), with
   // δ = dO·O − dlse in f32 as attention.cu's delta kernel forms it.
-  Tensor o_saved = kernel::to_dtype(o_ref, DType::bf16), lse_saved = lse_ref;
-  const std::vector<double> od = o_saved.to_doubles(), dod = dout.to_doubles(), dld = dlse.to_doubles();
+  const testing::AttentionOutputs saved = testing::as_saved(want, DType::bf16);
+  const std::vector<double> od = saved.o.to_doubles(), dod = dout.to_doubles(), dld = dlse.to_doubles();
   std::vector<float> delta(static_cast<size_t>(c.B * c.T * c.H));
   for (size_t r = 0; r < delta.size(); ++r) {
     float dot = 0;
     for (int d = 0; d < D; ++d) dot += static_cast<float>(dod[r * D + d]) * static_cast<float>(od[r * D + d]);
     delta[r] = dot - static_cast<float>(dld[r]);
   }
-  struct Need {
-    bool dq, dk, dv;
-  };
-  for (Need need : {Need{true, true, true}, Need{false, true, false}, Need{false, false, true}}) {
-    const std::string with = what + (need.dq ? " dq" : "") + (need.dk ? " dk" : "") + (need.dv ? " dv" : "");
+  for (GradientsNeeded need :
+       {GradientsNeeded{true, true, true}, GradientsNeeded{false, true, false}, GradientsNeeded{false, false, true}}) {
+    const std::string with = what + need.names();
     Tensor dq = nans(q.shape()), dk = nans(k.shape()), dv = nans(v.shape());
     bf16* dQ = need.dq ? dq.data<bf16>() : nullptr;
     bf16* dK = need.dk ? dk.data<bf16>() : nullptr;
     bf16* dV = need.dv ? dv.data<bf16>() : nullptr;
-    const float* L = lse_saved.data<float>();
+    const float* L = saved.lse.data<float>();
     if (dK || dV) {
       emu::launch(dim3(key_tiles, static_cast<unsigned>(c.Hk), static_cast<unsigned>(c.B)), block,
                   tc::kernels::BwdLayout<D>::bytes,
@@ -207,15 +192,10 @@ void run_case(const Case& c, Generator& gen) {
                   tc::kernels::BwdLayout<D>::bytes,
                   [&] { tc::kernels::tc_dq<D>(p, Q, K, V, dO, L, delta.data(), dQ); });
     }
-    kernel::AttentionGrads want;
-    if (need.dq) want.dq = Tensor::empty(q.shape());
-    if (need.dk) want.dk = Tensor::empty(k.shape());
-    if (need.dv) want.dv = Tensor::empty(v.shape());
-    kernel::attention_backward_kernel(cpu_device(), f32(dout), f32(dlse), f32(q), f32(k), f32(v), f32(o_saved),
-                                      f32(lse_saved), params, want);
-    if (need.dq) expect_close(dq, want.dq, with + " → dq");
-    if (need.dk) expect_close(dk, want.dk, with + " → dk");
-    if (need.dv) expect_close(dv, want.dv, with + " → dv");
+    const kernel::AttentionGrads grads = testing::attention_backward_reference(c, in, saved, need);
+    if (need.dq) expect_close(dq, grads.dq, with + " → dq");
+    if (need.dk) expect_close(dk, grads.dk, with + " → dk");
+    if (need.dv) expect_close(dv, grads.dv, with + " → dv");
     // A gradient not asked for is not touched.
     for (auto [asked, t, name] : {std::tuple{need.dk, &dk, "dk"}, {need.dv, &dv, "dv"}}) {
       if (asked) continue;
@@ -230,9 +210,9 @@ void run_case(const Case& c, Generator& gen) {
 }
 
 TEST(AttentionTensorCoreEmulation, MatchesTheCpuKernels) {
-  Generator gen(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 97);
+  Generator gen(testing::test_seed(97));
   for (const Case& c : kCases) {
-    if (c.D == 64) {
+    if (c.Dk == 64) {
       run_case<64>(c, gen);
     } else {
       run_case<128>(c, gen);
