@@ -70,8 +70,8 @@ struct AttentionOutputs {
 inline AttentionOutputs attention_forward_reference(const AttentionCase& c, const AttentionInputs& in) {
   const DType rt = reference_type(in.q.dtype());
   AttentionOutputs want{Tensor::empty(c.o_shape(), rt), Tensor::empty(c.lse_shape(), rt)};
-  kernel::attention_forward_kernel(kCpu, as_reference(in.q), as_reference(in.k), as_reference(in.v), c.params(),
-                                   want.o, want.lse);
+  kernel::attention_forward_kernel(kCpu, as_reference(in.q), as_reference(in.k), as_reference(in.v), c.params(), want.o,
+                                   want.lse);
   return want;
 }
 // The CPU forward's outputs as a GPU run saves them for the backward: o in the dtype under test, lse
@@ -86,9 +86,7 @@ inline AttentionOutputs saved_attention_outputs(const AttentionCase& c, const At
 // The gradients a backward is asked for, and their names in messages (" dq dk dv").
 struct GradientsNeeded {
   bool dq, dk, dv;
-  std::string names() const {
-    return std::string(dq ? " dq" : "") + (dk ? " dk" : "") + (dv ? " dv" : "");
-  }
+  std::string names() const { return std::string(dq ? " dq" : "") + (dk ? " dk" : "") + (dv ? " dv" : ""); }
 };
 
 // The CPU's backward from the saved outputs, in reference_type: the gradients asked for, the others

@@ -45,8 +45,8 @@ namespace fma = cuda::attention_fma;
 using cuda::compute_t;
 using testing::expect_output;
 using testing::for_each_type;
-using testing::GuardedOutput;
 using testing::GradientsNeeded;
+using testing::GuardedOutput;
 using Case = testing::AttentionCase;
 
 double rtol(DType d) { return testing::fused_op_rtol(d); }

@@ -30,9 +30,9 @@
 namespace seqlab {
 namespace {
 
-using testing::kGpu;
 using testing::kCpu;
 using testing::kFloatTypes;
+using testing::kGpu;
 using testing::kOptimSizes;
 using testing::size_name;
 using testing::state_type;

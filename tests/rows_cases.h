@@ -136,12 +136,12 @@ inline NormStatistics saved_norm_statistics(const NormBackwardInputs& in, bool c
 
 // The CPU's gradients without dsum: dx where need_dx; dweight, and dbias when centered, where
 // need_params; the others undefined.
-inline kernel::NormGrads norm_backward_reference(const NormBackwardInputs& in, const NormStatistics& saved, bool centered,
-                                         bool need_dx, bool need_params) {
+inline kernel::NormGrads norm_backward_reference(const NormBackwardInputs& in, const NormStatistics& saved,
+                                                 bool centered, bool need_dx, bool need_params) {
   const int64_t n = in.x.size(0), c = in.x.size(1);
   const DType rt = reference_type(in.x.dtype());
   kernel::NormGrads want{need_dx ? cpu_empty({n, c}, rt) : Tensor(), need_params ? cpu_empty({c}, rt) : Tensor(),
-                 need_params && centered ? cpu_empty({c}, rt) : Tensor()};
+                         need_params && centered ? cpu_empty({c}, rt) : Tensor()};
   if (centered) {
     kernel::layer_norm_backward_kernel(kCpu, as_reference(in.dy), as_reference(in.x), as_reference(in.weight),
                                        as_reference(saved.mean), as_reference(saved.rstd), Tensor(), want);
@@ -155,8 +155,7 @@ inline kernel::NormGrads norm_backward_reference(const NormBackwardInputs& in, c
 // dx with dsum: dnorm as stored in the dtype under test, plus dsum, as a separate add would compute it.
 // Compare with dnorm as the scale (its rounding bounds the error).
 inline Tensor dx_plus_dsum(const Tensor& dnorm, const Tensor& dsum) {
-  return kernel::binary(kernel::BinaryOp::add, as_reference(kernel::to_dtype(dnorm, dsum.dtype())),
-                        as_reference(dsum));
+  return kernel::binary(kernel::BinaryOp::add, as_reference(kernel::to_dtype(dnorm, dsum.dtype())), as_reference(dsum));
 }
 
 // ---- softmax -------------------------------------------------------------------------------------
@@ -204,8 +203,7 @@ inline constexpr double kLossScale = 0.37;  // dloss / count, the backward's sca
 struct CrossEntropyInputs {
   Tensor logits, targets;
 };
-inline CrossEntropyInputs cross_entropy_inputs(int64_t n, int64_t v, DType dtype, DType target_type,
-                                               Generator& gen) {
+inline CrossEntropyInputs cross_entropy_inputs(int64_t n, int64_t v, DType dtype, DType target_type, Generator& gen) {
   CrossEntropyInputs in;
   in.logits = kernel::to_dtype(
       kernel::scalar_op(kernel::ScalarOp::add, Tensor::randn({n, v}, gen, DType::f64, 3.0), 20.0), dtype);

@@ -217,8 +217,8 @@ TEST_F(RowsEmulation, NormForwardPlainAndFused) {
                                    (fused ? " fused with the residual add" : "");
           const Tensor bias = with_bias ? in.bias : Tensor();
           // Fused: the CPU's sum, then its plain norm of that sum as stored in the dtype under test.
-          const testing::AddNormReference fused_want = fused ? testing::add_norm_reference(in, centered, with_bias)
-                                                             : testing::AddNormReference();
+          const testing::AddNormReference fused_want =
+              fused ? testing::add_norm_reference(in, centered, with_bias) : testing::AddNormReference();
           const NormOutput want = fused ? fused_want.norm : testing::norm_reference(in.x, in.weight, bias, centered);
 
           GuardedOutput sum({n, c}, dtype), y({n, c}, dtype), mean({n}, at), rstd({n}, at);
