@@ -6,7 +6,7 @@
 // a test calls a kernel slot directly, the output is first filled with NaN (a sentinel for integers),
 // so an element the kernel fails to write shows up. Tolerance: |got − want| ≤ rtol · max(|want|, 1)
 // with rtol 1e-5 for f32, 1e-10 for f64 and 1e-2 for bf16 (the rounding of the stored result).
-// Inputs come from a fixed seed; --gtest_shuffle (or --gtest_random_seed=N) draws others.
+// Inputs come from a fixed seed; --gtest_random_seed=N draws others.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,7 +45,7 @@ using testing::expect_close;
 class CudaVsCpu : public ::testing::Test {
  protected:
   void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
-  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 17};
+  Generator gen_{testing::test_seed(17)};
 };
 
 bool positive_domain(UnaryOp op) { return op == UnaryOp::log || op == UnaryOp::sqrt || op == UnaryOp::rsqrt; }

@@ -9,7 +9,7 @@
 // standard deviation 1/√k so that every product is of order one whatever k is: the tolerance
 // |got − want| ≤ rtol · max(|want|, 1) then bounds the summation error of a k-term dot product, with
 // rtol 1e-5 for f32, 1e-10 for f64 and 1e-2 for bf16 (the rounding of the stored result).
-// Inputs come from a fixed seed; --gtest_shuffle (or --gtest_random_seed=N) draws others.
+// Inputs come from a fixed seed; --gtest_random_seed=N draws others.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -58,7 +58,7 @@ void expect_close(const Tensor& got, const Tensor& want, double tol, const std::
 class CudaGemm : public ::testing::Test {
  protected:
   void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
-  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 29};
+  Generator gen_{testing::test_seed(29)};
 };
 
 // How one GEMM case lays out its operands.

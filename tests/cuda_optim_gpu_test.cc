@@ -9,7 +9,7 @@
 // |got − want| ≤ rtol · max(|want|, 1) with rtol 1e-5 for f32, 1e-10 for f64 and 1e-2 for bf16.
 // Sizes, steps, inputs and rope cases: tests/optim_cases.h and tests/rope_cases.h, shared with the
 // emulation tests (tests/{optim,rope}_cuda_emulation_test.cc). Inputs come from a fixed seed;
-// --gtest_shuffle (or --gtest_random_seed=N) draws others.
+// --gtest_random_seed=N draws others.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -28,10 +28,12 @@ inline double gpu_rtol(DType d) { return d == DType::bf16 ? 1e-2 : d == DType::f
 // The fused ops (attention, the recurrent variants) sum in another order on the GPU than on the CPU:
 // 1e-4 for f32, 1e-10 for f64, 2e-2 for bf16.
 inline double fused_op_rtol(DType d) { return d == DType::bf16 ? 2e-2 : d == DType::f64 ? 1e-10 : 1e-4; }
-// A test program's seed: GoogleTest's random seed (fixed unless --gtest_shuffle or
-// --gtest_random_seed=N) plus the program's own salt, so that programs draw different inputs.
+// A test program's seed: its own salt (so that programs draw different inputs), plus N when the program
+// runs with --gtest_random_seed=N. Without that flag the inputs are the same on every run, so a failure
+// can be reproduced; GoogleTest's own random_seed() would come from the clock.
 inline uint64_t test_seed(uint64_t salt) {
-  return static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + salt;
+  const int flag = GTEST_FLAG_GET(random_seed);
+  return (flag == 0 ? 0 : static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed())) + salt;
 }
 
 // The CPU kernels take no bf16: references run in f32 on the same (rounded) values.

@@ -142,7 +142,7 @@ template <uint64_t kSalt>
 class VariantGpuTest : public ::testing::Test {
  protected:
   void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
-  Generator gen_{static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + kSalt};
+  Generator gen_{test_seed(kSalt)};
 };
 
 // ---------------------------------------------------------------- DeltaNet / Gated DeltaNet
