@@ -23,12 +23,14 @@
 // Handles: one cuBLASLt and one cuBLAS handle per device, created on first use with that device
 // current and never destroyed (like the streams: tensors may be freed during static destruction).
 // Both work on cuda::stream(device) and share one fixed 32 MiB workspace per device, which is safe
-// because everything on the device is serialised on that one stream.
+// because everything on the device is serialised on that one stream. cuBLASLt's heuristic is asked once
+// per distinct call (shapes, layouts, alignments, epilogue) and its answer kept with the handles.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdint>
 #include <map>
@@ -64,10 +66,25 @@ using kernel::GemmArgs;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper; ample for Ampere
 constexpr int64_t kMaxBatch = INT32_MAX;              // CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT is an int32_t
 
+// What decides cuBLASLt's choice of algorithm for a call: dtype, transposes, m, n, k, leading dimensions,
+// batch and strides, whether C is read (β ≠ 0), the operands' alignments, and the epilogue with its
+// pointers' alignments.
+using AlgoKey = std::array<int64_t, 20>;
+// The heuristic's answer for one key (found = 0: none).
+struct AlgoChoice {
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  int found = 0;
+  cublasLtMatmulHeuristicResult_t result{};
+};
+
 struct Handles {
   cublasLtHandle_t lt = nullptr;
   cublasHandle_t blas = nullptr;
   void* workspace = nullptr;
+  // cuBLASLt's choices so far: the heuristic is asked once per distinct call, as it costs more host time
+  // than a small GEMM takes on the GPU (and a training step repeats the same few dozen calls).
+  std::mutex algo_mutex;
+  std::map<AlgoKey, AlgoChoice> algos;
 };
 
 // The handles of `device`, created on first use.
@@ -203,29 +220,47 @@ bool gemm_lt(const GemmArgs& g, int device, const GeluEpilogue* gelu, std::strin
   make_layout(second, type, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.lda, g.batch, g.stride_a);
   make_layout(out, type, g.n, g.m, g.ldc, g.batch, g.stride_c);  // C and D: the same matrix, in place
 
-  LtPreference pref;
-  SEQLAB_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.h));
-  const uint64_t workspace = kWorkspaceBytes;
-  SEQLAB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
-                                                           sizeof(workspace)));
   const uint32_t align_first = alignment(g.b, g.stride_b, g.batch, es);
   const uint32_t align_second = alignment(g.a, g.stride_a, g.batch, es);
   const uint32_t align_out = alignment(g.c, g.stride_c, g.batch, es);
-  SEQLAB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                           &align_first, sizeof(align_first)));
-  SEQLAB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                           &align_second, sizeof(align_second)));
-  SEQLAB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                           &align_out, sizeof(align_out)));
-  SEQLAB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                           &align_out, sizeof(align_out)));
+  const int64_t epilogue = gelu == nullptr ? 0 : gelu->bias == nullptr ? 1 : 2;
+  // clang-format off
+  const AlgoKey key{static_cast<int64_t>(g.dtype), g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch,
+                    g.stride_a, g.stride_b, g.stride_c, g.beta != 0.0, align_first, align_second, align_out, epilogue,
+                    epilogue == 2 ? alignment(gelu->bias, 0, 1, es) : 0,
+                    epilogue != 0 ? alignment(gelu->pre, 0, 1, es) : 0};
+  // clang-format on
 
   DeviceGuard guard(device);
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(h.lt, desc.h, first.h, second.h, out.h, out.h, pref.h, 1, &result, &found);
-  if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
+  AlgoChoice choice;
+  {
+    std::lock_guard<std::mutex> lock(h.algo_mutex);
+    auto it = h.algos.find(key);
+    if (it != h.algos.end()) {
+      choice = it->second;
+    } else {
+      // The workspace on offer and the operands' real alignments (see alignment()).
+      LtPreference pref;
+      SEQLAB_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.h));
+      const uint64_t workspace = kWorkspaceBytes;
+      SEQLAB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                               &workspace, sizeof(workspace)));
+      SEQLAB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                               &align_first, sizeof(align_first)));
+      SEQLAB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                               &align_second, sizeof(align_second)));
+      SEQLAB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                               &align_out, sizeof(align_out)));
+      SEQLAB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                               &align_out, sizeof(align_out)));
+      choice.status = cublasLtMatmulAlgoGetHeuristic(h.lt, desc.h, first.h, second.h, out.h, out.h, pref.h, 1,
+                                                     &choice.result, &choice.found);
+      h.algos.emplace(key, choice);
+    }
+  }
+  const cublasStatus_t status = choice.status;
+  const cublasLtMatmulHeuristicResult_t& result = choice.result;
+  if (status != CUBLAS_STATUS_SUCCESS || choice.found == 0) {
     if (why != nullptr) {
       *why = "cuBLAS error: cublasLtMatmulAlgoGetHeuristic found no algorithm for " + describe(g) +
              (gelu != nullptr ? " with the GELU epilogue" : "") +
