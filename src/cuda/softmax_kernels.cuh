@@ -11,6 +11,25 @@
 
 namespace seqlab::cuda::rows {
 
+// The two reductions of a row xr[0, c) that softmax and cross-entropy share, in the compute type A,
+// by the whole block (every thread calls it; each gets both results):
+//   m = max_i x_i,   s = Σ_i exp(x_i − m).
+// Reads the row twice (the second time from cache).
+template <class A>
+struct MaxAndSumExp {
+  A m, s;
+};
+template <class T, class A = compute_t<T>>
+__device__ __forceinline__ MaxAndSumExp<A> row_max_and_sum_exp(const T* xr, int64_t c, A* scratch) {
+  A m = -INFINITY;
+  for (int64_t i = threadIdx.x; i < c; i += blockDim.x) m = MaxOp{}(m, convert<A>(xr[i]));
+  m = block_max(m, scratch);
+  A s = 0;
+  for (int64_t i = threadIdx.x; i < c; i += blockDim.x) s += exp_of(convert<A>(xr[i]) - m);
+  s = block_sum(s, scratch);
+  return {m, s};
+}
+
 // One block per row r of x [n, c]:
 //   m = max_j x_j,  s = Σ_j exp(x_j − m);  y_i = exp(x_i − m) / s,  or  log y_i = (x_i − m) − log s
 // ((x_i − m) − log s, not x_i − (m + log s): m + log s would round to m's ulp). Reads the row three
@@ -21,12 +40,7 @@ __global__ void __launch_bounds__(kMaxThreads) softmax_rows(const T* x, T* y, in
   __shared__ A scratch[kMaxWarps];
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const T* xr = x + r * c;
-    A m = -INFINITY;
-    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) m = MaxOp{}(m, convert<A>(xr[i]));
-    m = block_max(m, scratch);
-    A s = 0;
-    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) s += exp_of(convert<A>(xr[i]) - m);
-    s = block_sum(s, scratch);
+    const auto [m, s] = row_max_and_sum_exp<T>(xr, c, scratch);
     T* yr = y + r * c;
     if (kLog) {
       const A log_s = log_of(s);
@@ -75,12 +89,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   __shared__ A scratch[kMaxWarps];
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const T* xr = x + r * v;
-    A m = -INFINITY;
-    for (int64_t i = threadIdx.x; i < v; i += blockDim.x) m = MaxOp{}(m, convert<A>(xr[i]));
-    m = block_max(m, scratch);
-    A s = 0;
-    for (int64_t i = threadIdx.x; i < v; i += blockDim.x) s += exp_of(convert<A>(xr[i]) - m);
-    s = block_sum(s, scratch);
+    const auto [m, s] = row_max_and_sum_exp<T>(xr, v, scratch);
     if (threadIdx.x == 0) {
       const double lse_r = static_cast<double>(m) + log(static_cast<double>(s));
       lse[r] = static_cast<A>(lse_r);
