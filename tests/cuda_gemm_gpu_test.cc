@@ -326,29 +326,37 @@ TEST_F(CudaGemm, MatmulMatchesTheCpu) {
   }
 }
 
-// linear_gelu's slot: in bf16 one cuBLASLt call with the bias + GELU epilogue (out a multiple of 8), the
-// unfused GEMM and elementwise GELU otherwise (f32, f64, and out = 20, where the epilogue's pre cannot
-// have its leading dimension). pre and y start as NaN; the reference is the CPU slot on the same values.
-TEST_F(CudaGemm, LinearGeluMatchesTheCpu) {
+// linear_kernel: one cuBLASLt call whose epilogue adds the bias (f32, bf16) and applies GELU (bf16, out a
+// multiple of 8); the unfused steps otherwise (no bias without GELU, f64, GELU in f32, and out = 20 with
+// GELU, where the epilogue's GELU input cannot have its leading dimension). Outputs start as NaN; the
+// reference is the CPU slot on the same values.
+TEST_F(CudaGemm, LinearWithBiasAndGeluMatchesTheCpu) {
+  using kernel::Activation;
   struct Shape3 {
     int64_t rows, in, out;
   };
   for (DType dtype : kFloatTypes) {
     const DType ref = reference_type(dtype);
-    for (Shape3 s : {Shape3{37, 48, 64}, Shape3{5, 24, 20}, Shape3{130, 96, 256}}) {
-      for (bool with_bias : {true, false}) {
-        const std::string what = std::string("linear_gelu ") + dtype_name(dtype) + " rows=" + std::to_string(s.rows) +
-                                 " in=" + std::to_string(s.in) + " out=" + std::to_string(s.out) +
-                                 (with_bias ? " with bias" : " without bias");
-        const double scale = 1.0 / std::sqrt(static_cast<double>(s.in));
-        Tensor x = Tensor::randn({s.rows, s.in}, gen_, dtype), w = Tensor::randn({s.out, s.in}, gen_, dtype, scale);
-        Tensor b = with_bias ? Tensor::randn({s.out}, gen_, dtype, 0.5) : Tensor();
-        Tensor pre = testing::poisoned({s.rows, s.out}, dtype), y = testing::poisoned({s.rows, s.out}, dtype);
-        kernel::linear_gelu_kernel(kGpu, on_gpu(x), on_gpu(w), testing::on_gpu(b), pre, y);
-        Tensor want_pre = Tensor::empty({s.rows, s.out}, ref), want_y = Tensor::empty({s.rows, s.out}, ref);
-        kernel::linear_gelu_kernel(kCpu, rounded(x, ref), rounded(w, ref), testing::as_reference(b), want_pre, want_y);
-        expect_close(pre, want_pre, rtol(dtype), what + " pre");
-        expect_close(y, want_y, rtol(dtype), what + " y");
+    for (Activation act : {Activation::none, Activation::gelu}) {
+      for (Shape3 s : {Shape3{37, 48, 64}, Shape3{5, 24, 20}, Shape3{130, 96, 256}}) {
+        for (bool with_bias : {true, false}) {
+          const bool gelu = act == Activation::gelu;
+          const std::string what = std::string("linear") + (gelu ? "+gelu " : " ") + dtype_name(dtype) +
+                                   " rows=" + std::to_string(s.rows) + " in=" + std::to_string(s.in) +
+                                   " out=" + std::to_string(s.out) + (with_bias ? " with bias" : " without bias");
+          const double scale = 1.0 / std::sqrt(static_cast<double>(s.in));
+          Tensor x = Tensor::randn({s.rows, s.in}, gen_, dtype), w = Tensor::randn({s.out, s.in}, gen_, dtype, scale);
+          Tensor b = with_bias ? Tensor::randn({s.out}, gen_, dtype, 0.5) : Tensor();
+          Tensor y = testing::poisoned({s.rows, s.out}, dtype);
+          Tensor pre = gelu ? testing::poisoned({s.rows, s.out}, dtype) : Tensor();
+          kernel::linear_kernel(kGpu, on_gpu(x), on_gpu(w), testing::on_gpu(b), act, pre, y);
+          Tensor want_y = Tensor::empty({s.rows, s.out}, ref);
+          Tensor want_pre = gelu ? Tensor::empty({s.rows, s.out}, ref) : Tensor();
+          kernel::linear_kernel(kCpu, rounded(x, ref), rounded(w, ref), testing::as_reference(b), act, want_pre,
+                                want_y);
+          expect_close(y, want_y, rtol(dtype), what + " y");
+          if (gelu) expect_close(pre, want_pre, rtol(dtype), what + " pre");
+        }
       }
     }
   }

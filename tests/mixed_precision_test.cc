@@ -55,10 +55,10 @@ TEST(Bf16OnCpu, KernelsAreTheF32KernelsRoundedOnce) {
   const Tensor onto = bf16_randn({6, 6}, gen);
   const Tensor want = rounded(kernel::matmul(f32(x), f32(y), false, true, kernel::clone(f32(onto))));
   expect_same_bf16(kernel::matmul(x, y, false, true, kernel::clone(onto)), want, "onto (β = 1)");
-  // linear_gelu: pre and y each rounded once from the f32 slot's, as cuBLASLt's epilogue rounds them.
+  // linear with GELU: pre and y each rounded once from the f32 slot's, as cuBLASLt's epilogue rounds them.
   const Tensor b6 = kernel::narrow(b, 0, 0, 6);  // y as the weight: 6 outputs
-  const kernel::LinearGeluOutput lg16 = kernel::linear_gelu(x, y, b6),
-                                 lg32 = kernel::linear_gelu(f32(x), f32(y), f32(b6));
+  const kernel::LinearOutput lg16 = kernel::linear(x, y, b6, kernel::Activation::gelu),
+                             lg32 = kernel::linear(f32(x), f32(y), f32(b6), kernel::Activation::gelu);
   expect_same_bf16(lg16.pre, rounded(lg32.pre), "linear_gelu pre");
   expect_same_bf16(lg16.y, rounded(lg32.y), "linear_gelu y");
   // A kernel with a struct of outputs, and one that reads and writes one tensor in place.

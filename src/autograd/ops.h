@@ -72,7 +72,7 @@ Tensor cumsum(const Tensor& x, int64_t dim);
 Tensor matmul(const Tensor& a, const Tensor& b);
 // y = x Wᵀ + b for x [..., in], weight [out, in] (PyTorch's layout), bias [out] or undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
-// y = gelu(x Wᵀ + b) (tanh form), the GEMM and the GELU fused where the device can (kernel::linear_gelu):
+// y = gelu(x Wᵀ + b) (tanh form), the GEMM and the GELU fused where the device can (kernel::linear):
 // the same values as gelu(linear(x, weight, bias)) up to rounding of the pre-activation in bf16.
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 

@@ -74,16 +74,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_linear("linear", x, weight, bias);
   const int64_t out = weight.size(0);
   Tensor rows = kernel::reshape(x, {-1, weight.size(1)});
-  Tensor y;
-  if (bias.defined()) {
-    // y starts as b in every row and the GEMM adds x Wᵀ onto it: one write pass for the bias
-    // instead of a second output and an add pass over it.
-    y = Tensor::empty({rows.size(0), out}, bias.dtype(), bias.device());  // never a view of the bias
-    kernel::copy_(y, kernel::expand(bias, y.shape()));
-    kernel::matmul(rows, weight, false, true, y);
-  } else {
-    y = kernel::matmul(rows, weight, false, true);
-  }
+  // The bias added by the GEMM (its epilogue on CUDA, β = 1 onto a copy of b elsewhere): no add pass.
+  Tensor y = kernel::linear(rows, weight, bias, kernel::Activation::none).y;
   y = kernel::view(y, with_last(x.shape(), out));
   record("linear", {x, weight, bias}, {&y}, {rows, weight},
          [out, x_shape = x.shape()](const Grads& g, const Grads& s, const Needs& need) {
@@ -92,13 +84,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return y;
 }
 
-// y = gelu(pre), pre = x Wᵀ + b, fused (kernel::linear_gelu);  dpre = dy ⊙ gelu'(pre), then linear's
+// y = gelu(pre), pre = x Wᵀ + b, fused (kernel::linear with GELU);  dpre = dy ⊙ gelu'(pre), then linear's
 // gradients from dpre. Saves pre and y, as gelu after linear would save its input and output.
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_linear("linear_gelu", x, weight, bias);
   const int64_t out = weight.size(0);
   Tensor rows = kernel::reshape(x, {-1, weight.size(1)});
-  kernel::LinearGeluOutput o = kernel::linear_gelu(rows, weight, bias);
+  kernel::LinearOutput o = kernel::linear(rows, weight, bias, kernel::Activation::gelu);
   Tensor y = kernel::view(o.y, with_last(x.shape(), out));
   record(
       "linear_gelu", {x, weight, bias}, {&y}, {rows, weight, o.pre, o.y},

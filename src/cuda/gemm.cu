@@ -14,8 +14,9 @@
 // matrices as stored (before the op): B is n×k column-major (k×n when trans_b), A is k×m (m×k when
 // trans_a), C is n×m.
 //
-// linear_gelu's slot is here too: in bf16 it is one cublasLtMatmul whose epilogue adds the bias and
-// applies GELU (GeluEpilogue below), saving the elementwise pass over the MLP's widest activation.
+// linear_kernel's slot is here too: one cublasLtMatmul whose epilogue adds a linear layer's bias and, in
+// bf16, applies GELU (Epilogue below): no pass to copy the bias into C first, none for the GELU over the
+// MLP's widest activation.
 //
 // TF32 stays off (CUBLAS_COMPUTE_32F, never _FAST_TF32), so f32 results match the CPU to 1e-5.
 // β = 0 means C is not read (as in BLAS): NaN in an uninitialised output does not propagate.
@@ -171,19 +172,24 @@ std::string describe(const GemmArgs& g) {
          " ldc=" + std::to_string(g.ldc);
 }
 
-// linear_gelu's epilogue: cuBLASLt adds the bias and applies GELU to the f32 accumulator before it rounds
-// into C, and stores the GELU input too: pre = α·op(A)·op(B) + bias (bias[j] added to every row's column
-// j), C = gelu(pre). cuBLASLt's bias is "one value per row of D", and its D is our C transposed (see the
-// top of the file), so its rows are our columns: bias has n elements.
-struct GeluEpilogue {
+// The epilogue of linear_kernel: cuBLASLt adds the bias to the f32 accumulator (and applies GELU to the
+// sum) before it rounds into C: with GELU, gelu_input = α·op(A)·op(B) + bias (bias[j] added to every
+// row's column j) is stored too and C = gelu(gelu_input); without, C = α·op(A)·op(B) + bias. cuBLASLt's
+// bias is "one value per row of D", and its D is our C transposed (see the top of the file), so its rows
+// are our columns: bias has n elements.
+struct Epilogue {
   const void* bias = nullptr;  // [n], C's dtype, or null for none
-  void* pre = nullptr;         // laid out as C (leading dimension ldc, which must be a multiple of 8)
+  void* gelu_input = nullptr;  // null: no GELU; else laid out as C (ldc, which must be a multiple of 8)
+  cublasLtEpilogue_t kind() const {
+    if (gelu_input != nullptr) return bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    return bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  }
 };
 
-// f32 or bf16 through cuBLASLt, with the GELU epilogue when `gelu` is given; g.batch ≤ kMaxBatch,
-// strides non-negative, C entries disjoint (with `gelu`: batch 1, β = 0). Returns false, having launched
+// f32 or bf16 through cuBLASLt, with `epilogue` when given; g.batch ≤ kMaxBatch, strides non-negative,
+// C entries disjoint (with an epilogue: batch 1, β = 0). Returns false, having launched
 // nothing, when cuBLASLt offers no algorithm for the call; `why` (if given) then says what was asked.
-bool gemm_lt(const GemmArgs& g, int device, const GeluEpilogue* gelu, std::string* why) {
+bool gemm_lt(const GemmArgs& g, int device, const Epilogue* epilogue, std::string* why) {
   Handles& h = handles(device);
   const bool bf16 = g.dtype == DType::bf16;
   const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -197,22 +203,23 @@ bool gemm_lt(const GemmArgs& g, int device, const GeluEpilogue* gelu, std::strin
   SEQLAB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
   SEQLAB_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
-  if (gelu != nullptr) {
-    const uint32_t epilogue = gelu->bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-    SEQLAB_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    if (gelu->bias != nullptr) {
+  if (epilogue != nullptr) {
+    const uint32_t kind = epilogue->kind();
+    SEQLAB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &kind, sizeof(kind)));
+    if (epilogue->bias != nullptr) {
       const int32_t bias_type = type;
-      SEQLAB_CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &gelu->bias, sizeof(gelu->bias)));
+      SEQLAB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epilogue->bias,
+                                                         sizeof(epilogue->bias)));
       SEQLAB_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
     }
-    const int64_t ld_pre = g.ldc;
-    SEQLAB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu->pre,
-                                                       sizeof(gelu->pre)));
-    SEQLAB_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_pre, sizeof(ld_pre)));
+    if (epilogue->gelu_input != nullptr) {
+      const int64_t ld = g.ldc;
+      SEQLAB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                         &epilogue->gelu_input, sizeof(epilogue->gelu_input)));
+      SEQLAB_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+    }
   }
 
   LtLayout first, second, out;
@@ -223,12 +230,13 @@ bool gemm_lt(const GemmArgs& g, int device, const GeluEpilogue* gelu, std::strin
   const uint32_t align_first = alignment(g.b, g.stride_b, g.batch, es);
   const uint32_t align_second = alignment(g.a, g.stride_a, g.batch, es);
   const uint32_t align_out = alignment(g.c, g.stride_c, g.batch, es);
-  const int64_t epilogue = gelu == nullptr ? 0 : gelu->bias == nullptr ? 1 : 2;
+  const Epilogue none;
+  const Epilogue& e = epilogue != nullptr ? *epilogue : none;
   // clang-format off
   const AlgoKey key{static_cast<int64_t>(g.dtype), g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch,
-                    g.stride_a, g.stride_b, g.stride_c, g.beta != 0.0, align_first, align_second, align_out, epilogue,
-                    epilogue == 2 ? alignment(gelu->bias, 0, 1, es) : 0,
-                    epilogue != 0 ? alignment(gelu->pre, 0, 1, es) : 0};
+                    g.stride_a, g.stride_b, g.stride_c, g.beta != 0.0, align_first, align_second, align_out, e.kind(),
+                    e.bias != nullptr ? alignment(e.bias, 0, 1, es) : 0,
+                    e.gelu_input != nullptr ? alignment(e.gelu_input, 0, 1, es) : 0};
   // clang-format on
 
   DeviceGuard guard(device);
@@ -263,7 +271,7 @@ bool gemm_lt(const GemmArgs& g, int device, const GeluEpilogue* gelu, std::strin
   if (status != CUBLAS_STATUS_SUCCESS || choice.found == 0) {
     if (why != nullptr) {
       *why = "cuBLAS error: cublasLtMatmulAlgoGetHeuristic found no algorithm for " + describe(g) +
-             (gelu != nullptr ? " with the GELU epilogue" : "") +
+             (epilogue != nullptr ? " with epilogue " + std::to_string(e.kind()) : std::string()) +
              " (alignment of B, A, C: " + std::to_string(align_first) + ", " + std::to_string(align_second) + ", " +
              std::to_string(align_out) + " bytes): " + cublasGetStatusName(status) + " (" +
              cublasGetStatusString(status) + ")";
@@ -359,16 +367,20 @@ void gemm_cuda(const GemmArgs& g, Device device) {
   }
 }
 
-// linear_gelu: in bf16, one cuBLASLt call with the GELU epilogue (y = C, pre = the epilogue's GELU input);
-// otherwise, or where cuBLASLt has no algorithm for it, the unfused steps (GEMM, then the elementwise
-// GELU kernel). f32 keeps the elementwise GELU: f32 is the precision the GPU tests hold to 1e-5 of the
-// CPU, and how exactly the epilogue evaluates tanh is not documented; in bf16 the rounding of the
-// outputs (2⁻⁸ relative) is what dominates.
-void linear_gelu_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre, const Tensor& y) {
+// linear_kernel: one cuBLASLt call whose epilogue adds the bias (f32, bf16) and, in bf16, applies GELU;
+// otherwise, or where cuBLASLt has no algorithm for it, the unfused steps (GEMM onto the bias, then the
+// elementwise GELU kernel). f32 keeps the elementwise GELU: f32 is the precision the GPU tests hold to
+// 1e-5 of the CPU, and how exactly the epilogue evaluates tanh is not documented; in bf16 the rounding
+// of the outputs (2⁻⁸ relative) is what dominates. f64 goes through cuBLAS, which has no epilogues.
+void linear_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias, kernel::Activation act, const Tensor& pre,
+                 const Tensor& y) {
   const int64_t rows = x.size(0), in = x.size(1), out = weight.size(0);
-  if (x.dtype() == DType::bf16 && in > 0 && out % 8 == 0) {  // the epilogue's pre needs ld % 8 == 0
+  const bool gelu = act == kernel::Activation::gelu;
+  const bool fused = in > 0 && (gelu ? x.dtype() == DType::bf16 && out % 8 == 0  // the GELU input's ld % 8 == 0
+                                     : bias.defined() && x.dtype() != DType::f64);
+  if (fused) {
     GemmArgs g;
-    g.dtype = DType::bf16;
+    g.dtype = x.dtype();
     g.trans_b = true;  // y = x Wᵀ
     g.m = rows;
     g.n = out;
@@ -379,10 +391,10 @@ void linear_gelu_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias,
     g.ldb = in;
     g.c = y.raw_data();
     g.ldc = out;
-    const GeluEpilogue gelu{bias.defined() ? bias.raw_data() : nullptr, pre.raw_data()};
-    if (gemm_lt(g, x.device().index, &gelu, nullptr)) return;
+    const Epilogue epilogue{bias.defined() ? bias.raw_data() : nullptr, gelu ? pre.raw_data() : nullptr};
+    if (gemm_lt(g, x.device().index, &epilogue, nullptr)) return;
   }
-  kernel::linear_gelu_unfused(x, weight, bias, pre, y);
+  kernel::linear_unfused(x, weight, bias, act, pre, y);
 }
 
 }  // namespace
@@ -390,5 +402,5 @@ void linear_gelu_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias,
 
 namespace seqlab::kernel {
 SEQLAB_REGISTER_KERNEL(gemm_kernel, DeviceType::CUDA, &cuda::gemm_cuda);
-SEQLAB_REGISTER_KERNEL(linear_gelu_kernel, DeviceType::CUDA, &cuda::linear_gelu_cuda);
+SEQLAB_REGISTER_KERNEL(linear_kernel, DeviceType::CUDA, &cuda::linear_cuda);
 }  // namespace seqlab::kernel

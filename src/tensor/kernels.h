@@ -104,23 +104,26 @@ SEQLAB_DECLARE_KERNEL(cumsum_kernel, void (*)(const Tensor& x3d, bool reverse, c
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false,
               const Tensor& onto = Tensor());
 
-// A linear layer with GELU (tanh form, as UnaryOp::gelu) on its output, fused where the device can:
-//   pre = x Wᵀ + b,   y = gelu(pre)
+// A linear layer's forward, its bias and activation fused into the GEMM where the device can:
+//   pre = x Wᵀ + b,   y = act(pre)   (act: none, or GELU in tanh form as UnaryOp::gelu)
 // x [N, in], weight [out, in] (PyTorch's layout), bias [out] or undefined, one floating dtype and device;
-// pre and y [N, out]. pre is what the backward needs (dpre = dy ⊙ gelu'(pre)). On CUDA in bf16, one
-// cuBLASLt call computes both in its epilogue from the f32 accumulator (pre and y each rounded once);
-// elsewhere, and where cuBLASLt offers no such kernel, the steps of linear_gelu_unfused.
-struct LinearGeluOutput {
+// y [N, out], and pre [N, out] with GELU (what its backward needs: dpre = dy ⊙ gelu'(pre); undefined
+// without). On CUDA one cuBLASLt call whose epilogue works on the f32 accumulator before it rounds: it
+// adds the bias (f32, bf16) and applies GELU (bf16), writing y and pre once each; elsewhere, and where
+// cuBLASLt offers no such kernel, the steps of linear_unfused.
+enum class Activation { none, gelu };
+struct LinearOutput {
   Tensor y, pre;
 };
-LinearGeluOutput linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
+LinearOutput linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act);
 // The unfused steps: pre = x Wᵀ + b (pre starts as b in every row and the GEMM adds onto it; without a bias
-// the GEMM writes it), then y = gelu(pre) by the elementwise kernel.
-// Contiguous x, weight, bias (or undefined), pre and y on one device.
-void linear_gelu_unfused(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre, const Tensor& y);
-// Slot: contiguous tensors as linear_gelu describes; writes every element of pre and y.
-SEQLAB_DECLARE_KERNEL(linear_gelu_kernel, void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                                   const Tensor& pre, const Tensor& y));
+// the GEMM writes it), then y = gelu(pre) by the elementwise kernel; without an activation y is pre.
+// Contiguous x, weight, bias (or undefined), pre (with GELU) and y on one device.
+void linear_unfused(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& pre,
+                    const Tensor& y);
+// Slot: contiguous tensors as linear describes; writes every element of y (and of pre, with GELU).
+SEQLAB_DECLARE_KERNEL(linear_kernel, void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
+                                              const Tensor& pre, const Tensor& y));
 
 // C[b] = alpha · op(A[b]) · op(B[b]) + beta · C[b] for b < batch, row-major, with element strides
 // between batch entries (0 to reuse one matrix) and leading dimensions lda, ldb, ldc.

@@ -7,7 +7,7 @@
 namespace seqlab::kernel {
 
 SEQLAB_DEFINE_KERNEL(gemm_kernel);
-SEQLAB_DEFINE_KERNEL(linear_gelu_kernel);
+SEQLAB_DEFINE_KERNEL(linear_kernel);
 
 namespace {
 
@@ -104,37 +104,41 @@ void gemm_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, con
   gemm_kernel(a.device(), g, a.device());
 }
 
-void linear_gelu_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre, const Tensor& y) {
-  linear_gelu_unfused(x, weight, bias, pre, y);
+void linear_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& pre,
+                const Tensor& y) {
+  linear_unfused(x, weight, bias, act, pre, y);
 }
-SEQLAB_REGISTER_KERNEL(linear_gelu_kernel, DeviceType::CPU, &linear_gelu_cpu);
+SEQLAB_REGISTER_KERNEL(linear_kernel, DeviceType::CPU, &linear_cpu);
 
 }  // namespace
 
-void linear_gelu_unfused(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& pre,
-                         const Tensor& y) {
-  if (bias.defined()) copy_(pre, expand(bias, pre.shape()));
-  gemm_into(x, weight, false, true, pre, bias.defined() ? 1.0 : 0.0);
-  unary_kernel(pre.device(), UnaryOp::gelu, pre, 1.0, y);
+void linear_unfused(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& pre,
+                    const Tensor& y) {
+  const Tensor& sum = act == Activation::gelu ? pre : y;  // where x Wᵀ + b goes
+  if (bias.defined()) copy_(sum, expand(bias, sum.shape()));
+  gemm_into(x, weight, false, true, sum, bias.defined() ? 1.0 : 0.0);
+  if (act == Activation::gelu) unary_kernel(pre.device(), UnaryOp::gelu, pre, 1.0, y);
 }
 
-LinearGeluOutput linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+LinearOutput linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
   const bool bias_fits = !bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0) &&
                                              bias.dtype() == weight.dtype() && bias.device() == weight.device());
   if (x.dim() != 2 || weight.dim() != 2 || x.size(1) != weight.size(1) || x.dtype() != weight.dtype() ||
       !is_floating(x.dtype()) || x.device() != weight.device() || !bias_fits) {
     throw std::invalid_argument(
-        "linear_gelu: expected x [N, in], weight [out, in] and bias [out] (or none) of one "
+        "linear: expected x [N, in], weight [out, in] and bias [out] (or none) of one "
         "floating dtype on one device, got x " +
         shape_str(x.shape()) + " " + dtype_name(x.dtype()) + ", weight " + shape_str(weight.shape()) + " " +
         dtype_name(weight.dtype()) +
         (bias.defined() ? ", bias " + shape_str(bias.shape()) + " " + dtype_name(bias.dtype()) : std::string()));
   }
   const Shape shape{x.size(0), weight.size(0)};
-  LinearGeluOutput o{Tensor::empty(shape, x.dtype(), x.device()), Tensor::empty(shape, x.dtype(), x.device())};
+  LinearOutput o;
+  o.y = Tensor::empty(shape, x.dtype(), x.device());
+  if (act == Activation::gelu) o.pre = Tensor::empty(shape, x.dtype(), x.device());
   if (o.y.numel() == 0) return o;
-  linear_gelu_kernel(x.device(), contiguous(x), contiguous(weight), bias.defined() ? contiguous(bias) : bias, o.pre,
-                     o.y);
+  linear_kernel(x.device(), contiguous(x), contiguous(weight), bias.defined() ? contiguous(bias) : bias, act, o.pre,
+                o.y);
   return o;
 }
 
