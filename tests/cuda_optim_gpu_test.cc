@@ -104,15 +104,15 @@ TEST_F(CudaOptimVsCpu, SumSquaresMatchesCpuAndIsDeterministic) {
       const std::string what = "sum_squares " + size_name(n, dtype);
       Tensor x = Tensor::randn({n}, gen_, dtype, 1.5);
       Tensor xg = on_gpu(x);
-      const double want = sum_squares_kernel(kCpu, x);
-      const double got = sum_squares_kernel(kGpu, xg);
+      const double want = squared_norm(x);
+      const double got = squared_norm(xg);
       // Summed in double from the same values: only the order differs.
       EXPECT_NEAR(got, want, 1e-10 * std::max(std::fabs(want), 1.0)) << what;
       if (n == 0) {
         EXPECT_EQ(got, 0.0) << what;
       }
       for (int run = 0; run < 3; ++run) {
-        const double again = sum_squares_kernel(kGpu, xg);
+        const double again = squared_norm(xg);
         EXPECT_EQ(std::memcmp(&again, &got, sizeof(double)), 0)
             << what << ": run " << run << " gave " << again << ", the first " << got;
       }
@@ -124,7 +124,7 @@ TEST_F(CudaOptimVsCpu, SumSquaresOfNonFiniteIsNonFinite) {
   Tensor x = Tensor::randn({1000}, gen_, DType::f32);
   std::vector<double> values = x.to_doubles();
   values[517] = std::numeric_limits<double>::infinity();
-  const double got = sum_squares_kernel(kGpu, on_gpu(Tensor::from_vector(values, {1000}, DType::f32)));
+  const double got = squared_norm(on_gpu(Tensor::from_vector(values, {1000}, DType::f32)));
   EXPECT_TRUE(std::isinf(got)) << got;
 }
 

@@ -25,6 +25,7 @@
 #include "cuda/common.cuh"
 #include "cuda/optim_kernels.cuh"
 #include "cuda/runtime.h"
+#include "tensor/kernels.h"
 #include "train/optim.h"
 
 namespace seqlab::cuda {
@@ -127,33 +128,33 @@ void sgd_step_cuda(const SgdStep& s, const Tensor& p, const Tensor& g, const Ten
 
 // ---- sum of squares --------------------------------------------------------------------------------
 
-double sum_squares_cuda(const Tensor& x) {
+void sum_squares_cuda(const Tensor& x, const Tensor& out) {
   const int64_t n = x.numel();
   const int device = x.device().index;
-  double result = 0.0;
   dispatch_floating(x.dtype(), "sum_squares", [&](auto tag) {
     using T = typename decltype(tag)::type;
     check_operand("sum_squares", "x", x, n, x.dtype(), device);
-    if (n == 0) return;
+    check_operand("sum_squares", "out", out, 1, DType::f64, device);
+    if (n == 0) {
+      kernel::fill_(out, 0.0);
+      return;
+    }
     const int64_t blocks = sum_squares_blocks(n);
     if (blocks > int64_t{0x7fffffff}) {
       throw std::invalid_argument("sum_squares on CUDA: " + std::to_string(n) + " elements is too many for one grid");
     }
-    // partial[0, blocks) from pass 1, then the total at partial[blocks]; freed into the cache at
-    // return, which is safe because every later user of the block is queued after us on stream(device).
-    Tensor scratch = Tensor::empty({blocks + 1}, DType::f64, x.device());
+    // partial[0, blocks) from pass 1, summed in order into out by pass 2; freed into the cache at return,
+    // which is safe because every later user of the block is queued after us on stream(device).
+    Tensor scratch = Tensor::empty({blocks}, DType::f64, x.device());
     double* partial = static_cast<double*>(scratch.raw_data());
     DeviceGuard guard(device);
     cudaStream_t st = stream(device);
     sum_squares_partials<T>
         <<<static_cast<unsigned>(blocks), kThreads, 0, st>>>(static_cast<const T*>(x.raw_data()), n, partial);
     SEQLAB_CUDA_CHECK_LAUNCH("sum_squares partials kernel");
-    sum_partials<<<1, kThreads, 0, st>>>(partial, blocks, partial + blocks);
+    sum_partials<<<1, kThreads, 0, st>>>(partial, blocks, static_cast<double*>(out.raw_data()));
     SEQLAB_CUDA_CHECK_LAUNCH("sum_squares final kernel");
-    SEQLAB_CUDA_CHECK(cudaMemcpyAsync(&result, partial + blocks, sizeof(double), cudaMemcpyDeviceToHost, st));
-    SEQLAB_CUDA_CHECK(cudaStreamSynchronize(st));
   });
-  return result;
 }
 
 // ---- scale -----------------------------------------------------------------------------------------

@@ -104,8 +104,8 @@ void Optimizer::step(double lr) {
       throw std::invalid_argument("optimizer: gradient of '" + s.param.name + "' is " + describe(g) +
                                   " but the parameter is " + describe(p));
     }
-    if (!p.is_contiguous() || (s.m.defined() && (s.m.device() != p.device() ||
-                                                  s.m.dtype() != state_dtype(p.dtype())))) {
+    if (!p.is_contiguous() ||
+        (s.m.defined() && (s.m.device() != p.device() || s.m.dtype() != state_dtype(p.dtype())))) {
       throw std::logic_error("optimizer: parameter '" + s.param.name + "' changed layout, device or dtype (" +
                              describe(p) + ") after the optimizer was built");
     }
@@ -114,8 +114,13 @@ void Optimizer::step(double lr) {
     if (adamw()) {
       ++s.updates;
       const double t = static_cast<double>(s.updates);
-      AdamWStep a{group_lr, s.weight_decay, config_.beta1, config_.beta2, config_.eps,
-                  1.0 - std::pow(config_.beta1, t), 1.0 - std::pow(config_.beta2, t)};
+      AdamWStep a{group_lr,
+                  s.weight_decay,
+                  config_.beta1,
+                  config_.beta2,
+                  config_.eps,
+                  1.0 - std::pow(config_.beta1, t),
+                  1.0 - std::pow(config_.beta2, t)};
       adamw_step_kernel(p.device(), a, p, g, s.m, s.v, s.master);
     } else {
       SgdStep a{group_lr, s.weight_decay, config_.momentum, config_.nesterov};
@@ -248,13 +253,28 @@ std::vector<Tensor*> unique_with_grad(const std::vector<Parameter>& params) {
 
 }  // namespace
 
-double clip_grad_norm(const std::vector<Parameter>& params, double max_norm) {
-  double total = 0.0;
-  for (Tensor* p : unique_with_grad(params)) {
-    Tensor g = kernel::contiguous(p->grad());
-    total += sum_squares_kernel(g.device(), g);
+double squared_norm(const Tensor& x) { return squared_norm(std::vector<Tensor>{x}); }
+
+double squared_norm(const std::vector<Tensor>& xs) {
+  if (xs.empty()) return 0.0;
+  const Device device = xs[0].device();
+  // One f64 slot per tensor on their device, filled by queued kernels, then one copy back.
+  Tensor sums = Tensor::empty({static_cast<int64_t>(xs.size())}, DType::f64, device);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (xs[i].device() != device) {
+      throw std::invalid_argument("squared_norm: tensors on " + device.str() + " and " + xs[i].device().str());
+    }
+    sum_squares_kernel(device, kernel::contiguous(xs[i]), kernel::narrow(sums, 0, static_cast<int64_t>(i), 1));
   }
-  const double norm = std::sqrt(total);
+  double total = 0.0;
+  for (double v : kernel::to_device(sums, cpu_device()).to_doubles()) total += v;
+  return total;
+}
+
+double clip_grad_norm(const std::vector<Parameter>& params, double max_norm) {
+  std::vector<Tensor> grads;
+  for (Tensor* p : unique_with_grad(params)) grads.push_back(p->grad());
+  const double norm = std::sqrt(squared_norm(grads));
   if (!std::isfinite(norm) || !(max_norm > 0)) return norm;
   const double scale = max_norm / (norm + 1e-6);
   if (scale < 1.0) scale_grads(params, scale);
@@ -340,7 +360,7 @@ void sgd_step_cpu(const SgdStep& s, const Tensor& p, const Tensor& g, const Tens
 }
 
 // Fixed blocks summed in order: the same bits whatever the thread count.
-double sum_squares_cpu(const Tensor& x) {
+void sum_squares_cpu(const Tensor& x, const Tensor& out) {
   constexpr int64_t kBlock = 1 << 15;
   const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
   std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
@@ -360,7 +380,7 @@ double sum_squares_cpu(const Tensor& x) {
   });
   double total = 0.0;
   for (double v : partial) total += v;
-  return total;
+  out.data<double>()[0] = total;
 }
 
 void scale_inplace_cpu(const Tensor& x, double s) {

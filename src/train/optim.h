@@ -16,13 +16,13 @@
 // implementation is in optim.cpp.
 #pragma once
 
+#include <absl/status/status.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <absl/status/status.h>
 
 #include "layers/module.h"
 #include "tensor/dispatch.h"
@@ -31,13 +31,13 @@
 namespace seqlab {
 
 struct OptimConfig {
-  std::string name = "adamw";  // adamw | sgd
-  double lr = 3e-4;            // the schedule's peak; step() takes the scheduled value
+  std::string name = "adamw";                    // adamw | sgd
+  double lr = 3e-4;                              // the schedule's peak; step() takes the scheduled value
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;  // adamw
-  double weight_decay = 0.1;   // for the decayed group
-  double momentum = 0.9;       // sgd; 0: plain SGD without a momentum buffer
-  bool nesterov = false;       // sgd
-  double grad_clip = 1.0;      // max global gradient norm, for the loop's clip_grad_norm; 0: off
+  double weight_decay = 0.1;                     // for the decayed group
+  double momentum = 0.9;                         // sgd; 0: plain SGD without a momentum buffer
+  bool nesterov = false;                         // sgd
+  double grad_clip = 1.0;                        // max global gradient norm, for the loop's clip_grad_norm; 0: off
   bool decay_biases = false, decay_norms = false, decay_embeddings = false;
 };
 
@@ -46,7 +46,7 @@ absl::Status validate(const OptimConfig& config);
 
 struct ParamGroup {
   std::string name;
-  double lr_scale = 1.0;     // the group's lr is step()'s lr times this
+  double lr_scale = 1.0;  // the group's lr is step()'s lr times this
   double weight_decay = 0.0;
   std::vector<Parameter> params;
 };
@@ -92,9 +92,9 @@ class Optimizer {
   struct Slot {
     Parameter param;
     double lr_scale, weight_decay;
-    Tensor m, v;         // adamw: exp_avg, exp_avg_sq; sgd: m is the momentum buffer (or undefined)
-    Tensor master;       // f32 copy of a bf16 parameter (undefined otherwise)
-    int64_t updates = 0; // adamw: times this parameter was updated
+    Tensor m, v;          // adamw: exp_avg, exp_avg_sq; sgd: m is the momentum buffer (or undefined)
+    Tensor master;        // f32 copy of a bf16 parameter (undefined otherwise)
+    int64_t updates = 0;  // adamw: times this parameter was updated
   };
   bool adamw() const { return config_.name == "adamw"; }
 
@@ -139,8 +139,8 @@ struct AdamWStep {
 };
 // p ← p − lr·wd·p;  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;
 // p ← p − lr · (m / bc1) / (√(v / bc2) + ε).
-SEQLAB_DECLARE_KERNEL(adamw_step_kernel, void (*)(const AdamWStep& s, const Tensor& p, const Tensor& g,
-                                                  const Tensor& m, const Tensor& v, const Tensor& w));
+SEQLAB_DECLARE_KERNEL(adamw_step_kernel, void (*)(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m,
+                                                  const Tensor& v, const Tensor& w));
 
 struct SgdStep {
   double lr = 0, weight_decay = 0, momentum = 0;
@@ -151,8 +151,14 @@ struct SgdStep {
 SEQLAB_DECLARE_KERNEL(sgd_step_kernel,
                       void (*)(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b, const Tensor& w));
 
-// Σ x² over a contiguous floating tensor, accumulated in double in an order independent of threads.
-SEQLAB_DECLARE_KERNEL(sum_squares_kernel, double (*)(const Tensor& x));
+// out = Σ x² over a contiguous floating tensor, accumulated in double in an order independent of threads;
+// out is a one-element f64 tensor on x's device. On CUDA it is queued like any kernel: no wait.
+SEQLAB_DECLARE_KERNEL(sum_squares_kernel, void (*)(const Tensor& x, const Tensor& out));
+// Σ x² read back to the host (waits for x's device).
+double squared_norm(const Tensor& x);
+// Σ_i Σ x_i² over tensors on one device: each tensor's sum as squared_norm gives it, added on the host in
+// the order given, with one wait for the device in all (not one per tensor).
+double squared_norm(const std::vector<Tensor>& xs);
 // x ← s·x over a contiguous floating tensor.
 SEQLAB_DECLARE_KERNEL(scale_inplace_kernel, void (*)(const Tensor& x, double s));
 
