@@ -25,8 +25,8 @@ using kernel::BinaryOp;
 using kernel::ScalarOp;
 using kernel::UnaryOp;
 
-using testing::kGpu;
 using testing::kFloatTypes;
+using testing::kGpu;
 const UnaryOp kUnaryOps[] = {UnaryOp::neg,    UnaryOp::exp,  UnaryOp::log,     UnaryOp::sqrt, UnaryOp::rsqrt,
                              UnaryOp::square, UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::silu, UnaryOp::gelu,
                              UnaryOp::relu,   UnaryOp::elu,  UnaryOp::softplus};

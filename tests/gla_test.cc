@@ -107,14 +107,14 @@ TEST_P(GlaFormsAgree, F32) { expect_forms_agree(GetParam(), DType::f32, 1e-5); }
 // name, B, T, H, dk, dv, chunk, sub_chunk, gv, initial state
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GlaFormsAgree,
-    ::testing::Values(Case{"odd_T_gv_h0", 2, 11, 2, 3, 5, 4, 2, true, true},      // T not a multiple of the chunk
+    ::testing::Values(Case{"odd_T_gv_h0", 2, 11, 2, 3, 5, 4, 2, true, true},  // T not a multiple of the chunk
                       Case{"odd_T_plain", 2, 11, 2, 3, 5, 4, 2, false, false},
-                      Case{"odd_T_h0_only", 1, 13, 3, 4, 3, 5, 2, false, true},    // sub-chunk not dividing the chunk
+                      Case{"odd_T_h0_only", 1, 13, 3, 4, 3, 5, 2, false, true},  // sub-chunk not dividing the chunk
                       Case{"odd_T_gv_only", 1, 13, 3, 4, 3, 5, 3, true, false},
-                      Case{"T_below_chunk", 2, 5, 2, 3, 4, 8, 3, true, true},     // T smaller than one chunk
-                      Case{"T_one", 2, 1, 2, 3, 4, 4, 2, true, true},             // one token (a decode step)
+                      Case{"T_below_chunk", 2, 5, 2, 3, 4, 8, 3, true, true},  // T smaller than one chunk
+                      Case{"T_one", 2, 1, 2, 3, 4, 4, 2, true, true},          // one token (a decode step)
                       Case{"T_one_plain", 1, 1, 1, 2, 3, 4, 2, false, false},
-                      Case{"sub_chunk_one", 1, 9, 2, 3, 2, 4, 1, true, true},     // every sub-chunk one token
+                      Case{"sub_chunk_one", 1, 9, 2, 3, 2, 4, 1, true, true},       // every sub-chunk one token
                       Case{"sub_chunk_is_chunk", 1, 9, 2, 3, 2, 4, 4, true, true},  // no secondary tiling
                       Case{"sub_chunk_beyond_chunk", 1, 9, 2, 3, 2, 4, 9, false, true},
                       Case{"chunk_one", 1, 6, 2, 2, 3, 1, 1, true, true},
@@ -246,7 +246,9 @@ TEST(Gla, ExtremeGatesStayFiniteAndAgree) {
 
 // ---- a value by hand: dk = dv = 1, two tokens, scale 0.5 ----
 TEST(Gla, HandComputedValues) {
-  auto t4 = [](std::vector<double> x) { return Tensor::from_vector(x, {1, static_cast<int64_t>(x.size()), 1, 1}, DType::f64); };
+  auto t4 = [](std::vector<double> x) {
+    return Tensor::from_vector(x, {1, static_cast<int64_t>(x.size()), 1, 1}, DType::f64);
+  };
   Tensor q = t4({1.0, 2.0}), k = t4({3.0, -1.0}), v = t4({0.5, 4.0}), g = t4({-0.1, -0.7}), gv = t4({-0.2, -0.3});
   Tensor h0 = Tensor::from_vector({2.0}, {1, 1, 1, 1}, DType::f64);
   const double s1 = std::exp(-0.1 - 0.2) * 2.0 + 3.0 * 0.5, s2 = std::exp(-0.7 - 0.3) * s1 + (-1.0) * 4.0;
@@ -260,7 +262,8 @@ TEST(Gla, HandComputedValues) {
   // Default scale: 1/√dk.
   Case c{"", 1, 5, 2, 4, 3, 4, 2, false, false};
   Inputs in = make_inputs(c, DType::f64, 31);
-  EXPECT_LE(max_rel_error(gla(in.q, in.k, in.v, in.g).o, gla(in.q, in.k, in.v, in.g, {}, {}, {GlaForm::chunkwise, 64, 16, 0.5}).o),
+  EXPECT_LE(max_rel_error(gla(in.q, in.k, in.v, in.g).o,
+                          gla(in.q, in.k, in.v, in.g, {}, {}, {GlaForm::chunkwise, 64, 16, 0.5}).o),
             1e-15);
 }
 
@@ -275,7 +278,8 @@ TEST(Gla, ComputesOnlyNeededGradients) {
     x[which].set_requires_grad();
     GlaOutput out = gla(x[0], x[1], x[2], x[3], x[4], x[5], chunkwise(c));
     Generator gen(41);
-    Tensor go = Tensor::randn(out.o.shape(), gen, DType::f64), gs = Tensor::randn(out.final_state.shape(), gen, DType::f64);
+    Tensor go = Tensor::randn(out.o.shape(), gen, DType::f64),
+           gs = Tensor::randn(out.final_state.shape(), gen, DType::f64);
     backward({out.o, out.final_state}, {go, gs});
     for (int i = 0; i < 6; ++i) EXPECT_EQ(x[i].grad().defined(), i == which) << which;
     EXPECT_LE(max_rel_error(x[which].grad(), all.grads[which]), 1e-14) << kInputNames[which];
@@ -303,7 +307,8 @@ TEST(Gla, RegistryEntry) {
   Generator gen(53);
   std::vector<Tensor> x = op->example(gen, DType::f64);
   for (const char* form : {"chunkwise", "recurrent"}) {
-    OpAttrs attrs = OpAttrs::parse("gla", op->attrs, {{"form", form}, {"chunk", "4"}, {"sub_chunk", "3"}, {"scale", "0.7"}});
+    OpAttrs attrs =
+        OpAttrs::parse("gla", op->attrs, {{"form", form}, {"chunk", "4"}, {"sub_chunk", "3"}, {"scale", "0.7"}});
     std::vector<Tensor> y = op->forward(x, attrs);
     GlaOutput ref = gla(x[0], x[1], x[2], x[3], x[4], x[5], {GlaForm::recurrent, 64, 16, 0.7});
     ASSERT_EQ(y.size(), 2u);

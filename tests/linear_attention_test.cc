@@ -59,9 +59,12 @@ Inputs make_inputs(const Shape5& s, FeatureMap f, DType dtype, uint64_t seed, bo
 
 double phi(FeatureMap f, double x) {
   switch (f) {
-    case FeatureMap::elu_plus_one: return x > 0 ? x + 1 : std::exp(x);
-    case FeatureMap::relu: return x > 0 ? x : 0;
-    case FeatureMap::identity: return x;
+    case FeatureMap::elu_plus_one:
+      return x > 0 ? x + 1 : std::exp(x);
+    case FeatureMap::relu:
+      return x > 0 ? x : 0;
+    case FeatureMap::identity:
+      return x;
   }
   return x;
 }
@@ -94,7 +97,8 @@ std::vector<Tensor> loop_reference(const Inputs& in, const LinearAttentionOption
         for (int64_t i = 0; i < Dk; ++i) den += phi(o.feature_map, q[((b * T + t) * H + h) * Dk + i]) * zh[i];
         for (int64_t j = 0; j < Dv; ++j) {
           double num = 0;
-          for (int64_t i = 0; i < Dk; ++i) num += phi(o.feature_map, q[((b * T + t) * H + h) * Dk + i]) * Sh[i * Dv + j];
+          for (int64_t i = 0; i < Dk; ++i)
+            num += phi(o.feature_map, q[((b * T + t) * H + h) * Dk + i]) * Sh[i * Dv + j];
           out[((b * T + t) * H + h) * Dv + j] = o.normalize ? num / den : num;
         }
       }
@@ -119,7 +123,8 @@ Outcome run(const Inputs& x, const LinearAttentionOptions& o, uint64_t seed) {
   backward(roots, cot);
   Outcome res;
   for (const Tensor& r : roots) res.outputs.push_back(r.detach());
-  for (const Tensor* t : {&in.q, &in.k, &in.v, &in.s0, &in.z0}) res.grads.push_back(t->defined() ? t->grad() : Tensor());
+  for (const Tensor* t : {&in.q, &in.k, &in.v, &in.s0, &in.z0})
+    res.grads.push_back(t->defined() ? t->grad() : Tensor());
   return res;
 }
 
@@ -128,8 +133,8 @@ const char* fname(FeatureMap f) {
 }
 
 // Odd shapes: T not a multiple of the chunk, T smaller than one chunk, T = 1, dk ≠ dv, a multiple.
-const std::vector<Shape5> kShapes = {{2, 7, 2, 3, 4, 3}, {1, 2, 1, 3, 2, 5}, {2, 1, 3, 4, 3, 4}, {1, 12, 2, 5, 3, 4},
-                                     {1, 9, 1, 2, 5, 1}};
+const std::vector<Shape5> kShapes = {
+    {2, 7, 2, 3, 4, 3}, {1, 2, 1, 3, 2, 5}, {2, 1, 3, 4, 3, 4}, {1, 12, 2, 5, 3, 4}, {1, 9, 1, 2, 5, 1}};
 
 void expect_forms_equal(DType dtype, double tol) {
   for (const Shape5& s : kShapes) {
@@ -217,8 +222,8 @@ TEST(LinearAttention, DecodingCarriesTheState) {
     Tensor S = in.s0, z = in.z0;
     std::vector<Tensor> outs;
     for (int64_t t = 0; t < s.T; ++t) {
-      LinearAttentionOutput one = linear_attention(narrow(in.q, 1, t, 1), narrow(in.k, 1, t, 1),
-                                                   narrow(in.v, 1, t, 1), S, z, step);
+      LinearAttentionOutput one =
+          linear_attention(narrow(in.q, 1, t, 1), narrow(in.k, 1, t, 1), narrow(in.v, 1, t, 1), S, z, step);
       outs.push_back(one.o);
       S = one.final_state;
       z = one.final_normalizer;
@@ -226,8 +231,8 @@ TEST(LinearAttention, DecodingCarriesTheState) {
     EXPECT_LE(max_rel_error(concat(outs, 1), full.o), tol);
     EXPECT_LE(max_rel_error(S, full.final_state), tol);
     EXPECT_LE(max_rel_error(z, full.final_normalizer), tol);
-    LinearAttentionOutput a = linear_attention(narrow(in.q, 1, 0, 5), narrow(in.k, 1, 0, 5), narrow(in.v, 1, 0, 5),
-                                               in.s0, in.z0, o);
+    LinearAttentionOutput a =
+        linear_attention(narrow(in.q, 1, 0, 5), narrow(in.k, 1, 0, 5), narrow(in.v, 1, 0, 5), in.s0, in.z0, o);
     LinearAttentionOutput b = linear_attention(narrow(in.q, 1, 5, 4), narrow(in.k, 1, 5, 4), narrow(in.v, 1, 5, 4),
                                                a.final_state, a.final_normalizer, o);
     EXPECT_LE(max_rel_error(concat({a.o, b.o}, 1), full.o), tol);
@@ -357,7 +362,8 @@ TEST(Performer, ApproximatesSoftmaxAttention) {
     // Not trivially close: uniform attention (the mean of v) is much further away.
     LinearAttentionOptions flat = o;
     Tensor uniform = linear_attention(Tensor::ones(q.shape(), DType::f64), Tensor::ones(k.shape(), DType::f64), v,
-                                      Tensor(), Tensor(), flat).o;
+                                      Tensor(), Tensor(), flat)
+                         .o;
     EXPECT_GT(max_rel_error(uniform, exact), 3 * worst) << "causal " << causal;
   }
 }

@@ -52,7 +52,8 @@ std::vector<Tensor> loop_reference(const Inputs& in, const std::vector<double>& 
       for (int64_t t = 0; t < T; ++t) {
         const int64_t row = (b * T + t) * H + h;
         for (int64_t i = 0; i < Dk; ++i) {
-          for (int64_t j = 0; j < Dv; ++j) Sh[i * Dv + j] = gammas[h] * Sh[i * Dv + j] + k[row * Dk + i] * v[row * Dv + j];
+          for (int64_t j = 0; j < Dv; ++j)
+            Sh[i * Dv + j] = gammas[h] * Sh[i * Dv + j] + k[row * Dk + i] * v[row * Dv + j];
         }
         for (int64_t j = 0; j < Dv; ++j) {
           for (int64_t i = 0; i < Dk; ++i) o[row * Dv + j] += scale * q[row * Dk + i] * Sh[i * Dv + j];
@@ -87,8 +88,8 @@ const char* form_name(RetentionForm f) {
 }
 
 // T not a multiple of the chunk, T smaller than one chunk, T = 1, dk ≠ dv, a multiple, chunk 1.
-const std::vector<Shape5> kShapes = {{2, 7, 2, 3, 4, 3}, {1, 2, 3, 3, 2, 5}, {2, 1, 2, 4, 3, 4}, {1, 12, 2, 5, 3, 4},
-                                     {1, 9, 1, 2, 5, 1}};
+const std::vector<Shape5> kShapes = {
+    {2, 7, 2, 3, 4, 3}, {1, 2, 3, 3, 2, 5}, {2, 1, 2, 4, 3, 4}, {1, 12, 2, 5, 3, 4}, {1, 9, 1, 2, 5, 1}};
 
 void expect_forms_equal(DType dtype, double tol) {
   for (const Shape5& s : kShapes) {
@@ -108,8 +109,8 @@ void expect_forms_equal(DType dtype, double tol) {
         for (RetentionForm f : kForms) {
           o.form = f;
           Outcome r = run(in, o, 7);
-          const std::string what = std::string(form_name(f)) + " T=" + std::to_string(s.T) + " chunk=" +
-                                   std::to_string(s.chunk) + (with_state ? " with state" : "") +
+          const std::string what = std::string(form_name(f)) + " T=" + std::to_string(s.T) +
+                                   " chunk=" + std::to_string(s.chunk) + (with_state ? " with state" : "") +
                                    (custom ? " custom gammas" : "");
           for (size_t i = 0; i < 2; ++i) EXPECT_LE(max_rel_error(r.outputs[i], ref[i]), tol) << what << " output " << i;
           for (size_t i = 0; i < 4; ++i) {
@@ -175,7 +176,8 @@ TEST(Retention, ExtremeDecays) {
     std::vector<Tensor> ref = loop_reference(in, o.gammas, 1.0 / std::sqrt(3.0));
     EXPECT_LE(max_rel_error(rec.outputs[0], ref[0]), dtype == DType::f64 ? 1e-10 : 2e-5);
     // γ = 0 (head 2): o_n = c (q_n·k_n) v_n.
-    std::vector<double> q = in.q.to_doubles(), k = in.k.to_doubles(), v = in.v.to_doubles(), out = rec.outputs[0].to_doubles();
+    std::vector<double> q = in.q.to_doubles(), k = in.k.to_doubles(), v = in.v.to_doubles(),
+                        out = rec.outputs[0].to_doubles();
     for (int64_t t = 0; t < s.T; t += 13) {
       const int64_t row = t * s.H + 2;
       double qk = 0;

@@ -100,8 +100,10 @@ Tensor feature_map(FeatureMap f, const Tensor& x) {
   switch (f) {
     case FeatureMap::elu_plus_one:
       return kernel::binary(kernel::BinaryOp::add, exp_of_negative_part(x), kernel::unary(UnaryOp::relu, x));
-    case FeatureMap::relu: return kernel::unary(UnaryOp::relu, x);
-    case FeatureMap::identity: break;
+    case FeatureMap::relu:
+      return kernel::unary(UnaryOp::relu, x);
+    case FeatureMap::identity:
+      break;
   }
   return kernel::contiguous(x);
 }
@@ -109,9 +111,12 @@ Tensor feature_map(FeatureMap f, const Tensor& x) {
 // g ⊙ φ'(x)
 Tensor times_feature_map_grad(FeatureMap f, const Tensor& x, const Tensor& g) {
   switch (f) {
-    case FeatureMap::elu_plus_one: return kernel::binary(kernel::BinaryOp::mul, g, exp_of_negative_part(x));
-    case FeatureMap::relu: return kernel::unary_backward(kernel::UnaryOp::relu, g, x, x);  // reads x only
-    case FeatureMap::identity: break;
+    case FeatureMap::elu_plus_one:
+      return kernel::binary(kernel::BinaryOp::mul, g, exp_of_negative_part(x));
+    case FeatureMap::relu:
+      return kernel::unary_backward(kernel::UnaryOp::relu, g, x, x);  // reads x only
+    case FeatureMap::identity:
+      break;
   }
   return g;
 }
@@ -471,7 +476,8 @@ void performer_backward(const Tensor& dy, const Tensor& x, const Tensor& omega, 
   std::vector<int64_t> arg(static_cast<size_t>(stabilize ? N : 0));
   if (stabilize) {
     gemm<T>(false, true, N, m, d, 1.0, X, d, W, d, 0.0, e.data(), m);
-    for (int64_t n = 0; n < N; ++n) arg[n] = std::max_element(e.data() + n * m, e.data() + (n + 1) * m) - (e.data() + n * m);
+    for (int64_t n = 0; n < N; ++n)
+      arg[n] = std::max_element(e.data() + n * m, e.data() + (n + 1) * m) - (e.data() + n * m);
   }
   for (int64_t n = 0; n < N; ++n) {
     T s = 0;
@@ -495,7 +501,8 @@ void performer_backward(const Tensor& dy, const Tensor& x, const Tensor& omega, 
 }
 
 void performer_forward_cpu(const Tensor& x, const Tensor& omega, bool stabilize, const Tensor& y) {
-  dispatch_float(x.dtype(), "performer_features", [&](auto tag) { performer_forward<decltype(tag)>(x, omega, stabilize, y); });
+  dispatch_float(x.dtype(), "performer_features",
+                 [&](auto tag) { performer_forward<decltype(tag)>(x, omega, stabilize, y); });
 }
 
 void performer_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& omega, const Tensor& y, bool stabilize,
@@ -554,12 +561,11 @@ LinearAttentionOutput linear_attention(const Tensor& q, const Tensor& k, const T
            Tensor dz0 = Tensor::empty(s[4].shape(), s[4].dtype(), s[4].device());
            const Tensor fq = feature_map(fmap, q_s), fk = feature_map(fmap, k_s);
            kernel::linear_attention_backward_kernel(q_s.device(), fq, fk, v_s, s[3], s[4], kernel::contiguous(g[0]),
-                                                    kernel::contiguous(g[1]), kernel::contiguous(g[2]), p, dfq, dfk,
-                                                    dv, ds0, dz0);
+                                                    kernel::contiguous(g[1]), kernel::contiguous(g[2]), p, dfq, dfk, dv,
+                                                    ds0, dz0);
            return std::vector<Tensor>{need[0] ? times_feature_map_grad(fmap, q_s, dfq) : Tensor(),
                                       need[1] ? times_feature_map_grad(fmap, k_s, dfk) : Tensor(),
-                                      need[2] ? dv : Tensor(),
-                                      need[3] ? ds0 : Tensor(), need[4] ? dz0 : Tensor()};
+                                      need[2] ? dv : Tensor(), need[3] ? ds0 : Tensor(), need[4] ? dz0 : Tensor()};
          });
   return out;
 }
@@ -594,8 +600,8 @@ Tensor performer_features(const Tensor& x, const Tensor& omega, bool stabilize) 
            Tensor dx = Tensor::zeros(s[0].shape(), s[0].dtype(), s[0].device());
            Tensor dw = Tensor::zeros(s[1].shape(), s[1].dtype(), s[1].device());
            if (s[2].numel() > 0) {
-             kernel::performer_backward_kernel(s[0].device(), kernel::contiguous(g[0]), s[0], s[1], s[2], stabilize,
-                                               dx, dw);
+             kernel::performer_backward_kernel(s[0].device(), kernel::contiguous(g[0]), s[0], s[1], s[2], stabilize, dx,
+                                               dw);
            }
            return std::vector<Tensor>{need[0] ? dx : Tensor(), need[1] ? dw : Tensor()};
          });
@@ -649,7 +655,10 @@ SEQLAB_REGISTER_OP(([] {
   s.summary =
       "S_t = S_{t-1} + φ(k_t)ᵀ v_t, z_t = z_{t-1} + φ(k_t), o_t = φ(q_t) S_t / (φ(q_t)·z_t + eps); q, k [B, T, H, dk], "
       "v [B, T, H, dv], initial_state [B, H, dk, dv], initial_normalizer [B, H, dk]";
-  s.inputs = {{"q"}, {"k"}, {"v"}, {"initial_state", OpInputKind::floating, true},
+  s.inputs = {{"q"},
+              {"k"},
+              {"v"},
+              {"initial_state", OpInputKind::floating, true},
               {"initial_normalizer", OpInputKind::floating, true}};
   s.outputs = {"o", "final_state", "final_normalizer"};
   s.attrs = {{"feature_map", AttrType::string, "elu_plus_one", "φ: elu_plus_one, relu or identity"},

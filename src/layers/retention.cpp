@@ -113,7 +113,8 @@ Geometry geometry(const Tensor& q, const Tensor& v) { return {q.size(0), q.size(
 template <class T>
 void powers(double gamma, int64_t n_max, std::vector<T>& pw) {
   pw.resize(static_cast<size_t>(n_max + 1));
-  for (int64_t n = 0; n <= n_max; ++n) pw[static_cast<size_t>(n)] = static_cast<T>(std::pow(gamma, static_cast<double>(n)));
+  for (int64_t n = 0; n <= n_max; ++n)
+    pw[static_cast<size_t>(n)] = static_cast<T>(std::pow(gamma, static_cast<double>(n)));
 }
 
 // dst[r, :] = α · w[r] · src[r, :] for r < rows (src at row stride lds, dst dense with ld n).
@@ -147,8 +148,8 @@ void forward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tens
   const Geometry g = geometry(q_t, v_t);
   const int64_t Dk = g.Dk, Dv = g.Dv, ldk = g.H * Dk, ldv = g.H * Dv, Tn = g.T;
   const T c = static_cast<T>(p.scale);
-  const int64_t C = p.form == RetentionForm::parallel ? std::max<int64_t>(1, Tn)
-                                                       : std::max<int64_t>(1, std::min(p.chunk, Tn));
+  const int64_t C =
+      p.form == RetentionForm::parallel ? std::max<int64_t>(1, Tn) : std::max<int64_t>(1, std::min(p.chunk, Tn));
 #pragma omp parallel if (g.parallel())
   {
     std::vector<T> pw, A, Qd, Kd;
@@ -221,8 +222,8 @@ void backward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Ten
   const Geometry g = geometry(q_t, v_t);
   const int64_t Dk = g.Dk, Dv = g.Dv, ldk = g.H * Dk, ldv = g.H * Dv, Tn = g.T;
   const T c = static_cast<T>(p.scale);
-  const int64_t C = p.form == RetentionForm::parallel ? std::max<int64_t>(1, Tn)
-                                                       : std::max<int64_t>(1, std::min(p.chunk, Tn));
+  const int64_t C =
+      p.form == RetentionForm::parallel ? std::max<int64_t>(1, Tn) : std::max<int64_t>(1, std::min(p.chunk, Tn));
   const int64_t NC = (Tn + C - 1) / C, Dm = std::max(Dk, Dv);
 #pragma omp parallel if (g.parallel())
   {
