@@ -120,6 +120,23 @@ TEST_F(CudaOptimVsCpu, SumSquaresMatchesCpuAndIsDeterministic) {
   }
 }
 
+// Several tensors (the gradient norm's path: queued sums, one copy back): the same value as the CPU's, and
+// the sum of each tensor's own squared_norm in order, bit for bit.
+TEST_F(CudaOptimVsCpu, SquaredNormOfSeveralTensors) {
+  std::vector<Tensor> cpu, gpu;
+  for (DType dtype : kFloatTypes) {
+    for (int64_t n : {int64_t{0}, int64_t{7}, int64_t{100003}}) {
+      cpu.push_back(Tensor::randn({n}, gen_, dtype));
+      gpu.push_back(on_gpu(cpu.back()));
+    }
+  }
+  double in_order = 0.0;
+  for (const Tensor& t : gpu) in_order += squared_norm(t);
+  const double got = squared_norm(gpu), want = squared_norm(cpu);
+  EXPECT_EQ(std::memcmp(&got, &in_order, sizeof(double)), 0) << got << " against " << in_order;
+  EXPECT_NEAR(got, want, 1e-10 * std::max(std::fabs(want), 1.0));
+}
+
 TEST_F(CudaOptimVsCpu, SumSquaresOfNonFiniteIsNonFinite) {
   Tensor x = Tensor::randn({1000}, gen_, DType::f32);
   std::vector<double> values = x.to_doubles();

@@ -26,9 +26,7 @@ Tensor leaf(const std::vector<double>& v, DType dtype = DType::f64) {
   return t;
 }
 
-void set_grad(Tensor& t, const std::vector<double>& g) {
-  t.set_grad(Tensor::from_vector(g, t.shape(), t.dtype()));
-}
+void set_grad(Tensor& t, const std::vector<double>& g) { t.set_grad(Tensor::from_vector(g, t.shape(), t.dtype())); }
 
 void expect_near(const Tensor& t, const std::vector<double>& want, double tol = 1e-14) {
   std::vector<double> got = t.to_doubles();
@@ -144,7 +142,9 @@ TEST(Sgd, Bf16ParametersAreUpdatedThroughF32) {
 struct FourRoles {
   Tensor w = leaf({1.0}), b = leaf({1.0}), g = leaf({1.0}), e = leaf({1.0});
   std::vector<Parameter> params() {
-    return {{"w", &w, ParamRole::matrix}, {"b", &b, ParamRole::bias}, {"g", &g, ParamRole::norm},
+    return {{"w", &w, ParamRole::matrix},
+            {"b", &b, ParamRole::bias},
+            {"g", &g, ParamRole::norm},
             {"e", &e, ParamRole::embedding}};
   }
   std::vector<double> after_one_step(const OptimConfig& c) {
@@ -259,7 +259,7 @@ TEST(ClipGradNorm, ReturnsTheNormAndScalesToMaxNorm) {
   set_grad(b, {-4.0});  // c has no gradient and counts for nothing
   EXPECT_EQ(clip_grad_norm(params, 10.0), 5.0);
   EXPECT_EQ(a.grad().to_doubles(), (std::vector<double>{3.0, 0.0}));  // below max_norm: untouched
-  EXPECT_EQ(clip_grad_norm(params, 0.0), 5.0);                         // 0: off
+  EXPECT_EQ(clip_grad_norm(params, 0.0), 5.0);                        // 0: off
   EXPECT_EQ(b.grad().to_doubles(), (std::vector<double>{-4.0}));
 
   EXPECT_EQ(clip_grad_norm(params, 1.0), 5.0);
@@ -276,6 +276,20 @@ TEST(ClipGradNorm, ReturnsTheNormAndScalesToMaxNorm) {
   const double x = static_cast<float>(1e-3);
   // (A running f32 sum would give 1.0273.)
   EXPECT_NEAR(clip_grad_norm({{"big", &big, ParamRole::matrix}}, 0.0), 1024 * x, 1e-12);
+}
+
+// squared_norm over several tensors: each tensor's sum as squared_norm gives it alone, added in the order
+// given (the same bits), strided views made contiguous, nothing for an empty list.
+TEST(SquaredNorm, AddsEachTensorsSumInOrder) {
+  Generator gen(5);
+  const Tensor a = Tensor::randn({1000}, gen, DType::f32), b = Tensor::randn({3, 70000}, gen, DType::f64),
+               c = Tensor::randn({40, 30}, gen, DType::f32);
+  const Tensor ct = kernel::transpose(c, 0, 1);  // a strided view
+  const double want = (squared_norm(a) + squared_norm(b)) + squared_norm(kernel::contiguous(ct));
+  EXPECT_EQ(squared_norm(std::vector<Tensor>{a, b, ct}), want);
+  EXPECT_EQ(squared_norm(std::vector<Tensor>{}), 0.0);
+  EXPECT_EQ(squared_norm(Tensor::zeros({0}, DType::f32)), 0.0);
+  EXPECT_EQ(squared_norm(Tensor::from_vector({3.0, -4.0}, {2}, DType::f32)), 25.0);
 }
 
 TEST(ClipGradNorm, NonFiniteNormIsReturnedWithoutScaling) {
@@ -372,8 +386,7 @@ struct Model {
 };
 
 bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
 
 TEST(OptimizerState, SaveLoadContinuesBitForBit) {
