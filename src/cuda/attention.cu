@@ -164,7 +164,7 @@ void backward_cuda(const Tensor& dout, const Tensor& dlse, const Tensor& q, cons
     // δ [B, T, H] in the compute type; returned to the allocator's cache at exit, which is safe since
     // every later user of its block is queued after these kernels on the same stream.
     const int64_t n = g.B * g.T * g.H;
-    Tensor delta = Tensor::empty({n}, sizeof(A) == 8 ? DType::f64 : DType::f32, q.device());
+    Tensor delta = Tensor::empty({n}, dtype_of_compute<A>(), q.device());
     A* D = static_cast<A*>(delta.raw_data());
     attention_delta<T><<<delta_blocks(n), kAttentionThreads, 0, st>>>(n, g.Dv, dO, static_cast<const T*>(o.raw_data()),
                                                                       static_cast<const A*>(dlse.raw_data()), D);

@@ -89,6 +89,17 @@ __device__ __forceinline__ void add_weighted_tile_rows(A (&acc)[kDimsPerLane], A
   }
 }
 
+// Writes one output row held by a warp, lane owning dims d = lane + 32·t:  dst[d] = factor · acc[t] for
+// d < dims, rounded to T. The forward's o = acc / ℓ and the backward's dK, dV and dQ rows.
+template <class T, class A>
+__device__ __forceinline__ void store_lane_row(T* dst, const A (&acc)[kDimsPerLane], A factor, int64_t dims, int lane) {
+  SEQLAB_UNROLL
+  for (int t = 0; t < kDimsPerLane; ++t) {
+    const int64_t d = lane + 32 * t;
+    if (d < dims) dst[d] = convert<T>(acc[t] * factor);
+  }
+}
+
 // Copies rows [i0, i0 + n) of one head of x [B, T, H, D] into sh [rows][D] (zeros past n).
 template <class T, class A>
 __device__ void stage_queries(const Geo& g, const T* x, int64_t D, int64_t b, int64_t h, int64_t i0, int64_t n,
@@ -166,12 +177,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
     const int r = warp * RPW + rr;
     if (r >= rows) continue;
     const int64_t row = g.q_row(b, i0 + r, h);
-    const A inv = A(1) / l[rr];
-    SEQLAB_UNROLL
-    for (int t = 0; t < kDimsPerLane; ++t) {
-      const int64_t d = lane + 32 * t;
-      if (d < g.Dv) o[row * g.Dv + d] = convert<T>(acc[rr][t] * inv);
-    }
+    store_lane_row(o + row * g.Dv, acc[rr], A(1) / l[rr], g.Dv, lane);
     if (lane == 0) lse[row] = m[rr] + log_of(l[rr]);
   }
 }
@@ -277,12 +283,8 @@ __global__ void __launch_bounds__(kAttentionThreads)
     const int64_t c = warp * KPW + kk;
     if (c >= nk) continue;
     const int64_t row = g.kv_row(b, j0 + c, hk);
-    SEQLAB_UNROLL
-    for (int t = 0; t < kDimsPerLane; ++t) {
-      const int64_t d = lane + 32 * t;
-      if (dk && d < g.Dk) dk[row * g.Dk + d] = convert<T>(dka[kk][t]);
-      if (dv && d < g.Dv) dv[row * g.Dv + d] = convert<T>(dva[kk][t]);
-    }
+    if (dk) store_lane_row(dk + row * g.Dk, dka[kk], A(1), g.Dk, lane);
+    if (dv) store_lane_row(dv + row * g.Dv, dva[kk], A(1), g.Dv, lane);
   }
 }
 
@@ -348,11 +350,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
     const int r = warp * RPW + rr;
     if (r >= rows) continue;
     const int64_t row = g.q_row(b, i0 + r, h);
-    SEQLAB_UNROLL
-    for (int t = 0; t < kDimsPerLane; ++t) {
-      const int64_t d = lane + 32 * t;
-      if (d < g.Dk) dq[row * g.Dk + d] = convert<T>(acc[rr][t]);
-    }
+    store_lane_row(dq + row * g.Dk, acc[rr], A(1), g.Dk, lane);
   }
 }
 

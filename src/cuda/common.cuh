@@ -22,6 +22,23 @@ struct Tag {
   using type = T;
 };
 
+// The DType of a compute type (compute_t: f32 or f64), for scratch tensors the kernels read and write as A.
+template <class A>
+constexpr DType dtype_of_compute() {
+  static_assert(std::is_same_v<A, float> || std::is_same_v<A, double>, "compute types are f32 and f64");
+  return std::is_same_v<A, double> ? DType::f64 : DType::f32;
+}
+
+// A tensor's data as the device element type T (const for inputs, mutable for outputs).
+template <class T>
+const T* cptr(const Tensor& t) {
+  return static_cast<const T*>(t.raw_data());
+}
+template <class T>
+T* mptr(const Tensor& t) {
+  return static_cast<T*>(t.raw_data());
+}
+
 // Calls fn(Tag<T>{}) with T the device element type of d.
 template <class Fn>
 void dispatch_all(DType d, Fn&& fn) {

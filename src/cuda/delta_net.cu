@@ -155,8 +155,7 @@ void backward_cuda(const Tensor& dout, const Tensor& dfinal, const Tensor& q, co
                              mut<T>(gr.dbeta), mut<T>(gr.dg), mut<T>(gr.dinitial_state)};
     // Scratch in the compute type, returned to the allocator's cache at exit: safe, since every later
     // user of its block is queued after this kernel on the same stream.
-    Tensor scratch =
-        Tensor::empty({d.B * d.H * dn::scratch_per_head(d)}, sizeof(A) == 8 ? DType::f64 : DType::f32, q.device());
+    Tensor scratch = Tensor::empty({d.B * d.H * dn::scratch_per_head(d)}, dtype_of_compute<A>(), q.device());
     const int device = q.device().index;
     DeviceGuard guard(device);
     delta_net_bwd<T><<<static_cast<unsigned>(d.B * d.H), dn::kBackwardThreads, 0, stream(device)>>>(

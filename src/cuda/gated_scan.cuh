@@ -150,7 +150,7 @@ void launch_backward(const char* what, const Device& dev, const Problem<E, A>& p
                              " needs more shared memory per block than this device allows");
   }
   io.want_dg = dg != nullptr;
-  const DType acc = sizeof(A) == 8 ? DType::f64 : DType::f32;
+  const DType acc = dtype_of_compute<A>();
   const int64_t N = pb.nb * pb.nt * pb.nh * pb.dk, tiles = pb.tiles(), blocks = pb.nb * pb.nh * tiles;
   const int64_t per_block = int64_t{kRows} * pb.threads();
   const int64_t part_n = (io.want_dg ? 3 : 2) * tiles * N, ckpt_n = blocks * pb.segments() * per_block,

@@ -147,17 +147,6 @@ la::Dims dims_of(const Tensor& fq, const Tensor& v, const kernel::LinearAttentio
   return d;
 }
 
-template <class T>
-const T* cptr(const Tensor& t) {
-  return static_cast<const T*>(t.raw_data());
-}
-template <class T>
-T* mptr(const Tensor& t) {
-  return static_cast<T*>(t.raw_data());
-}
-
-DType compute_dtype(DType d) { return d == DType::f64 ? DType::f64 : DType::f32; }
-
 void forward_cuda(const Tensor& fq, const Tensor& fk, const Tensor& v, const Tensor& s0, const Tensor& z0,
                   const kernel::LinearAttentionParams& p, const Tensor& o, const Tensor& s, const Tensor& z) {
   for (auto [t, what] : {std::pair{&fq, "fq"}, {&fk, "fk"}, {&v, "v"}, {&s0, "s0"}, {&z0, "z0"}, {&o, "o"},
@@ -194,7 +183,7 @@ void backward_cuda(const Tensor& fq, const Tensor& fk, const Tensor& v, const Te
     using A = compute_t<T>;
     const la::Inputs<T> in{cptr<T>(fq), cptr<T>(fk), cptr<T>(v), cptr<T>(s0), cptr<T>(z0)};
     // Scratch returned to the allocator's cache at exit: safe, later users queue on the same stream.
-    Tensor scratch = Tensor::empty({d.B * d.H * la::scratch_per_head(d)}, compute_dtype(fq.dtype()), fq.device());
+    Tensor scratch = Tensor::empty({d.B * d.H * la::scratch_per_head(d)}, dtype_of_compute<A>(), fq.device());
     const int device = fq.device().index;
     DeviceGuard guard(device);
     linear_attention_bwd<T><<<static_cast<unsigned>(d.B * d.H), la::kBackwardThreads, 0, stream(device)>>>(
@@ -218,7 +207,7 @@ void performer_forward_cuda(const Tensor& x, const Tensor& omega, bool stabilize
   dispatch_floating(x.dtype(), "performer_features", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = compute_t<T>;
-    Tensor shift = Tensor::empty({p.N}, compute_dtype(x.dtype()), x.device());
+    Tensor shift = Tensor::empty({p.N}, dtype_of_compute<A>(), x.device());
     const A inv_sqrt_m = static_cast<A>(1.0 / std::sqrt(static_cast<double>(p.m)));
     const int device = x.device().index;
     DeviceGuard guard(device);
@@ -249,7 +238,7 @@ void performer_backward_cuda(const Tensor& dy, const Tensor& x, const Tensor& om
   dispatch_floating(x.dtype(), "performer_features backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = compute_t<T>;
-    const DType cd = compute_dtype(x.dtype());
+    const DType cd = dtype_of_compute<A>();
     const int64_t blocks = (p.N + la::kRowBlock - 1) / la::kRowBlock, md = p.m * p.d;
     Tensor rowsum = Tensor::empty({p.N}, cd, x.device()), arg = Tensor::empty({p.N}, DType::i64, x.device());
     Tensor partial = Tensor::empty({blocks * md}, cd, x.device());

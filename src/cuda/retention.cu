@@ -59,7 +59,7 @@ void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
     using E = typename decltype(tag)::type;
     using A = compute_t<E>;
     DeviceGuard guard(device);
-    const Tensor decays = decays_on(q, p, sizeof(A) == 8 ? DType::f64 : DType::f32);
+    const Tensor decays = decays_on(q, p, dtype_of_compute<A>());
     scan::launch_forward<RetentionKernels, E, A>("retention forward kernel", device,
                                                  problem_of<E, A>(q, k, v, s0, decays, p.scale),
                                                  static_cast<E*>(o.raw_data()), static_cast<E*>(s.raw_data()));
@@ -76,7 +76,7 @@ void backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     using E = typename decltype(tag)::type;
     using A = compute_t<E>;
     DeviceGuard guard(device);
-    const Tensor decays = decays_on(q, p, sizeof(A) == 8 ? DType::f64 : DType::f32);
+    const Tensor decays = decays_on(q, p, dtype_of_compute<A>());
     scan::BackwardIO<E, A> io;
     io.dout = static_cast<const E*>(dout.raw_data());
     io.dfinal = static_cast<const E*>(ds.raw_data());

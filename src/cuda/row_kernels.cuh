@@ -33,15 +33,6 @@ void dispatch_index_type(DType d, const char* op, Fn&& fn) {
   }
 }
 
-template <class T>
-const T* cptr(const Tensor& t) {
-  return static_cast<const T*>(t.raw_data());
-}
-template <class T>
-T* mptr(const Tensor& t) {
-  return static_cast<T*>(t.raw_data());
-}
-
 // Throws std::logic_error unless every tensor is defined, contiguous and on `device`: the slots'
 // callers promise this, and a kernel would read garbage if one did not.
 inline void require_contiguous(const char* op, int device, std::initializer_list<const Tensor*> tensors) {
