@@ -94,11 +94,5 @@ int bench_main(const Flags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Flags f = parse(argc, argv);
-  try {
-    return bench_main(f);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "attention_bench: %s\n", e.what());
-    return 1;
-  }
+  return seqlab::bench::run_or_report("attention_bench", parse(argc, argv), &bench_main);
 }

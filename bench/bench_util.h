@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <functional>
 #include <initializer_list>
 #include <string>
@@ -97,6 +99,18 @@ inline PairTiming time_pair(const std::function<void()>& a, const std::function<
     tb.push_back(seconds_of(b));
   }
   return {median(ta), median(tb)};
+}
+
+// A benchmark's main: run() with the parsed flags; a failure inside the library (a missing kernel, device
+// memory exhausted) ends the program with one line on stderr, "NAME: what", and exit status 1.
+template <class Flags>
+int run_or_report(const char* name, const Flags& flags, int (*run)(const Flags&)) {
+  try {
+    return run(flags);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
 }
 
 }  // namespace seqlab::bench
