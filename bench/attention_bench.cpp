@@ -22,7 +22,7 @@
 #include <string>
 
 #include "bench/bench_util.h"
-#include "layers/attention.h"
+#include "layers/attention/attention.h"
 #include "tensor/device.h"
 #include "tensor/kernels.h"
 

@@ -13,8 +13,8 @@
 
 #include "autograd/variable.h"
 #include "bench/bench_util.h"
-#include "layers/attention.h"
-#include "layers/gla.h"
+#include "layers/attention/attention.h"
+#include "layers/scan/gla.h"
 #include "tensor/device.h"
 
 using namespace seqlab;
@@ -34,16 +34,16 @@ Inputs make_inputs(int64_t T, Generator& gen) {
 
 // One forward and backward of GLA in the given form.
 void gla_step(const Inputs& in, GlaForm form, Generator& gen) {
-  Tensor q = in.q.detach().set_requires_grad(), k = in.k.detach().set_requires_grad(),
-         v = in.v.detach().set_requires_grad(), g = in.g.detach().set_requires_grad();
+  Tensor q = set_requires_grad(in.q.detach()), k = set_requires_grad(in.k.detach()),
+         v = set_requires_grad(in.v.detach()), g = set_requires_grad(in.g.detach());
   GlaOutput out = gla(q, k, v, g, Tensor(), Tensor(), {form, 64, 16, 0.0});
   backward({out.o, out.final_state},
            {Tensor::randn(out.o.shape(), gen), Tensor::randn(out.final_state.shape(), gen)});
 }
 
 void attention_step(const Inputs& in, Generator& gen) {
-  Tensor q = in.q.detach().set_requires_grad(), k = in.k.detach().set_requires_grad(),
-         v = in.v.detach().set_requires_grad();
+  Tensor q = set_requires_grad(in.q.detach()), k = set_requires_grad(in.k.detach()),
+         v = set_requires_grad(in.v.detach());
   Tensor o = attention(q, k, v, {true, 0.0, 64});
   backward({o}, {Tensor::randn(o.shape(), gen)});
 }

@@ -26,10 +26,10 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "layers/gpt.h"
+#include "layers/model/gpt.h"
 #include "tensor/device.h"
 #include "tensor/kernels.h"
-#include "train/optim.h"
+#include "train/optim/optim.h"
 
 using namespace seqlab;
 
@@ -118,7 +118,7 @@ int bench_main(const Flags& f) {
   auto step = [&] {
     Tensor l = model.loss(inputs, targets);
     opt.zero_grad();
-    l.backward();
+    backward(l);
     opt.step(oc.lr);
     last = l.detach();
   };

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "cuda_test_util.h"
-#include "layers/attention.h"
+#include "layers/attention/attention.h"
 #include "tensor/kernels.h"
 #include "tensor/tensor.h"
 

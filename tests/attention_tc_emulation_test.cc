@@ -34,7 +34,7 @@
 
 #include "attention_cases.h"
 #include "cuda_emulation.h"
-#include "layers/attention.h"
+#include "layers/attention/attention.h"
 #include "tensor/kernels.h"
 #include "tensor/tensor.h"
 
@@ -110,7 +110,7 @@ using bf16_t = seqlab::bf16;
 
 #define SEQLAB_TC_ATTENTION 1
 #define SEQLAB_TC_SHARED_MEMORY(name) unsigned char* name = emu::dynamic_shared()
-#include "cuda/attention_tc_kernels.cuh"
+#include "cuda/attention/attention_tc_kernels.cuh"
 
 // ---- the test ---------------------------------------------------------------------------------------
 namespace seqlab {

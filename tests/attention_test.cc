@@ -1,7 +1,7 @@
 // Fused softmax attention: the tiled online-softmax op against the naive materialised reference
 // (outputs, lse and every gradient), finite-difference gradients including the lse output's,
 // the KV-cache (decode) and lse-merge properties, numerical range, and shape errors.
-#include "layers/attention.h"
+#include "layers/attention/attention.h"
 
 #include <gtest/gtest.h>
 
@@ -45,13 +45,13 @@ struct Result {
 // Forward, then one backward seeded with the same cotangents for o and lse.
 template <class Fn>
 Result forward_backward(Fn fn, const Inputs& in, uint64_t seed) {
-  Tensor q = in.q.detach().set_requires_grad(), k = in.k.detach().set_requires_grad(),
-         v = in.v.detach().set_requires_grad();
+  Tensor q = set_requires_grad(in.q.detach()), k = set_requires_grad(in.k.detach()),
+         v = set_requires_grad(in.v.detach());
   AttentionOutput out = fn(q, k, v);
   Generator gen(seed);
   Tensor go = Tensor::randn(out.o.shape(), gen, out.o.dtype()), gl = Tensor::randn(out.lse.shape(), gen, out.o.dtype());
   backward({out.o, out.lse}, {go, gl});
-  return {out.o.detach(), out.lse.detach(), q.grad(), k.grad(), v.grad()};
+  return {out.o.detach(), out.lse.detach(), grad_of(q), grad_of(k), grad_of(v)};
 }
 
 auto fused_op(AttentionOptions opts) {
@@ -238,14 +238,14 @@ TEST(Attention, ComputesOnlyNeededGradients) {
   for (int which = 0; which < 3; ++which) {
     Tensor q = kernel::clone(in.q), k = kernel::clone(in.k), v = kernel::clone(in.v);
     Tensor* x[3] = {&q, &k, &v};
-    x[which]->set_requires_grad();
+    set_requires_grad(*x[which]);
     AttentionOutput out = attention_with_lse(q, k, v, {true, 0.0, 2});
     Generator gen(31);
     Tensor go = Tensor::randn(out.o.shape(), gen, DType::f64), gl = Tensor::randn(out.lse.shape(), gen, DType::f64);
     backward({out.o, out.lse}, {go, gl});
     const Tensor* expected[3] = {&ref.dq, &ref.dk, &ref.dv};
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(x[i]->grad().defined(), i == which);
-    EXPECT_LE(max_rel_error(x[which]->grad(), *expected[which]), 1e-10);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(grad_of(*x[i]).defined(), i == which);
+    EXPECT_LE(max_rel_error(grad_of(*x[which]), *expected[which]), 1e-10);
   }
   // And through the raw entry point.
   AttentionOutput out = kernel::attention_forward(in.q, in.k, in.v, {true, 0.0, 2});

@@ -9,6 +9,11 @@
 
 #include "build_info.h"
 #include "tensor/kernels.h"
+#include "tensor/slots/attention/attention.h"
+#include "tensor/slots/delta/delta_net.h"
+#include "tensor/slots/linear/linear_attention.h"
+#include "tensor/slots/optim.h"
+#include "tensor/slots/scan/gla.h"
 
 namespace seqlab {
 namespace {
@@ -75,6 +80,28 @@ TEST(CudaBackend, AnswersWhetherAGpuIsThereWithoutCrashing) {
     std::transform(msg.begin(), msg.end(), msg.begin(), [](unsigned char c) { return std::tolower(c); });
     EXPECT_NE(msg.find("cuda"), std::string::npos) << e.what();
   }
+}
+
+// A slot is an inline variable declared in a src/tensor header; the tensor, cuda and layers libraries
+// and this test each see it, and must all see the one instance: the registrations made by the CPU
+// kernels (src/tensor/cpu, src/layers) and by the CUDA kernels (src/cuda) are visible here, for slots
+// of every kind of header.
+template <class Slot>
+void expect_filled(const Slot& slot) {
+  EXPECT_TRUE(slot.has(DeviceType::CPU)) << slot.name << " has no CPU kernel";
+  EXPECT_EQ(slot.has(DeviceType::CUDA), kBuiltWithCuda) << slot.name;
+}
+
+TEST(CudaBackend, EverySlotSeesTheKernelsEveryLibraryRegistered) {
+  expect_filled(kernel::copy_kernel);
+  expect_filled(kernel::gemm_kernel);
+  expect_filled(kernel::cross_entropy_kernel);
+  expect_filled(kernel::adamw_step_kernel);
+  expect_filled(kernel::sum_squares_kernel);
+  expect_filled(kernel::attention_forward_kernel);
+  expect_filled(kernel::gla_backward_kernel);
+  expect_filled(kernel::linear_attention_forward_kernel);
+  expect_filled(kernel::delta_net_backward_kernel);
 }
 
 }  // namespace

@@ -15,11 +15,11 @@
 #include <thread>
 #include <vector>
 
-#include "train/documents.h"
-#include "train/loader.h"
-#include "train/prepare.h"
-#include "train/shards.h"
-#include "train/tokenizer.h"
+#include "train/data/documents.h"
+#include "train/data/loader.h"
+#include "train/data/prepare.h"
+#include "train/data/shards.h"
+#include "train/data/tokenizer.h"
 
 namespace seqlab {
 namespace {

@@ -2,7 +2,7 @@
 // (outputs, final state and every gradient, f64 and f32) on odd shapes, against a dense loop written
 // here, finite-difference gradients of every input for both forms, token-by-token decoding, extreme
 // gates, the delta rule's read-back property, chunk-size independence, the registry entry and errors.
-#include "layers/delta_net.h"
+#include "layers/delta/delta_net.h"
 
 #include <gtest/gtest.h>
 
@@ -49,14 +49,14 @@ struct Result {
 // Both outputs with random cotangents, gradients of every given input.
 Result run(const Inputs& in, const DeltaNetOptions& opts, uint64_t seed = 99) {
   std::vector<Tensor> xs;
-  for (const Tensor& t : in.inputs()) xs.push_back(t.defined() ? kernel::clone(t).set_requires_grad() : Tensor());
+  for (const Tensor& t : in.inputs()) xs.push_back(t.defined() ? set_requires_grad(kernel::clone(t)) : Tensor());
   DeltaNetOutput out = delta_net(xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], opts);
   Generator gen(seed);
   Tensor go = Tensor::randn(out.o.shape(), gen, out.o.dtype());
   Tensor gf = Tensor::randn(out.final_state.shape(), gen, out.o.dtype());
   backward({out.o, out.final_state}, {go, gf});
   Result r{out.o.detach(), out.final_state.detach(), {}};
-  for (const Tensor& x : xs) r.grads.push_back(x.defined() ? x.grad() : Tensor());
+  for (const Tensor& x : xs) r.grads.push_back(x.defined() ? grad_of(x) : Tensor());
   return r;
 }
 

@@ -247,9 +247,9 @@ TEST_P(Elementwise, MaxTiesGoToTheFirstIndex) {
   auto [values, index] = kernel::max(x, {1}, false);
   EXPECT_EQ(values.to_doubles(), (Vec{3, 5}));
   EXPECT_EQ(index.to_indices(), (std::vector<int64_t>{1, 0}));
-  x.set_requires_grad(true);
-  sum(max(x, {1})).backward();
-  EXPECT_EQ(x.grad().to_doubles(), (Vec{0, 1, 0, 0, 1, 0, 0, 0}));
+  set_requires_grad(x, true);
+  backward(sum(max(x, {1})));
+  EXPECT_EQ(grad_of(x).to_doubles(), (Vec{0, 1, 0, 0, 1, 0, 0, 0}));
 }
 
 TEST_P(Elementwise, CumsumForwardAndReverse) {
@@ -384,17 +384,17 @@ TEST_P(Elementwise, LinearGeluIsGeluOfLinearBitForBit) {
     const std::string what = with_bias ? "with bias" : "without bias";
     Tensor x = randn({2, 3, 5}, gen), w = randn({4, 5}, gen), b = with_bias ? randn({4}, gen) : Tensor();
     Tensor dy = randn({2, 3, 4}, gen);
-    x.set_requires_grad(true);
-    w.set_requires_grad(true);
-    if (with_bias) b.set_requires_grad(true);
+    set_requires_grad(x, true);
+    set_requires_grad(w, true);
+    if (with_bias) set_requires_grad(b, true);
     auto run = [&](Tensor (*f)(const Tensor&, const Tensor&, const Tensor&)) {
-      x.zero_grad();
-      w.zero_grad();
-      if (with_bias) b.zero_grad();
+      clear_grad(x);
+      clear_grad(w);
+      if (with_bias) clear_grad(b);
       Tensor y = f(x, w, b);
-      y.backward(dy);
-      std::vector<Vec> out{y.to_doubles(), x.grad().to_doubles(), w.grad().to_doubles()};
-      if (with_bias) out.push_back(b.grad().to_doubles());
+      backward({y}, {dy});
+      std::vector<Vec> out{y.to_doubles(), grad_of(x).to_doubles(), grad_of(w).to_doubles()};
+      if (with_bias) out.push_back(grad_of(b).to_doubles());
       return out;
     };
     const auto fused = run(&linear_gelu);
@@ -426,10 +426,10 @@ TEST(GeluF32, ForwardAndBackwardMatchTheTanhFormAtAllMagnitudes) {
   const Vec xs = {-300, -40, -9, -3.3, -1, -0.25, 0, 0.1, 0.8, 2.5, 7, 40, 300};
   const double c = std::sqrt(2.0 / M_PI), a = 0.044715;
   Tensor x = Tensor::from_vector(xs, {static_cast<int64_t>(xs.size())}, DType::f32);
-  x.set_requires_grad(true);
+  set_requires_grad(x, true);
   Tensor y = gelu(x);
-  sum(y, {}, false).backward();
-  const Vec got = y.to_doubles(), dgot = x.grad().to_doubles();
+  backward(sum(y, {}, false));
+  const Vec got = y.to_doubles(), dgot = grad_of(x).to_doubles();
   for (size_t i = 0; i < xs.size(); ++i) {
     const double v = xs[i], t = std::tanh(c * (v + a * v * v * v));
     const double want = 0.5 * v * (1 + t);

@@ -11,7 +11,7 @@
 #include <limits>
 #include <vector>
 
-#include "cuda/gated_scan.h"
+#include "cuda/scan/gated_scan_schedule.h"
 
 namespace seqlab::testing {
 

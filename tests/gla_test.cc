@@ -2,7 +2,7 @@
 // every gradient, f32 and f64, with and without gv and an initial state, on odd shapes),
 // finite-difference gradients of every input for both forms, token-by-token decoding, strong and
 // weak gates, a hand-computed value, the registry entry and shape errors.
-#include "layers/gla.h"
+#include "layers/scan/gla.h"
 
 #include <gtest/gtest.h>
 
@@ -58,14 +58,14 @@ struct Result {
 // Forward, then one backward seeded with the same random cotangents for o and final_state.
 Result forward_backward(const Inputs& in, const GlaOptions& opts, uint64_t seed) {
   std::vector<Tensor> x;
-  for (const Tensor& t : in.list()) x.push_back(t.defined() ? t.detach().set_requires_grad() : t);
+  for (const Tensor& t : in.list()) x.push_back(t.defined() ? set_requires_grad(t.detach()) : t);
   GlaOutput out = gla(x[0], x[1], x[2], x[3], x[4], x[5], opts);
   Generator gen(seed);
   Tensor go = Tensor::randn(out.o.shape(), gen, out.o.dtype());
   Tensor gs = Tensor::randn(out.final_state.shape(), gen, out.o.dtype());
   backward({out.o, out.final_state}, {go, gs});
   Result r{out.o.detach(), out.final_state.detach(), {}};
-  for (const Tensor& t : x) r.grads.push_back(t.defined() ? t.grad() : Tensor());
+  for (const Tensor& t : x) r.grads.push_back(t.defined() ? grad_of(t) : Tensor());
   return r;
 }
 
@@ -275,14 +275,14 @@ TEST(Gla, ComputesOnlyNeededGradients) {
   for (int which = 0; which < 6; ++which) {
     std::vector<Tensor> x;
     for (const Tensor& t : in.list()) x.push_back(kernel::clone(t));
-    x[which].set_requires_grad();
+    set_requires_grad(x[which]);
     GlaOutput out = gla(x[0], x[1], x[2], x[3], x[4], x[5], chunkwise(c));
     Generator gen(41);
     Tensor go = Tensor::randn(out.o.shape(), gen, DType::f64),
            gs = Tensor::randn(out.final_state.shape(), gen, DType::f64);
     backward({out.o, out.final_state}, {go, gs});
-    for (int i = 0; i < 6; ++i) EXPECT_EQ(x[i].grad().defined(), i == which) << which;
-    EXPECT_LE(max_rel_error(x[which].grad(), all.grads[which]), 1e-14) << kInputNames[which];
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(grad_of(x[i]).defined(), i == which) << which;
+    EXPECT_LE(max_rel_error(grad_of(x[which]), all.grads[which]), 1e-14) << kInputNames[which];
   }
 }
 

@@ -3,7 +3,7 @@
 // positions), float64 finite-difference checks of the loss gradient (with rotary positions and
 // with dropout masks replayed from the generator's state), dropout in training and eval mode,
 // and plain SGD reducing the loss on a fixed batch.
-#include "layers/gpt.h"
+#include "layers/model/gpt.h"
 
 #include <gtest/gtest.h>
 
@@ -216,7 +216,7 @@ void expect_gradients_match(GptConfig cfg, bool training, const std::string& wha
     model.dropout_generator().set_state(masks);
     return model.loss(tokens_batch(), targets_batch());
   };
-  loss().backward();
+  backward(loss());
   // wte is [11, 12]; qkv.weight is [(H + 2 Hk) D, 12] with rows [0, 12) for q, then k, then v
   // (Hk = 1: k rows 12–15, v rows 16–19), so these elements reach q, k and v.
   const std::vector<std::pair<const char*, std::vector<int64_t>>> checked = {
@@ -225,7 +225,7 @@ void expect_gradients_match(GptConfig cfg, bool training, const std::string& wha
     Tensor* p = parameter(model, name);
     ASSERT_NE(p, nullptr);
     ASSERT_EQ(p->dtype(), DType::f64);
-    std::vector<double> grad = p->grad().to_doubles();
+    std::vector<double> grad = grad_of(*p).to_doubles();
     double* w = p->data<double>();
     const double h = 1e-5;
     for (int64_t idx : elements) {
@@ -319,10 +319,10 @@ TEST(Gpt, PlainSgdReducesLoss) {
     model.zero_grad();
     Tensor loss = model.loss(tokens, targets);
     if (step == 0) first = loss.item();
-    loss.backward();
+    backward(loss);
     NoGradGuard no_grad;
     for (const Parameter& p : model.parameters()) {
-      Tensor g = p.tensor->grad();
+      Tensor g = grad_of(*p.tensor);
       ASSERT_TRUE(g.defined()) << p.name;
       kernel::copy_(*p.tensor, kernel::binary(kernel::BinaryOp::sub, *p.tensor,
                                               kernel::scalar_op(kernel::ScalarOp::mul, g, 0.1)));

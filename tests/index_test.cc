@@ -64,15 +64,15 @@ TEST_P(IndexOps, EmbeddingGradientAccumulatesRepeatedRows) {
   Generator gen(2);
   const int64_t V = 5, C = 3;
   Tensor w = Tensor::from_vector(normal_values(V * C, gen), {V, C}, dtype());
-  w.set_requires_grad(true);
+  set_requires_grad(w, true);
   std::vector<int64_t> idx = {0, 2, 0, 0, 4};  // row 0 three times, rows 1 and 3 never
   Vec dy = stored(normal_values(idx.size() * C, gen));
-  embedding(w, Tensor::from_indices(idx, {5}, DType::i32)).backward(Tensor::from_vector(dy, {5, C}, dtype()));
+  backward({embedding(w, Tensor::from_indices(idx, {5}, DType::i32))}, {Tensor::from_vector(dy, {5, C}, dtype())});
   Vec want(static_cast<size_t>(V * C), 0.0);
   for (size_t n = 0; n < idx.size(); ++n) {
     for (int64_t c = 0; c < C; ++c) want[static_cast<size_t>(idx[n] * C + c)] += dy[n * C + static_cast<size_t>(c)];
   }
-  Vec got = w.grad().to_doubles();
+  Vec got = grad_of(w).to_doubles();
   const double tol = dtype() == DType::f64 ? 1e-15 : 1e-6;
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << "element " << i;
   for (int64_t c = 0; c < C; ++c) {
@@ -146,12 +146,12 @@ TEST_P(IndexOps, DropoutIsDeterministicForASeedAndScalesSurvivors) {
 TEST_P(IndexOps, DropoutGradientUsesTheSameMask) {
   Generator data(5);
   Tensor x = Tensor::from_vector(Vec(300, 1.0), {300}, dtype());
-  x.set_requires_grad(true);
+  set_requires_grad(x, true);
   Generator gen(11);
   Tensor y = dropout(x, 0.5, gen);
   Vec dy = stored(normal_values(300, data));
-  y.backward(Tensor::from_vector(dy, {300}, dtype()));
-  Vec yv = y.to_doubles(), dx = x.grad().to_doubles();
+  backward({y}, {Tensor::from_vector(dy, {300}, dtype())});
+  Vec yv = y.to_doubles(), dx = grad_of(x).to_doubles();
   for (size_t i = 0; i < yv.size(); ++i) {
     // x = 1, so y holds the scaled mask itself: m / (1 − p) ∈ {0, 2}.
     ASSERT_TRUE(yv[i] == 0.0 || yv[i] == 2.0) << yv[i];
@@ -164,12 +164,12 @@ TEST_P(IndexOps, DropoutIsTheIdentityAtZeroOrInEvaluation) {
   Vec xv = stored(normal_values(40, data));
   for (auto [p, training] : {std::pair<double, bool>{0.0, true}, {0.5, false}}) {
     Tensor x = Tensor::from_vector(xv, {5, 8}, dtype());
-    x.set_requires_grad(true);
+    set_requires_grad(x, true);
     Tensor y = dropout(x, p, gen, training);
     EXPECT_EQ(y.to_doubles(), xv);
-    ASSERT_TRUE(y.requires_grad());  // still differentiable
-    y.backward(Tensor::full({5, 8}, 3.0, dtype()));
-    EXPECT_EQ(x.grad().to_doubles(), Vec(40, 3.0));
+    ASSERT_TRUE(requires_grad(y));  // still differentiable
+    backward({y}, {Tensor::full({5, 8}, 3.0, dtype())});
+    EXPECT_EQ(grad_of(x).to_doubles(), Vec(40, 3.0));
   }
 }
 
@@ -198,7 +198,7 @@ TEST_P(IndexOps, ConcatAlongTheMiddleDimensionAndItsGradient) {
   for (const Shape& s : shapes) {
     vals.push_back(stored(normal_values(static_cast<size_t>(shape_numel(s)), gen)));
     xs.push_back(Tensor::from_vector(vals.back(), s, dtype()));
-    xs.back().set_requires_grad(true);
+    set_requires_grad(xs.back(), true);
   }
   Tensor y = concat(xs, 1);
   ASSERT_EQ(y.shape(), (Shape{2, 6, 4}));
@@ -214,10 +214,10 @@ TEST_P(IndexOps, ConcatAlongTheMiddleDimensionAndItsGradient) {
   // With dy = ramp, each input's gradient is its own slice of the ramp.
   Vec ramp(48);
   for (size_t i = 0; i < ramp.size(); ++i) ramp[i] = static_cast<double>(i);
-  y.backward(Tensor::from_vector(ramp, {2, 6, 4}, dtype()));
+  backward({y}, {Tensor::from_vector(ramp, {2, 6, 4}, dtype())});
   int64_t offset = 0;
   for (size_t p = 0; p < xs.size(); ++p) {
-    Vec g = xs[p].grad().to_doubles();
+    Vec g = grad_of(xs[p]).to_doubles();
     for (int64_t i = 0; i < 2; ++i) {
       for (int64_t jj = 0; jj < shapes[p][1]; ++jj) {
         for (int64_t k = 0; k < 4; ++k) EXPECT_EQ(at3(g, shapes[p], i, jj, k), at3(ramp, {2, 6, 4}, i, offset + jj, k));
@@ -239,7 +239,7 @@ TEST_P(IndexOps, SplitThenConcatRoundTripsAndPiecesAreDifferentiable) {
   Generator gen(8);
   Vec xv = stored(normal_values(2 * 6 * 3, gen));
   Tensor x = Tensor::from_vector(xv, {2, 6, 3}, dtype());
-  x.set_requires_grad(true);
+  set_requires_grad(x, true);
   std::vector<Tensor> ys = split(x, {2, 1, 3}, 1);
   ASSERT_EQ(ys.size(), 3u);
   EXPECT_EQ(ys[0].shape(), (Shape{2, 2, 3}));
@@ -248,8 +248,8 @@ TEST_P(IndexOps, SplitThenConcatRoundTripsAndPiecesAreDifferentiable) {
   EXPECT_EQ(ys[2].to_doubles()[0], at3(xv, {2, 6, 3}, 0, 3, 0));
   EXPECT_EQ(concat(ys, 1).to_doubles(), xv);
   // Only the last piece is used: its gradient pads into the input, zeros elsewhere.
-  sum(ys[2]).backward();
-  Vec g = x.grad().to_doubles();
+  backward(sum(ys[2]));
+  Vec g = grad_of(x).to_doubles();
   for (int64_t i = 0; i < 2; ++i) {
     for (int64_t j = 0; j < 6; ++j) {
       for (int64_t k = 0; k < 3; ++k) EXPECT_EQ(at3(g, {2, 6, 3}, i, j, k), j >= 3 ? 1.0 : 0.0);
@@ -260,8 +260,8 @@ TEST_P(IndexOps, SplitThenConcatRoundTripsAndPiecesAreDifferentiable) {
 TEST_P(IndexOps, StackAddsADimensionAndUnstacksBack) {
   Tensor a = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, dtype());
   Tensor b = Tensor::from_vector({10, 20, 30, 40, 50, 60}, {2, 3}, dtype());
-  a.set_requires_grad(true);
-  b.set_requires_grad(true);
+  set_requires_grad(a, true);
+  set_requires_grad(b, true);
   Tensor s0 = stack({a, b}, 0);
   EXPECT_EQ(s0.shape(), (Shape{2, 2, 3}));
   EXPECT_EQ(s0.to_doubles(), (Vec{1, 2, 3, 4, 5, 6, 10, 20, 30, 40, 50, 60}));
@@ -273,9 +273,9 @@ TEST_P(IndexOps, StackAddsADimensionAndUnstacksBack) {
   // d/db Σ s2 ⊙ w picks w[..., 1].
   Vec w(12);
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<double>(i);
-  s2.backward(Tensor::from_vector(w, {2, 3, 2}, dtype()));
-  EXPECT_EQ(a.grad().to_doubles(), (Vec{0, 2, 4, 6, 8, 10}));
-  EXPECT_EQ(b.grad().to_doubles(), (Vec{1, 3, 5, 7, 9, 11}));
+  backward({s2}, {Tensor::from_vector(w, {2, 3, 2}, dtype())});
+  EXPECT_EQ(grad_of(a).to_doubles(), (Vec{0, 2, 4, 6, 8, 10}));
+  EXPECT_EQ(grad_of(b).to_doubles(), (Vec{1, 3, 5, 7, 9, 11}));
 }
 
 TEST_P(IndexOps, JoinsAndSplitsRejectMismatchedInputsNamingTheShapes) {

@@ -3,7 +3,7 @@
 // differences of every input for every form, token-by-token decoding and state carrying, the
 // registry entry and errors. Performer FAVOR+: finite differences of x and ω, the orthogonal
 // random features, and the statistical approximation of softmax attention.
-#include "layers/linear_attention.h"
+#include "layers/linear/linear_attention.h"
 
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@
 #include "autograd/gradcheck.h"
 #include "autograd/op_registry.h"
 #include "autograd/ops.h"
-#include "layers/attention.h"
+#include "layers/attention/attention.h"
 #include "tensor/kernels.h"
 #include "test_util.h"
 #include "variant_cases.h"
@@ -113,9 +113,9 @@ struct Outcome {
 };
 
 Outcome run(const Inputs& x, const LinearAttentionOptions& o, uint64_t seed) {
-  Inputs in{x.q.detach().set_requires_grad(), x.k.detach().set_requires_grad(), x.v.detach().set_requires_grad(),
-            x.s0.defined() ? x.s0.detach().set_requires_grad() : Tensor(),
-            x.z0.defined() ? x.z0.detach().set_requires_grad() : Tensor()};
+  Inputs in{set_requires_grad(x.q.detach()), set_requires_grad(x.k.detach()), set_requires_grad(x.v.detach()),
+            x.s0.defined() ? set_requires_grad(x.s0.detach()) : Tensor(),
+            x.z0.defined() ? set_requires_grad(x.z0.detach()) : Tensor()};
   LinearAttentionOutput out = linear_attention(in.q, in.k, in.v, in.s0, in.z0, o);
   Generator gen(seed);
   std::vector<Tensor> roots{out.o, out.final_state, out.final_normalizer}, cot;
@@ -124,7 +124,7 @@ Outcome run(const Inputs& x, const LinearAttentionOptions& o, uint64_t seed) {
   Outcome res;
   for (const Tensor& r : roots) res.outputs.push_back(r.detach());
   for (const Tensor* t : {&in.q, &in.k, &in.v, &in.s0, &in.z0})
-    res.grads.push_back(t->defined() ? t->grad() : Tensor());
+    res.grads.push_back(t->defined() ? grad_of(*t) : Tensor());
   return res;
 }
 

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "autograd/ops.h"
-#include "layers/attention.h"
-#include "layers/gpt.h"
+#include "layers/attention/attention.h"
+#include "layers/model/gpt.h"
 #include "tensor/kernels.h"
-#include "train/optim.h"
+#include "train/optim/optim.h"
 
 namespace seqlab {
 namespace {
@@ -101,10 +101,10 @@ TEST(MasterWeights, SmallUpdatesAccumulateInTheMaster) {
   // 1 + 100 · 1e-4 = 1.01, but bf16 has no number between 1 and 1 + 2⁻⁷ ≈ 1.0078: updated in bf16,
   // p would stay at 1 forever; through the master it crosses 1.0078.
   Tensor p = Tensor::from_vector({1.0, -1.0}, {2}, DType::bf16);
-  p.set_requires_grad(true);
+  set_requires_grad(p, true);
   Optimizer opt(plain_sgd(), {Parameter{"p", &p, ParamRole::matrix}});
   for (int i = 0; i < 100; ++i) {
-    p.set_grad(Tensor::from_vector({-1.0, 1.0}, {2}, DType::bf16));
+    set_grad(p, Tensor::from_vector({-1.0, 1.0}, {2}, DType::bf16));
     opt.step(1e-4);
   }
   const Tensor w = opt.master_weights().at("p");
@@ -119,10 +119,10 @@ TEST(MasterWeights, AdamWKeepsP_AsTheRoundedMasterAndLoadStateRestoresIt) {
   OptimConfig c;
   c.name = "adamw";
   Tensor p = Tensor::from_vector({0.3, -0.7, 2.0}, {3}, DType::bf16);
-  p.set_requires_grad(true);
+  set_requires_grad(p, true);
   Optimizer opt(c, {Parameter{"p", &p, ParamRole::matrix}});
   for (int i = 0; i < 3; ++i) {
-    p.set_grad(Tensor::from_vector({0.5, -0.25, 1.0}, {3}, DType::bf16));
+    set_grad(p, Tensor::from_vector({0.5, -0.25, 1.0}, {3}, DType::bf16));
     opt.step(1e-3);
   }
   const Tensor w = kernel::clone(opt.master_weights().at("p"));
@@ -133,7 +133,7 @@ TEST(MasterWeights, AdamWKeepsP_AsTheRoundedMasterAndLoadStateRestoresIt) {
   for (const auto& [name, t] : opt.state_tensors()) state[name] = kernel::clone(t);
   state["p"] = w;
   Tensor p2 = rounded(w);
-  p2.set_requires_grad(true);
+  set_requires_grad(p2, true);
   Optimizer again(c, {Parameter{"p", &p2, ParamRole::matrix}});
   ASSERT_TRUE(again.load_state(state).ok());
   EXPECT_EQ(again.master_weights().at("p").to_doubles(), w.to_doubles());
@@ -148,20 +148,20 @@ TEST(MasterWeights, AdamWKeepsP_AsTheRoundedMasterAndLoadStateRestoresIt) {
 TEST(MasterWeights, MicroBatchGradientsAddInF32) {
   // 1 + 2⁻⁹ is not a bf16 number: added in bf16, the second micro-batch's 2⁻⁹ would vanish.
   Tensor p = Tensor::from_vector({0.5, 0.5}, {2}, DType::bf16), q = Tensor::from_vector({0.5}, {1}, DType::f32);
-  p.set_requires_grad(true);
-  q.set_requires_grad(true);
+  set_requires_grad(p, true);
+  set_requires_grad(q, true);
   const std::vector<Parameter> params{{"p", &p, ParamRole::matrix}, {"q", &q, ParamRole::matrix}};
   F32GradAccumulator sums(params);
-  p.set_grad(Tensor::from_vector({1.0, -3.0}, {2}, DType::bf16));
-  q.set_grad(Tensor::from_vector({1.0}, {1}, DType::f32));
+  set_grad(p, Tensor::from_vector({1.0, -3.0}, {2}, DType::bf16));
+  set_grad(q, Tensor::from_vector({1.0}, {1}, DType::f32));
   sums.add();
-  EXPECT_FALSE(p.grad().defined()) << "the next backward starts from no gradient";
-  EXPECT_TRUE(q.grad().defined()) << "non-bf16 gradients are the engine's to add";
-  p.set_grad(Tensor::from_vector({1.0 / 512, 0.25}, {2}, DType::bf16));
+  EXPECT_FALSE(grad_of(p).defined()) << "the next backward starts from no gradient";
+  EXPECT_TRUE(grad_of(q).defined()) << "non-bf16 gradients are the engine's to add";
+  set_grad(p, Tensor::from_vector({1.0 / 512, 0.25}, {2}, DType::bf16));
   sums.add();
   sums.finish();
-  ASSERT_EQ(p.grad().dtype(), DType::f32);
-  EXPECT_EQ(p.grad().to_doubles(), (std::vector<double>{1.0 + 1.0 / 512, -2.75}));
+  ASSERT_EQ(grad_of(p).dtype(), DType::f32);
+  EXPECT_EQ(grad_of(p).to_doubles(), (std::vector<double>{1.0 + 1.0 / 512, -2.75}));
 
   // The optimizer takes the f32 sum for the bf16 parameter: SGD with lr 1 moves the master by exactly it.
   Optimizer opt(plain_sgd(), params);
@@ -201,8 +201,8 @@ TEST(MixedPrecisionGpt, FollowsTheF32LossesWithinBf16Tolerance) {
     EXPECT_NEAR(lm.item(), lf.item(), 2e-2 * lf.item()) << "step " << step;
     opt_full.zero_grad();
     opt_mixed.zero_grad();
-    lf.backward();
-    lm.backward();
+    backward(lf);
+    backward(lm);
     opt_full.step(c.lr);
     opt_mixed.step(c.lr);
     (step == 0 ? first : last) = lm.item();

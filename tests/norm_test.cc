@@ -80,19 +80,19 @@ NaiveNorm naive_norm(const Vec& x, const Vec& w, const Vec& b, const Vec& dy, in
 void check_norm(const Norm& t, bool layer, bool with_bias, double eps) {
   Generator gen(17);
   const DType dt = t.dtype();
-  Tensor x = Tensor::from_vector(random_values(42, gen, 1.5, 3.0), {2, 3, 7}, dt).set_requires_grad();
-  Tensor w = Tensor::from_vector(random_values(7, gen, 1.0, 1.0), {7}, dt).set_requires_grad();
-  Tensor b = with_bias ? Tensor::from_vector(random_values(7, gen, 1.0), {7}, dt).set_requires_grad() : Tensor();
+  Tensor x = set_requires_grad(Tensor::from_vector(random_values(42, gen, 1.5, 3.0), {2, 3, 7}, dt));
+  Tensor w = set_requires_grad(Tensor::from_vector(random_values(7, gen, 1.0, 1.0), {7}, dt));
+  Tensor b = with_bias ? set_requires_grad(Tensor::from_vector(random_values(7, gen, 1.0), {7}, dt)) : Tensor();
   Tensor dy = Tensor::from_vector(random_values(42, gen, 1.0), {2, 3, 7}, dt);
   Tensor y = layer ? layer_norm(x, w, b, eps) : rms_norm(x, w, eps);
-  y.backward(dy);
+  backward({y}, {dy});
   NaiveNorm want =
       naive_norm(x.to_doubles(), w.to_doubles(), with_bias ? b.to_doubles() : Vec{}, dy.to_doubles(), 7, eps, layer);
   const std::string what = layer ? "layer_norm" : "rms_norm";
   t.expect_close(y.to_doubles(), want.y, what + " y");
-  t.expect_close(x.grad().to_doubles(), want.dx, what + " dx");
-  t.expect_close(w.grad().to_doubles(), want.dw, what + " dweight");
-  if (with_bias) t.expect_close(b.grad().to_doubles(), want.db, what + " dbias");
+  t.expect_close(grad_of(x).to_doubles(), want.dx, what + " dx");
+  t.expect_close(grad_of(w).to_doubles(), want.dw, what + " dweight");
+  if (with_bias) t.expect_close(grad_of(b).to_doubles(), want.db, what + " dbias");
 }
 
 TEST_P(Norm, LayerNormMatchesTextbook) { check_norm(*this, true, true, 1e-5); }
@@ -103,40 +103,40 @@ TEST_P(Norm, RmsNormLargeEpsMatchesTextbook) { check_norm(*this, false, false, 0
 // 300 rows of 200: enough work that rows (dx) and columns (dweight, dbias) are split across threads.
 TEST_P(Norm, ManyRowsMatchTextbook) {
   Generator gen(23);
-  Tensor x = Tensor::from_vector(random_values(60000, gen, 2.0, -1.0), {300, 200}, dtype()).set_requires_grad();
-  Tensor w = Tensor::from_vector(random_values(200, gen, 1.0), {200}, dtype()).set_requires_grad();
-  Tensor b = Tensor::from_vector(random_values(200, gen, 1.0), {200}, dtype()).set_requires_grad();
+  Tensor x = set_requires_grad(Tensor::from_vector(random_values(60000, gen, 2.0, -1.0), {300, 200}, dtype()));
+  Tensor w = set_requires_grad(Tensor::from_vector(random_values(200, gen, 1.0), {200}, dtype()));
+  Tensor b = set_requires_grad(Tensor::from_vector(random_values(200, gen, 1.0), {200}, dtype()));
   Tensor dy = Tensor::from_vector(random_values(60000, gen, 1.0), {300, 200}, dtype());
   Tensor y = layer_norm(x, w, b);
-  y.backward(dy);
+  backward({y}, {dy});
   NaiveNorm want = naive_norm(x.to_doubles(), w.to_doubles(), b.to_doubles(), dy.to_doubles(), 200, 1e-5, true);
   expect_close(y.to_doubles(), want.y, "y");
-  expect_close(x.grad().to_doubles(), want.dx, "dx");
-  expect_close(w.grad().to_doubles(), want.dw, "dweight");
-  expect_close(b.grad().to_doubles(), want.db, "dbias");
+  expect_close(grad_of(x).to_doubles(), want.dx, "dx");
+  expect_close(grad_of(w).to_doubles(), want.dw, "dweight");
+  expect_close(grad_of(b).to_doubles(), want.db, "dbias");
 }
 
 // A row of equal values has zero variance: y is the bias exactly and the gradient stays finite.
 TEST_P(Norm, ConstantRowGivesBias) {
-  Tensor x = Tensor::full({1, 5}, 2.5, dtype()).set_requires_grad();
+  Tensor x = set_requires_grad(Tensor::full({1, 5}, 2.5, dtype()));
   Tensor w = Tensor::ones({5}, dtype());
   Tensor b = Tensor::from_vector({-1, 0, 1, 2, 3}, {5}, dtype());
   Tensor y = layer_norm(x, w, b);
   expect_close(y.to_doubles(), {-1, 0, 1, 2, 3}, "y");
-  y.backward(Tensor::from_vector({1, -2, 0.5, 0, 3}, {1, 5}, dtype()));
-  for (double g : x.grad().to_doubles()) EXPECT_TRUE(std::isfinite(g));
+  backward({y}, {Tensor::from_vector({1, -2, 0.5, 0, 3}, {1, 5}, dtype())});
+  for (double g : grad_of(x).to_doubles()) EXPECT_TRUE(std::isfinite(g));
 }
 
 // Only the inputs that require a gradient get one.
 TEST_P(Norm, ComputesOnlyRequestedGradients) {
   Generator gen(2);
   Tensor x = Tensor::randn({3, 5}, gen, dtype());
-  Tensor w = Tensor::randn({5}, gen, dtype()).set_requires_grad();
+  Tensor w = set_requires_grad(Tensor::randn({5}, gen, dtype()));
   Tensor b = Tensor::randn({5}, gen, dtype());
-  layer_norm(x, w, b).backward(Tensor::ones({3, 5}, dtype()));
-  EXPECT_TRUE(w.grad().defined());
-  EXPECT_FALSE(x.grad().defined());
-  EXPECT_FALSE(b.grad().defined());
+  backward({layer_norm(x, w, b)}, {Tensor::ones({3, 5}, dtype())});
+  EXPECT_TRUE(grad_of(w).defined());
+  EXPECT_FALSE(grad_of(x).defined());
+  EXPECT_FALSE(grad_of(b).defined());
 }
 
 TEST_P(Norm, RejectsMismatchedWeight) {
@@ -177,9 +177,9 @@ AddNormResult unfused(const AddNormInputs& in, AddNormKind kind) {
 }
 
 AddNormInputs requiring_grad(const AddNormInputs& in) {
-  AddNormInputs out{kernel::clone(in.x).set_requires_grad(), kernel::clone(in.residual).set_requires_grad(),
-                    kernel::clone(in.weight).set_requires_grad(), Tensor()};
-  if (in.bias.defined()) out.bias = kernel::clone(in.bias).set_requires_grad();
+  AddNormInputs out{set_requires_grad(kernel::clone(in.x)), set_requires_grad(kernel::clone(in.residual)),
+                    set_requires_grad(kernel::clone(in.weight)), Tensor()};
+  if (in.bias.defined()) out.bias = set_requires_grad(kernel::clone(in.bias));
   return out;
 }
 
@@ -212,10 +212,10 @@ TEST_P(AddNorm, SameBitsAsAddThenNorm) {
     expect_same_bits(got.y, want.y, "y");
     backward({got.sum, got.y}, {ds, dy});
     backward({want.sum, want.y}, {ds, dy});
-    expect_same_bits(a.x.grad(), b.x.grad(), "dx");
-    expect_same_bits(a.residual.grad(), b.residual.grad(), "dresidual");
-    expect_same_bits(a.weight.grad(), b.weight.grad(), "dweight");
-    if (in.bias.defined()) expect_same_bits(a.bias.grad(), b.bias.grad(), "dbias");
+    expect_same_bits(grad_of(a.x), grad_of(b.x), "dx");
+    expect_same_bits(grad_of(a.residual), grad_of(b.residual), "dresidual");
+    expect_same_bits(grad_of(a.weight), grad_of(b.weight), "dweight");
+    if (in.bias.defined()) expect_same_bits(grad_of(a.bias), grad_of(b.bias), "dbias");
   }
 }
 
@@ -228,18 +228,18 @@ TEST_P(AddNorm, GradientIntoOneOutput) {
   const Tensor g = Tensor::randn(shape, gen, dtype());
   {
     AddNormInputs a = requiring_grad(in);
-    fused(a, kind()).sum.backward(g);
-    expect_same_bits(a.x.grad(), g, "dx from the sum alone");
-    expect_same_bits(a.residual.grad(), g, "dresidual from the sum alone");
-    expect_same_bits(a.weight.grad(), Tensor::zeros({9}, dtype()), "dweight from the sum alone");
+    backward({fused(a, kind()).sum}, {g});
+    expect_same_bits(grad_of(a.x), g, "dx from the sum alone");
+    expect_same_bits(grad_of(a.residual), g, "dresidual from the sum alone");
+    expect_same_bits(grad_of(a.weight), Tensor::zeros({9}, dtype()), "dweight from the sum alone");
   }
   {
     AddNormInputs a = requiring_grad(in), b = requiring_grad(in);
-    fused(a, kind()).y.backward(g);
-    unfused(b, kind()).y.backward(g);
-    expect_same_bits(a.x.grad(), b.x.grad(), "dx from y alone");
-    expect_same_bits(a.residual.grad(), b.residual.grad(), "dresidual from y alone");
-    expect_same_bits(a.weight.grad(), b.weight.grad(), "dweight from y alone");
+    backward({fused(a, kind()).y}, {g});
+    backward({unfused(b, kind()).y}, {g});
+    expect_same_bits(grad_of(a.x), grad_of(b.x), "dx from y alone");
+    expect_same_bits(grad_of(a.residual), grad_of(b.residual), "dresidual from y alone");
+    expect_same_bits(grad_of(a.weight), grad_of(b.weight), "dweight from y alone");
   }
 }
 
@@ -247,14 +247,14 @@ TEST_P(AddNorm, GradientIntoOneOutput) {
 TEST_P(AddNorm, ComputesOnlyRequestedGradients) {
   const Shape shape{3, 5};
   AddNormInputs in = add_norm_inputs(dtype(), kind(), shape, 4);
-  in.residual.set_requires_grad();
+  set_requires_grad(in.residual);
   AddNormResult r = fused(in, kind());
   backward({r.sum, r.y}, {Tensor::ones(shape, dtype()), Tensor::ones(shape, dtype())});
-  EXPECT_TRUE(in.residual.grad().defined());
-  EXPECT_FALSE(in.x.grad().defined());
-  EXPECT_FALSE(in.weight.grad().defined());
+  EXPECT_TRUE(grad_of(in.residual).defined());
+  EXPECT_FALSE(grad_of(in.x).defined());
+  EXPECT_FALSE(grad_of(in.weight).defined());
   if (in.bias.defined()) {
-    EXPECT_FALSE(in.bias.grad().defined());
+    EXPECT_FALSE(grad_of(in.bias).defined());
   }
 }
 

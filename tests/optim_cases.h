@@ -10,7 +10,7 @@
 
 #include "tensor/kernels.h"
 #include "tensor/tensor.h"
-#include "train/optim.h"
+#include "tensor/slots/optim.h"
 
 namespace seqlab::testing {
 
@@ -25,8 +25,8 @@ inline std::string size_name(int64_t n, DType d) { return std::string(dtype_name
 // ---- AdamW ---------------------------------------------------------------------------------------
 
 // Step t of AdamW (lr 1e-2, betas 0.9 and 0.95, eps 1e-8), with weight decay 0.1 after the first step.
-inline AdamWStep adamw_step(int t) {
-  AdamWStep s;
+inline kernel::AdamWStep adamw_step(int t) {
+  kernel::AdamWStep s;
   s.lr = 1e-2;
   s.weight_decay = t == 1 ? 0.0 : 0.1;
   s.beta1 = 0.9;
@@ -72,8 +72,8 @@ struct SgdCase {
 inline const SgdCase kSgdCases[] = {{0.0, false}, {0.9, false}, {0.9, true}};
 
 // An SGD step (lr 5e-2, weight decay 0.01) for the case, and its name in messages.
-inline SgdStep sgd_step(const SgdCase& c) {
-  SgdStep s;
+inline kernel::SgdStep sgd_step(const SgdCase& c) {
+  kernel::SgdStep s;
   s.lr = 5e-2;
   s.weight_decay = 0.01;
   s.momentum = c.momentum;

@@ -1,7 +1,7 @@
 // Optimizers, clipping and schedules: two AdamW and SGD steps against numbers worked out by hand
 // (in exact decimal arithmetic), weight-decay groups, skipped parameters, the clipping factor, the
 // schedules at their key steps, and a save → load → next step that matches bit for bit.
-#include "train/optim.h"
+#include "train/optim/optim.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -11,9 +11,11 @@
 #include <filesystem>
 #include <limits>
 
+#include "autograd/variable.h"
 #include "tensor/kernels.h"
-#include "train/safetensors.h"
-#include "train/schedule.h"
+#include "train/checkpoint/safetensors.h"
+#include "tensor/slots/optim.h"
+#include "train/optim/schedule.h"
 
 namespace seqlab {
 namespace {
@@ -22,11 +24,11 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 Tensor leaf(const std::vector<double>& v, DType dtype = DType::f64) {
   Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, dtype);
-  t.set_requires_grad(true);
+  set_requires_grad(t, true);
   return t;
 }
 
-void set_grad(Tensor& t, const std::vector<double>& g) { t.set_grad(Tensor::from_vector(g, t.shape(), t.dtype())); }
+void set_grad(Tensor& t, const std::vector<double>& g) { set_grad(t, Tensor::from_vector(g, t.shape(), t.dtype())); }
 
 void expect_near(const Tensor& t, const std::vector<double>& want, double tol = 1e-14) {
   std::vector<double> got = t.to_doubles();
@@ -211,7 +213,7 @@ TEST(Optimizer, SkipsParametersWithoutGradientAndKeepsTheirState) {
 
   // b's first update is a first update: bias correction with t = 1, as for a fresh optimizer.
   opt.zero_grad();
-  EXPECT_FALSE(a.grad().defined());
+  EXPECT_FALSE(grad_of(a).defined());
   set_grad(b, {0.5, -1.0});
   opt.step(0.1);
   expect_near(a, {0.890000002, -1.880000001});
@@ -239,7 +241,7 @@ TEST(Optimizer, RejectsBadConfigs) {
 TEST(Optimizer, RejectsAGradientOfAnotherDtype) {
   Tensor w = leaf({1.0, 2.0});
   Optimizer opt(adamw_config(), {Parameter{"w", &w, ParamRole::matrix}});
-  w.set_grad(Tensor::zeros({2}, DType::f32));
+  set_grad(w, Tensor::zeros({2}, DType::f32));
   try {
     opt.step(0.1);
     FAIL() << "no error";
@@ -258,21 +260,21 @@ TEST(ClipGradNorm, ReturnsTheNormAndScalesToMaxNorm) {
   set_grad(a, {3.0, 0.0});
   set_grad(b, {-4.0});  // c has no gradient and counts for nothing
   EXPECT_EQ(clip_grad_norm(params, 10.0), 5.0);
-  EXPECT_EQ(a.grad().to_doubles(), (std::vector<double>{3.0, 0.0}));  // below max_norm: untouched
+  EXPECT_EQ(grad_of(a).to_doubles(), (std::vector<double>{3.0, 0.0}));  // below max_norm: untouched
   EXPECT_EQ(clip_grad_norm(params, 0.0), 5.0);                        // 0: off
-  EXPECT_EQ(b.grad().to_doubles(), (std::vector<double>{-4.0}));
+  EXPECT_EQ(grad_of(b).to_doubles(), (std::vector<double>{-4.0}));
 
   EXPECT_EQ(clip_grad_norm(params, 1.0), 5.0);
   const double k = 1.0 / (5.0 + 1e-6);
-  expect_near(a.grad(), {3.0 * k, 0.0}, 1e-16);
-  expect_near(b.grad(), {-4.0 * k}, 1e-16);
-  EXPECT_FALSE(c.grad().defined());
+  expect_near(grad_of(a), {3.0 * k, 0.0}, 1e-16);
+  expect_near(grad_of(b), {-4.0 * k}, 1e-16);
+  EXPECT_FALSE(grad_of(c).defined());
   EXPECT_NEAR(clip_grad_norm(params, 1.0), 1.0, 1e-6);
 
   // f32 gradients are summed in double: 2^20 equal elements x have norm 1024·x to double precision.
   Tensor big = Tensor::zeros({1 << 20}, DType::f32);
-  big.set_requires_grad(true);
-  big.set_grad(Tensor::full({1 << 20}, 1e-3, DType::f32));
+  set_requires_grad(big, true);
+  set_grad(big, Tensor::full({1 << 20}, 1e-3, DType::f32));
   const double x = static_cast<float>(1e-3);
   // (A running f32 sum would give 1.0273.)
   EXPECT_NEAR(clip_grad_norm({{"big", &big, ParamRole::matrix}}, 0.0), 1024 * x, 1e-12);
@@ -285,11 +287,11 @@ TEST(SquaredNorm, AddsEachTensorsSumInOrder) {
   const Tensor a = Tensor::randn({1000}, gen, DType::f32), b = Tensor::randn({3, 70000}, gen, DType::f64),
                c = Tensor::randn({40, 30}, gen, DType::f32);
   const Tensor ct = kernel::transpose(c, 0, 1);  // a strided view
-  const double want = (squared_norm(a) + squared_norm(b)) + squared_norm(kernel::contiguous(ct));
-  EXPECT_EQ(squared_norm(std::vector<Tensor>{a, b, ct}), want);
-  EXPECT_EQ(squared_norm(std::vector<Tensor>{}), 0.0);
-  EXPECT_EQ(squared_norm(Tensor::zeros({0}, DType::f32)), 0.0);
-  EXPECT_EQ(squared_norm(Tensor::from_vector({3.0, -4.0}, {2}, DType::f32)), 25.0);
+  const double want = (kernel::squared_norm(a) + kernel::squared_norm(b)) + kernel::squared_norm(kernel::contiguous(ct));
+  EXPECT_EQ(kernel::squared_norm(std::vector<Tensor>{a, b, ct}), want);
+  EXPECT_EQ(kernel::squared_norm(std::vector<Tensor>{}), 0.0);
+  EXPECT_EQ(kernel::squared_norm(Tensor::zeros({0}, DType::f32)), 0.0);
+  EXPECT_EQ(kernel::squared_norm(Tensor::from_vector({3.0, -4.0}, {2}, DType::f32)), 25.0);
 }
 
 TEST(ClipGradNorm, NonFiniteNormIsReturnedWithoutScaling) {
@@ -298,20 +300,20 @@ TEST(ClipGradNorm, NonFiniteNormIsReturnedWithoutScaling) {
   set_grad(a, {std::numeric_limits<double>::infinity(), 1.0});
   set_grad(b, {2.0});
   EXPECT_TRUE(std::isinf(clip_grad_norm(params, 1.0)));
-  EXPECT_EQ(b.grad().to_doubles(), std::vector<double>{2.0});
+  EXPECT_EQ(grad_of(b).to_doubles(), std::vector<double>{2.0});
   set_grad(a, {std::nan(""), 1.0});
   EXPECT_TRUE(std::isnan(clip_grad_norm(params, 1.0)));
-  EXPECT_EQ(b.grad().to_doubles(), std::vector<double>{2.0});
+  EXPECT_EQ(grad_of(b).to_doubles(), std::vector<double>{2.0});
 }
 
 TEST(ScaleGrads, ScalesEveryGradientInPlaceOnce) {
   Tensor a = leaf({0.0, 0.0}), b = leaf({0.0});
   set_grad(a, {2.0, -6.0});
-  Tensor a_grad = a.grad();
+  Tensor a_grad = grad_of(a);
   // a listed twice (a tied weight) is still scaled once; b has no gradient.
   scale_grads({{"a", &a, ParamRole::matrix}, {"tied", &a, ParamRole::embedding}, {"b", &b, ParamRole::bias}}, 0.25);
   EXPECT_EQ(a_grad.to_doubles(), (std::vector<double>{0.5, -1.5}));
-  EXPECT_FALSE(b.grad().defined());
+  EXPECT_FALSE(grad_of(b).defined());
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -373,15 +375,15 @@ struct Model {
     Generator gen(seed);
     w = Tensor::randn({3, 5}, gen, DType::f32);
     b = Tensor::randn({5}, gen, DType::f32);
-    w.set_requires_grad(true);
-    b.set_requires_grad(true);
+    set_requires_grad(w, true);
+    set_requires_grad(b, true);
   }
   std::vector<Parameter> params() {
     return {{"blocks.0.w", &w, ParamRole::matrix}, {"blocks.0.b", &b, ParamRole::bias}};
   }
   void set_grads(Generator& gen) {
-    w.set_grad(Tensor::randn(w.shape(), gen, DType::f32));
-    b.set_grad(Tensor::randn(b.shape(), gen, DType::f32));
+    set_grad(w, Tensor::randn(w.shape(), gen, DType::f32));
+    set_grad(b, Tensor::randn(b.shape(), gen, DType::f32));
   }
 };
 
@@ -417,8 +419,8 @@ TEST(OptimizerState, SaveLoadContinuesBitForBit) {
 
     Generator next(5);
     a.set_grads(next);
-    b.w.set_grad(kernel::clone(a.w.grad()));
-    b.b.set_grad(kernel::clone(a.b.grad()));
+    set_grad(b.w, kernel::clone(grad_of(a.w)));
+    set_grad(b.b, kernel::clone(grad_of(a.b)));
     opt_a.step(0.04);
     opt_b.step(0.04);
     EXPECT_TRUE(same_bits(a.w, b.w));

@@ -1,7 +1,7 @@
 // Recipes: the defaults, each kind of error with its exact message (line, key, what is allowed,
 // did-you-mean), --set overrides, the rules between keys, the resolved recipe loading back to the
 // same run, and docs/recipes.md matching the schema it is generated from.
-#include "train/recipe.h"
+#include "train/recipe/recipe.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

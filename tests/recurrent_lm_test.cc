@@ -2,7 +2,7 @@
 // prompt and then one token at a time, carrying the mixer states, gives the full forward's logits;
 // float64 finite differences of the loss match backward for an element of every parameter; the
 // parameter names are the documented dotted paths.
-#include "layers/recurrent_lm.h"
+#include "layers/model/recurrent_lm.h"
 
 #include <gtest/gtest.h>
 
@@ -91,9 +91,9 @@ TEST(RecurrentLm, GradientMatchesFiniteDifferencesF64) {
       model.dropout_generator().set_state(masks);
       return model.loss(tokens(), targets());
     };
-    loss().backward();
+    backward(loss());
     for (const Parameter& p : model.parameters()) {
-      std::vector<double> grad = p.tensor->grad().to_doubles();
+      std::vector<double> grad = grad_of(*p.tensor).to_doubles();
       double* w = p.tensor->data<double>();
       const int64_t idx = p.tensor->numel() / 2;  // one element of every parameter
       const double h = 1e-5;

@@ -2,7 +2,7 @@
 // loop written out here (values and every gradient, f32 and f64, odd shapes), float64 finite
 // differences of every input for every form, decays near 0 and near 1, token-by-token decoding,
 // the default decays, the registry entry and errors.
-#include "layers/retention.h"
+#include "layers/scan/retention.h"
 
 #include <gtest/gtest.h>
 
@@ -69,8 +69,8 @@ struct Outcome {
 };
 
 Outcome run(const Inputs& x, const RetentionOptions& o, uint64_t seed) {
-  Inputs in{x.q.detach().set_requires_grad(), x.k.detach().set_requires_grad(), x.v.detach().set_requires_grad(),
-            x.s0.defined() ? x.s0.detach().set_requires_grad() : Tensor()};
+  Inputs in{set_requires_grad(x.q.detach()), set_requires_grad(x.k.detach()), set_requires_grad(x.v.detach()),
+            x.s0.defined() ? set_requires_grad(x.s0.detach()) : Tensor()};
   RetentionOutput out = retention(in.q, in.k, in.v, in.s0, o);
   Generator gen(seed);
   std::vector<Tensor> roots{out.o, out.final_state}, cot;
@@ -78,7 +78,7 @@ Outcome run(const Inputs& x, const RetentionOptions& o, uint64_t seed) {
   backward(roots, cot);
   Outcome res;
   for (const Tensor& r : roots) res.outputs.push_back(r.detach());
-  for (const Tensor* t : {&in.q, &in.k, &in.v, &in.s0}) res.grads.push_back(t->defined() ? t->grad() : Tensor());
+  for (const Tensor* t : {&in.q, &in.k, &in.v, &in.s0}) res.grads.push_back(t->defined() ? grad_of(*t) : Tensor());
   return res;
 }
 

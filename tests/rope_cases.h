@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "layers/rope.h"
+#include "layers/attention/rope.h"
 #include "tensor/tensor.h"
 
 namespace seqlab::testing {

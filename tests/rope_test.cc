@@ -2,7 +2,7 @@
 // gradients, f32 and f64), finite-difference gradients, the relative-position property of q·k,
 // offset consistency (decoding), the backward as the inverse rotation, a hand-written value,
 // the registry entry and shape errors.
-#include "layers/rope.h"
+#include "layers/attention/rope.h"
 
 #include <gtest/gtest.h>
 
@@ -35,12 +35,12 @@ struct Result {
 
 template <class Fn>
 Result forward_backward(Fn fn, const Tensor& x0, uint64_t seed) {
-  Tensor x = x0.detach().set_requires_grad();
+  Tensor x = set_requires_grad(x0.detach());
   Tensor y = fn(x);
   Generator gen(seed);
   Tensor gy = Tensor::randn(y.shape(), gen, y.dtype());
-  y.backward(gy);
-  return {y.detach(), x.grad()};
+  backward({y}, {gy});
+  return {y.detach(), grad_of(x)};
 }
 
 struct Case {

@@ -1,7 +1,7 @@
 // safetensors: round trips of every dtype (0-d and empty tensors too) with metadata, byte-exact
 // agreement with the format as another implementation writes it (files built here byte by byte),
 // and one test per way a file can be wrong, each a clear error naming the file.
-#include "train/safetensors.h"
+#include "train/checkpoint/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

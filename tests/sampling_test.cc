@@ -1,7 +1,7 @@
 // Decoding: the token rules (greedy, top-k, top-p, temperature) on fixed logits, the empirical
 // distribution of many draws against the renormalised softmax, and generate() with the KV cache
 // against decoding by full forwards, including past the model's window.
-#include "train/sampling.h"
+#include "train/loop/sampling.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "autograd/variable.h"
-#include "layers/gpt.h"
+#include "layers/model/gpt.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {

@@ -80,10 +80,10 @@ void check_softmax(const Softmax& t, int64_t dim, bool log) {
   for (int64_t i = 0; i < d; ++i) outer *= shape[static_cast<size_t>(i)];
   for (int64_t i = d + 1; i < 3; ++i) inner *= shape[static_cast<size_t>(i)];
   Generator gen(7);
-  Tensor x = Tensor::from_vector(random_values(105, gen, 2.0), shape, t.GetParam().dtype).set_requires_grad();
+  Tensor x = set_requires_grad(Tensor::from_vector(random_values(105, gen, 2.0), shape, t.GetParam().dtype));
   Tensor dy = Tensor::from_vector(random_values(105, gen, 1.0), shape, t.GetParam().dtype);
   Tensor y = log ? log_softmax(x, dim) : softmax(x, dim);
-  y.backward(dy);
+  backward({y}, {dy});
 
   Vec p = naive_softmax(x.to_doubles(), outer, shape[static_cast<size_t>(d)], inner);
   Vec want = p;
@@ -92,7 +92,7 @@ void check_softmax(const Softmax& t, int64_t dim, bool log) {
   }
   const std::string what = std::string(log ? "log_softmax" : "softmax") + " dim " + std::to_string(dim);
   t.expect_close(y.to_doubles(), want, what + " y");
-  t.expect_close(x.grad().to_doubles(), naive_vjp(p, dy.to_doubles(), outer, shape[static_cast<size_t>(d)], inner, log),
+  t.expect_close(grad_of(x).to_doubles(), naive_vjp(p, dy.to_doubles(), outer, shape[static_cast<size_t>(d)], inner, log),
                  what + " dx");
 }
 
@@ -105,12 +105,12 @@ TEST_P(Softmax, LogMiddleDimMatchesNaive) { check_softmax(*this, 1, true); }
 // 200 rows of 300: enough work that the kernels split rows across threads.
 TEST_P(Softmax, ManyRowsMatchNaive) {
   Generator gen(13);
-  Tensor x = Tensor::from_vector(random_values(60000, gen, 3.0), {200, 300}, dtype()).set_requires_grad();
+  Tensor x = set_requires_grad(Tensor::from_vector(random_values(60000, gen, 3.0), {200, 300}, dtype()));
   Tensor dy = Tensor::from_vector(random_values(60000, gen, 1.0), {200, 300}, dtype());
-  softmax(x).backward(dy);
+  backward({softmax(x)}, {dy});
   Vec p = naive_softmax(x.to_doubles(), 200, 300, 1);
   expect_close(softmax(x).to_doubles(), p, "softmax y");
-  expect_close(x.grad().to_doubles(), naive_vjp(p, dy.to_doubles(), 200, 300, 1, false), "softmax dx");
+  expect_close(grad_of(x).to_doubles(), naive_vjp(p, dy.to_doubles(), 200, 300, 1, false), "softmax dx");
 }
 
 // Logits of ±1e4 overflow exp unless the row max is subtracted first.
@@ -121,12 +121,12 @@ TEST_P(Softmax, LargeLogitsStayFinite) {
   expect_close(log_softmax(x).to_doubles(),
                {-std::log(s), -1.0 - std::log(s), -2e4 - std::log(s), -1e4 - std::log(s), -2.0 - std::log(s)},
                "log_softmax");
-  x.set_requires_grad();
+  set_requires_grad(x);
   Tensor loss = cross_entropy(x, Tensor::from_indices({2}, {1}));
   expect_close({loss.item()}, {2e4 + std::log(s)}, "cross_entropy");
-  loss.backward();
-  for (double g : x.grad().to_doubles()) EXPECT_TRUE(std::isfinite(g));
-  EXPECT_NEAR(x.grad().to_doubles()[2], -1.0, GetParam().tol);  // softmax there is 0: the gradient is −onehot
+  backward(loss);
+  for (double g : grad_of(x).to_doubles()) EXPECT_TRUE(std::isfinite(g));
+  EXPECT_NEAR(grad_of(x).to_doubles()[2], -1.0, GetParam().tol);  // softmax there is 0: the gradient is −onehot
 }
 
 // ---- cross-entropy ----
@@ -157,13 +157,13 @@ NaiveCE naive_cross_entropy(const Vec& x, const std::vector<int64_t>& t, int64_t
 
 void check_cross_entropy(const Softmax& t, const std::vector<int64_t>& targets, DType index_dtype, int64_t ignore) {
   Generator gen(11);
-  Tensor logits = Tensor::from_vector(random_values(30, gen, 2.0), {2, 3, 5}, t.GetParam().dtype).set_requires_grad();
+  Tensor logits = set_requires_grad(Tensor::from_vector(random_values(30, gen, 2.0), {2, 3, 5}, t.GetParam().dtype));
   Tensor loss = cross_entropy(logits, Tensor::from_indices(targets, {2, 3}, index_dtype), ignore);
-  loss.backward(Tensor::scalar(2.5, t.GetParam().dtype));
+  backward({loss}, {Tensor::scalar(2.5, t.GetParam().dtype)});
   NaiveCE want = naive_cross_entropy(logits.to_doubles(), targets, 5, ignore, 2.5);
   EXPECT_EQ(loss.dim(), 0);
   t.expect_close({loss.item()}, {want.loss}, "loss");
-  t.expect_close(logits.grad().to_doubles(), want.dlogits, "dlogits");
+  t.expect_close(grad_of(logits).to_doubles(), want.dlogits, "dlogits");
 }
 
 TEST_P(Softmax, CrossEntropyMatchesNaive) { check_cross_entropy(*this, {0, 4, 2, 2, 1, 3}, DType::i64, -100); }
@@ -172,12 +172,12 @@ TEST_P(Softmax, CrossEntropyOverManyRowsMatchesNaive) {
   Generator gen(19);
   std::vector<int64_t> targets(200);
   for (int64_t& t : targets) t = static_cast<int64_t>(gen.next_u64() % 301) - 1;  // −1 is ignored
-  Tensor logits = Tensor::from_vector(random_values(60000, gen, 3.0), {200, 300}, dtype()).set_requires_grad();
+  Tensor logits = set_requires_grad(Tensor::from_vector(random_values(60000, gen, 3.0), {200, 300}, dtype()));
   Tensor loss = cross_entropy(logits, Tensor::from_indices(targets, {200}), -1);
-  loss.backward();
+  backward(loss);
   NaiveCE want = naive_cross_entropy(logits.to_doubles(), targets, 300, -1, 1.0);
   expect_close({loss.item()}, {want.loss}, "loss");
-  expect_close(logits.grad().to_doubles(), want.dlogits, "dlogits");
+  expect_close(grad_of(logits).to_doubles(), want.dlogits, "dlogits");
 }
 
 TEST_P(Softmax, CrossEntropySkipsIgnoredTargets) {
@@ -186,11 +186,11 @@ TEST_P(Softmax, CrossEntropySkipsIgnoredTargets) {
 }
 
 TEST_P(Softmax, CrossEntropyAllIgnoredIsZeroWithZeroGradient) {
-  Tensor logits = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, dtype()).set_requires_grad();
+  Tensor logits = set_requires_grad(Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, dtype()));
   Tensor loss = cross_entropy(logits, Tensor::from_indices({-100, -100}, {2}));
-  loss.backward();
+  backward(loss);
   EXPECT_EQ(loss.item(), 0.0);
-  for (double g : logits.grad().to_doubles()) EXPECT_EQ(g, 0.0);
+  for (double g : grad_of(logits).to_doubles()) EXPECT_EQ(g, 0.0);
 }
 
 TEST_P(Softmax, CrossEntropyRejectsOutOfRangeTargets) {

@@ -1,7 +1,7 @@
 // Synthetic tasks: every row of every task is checked against the task's definition (MQAR answers are the
 // values bound to the queried keys, copies equal the originals, ...), the accuracy metric on perfect,
 // partly wrong and logit predictions, determinism by seed, restore, and configuration errors.
-#include "train/synthetic.h"
+#include "train/data/synthetic.h"
 
 #include <gtest/gtest.h>
 

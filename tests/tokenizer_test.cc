@@ -1,6 +1,6 @@
 // Tokenizers: byte round trips and special tokens, the pre-tokenisation, BPE training on text whose
 // merges can be worked out by hand, exact round trips, the merges file and each way it can be wrong.
-#include "train/tokenizer.h"
+#include "train/data/tokenizer.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

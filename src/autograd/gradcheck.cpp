@@ -42,7 +42,7 @@ GradcheckResult gradcheck(const TensorFn& fn, const std::vector<Tensor>& inputs,
 
   // Analytic: one backward pass seeded with the cotangents.
   for (size_t i = 0; i < xs.size(); ++i) {
-    if (checked[i]) xs[i].set_requires_grad(true);
+    if (checked[i]) set_requires_grad(xs[i], true);
   }
   std::vector<Tensor> outputs = fn(xs);
   Generator gen(options.seed);
@@ -50,10 +50,10 @@ GradcheckResult gradcheck(const TensorFn& fn, const std::vector<Tensor>& inputs,
   std::vector<Tensor> roots, seeds;
   std::vector<bool> differentiable;
   for (const Tensor& y : outputs) {
-    differentiable.push_back(y.defined() && y.requires_grad());
+    differentiable.push_back(y.defined() && requires_grad(y));
     std::vector<double> r(static_cast<size_t>(y.defined() ? y.numel() : 0));
     for (double& v : r) v = gen.normal();
-    if (y.defined() && y.requires_grad()) {
+    if (y.defined() && requires_grad(y)) {
       roots.push_back(y);
       seeds.push_back(Tensor::from_vector(r, y.shape(), y.dtype(), y.device()));
     }
@@ -64,9 +64,9 @@ GradcheckResult gradcheck(const TensorFn& fn, const std::vector<Tensor>& inputs,
   std::vector<std::vector<double>> analytic(xs.size());
   for (size_t i = 0; i < xs.size(); ++i) {
     if (!checked[i]) continue;
-    Tensor g = xs[i].grad();
+    Tensor g = grad_of(xs[i]);
     analytic[i] = g.defined() ? g.to_doubles() : std::vector<double>(static_cast<size_t>(xs[i].numel()), 0.0);
-    xs[i].set_requires_grad(false);
+    set_requires_grad(xs[i], false);
   }
 
   // Numeric: central differences, element by element, with no graph recorded.

@@ -1,4 +1,5 @@
-// The gradient accessors of Tensor (declared in src/tensor/tensor.h).
+// A tensor's gradient: the free functions of src/autograd/variable.h that read and write the
+// AutogradMeta a Tensor carries (src/tensor knows it only as an opaque pointer).
 #include <stdexcept>
 
 #include "autograd/variable.h"
@@ -6,39 +7,42 @@
 
 namespace seqlab {
 
-bool Tensor::requires_grad() const { return meta_ && meta_->requires_grad; }
+bool requires_grad(const Tensor& t) { return t.autograd_meta() && t.autograd_meta()->requires_grad; }
 
-Tensor& Tensor::set_requires_grad(bool on) {
-  if (on && !is_floating(dtype_)) {
-    throw std::invalid_argument(std::string("only floating tensors can require grad, not ") + dtype_name(dtype_));
+Tensor& set_requires_grad(Tensor& t, bool on) {
+  if (on && !is_floating(t.dtype())) {
+    throw std::invalid_argument(std::string("only floating tensors can require grad, not ") + dtype_name(t.dtype()));
   }
-  if (meta_ && meta_->grad_fn) {
-    throw std::invalid_argument("set_requires_grad on a non-leaf tensor (computed by '" + meta_->grad_fn->name +
+  std::shared_ptr<AutogradMeta>& meta = t.mutable_autograd_meta();
+  if (meta && meta->grad_fn) {
+    throw std::invalid_argument("set_requires_grad on a non-leaf tensor (computed by '" + meta->grad_fn->name +
                                 "'); detach() it first");
   }
-  if (!meta_) meta_ = std::make_shared<AutogradMeta>();
-  meta_->requires_grad = on;
-  return *this;
+  if (!meta) meta = std::make_shared<AutogradMeta>();
+  meta->requires_grad = on;
+  return t;
 }
 
-Tensor Tensor::grad() const { return meta_ ? meta_->grad : Tensor(); }
-
-void Tensor::zero_grad() {
-  if (meta_) meta_->grad = Tensor();
+Tensor set_requires_grad(Tensor&& t, bool on) {
+  set_requires_grad(t, on);
+  return std::move(t);
 }
 
-void Tensor::set_grad(const Tensor& g) {
-  if (g.defined() && g.shape() != shape_) {
-    throw std::invalid_argument("set_grad: gradient " + shape_str(g.shape()) + " for a tensor " + shape_str(shape_));
+Tensor grad_of(const Tensor& t) { return t.autograd_meta() ? t.autograd_meta()->grad : Tensor(); }
+
+void clear_grad(Tensor& t) {
+  if (t.autograd_meta()) t.autograd_meta()->grad = Tensor();
+}
+
+void set_grad(Tensor& t, const Tensor& g) {
+  if (g.defined() && g.shape() != t.shape()) {
+    throw std::invalid_argument("set_grad: gradient " + shape_str(g.shape()) + " for a tensor " + shape_str(t.shape()));
   }
-  if (!meta_) meta_ = std::make_shared<AutogradMeta>();
-  meta_->grad = g;
+  std::shared_ptr<AutogradMeta>& meta = t.mutable_autograd_meta();
+  if (!meta) meta = std::make_shared<AutogradMeta>();
+  meta->grad = g;
 }
 
-void Tensor::backward() const { seqlab::backward({*this}, {Tensor()}, false); }
-
-void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
-  seqlab::backward({*this}, {grad_output}, retain_graph);
-}
+void backward(const Tensor& root) { backward(std::vector<Tensor>{root}, std::vector<Tensor>{Tensor()}, false); }
 
 }  // namespace seqlab

@@ -69,6 +69,19 @@ class NoGradGuard {
   bool previous_;
 };
 
+// ---- a tensor's gradient (src/tensor keeps only the opaque AutogradMeta pointer) ----
+bool requires_grad(const Tensor& t);
+// Marks a leaf (a tensor no op computed) as requiring a gradient; returns it. Throws for a non-floating
+// tensor or one an op computed (detach() it first).
+Tensor& set_requires_grad(Tensor& t, bool on = true);
+Tensor set_requires_grad(Tensor&& t, bool on = true);  // a temporary: `set_requires_grad(Tensor::randn(...))`
+Tensor grad_of(const Tensor& t);  // the accumulated gradient of a leaf, or an undefined tensor
+void clear_grad(Tensor& t);       // drops the accumulated gradient
+void set_grad(Tensor& t, const Tensor& g);
+// Runs the backward pass from a scalar `root`, seeded with 1 (for another seed, or to keep the graph,
+// backward({root}, {grad_output}, retain_graph) below).
+void backward(const Tensor& root);
+
 // Runs the backward pass from several roots at once, seeding root i with grads[i] (undefined:
 // ones, allowed for scalars). Frees the graph's saved tensors unless retain_graph.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph = false);

@@ -26,7 +26,7 @@
 #include "cuda/optim_kernels.cuh"
 #include "cuda/runtime.h"
 #include "tensor/kernels.h"
-#include "train/optim.h"
+#include "tensor/slots/optim.h"
 
 namespace seqlab::cuda {
 namespace {
@@ -72,7 +72,7 @@ void with_grad_type(const char* op, const Tensor& p, const Tensor& g, const Tens
   fn(Tag<P>{});
 }
 
-void adamw_step_cuda(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+void adamw_step_cuda(const kernel::AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
                      const Tensor& w) {
   const int64_t n = p.numel();
   const int device = p.device().index;
@@ -101,7 +101,7 @@ void adamw_step_cuda(const AdamWStep& s, const Tensor& p, const Tensor& g, const
 
 // ---- SGD -------------------------------------------------------------------------------------------
 
-void sgd_step_cuda(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b, const Tensor& w) {
+void sgd_step_cuda(const kernel::SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b, const Tensor& w) {
   const int64_t n = p.numel();
   const int device = p.device().index;
   dispatch_floating(p.dtype(), "sgd_step", [&](auto tag) {
@@ -177,9 +177,9 @@ void scale_inplace_cuda(const Tensor& x, double s) {
 }  // namespace
 }  // namespace seqlab::cuda
 
-namespace seqlab {
+namespace seqlab::kernel {
 SEQLAB_REGISTER_KERNEL(adamw_step_kernel, DeviceType::CUDA, &cuda::adamw_step_cuda);
 SEQLAB_REGISTER_KERNEL(sgd_step_kernel, DeviceType::CUDA, &cuda::sgd_step_cuda);
 SEQLAB_REGISTER_KERNEL(sum_squares_kernel, DeviceType::CUDA, &cuda::sum_squares_cuda);
 SEQLAB_REGISTER_KERNEL(scale_inplace_kernel, DeviceType::CUDA, &cuda::scale_inplace_cuda);
-}  // namespace seqlab
+}  // namespace seqlab::kernel

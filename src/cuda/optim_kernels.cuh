@@ -21,7 +21,7 @@ template <class S>
 struct AdamWCoefficients {
   S lr, lr_wd, eps, b1, c1, b2, c2, inv_bc1, inv_bc2;
 };
-// From an AdamWStep (train/optim.h): each coefficient formed in double, then rounded to S once.
+// From an AdamWStep (tensor/slots/optim.h): each coefficient formed in double, then rounded to S once.
 template <class S, class Step>
 AdamWCoefficients<S> adamw_coefficients(const Step& s) {
   return {S(s.lr),
@@ -64,7 +64,7 @@ struct SgdCoefficients {
   S lr, lr_wd, mu;
   bool nesterov;
 };
-// From an SgdStep (train/optim.h): each coefficient formed in double, then rounded to S once.
+// From an SgdStep (tensor/slots/optim.h): each coefficient formed in double, then rounded to S once.
 template <class S, class Step>
 SgdCoefficients<S> sgd_coefficients(const Step& s) {
   return {S(s.lr), S(s.lr * s.weight_decay), S(s.momentum), s.nesterov};

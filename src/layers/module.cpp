@@ -21,7 +21,7 @@ Tensor& Module::add_parameter(const std::string& name, Tensor value, ParamRole r
   for (const Entry& e : params_) {
     if (e.name == name) throw std::logic_error("parameter '" + name + "' registered twice");
   }
-  value.set_requires_grad(true);
+  set_requires_grad(value, true);
   params_.push_back(Entry{name, std::make_unique<Tensor>(std::move(value)), role});
   return *params_.back().tensor;
 }
@@ -44,7 +44,7 @@ int64_t Module::num_parameters() {
 }
 
 void Module::zero_grad() {
-  for (const Parameter& p : parameters()) p.tensor->zero_grad();
+  for (const Parameter& p : parameters()) clear_grad(*p.tensor);
 }
 
 void Module::set_training(bool on) {
@@ -55,7 +55,7 @@ void Module::set_training(bool on) {
 void Module::to(Device device, DType dtype) {
   for (const Parameter& p : parameters()) {
     Tensor moved = kernel::clone(kernel::to_device(kernel::to_dtype(*p.tensor, dtype), device));
-    moved.set_requires_grad(true);
+    set_requires_grad(moved, true);
     *p.tensor = moved;
   }
 }

@@ -5,8 +5,6 @@
 
 namespace seqlab::kernel {
 
-SEQLAB_DEFINE_KERNEL(copy_kernel);
-SEQLAB_DEFINE_KERNEL(fill_kernel);
 
 void fill_(const Tensor& dst, double value) {
   if (dst.is_contiguous()) {

@@ -8,8 +8,6 @@
 
 namespace seqlab::kernel {
 
-SEQLAB_DEFINE_KERNEL(cross_entropy_kernel);
-SEQLAB_DEFINE_KERNEL(cross_entropy_backward_kernel);
 
 namespace {
 

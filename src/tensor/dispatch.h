@@ -1,8 +1,9 @@
 // Device dispatch: one function-pointer slot per device for each kernel family.
 //
-// A kernel family is declared once (SEQLAB_DECLARE_KERNEL in src/tensor/kernels.h), its CPU
-// implementation registers itself from src/tensor/cpu/*.cpp and its CUDA implementation from
-// src/cuda/*.cu with the same signature. Op code calls `stub(device, args...)` and never sees an
+// A kernel family is declared once, in src/tensor (SEQLAB_DECLARE_KERNEL: the primitives in
+// src/tensor/kernels.h, the fused variant ops and the optimizer steps in src/tensor/slots/); its CPU
+// implementation registers itself from src/tensor/cpu/*.cpp or the op's room in src/layers, and its
+// CUDA implementation from src/cuda with the same signature. Op code calls `stub(device, args...)` and never sees an
 // #ifdef. The slots are zero-initialised constants, so registration from any translation unit's
 // static initialiser is safe regardless of initialisation order.
 //
@@ -123,11 +124,12 @@ struct KernelRegistration {
 
 }  // namespace seqlab
 
+// Declares and defines a slot in a header: an inline variable, so every shared library of the
+// program (tensor, cuda, layers) reads and fills the one instance the dynamic linker keeps (GCC emits
+// it as a unique symbol), and its constant initialiser runs before any registration.
 #define SEQLAB_DECLARE_KERNEL(slot, signature) \
   using slot##_fn = signature;                 \
-  extern ::seqlab::KernelSlot<slot##_fn> slot
-
-#define SEQLAB_DEFINE_KERNEL(slot) ::seqlab::KernelSlot<slot##_fn> slot = {#slot, {nullptr, nullptr}, false}
+  inline ::seqlab::KernelSlot<slot##_fn> slot = {#slot, {nullptr, nullptr}, false}
 
 #define SEQLAB_CONCAT_INNER(a, b) a##b
 #define SEQLAB_CONCAT(a, b) SEQLAB_CONCAT_INNER(a, b)

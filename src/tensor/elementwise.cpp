@@ -7,11 +7,6 @@
 
 namespace seqlab::kernel {
 
-SEQLAB_DEFINE_KERNEL(unary_kernel);
-SEQLAB_DEFINE_KERNEL(unary_backward_kernel);
-SEQLAB_DEFINE_KERNEL(binary_kernel);
-SEQLAB_DEFINE_KERNEL(scalar_kernel);
-SEQLAB_DEFINE_KERNEL(where_kernel);
 
 const char* unary_name(UnaryOp op) {
   switch (op) {

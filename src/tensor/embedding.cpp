@@ -8,8 +8,6 @@
 
 namespace seqlab::kernel {
 
-SEQLAB_DEFINE_KERNEL(embedding_kernel);
-SEQLAB_DEFINE_KERNEL(embedding_backward_kernel);
 
 namespace {
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -141,6 +142,9 @@ struct GemmArgs {
   DType dtype = DType::f32;
 };
 SEQLAB_DECLARE_KERNEL(gemm_kernel, void (*)(const GemmArgs& args, Device device));
+// The CPU BLAS as it describes itself (OpenBLAS: version, the core picked at run time, thread cap),
+// or "" when it has no such call.
+std::string cpu_blas_config();
 
 // ------------------------------------------------------------------------------------------------
 // Softmax and log-softmax over the last dimension of a contiguous x.

@@ -6,8 +6,6 @@
 
 namespace seqlab::kernel {
 
-SEQLAB_DEFINE_KERNEL(gemm_kernel);
-SEQLAB_DEFINE_KERNEL(linear_kernel);
 
 namespace {
 

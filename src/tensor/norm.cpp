@@ -9,12 +9,6 @@
 
 namespace seqlab::kernel {
 
-SEQLAB_DEFINE_KERNEL(layer_norm_kernel);
-SEQLAB_DEFINE_KERNEL(layer_norm_backward_kernel);
-SEQLAB_DEFINE_KERNEL(rms_norm_kernel);
-SEQLAB_DEFINE_KERNEL(rms_norm_backward_kernel);
-SEQLAB_DEFINE_KERNEL(add_layer_norm_kernel);
-SEQLAB_DEFINE_KERNEL(add_rms_norm_kernel);
 
 namespace {
 

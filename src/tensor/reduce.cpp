@@ -7,10 +7,6 @@
 
 namespace seqlab::kernel {
 
-SEQLAB_DEFINE_KERNEL(sum_rows_kernel);
-SEQLAB_DEFINE_KERNEL(max_rows_kernel);
-SEQLAB_DEFINE_KERNEL(scatter_rows_kernel);
-SEQLAB_DEFINE_KERNEL(cumsum_kernel);
 
 namespace {
 

@@ -7,8 +7,6 @@
 
 namespace seqlab::kernel {
 
-SEQLAB_DEFINE_KERNEL(softmax_kernel);
-SEQLAB_DEFINE_KERNEL(softmax_backward_kernel);
 
 namespace {
 

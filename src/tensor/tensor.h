@@ -1,8 +1,8 @@
 // Tensor: a view (shape, strides in elements, offset) over reference-counted storage.
 //
 // The tensor layer knows nothing of gradients. A tensor carries one opaque slot, AutogradMeta,
-// that the autograd layer (src/autograd) fills; the gradient accessors declared at the bottom of
-// the class are defined there. Differentiable operations are free functions in namespace seqlab
+// that the autograd layer (src/autograd) fills and reads through its own free functions
+// (requires_grad, set_requires_grad, grad_of, backward: src/autograd/variable.h). Differentiable operations are free functions in namespace seqlab
 // (src/autograd/ops.h); raw, non-recording kernels are in namespace seqlab::kernel
 // (src/tensor/kernels.h).
 #pragma once
@@ -124,15 +124,7 @@ class Tensor {
   Tensor detach() const;
   std::string str(int64_t max_per_dim = 6) const;  // readable printing, elided beyond max_per_dim
 
-  // ---- autograd (defined in src/autograd/variable.cpp) ----
-  bool requires_grad() const;
-  Tensor& set_requires_grad(bool on = true);
-  Tensor grad() const;            // accumulated gradient of a leaf, or an undefined tensor
-  void zero_grad();               // drops the accumulated gradient
-  void set_grad(const Tensor& g);
-  // Runs the backward pass from this tensor. `grad_output` defaults to ones for a scalar.
-  void backward() const;
-  void backward(const Tensor& grad_output, bool retain_graph = false) const;
+  // The autograd layer's slot (src/autograd/variable.h reads and writes it; this layer never does).
   const std::shared_ptr<AutogradMeta>& autograd_meta() const { return meta_; }
   std::shared_ptr<AutogradMeta>& mutable_autograd_meta() { return meta_; }
 

@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "tensor/cpu/parallel.h"
+#include "tensor/parallel.h"
 #include "tensor/kernels.h"
 
 #ifdef _OPENMP

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "tensor/cpu/parallel.h"
+#include "tensor/parallel.h"
 #include "tensor/kernels.h"
 
 namespace seqlab::cpu {

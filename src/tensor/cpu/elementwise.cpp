@@ -1,7 +1,7 @@
 // CPU elementwise kernels: one loop each, the per-element formula from elementwise_math.h.
 #include <algorithm>
 
-#include "tensor/cpu/parallel.h"
+#include "tensor/parallel.h"
 #include "tensor/elementwise_math.h"
 #include "tensor/kernels.h"
 

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "tensor/cpu/parallel.h"
+#include "tensor/parallel.h"
 #include "tensor/kernels.h"
 
 namespace seqlab::cpu {

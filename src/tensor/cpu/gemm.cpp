@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -139,4 +140,18 @@ void gemm_cpu(const kernel::GemmArgs& g, Device) {
 
 namespace seqlab::kernel {
 SEQLAB_REGISTER_KERNEL(gemm_kernel, DeviceType::CPU, &cpu::gemm_cpu);
+}  // namespace seqlab::kernel
+
+namespace seqlab::kernel {
+
+std::string cpu_blas_config() {
+#ifdef OPENBLAS_VERSION
+  std::string config = openblas_get_config();
+  while (!config.empty() && (config.back() == ' ' || config.back() == '\n')) config.pop_back();
+  return config;
+#else
+  return "";
+#endif
+}
+
 }  // namespace seqlab::kernel

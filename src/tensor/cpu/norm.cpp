@@ -15,7 +15,7 @@
 #include <cmath>
 #include <vector>
 
-#include "tensor/cpu/parallel.h"
+#include "tensor/parallel.h"
 #include "tensor/kernels.h"
 
 namespace seqlab::cpu {

@@ -1,6 +1,6 @@
 // CPU row reductions and the cumulative sum. Sums accumulate in double for f32 inputs so results
 // do not depend on the thread count.
-#include "tensor/cpu/parallel.h"
+#include "tensor/parallel.h"
 #include "tensor/kernels.h"
 
 namespace seqlab::cpu {

@@ -1,0 +1,404 @@
+// Fused softmax attention: the raw entry points, the CPU forward and backward kernels side by side,
+// the autograd node, the naive materialised reference, and the registry entry.
+//
+// How the CPU kernels work (equations in docs/variants/attention.md):
+// - Work is cut into tiles of up to `block` query rows × `block` keys of one (batch, head). Each
+//   tile's products (scores Q Kᵀ, then P V in the forward; dP = dO Vᵀ, Pᵀ dO, dS K, dSᵀ Q in the
+//   backward) are GEMMs through the GEMM slot, single-threaded inside the parallel loop over tasks;
+//   only the softmax in between is elementwise (a vectorised exp). A key block that no row of a
+//   tile sees (beyond the causal limit) is never visited; inside a block, a row's future keys get
+//   probability 0. Scratch is one or two block × block tiles per thread, never T × S.
+// - Forward: online softmax. A task owns one query tile; each row keeps a running max m and sum ℓ;
+//   its output row is the accumulator, rescaled by exp(m_old − m_new) whenever a block raises the
+//   max, divided by ℓ at the end. Saves lse = m + log ℓ.
+// - Backward: P is recomputed from lse, never stored, once per tile. One race-free pass over
+//   (batch, kv head): a task walks every query head sharing its kv head and every tile they see, so
+//   it alone writes those dK/dV rows and those heads' dQ rows.
+// - Sums accumulate in the input type (f32 like flash attention, or f64).
+#include "layers/attention/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "autograd/function.h"
+#include "autograd/op_registry.h"
+#include "autograd/ops.h"
+#include "tensor/blas_rows.h"
+#include "tensor/parallel.h"
+#include "tensor/elementwise_math.h"
+#include "tensor/kernels.h"
+
+namespace seqlab {
+namespace kernel {
+
+
+namespace {
+
+struct Dims {
+  int64_t B, T, S, H, Hk, Dk, Dv;
+};
+
+std::string shapes_str(const Tensor& q, const Tensor& k, const Tensor& v) {
+  auto one = [](const Tensor& t) { return t.defined() ? shape_str(t.shape()) : std::string("undefined"); };
+  return "q " + one(q) + ", k " + one(k) + ", v " + one(v);
+}
+
+Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  auto fail = [&](const std::string& why) {
+    throw std::invalid_argument("attention: " + why + " (got " + shapes_str(q, k, v) +
+                                "; expected q [B, T, H, Dk], k [B, S, Hk, Dk], v [B, S, Hk, Dv])");
+  };
+  if (!q.defined() || !k.defined() || !v.defined()) fail("q, k and v must all be given");
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) fail("q, k and v must have 4 dimensions");
+  const Dims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
+  if (k.size(0) != d.B || v.size(0) != d.B) fail("batch sizes differ");
+  if (v.size(1) != d.S || v.size(2) != d.Hk) fail("k and v differ in length or heads");
+  if (k.size(3) != d.Dk) fail("q and k head dims differ");
+  if (d.Dk == 0) fail("the head dim is 0");
+  if (d.Hk == 0 || d.H % d.Hk != 0) fail("query heads H must be a multiple of kv heads Hk");
+  if (d.S == 0) fail("no keys to attend to");
+  if (causal && d.T > d.S) {
+    fail(
+        "causal attention needs T ≤ S: query i sits at key position i + S − T, so T > S puts queries before the "
+        "first key");
+  }
+  if (q.dtype() != k.dtype() || q.dtype() != v.dtype() || !is_floating(q.dtype())) {
+    fail(std::string("q, k and v must share dtype f32, f64 or bf16, got ") + dtype_name(q.dtype()) + ", " +
+         dtype_name(k.dtype()) + ", " + dtype_name(v.dtype()));
+  }
+  if (q.device() != k.device() || q.device() != v.device()) fail("q, k and v are on different devices");
+  return d;
+}
+
+AttentionParams resolve(const AttentionOptions& opts, int64_t Dk) {
+  if (opts.block <= 0)
+    throw std::invalid_argument("attention: block must be positive, got " + std::to_string(opts.block));
+  return {opts.causal, opts.scale > 0 ? opts.scale : 1.0 / std::sqrt(static_cast<double>(Dk)), opts.block};
+}
+
+void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* what) {
+  if (!t.defined() || t.shape() != shape || t.dtype() != dtype) {
+    throw std::invalid_argument(std::string("attention backward: ") + what + " is " +
+                                (t.defined() ? shape_str(t.shape()) + " " + dtype_name(t.dtype()) : "undefined") +
+                                ", expected " + shape_str(shape) + " " + dtype_name(dtype));
+  }
+}
+
+}  // namespace
+
+AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
+  const Dims d = check_inputs(q, k, v, opts.causal);
+  const AttentionParams p = resolve(opts, d.Dk);
+  AttentionOutput out{Tensor::empty({d.B, d.T, d.H, d.Dv}, q.dtype(), q.device()),
+                      Tensor::empty({d.B, d.T, d.H}, accumulate_dtype(q.dtype()), q.device())};
+  attention_forward_kernel(q.device(), kernel::contiguous(q), kernel::contiguous(k), kernel::contiguous(v), p, out.o,
+                           out.lse);
+  return out;
+}
+
+AttentionGrads attention_backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionOptions& opts,
+                                  bool need_dq, bool need_dk, bool need_dv) {
+  const Dims d = check_inputs(q, k, v, opts.causal);
+  const AttentionParams p = resolve(opts, d.Dk);
+  const Shape o_shape{d.B, d.T, d.H, d.Dv}, lse_shape{d.B, d.T, d.H};
+  check_like(dout, o_shape, q.dtype(), "dout");
+  check_like(out, o_shape, q.dtype(), "o");
+  check_like(lse, lse_shape, accumulate_dtype(q.dtype()), "lse");
+  if (dlse.defined()) check_like(dlse, lse_shape, accumulate_dtype(q.dtype()), "dlse");
+  AttentionGrads g;
+  if (need_dq) g.dq = Tensor::empty(q.shape(), q.dtype(), q.device());
+  if (need_dk) g.dk = Tensor::empty(k.shape(), k.dtype(), k.device());
+  if (need_dv) g.dv = Tensor::empty(v.shape(), v.dtype(), v.device());
+  if (!need_dq && !need_dk && !need_dv) return g;
+  Tensor dl =
+      dlse.defined() ? kernel::contiguous(dlse) : Tensor::zeros(lse_shape, accumulate_dtype(q.dtype()), q.device());
+  attention_backward_kernel(q.device(), kernel::contiguous(dout), dl, kernel::contiguous(q), kernel::contiguous(k),
+                            kernel::contiguous(v), kernel::contiguous(out), kernel::contiguous(lse), p, g);
+  return g;
+}
+
+}  // namespace kernel
+
+// ------------------------------------------------------------------------------------------------
+// CPU kernels
+namespace cpu {
+namespace {
+
+using kernel::AttentionGrads;
+using kernel::AttentionParams;
+
+// Geometry of one call: row numbers in the [B, T, H, ·] and [B, S, Hk, ·] layouts (times the head
+// dim gives the element offset), row strides of a head's matrix in them, and the causal limits.
+struct Geometry {
+  int64_t B, T, S, H, Hk, Dk, Dv, group, block;
+  bool causal;
+
+  int64_t q_row(int64_t b, int64_t i, int64_t h) const { return (b * T + i) * H + h; }
+  int64_t kv_row(int64_t b, int64_t j, int64_t hk) const { return (b * S + j) * Hk + hk; }
+  // Query i sees keys [0, key_end(i)).
+  int64_t key_end(int64_t i) const { return causal ? i + S - T + 1 : S; }
+  int64_t tiles(int64_t n) const { return (n + block - 1) / block; }
+  // Whether the T×S work is worth a thread team.
+  bool parallel(int64_t tasks) const { return tasks > 1 && T * S * (Dk + Dv) > kParallelGrain; }
+};
+
+Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
+  Geometry g{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3), 1, p.block, p.causal};
+  g.group = g.H / g.Hk;
+  return g;
+}
+
+// One (query tile, key block) tile of scores: s_rc = scale q_{i0+r}·k_{j0+c} for r < rows, c < nk,
+// leading dimension nk. Returns, per row, how many of the block's keys the row sees (may be ≤ 0).
+template <class T>
+void score_tile(const Geometry& g, const T* Q, const T* K, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
+                int64_t nk, T scale, T* s) {
+  gemm<T>(false, true, rows, nk, g.Dk, scale, Q + g.q_row(b, i0, h) * g.Dk, g.H * g.Dk,
+          K + g.kv_row(b, j0, h / g.group) * g.Dk, g.Hk * g.Dk, 0.0, s, nk);
+}
+
+// Per (b, h) and query row i, over the visible keys j < key_end(i):
+//   s_ij = scale q_i·k_j,  m_i = max_j s_ij,  ℓ_i = Σ_j exp(s_ij − m_i),
+//   o_i = Σ_j exp(s_ij − m_i) v_j / ℓ_i,  lse_i = m_i + log ℓ_i,
+// with m, ℓ and o_i built key block by key block (online softmax). A task owns `block` query rows
+// of one (b, h); for each key block it forms the rows × block score tile with one GEMM, turns it
+// into probabilities against the running max in place, and adds P V into the output rows with a
+// second GEMM (after rescaling them when the max rose).
+// Memory: reads q, k, v; writes o [B, T, H, Dv] and lse [B, T, H]; scratch per thread: one
+// block × block tile and (m, ℓ) for `block` rows.
+template <class T>
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, const Tensor& o,
+             const Tensor& lse) {
+  const Geometry g = geometry(q, k, v, p);
+  const T *Q = q.data<T>(), *K = k.data<T>(), *V = v.data<T>();
+  T *O = o.data<T>(), *LSE = lse.data<T>();
+  const T scale = static_cast<T>(p.scale);
+  const int64_t qtiles = g.tiles(g.T), tasks = g.B * g.H * qtiles;
+#pragma omp parallel if (g.parallel(tasks))
+  {
+    std::vector<T> s(static_cast<size_t>(g.block * g.block)), m(g.block), l(g.block);
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t b = task / (g.H * qtiles), h = task / qtiles % g.H, hk = h / g.group;
+      const int64_t i0 = task % qtiles * g.block, i1 = std::min(g.T, i0 + g.block), rows = i1 - i0;
+      T* Ot = O + g.q_row(b, i0, h) * g.Dv;
+      const int64_t ldo = g.H * g.Dv;
+      for (int64_t r = 0; r < rows; ++r) {
+        m[r] = -std::numeric_limits<T>::infinity();
+        l[r] = 0;
+        std::fill_n(Ot + r * ldo, g.Dv, T(0));
+      }
+      const int64_t tile_key_end = g.key_end(i1 - 1);  // the tile's last row sees the most keys
+      for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
+        const int64_t nk = std::min(j0 + g.block, tile_key_end) - j0;
+        score_tile(g, Q, K, b, h, i0, rows, j0, nk, scale, s.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          T* sr = s.data() + r * nk;
+          const int64_t seen = std::min(nk, g.key_end(i0 + r) - j0);  // keys of the block this row sees
+          T block_max = -std::numeric_limits<T>::infinity();
+          for (int64_t c = 0; c < seen; ++c) block_max = sr[c] > block_max ? sr[c] : block_max;
+          if (block_max > m[r]) {  // rescale what was summed against the old max (0 on the first block)
+            const T rescale = math::exp_vec(m[r] - block_max);
+            l[r] *= rescale;
+            scal(rescale, Ot + r * ldo, g.Dv);
+            m[r] = block_max;
+          }
+          const T mr = m[r];
+          for (int64_t c = 0; c < seen; ++c) sr[c] = math::exp_vec(sr[c] - mr);
+          for (int64_t c = std::max<int64_t>(seen, 0); c < nk; ++c) sr[c] = 0;  // the row's future
+          T sum = 0;
+          for (int64_t c = 0; c < seen; ++c) sum += sr[c];
+          l[r] += sum;
+        }
+        gemm<T>(false, false, rows, g.Dv, nk, 1.0, s.data(), nk, V + g.kv_row(b, j0, hk) * g.Dv, g.Hk * g.Dv, 1.0, Ot,
+                ldo);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        scal(T(1) / l[r], Ot + r * ldo, g.Dv);
+        LSE[g.q_row(b, i0 + r, h)] = m[r] + std::log(l[r]);
+      }
+    }
+  }
+}
+
+// With P_ij = exp(s_ij − lse_i) recomputed from the saved lse and the output gradients dO, dlse:
+//   δ_i = Σ_d dO_id O_id − dlse_i,  dP_ij = dO_i·v_j,  dS_ij = P_ij (dP_ij − δ_i)
+//   dQ_i = scale Σ_j dS_ij k_j,  dK_j = scale Σ_{h,i} dS_ij q_i,  dV_j = Σ_{h,i} P_ij dO_i
+// (sums over h run over the query heads sharing the kv head). Derivation: o_i = Σ_j P_ij v_j gives
+// dP_ij = dO_i·v_j; the softmax Jacobian gives ∂L/∂s_ij = P_ij (dP_ij − Σ_j' P_ij' dP_ij') and
+// Σ_j' P_ij' dP_ij' = dO_i·o_i; ∂lse_i/∂s_ij = P_ij adds P_ij dlse_i.
+// One pass: a task owns one (b, kv head) and walks every query head of its group, every query tile
+// and every key block the tile sees. Per tile it recomputes P (one GEMM and exp), forms dP (one
+// GEMM) and dS in place, and adds into dV_blk += Pᵀ dO_tile, dQ_tile += scale dS K_blk and
+// dK_blk += scale dSᵀ Q_tile (three GEMMs). It alone writes the dK/dV rows of its kv head and the
+// dQ rows of its query heads, so there are no races, and each score is computed once.
+// Memory: reads dO, dlse, q, k, v, o, lse; writes the requested dq, dk, dv; scratch: δ [B, T, H]
+// and two block × block tiles per thread.
+template <class T>
+void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Tensor& k, const Tensor& v,
+              const Tensor& o, const Tensor& lse, const AttentionParams& p, const AttentionGrads& grads) {
+  const Geometry g = geometry(q, k, v, p);
+  const T *dO = dout.data<T>(), *dL = dlse.data<T>(), *Q = q.data<T>(), *K = k.data<T>(), *V = v.data<T>();
+  const T *O = o.data<T>(), *LSE = lse.data<T>();
+  const T scale = static_cast<T>(p.scale);
+
+  const int64_t rows_total = g.B * g.T * g.H;
+  std::vector<T> delta(static_cast<size_t>(rows_total));
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, g.Dv));
+  parallel_for(rows_total, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) delta[r] = dot(dO + r * g.Dv, O + r * g.Dv, g.Dv) - dL[r];
+  });
+
+  T* dQ = grads.dq.defined() ? grads.dq.data<T>() : nullptr;
+  T* dK = grads.dk.defined() ? grads.dk.data<T>() : nullptr;
+  T* dV = grads.dv.defined() ? grads.dv.data<T>() : nullptr;
+  const int64_t ldq = g.H * g.Dk, ldo = g.H * g.Dv, ldk = g.Hk * g.Dk, ldv = g.Hk * g.Dv;
+  const int64_t qtiles = g.tiles(g.T), tasks = g.B * g.Hk;
+#pragma omp parallel if (g.parallel(tasks))
+  {
+    std::vector<T> pt(static_cast<size_t>(g.block * g.block)), ds(pt.size());
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t b = task / g.Hk, hk = task % g.Hk;
+      for (int64_t j = 0; j < g.S; ++j) {
+        if (dK) std::fill_n(dK + g.kv_row(b, j, hk) * g.Dk, g.Dk, T(0));
+        if (dV) std::fill_n(dV + g.kv_row(b, j, hk) * g.Dv, g.Dv, T(0));
+      }
+      for (int64_t h = hk * g.group; h < (hk + 1) * g.group; ++h) {
+        for (int64_t tile = 0; tile < qtiles; ++tile) {
+          const int64_t i0 = tile * g.block, i1 = std::min(g.T, i0 + g.block), rows = i1 - i0;
+          const T *Qt = Q + g.q_row(b, i0, h) * g.Dk, *dOt = dO + g.q_row(b, i0, h) * g.Dv;
+          T* dQt = dQ ? dQ + g.q_row(b, i0, h) * g.Dk : nullptr;
+          if (dQt) {
+            for (int64_t r = 0; r < rows; ++r) std::fill_n(dQt + r * ldq, g.Dk, T(0));
+          }
+          const int64_t tile_key_end = g.key_end(i1 - 1);
+          for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
+            const int64_t nk = std::min(j0 + g.block, tile_key_end) - j0;
+            const T *Kb = K + g.kv_row(b, j0, hk) * g.Dk, *Vb = V + g.kv_row(b, j0, hk) * g.Dv;
+            score_tile(g, Q, K, b, h, i0, rows, j0, nk, scale, pt.data());
+            for (int64_t r = 0; r < rows; ++r) {
+              T* pr = pt.data() + r * nk;
+              const T lse_r = LSE[g.q_row(b, i0 + r, h)];
+              const int64_t seen = std::min(nk, g.key_end(i0 + r) - j0);
+              for (int64_t c = 0; c < seen; ++c) pr[c] = math::exp_vec(pr[c] - lse_r);
+              for (int64_t c = std::max<int64_t>(seen, 0); c < nk; ++c) pr[c] = 0;
+            }
+            if (dV)
+              gemm<T>(true, false, nk, g.Dv, rows, 1.0, pt.data(), nk, dOt, ldo, 1.0, dV + g.kv_row(b, j0, hk) * g.Dv,
+                      ldv);
+            if (!dQ && !dK) continue;
+            gemm<T>(false, true, rows, nk, g.Dv, 1.0, dOt, ldo, Vb, ldv, 0.0, ds.data(), nk);  // dP
+            for (int64_t r = 0; r < rows; ++r) {
+              const T dr = delta[g.q_row(b, i0 + r, h)];
+              const T* pr = pt.data() + r * nk;
+              T* dsr = ds.data() + r * nk;
+              for (int64_t c = 0; c < nk; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
+            }
+            if (dQt) gemm<T>(false, false, rows, g.Dk, nk, scale, ds.data(), nk, Kb, ldk, 1.0, dQt, ldq);
+            if (dK)
+              gemm<T>(true, false, nk, g.Dk, rows, scale, ds.data(), nk, Qt, ldq, 1.0, dK + g.kv_row(b, j0, hk) * g.Dk,
+                      ldk);
+          }
+        }
+      }
+    }
+  }
+}
+
+void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, const Tensor& o,
+                 const Tensor& lse) {
+  dispatch_float(q.dtype(), "attention", [&](auto tag) { forward<decltype(tag)>(q, k, v, p, o, lse); });
+}
+
+void backward_cpu(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& o, const Tensor& lse, const AttentionParams& p, const AttentionGrads& grads) {
+  dispatch_float(q.dtype(), "attention backward",
+                 [&](auto tag) { backward<decltype(tag)>(dout, dlse, q, k, v, o, lse, p, grads); });
+}
+
+}  // namespace
+}  // namespace cpu
+
+namespace kernel {
+SEQLAB_REGISTER_KERNEL(attention_forward_kernel, DeviceType::CPU, &cpu::forward_cpu);
+SEQLAB_REGISTER_KERNEL(attention_backward_kernel, DeviceType::CPU, &cpu::backward_cpu);
+}  // namespace kernel
+
+// ------------------------------------------------------------------------------------------------
+// The differentiable op: saves q, k, v (contiguous), o and lse; the backward is the kernel above.
+AttentionOutput attention_with_lse(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
+  kernel::check_inputs(q, k, v, opts.causal);
+  const Tensor qc = kernel::contiguous(q), kc = kernel::contiguous(k), vc = kernel::contiguous(v);
+  AttentionOutput out = kernel::attention_forward(qc, kc, vc, opts);
+  record("attention", {q, k, v}, {&out.o, &out.lse}, {qc, kc, vc, out.o, out.lse},
+         [opts](const std::vector<Tensor>& g, const std::vector<Tensor>& s, const std::vector<bool>& need) {
+           kernel::AttentionGrads d =
+               kernel::attention_backward(g[0], g[1], s[0], s[1], s[2], s[3], s[4], opts, need[0], need[1], need[2]);
+           return std::vector<Tensor>{d.dq, d.dk, d.dv};
+         });
+  return out;
+}
+
+// scores = Q Kᵀ · scale over [B, H, T, S] (kv heads repeated for their query groups), masked to
+// −∞ above the causal limit; lse = m + log Σ_j exp(scores − m) with the row max m held constant
+// (it cancels); o = exp(scores − lse) V.
+AttentionOutput attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+  const kernel::Dims d = kernel::check_inputs(q, k, v, causal);
+  const double sc = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(d.Dk));
+  const int64_t group = d.H / d.Hk;
+  auto heads_first = [](const Tensor& x) { return permute(x, {0, 2, 1, 3}); };
+  auto repeat_kv = [&](const Tensor& x) {  // [B, S, Hk, D] → [B, H, S, D]
+    Tensor t = unsqueeze(heads_first(x), 2);
+    t = expand(t, {d.B, d.Hk, group, d.S, x.size(3)});
+    return reshape(t, {d.B, d.H, d.S, x.size(3)});
+  };
+  Tensor scores = matmul(heads_first(q), transpose(repeat_kv(k), 2, 3)) * sc;
+  if (causal) {
+    std::vector<int64_t> future(static_cast<size_t>(d.T * d.S));
+    for (int64_t i = 0; i < d.T; ++i) {
+      for (int64_t j = 0; j < d.S; ++j) future[i * d.S + j] = j > i + d.S - d.T;
+    }
+    scores = masked_fill(scores, Tensor::from_indices(future, {d.T, d.S}), -std::numeric_limits<double>::infinity());
+  }
+  Tensor m = max(scores, {3}, true).detach();
+  Tensor lse = m + log(sum(exp(scores - m), {3}, true));
+  Tensor o = matmul(exp(scores - lse), repeat_kv(v));
+  return {heads_first(o), permute(squeeze(lse, 3), {0, 2, 1})};
+}
+
+namespace {
+
+SEQLAB_REGISTER_OP(([] {
+  OpSpec s;
+  s.name = "attention";
+  s.summary =
+      "o = softmax(q kᵀ · scale + mask) v, lse = log Σ_j exp(q kᵀ · scale + mask); q [B, T, H, Dk], "
+      "k [B, S, Hk, Dk], v [B, S, Hk, Dv], query i at key position i + S − T";
+  s.inputs = {{"q"}, {"k"}, {"v"}};
+  s.outputs = {"o", "lse"};
+  s.attrs = {{"causal", AttrType::boolean, "true", "query i sees keys j ≤ i + S − T (else every key)"},
+             {"scale", AttrType::number, "0", "score scale; ≤ 0 means 1/√Dk"},
+             {"block", AttrType::integer, "64", "keys (and query rows) per tile"}};
+  s.forward = [](const std::vector<Tensor>& in, const OpAttrs& a) {
+    AttentionOutput out =
+        attention_with_lse(in[0], in[1], in[2], {a.get_bool("causal"), a.get_number("scale"), a.get_int("block")});
+    return std::vector<Tensor>{out.o, out.lse};
+  };
+  // T = 5 and S = 7 are not multiples of the block, GQA with 2 query heads per kv head, Dk ≠ Dv.
+  s.example = [](Generator& gen, DType dtype) {
+    return std::vector<Tensor>{Tensor::randn({2, 5, 4, 3}, gen, dtype), Tensor::randn({2, 7, 2, 3}, gen, dtype),
+                               Tensor::randn({2, 7, 2, 4}, gen, dtype)};
+  };
+  s.example_attrs = {{"block", "2"}};
+  return s;
+}()));
+
+}  // namespace
+}  // namespace seqlab

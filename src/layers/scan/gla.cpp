@@ -1,0 +1,814 @@
+// Gated linear attention: the raw entry points, the CPU kernels of both forms (forward and
+// backward side by side), the autograd node and the registry entry. Equations in gla.h; the
+// derivations in docs/variants/gla.md.
+//
+// How the CPU kernels work:
+// - One task per (batch, head), OpenMP over B·H; inside a task time is sequential (the state
+//   carries), and every product of chunk-sized matrices is a GEMM through the GEMM slot, which runs
+//   single-threaded on the calling thread inside the parallel region.
+// - A head's rows of q, k, v, o are strided (H·dk or H·dv apart) in the [B, T, H, ·] layout; the
+//   GEMMs read and write them in place through the leading dimension, without copies.
+// - Gate factors are always exp(x) with x ≤ 0 (differences of cumulative log-gates taken in the
+//   direction of time), so nothing overflows for any gate strength; they may underflow to 0,
+//   which is also what the exact value rounds to.
+#include "layers/scan/gla.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "autograd/function.h"
+#include "autograd/op_registry.h"
+#include "autograd/ops.h"
+#include "tensor/parallel.h"
+#include "tensor/elementwise_math.h"
+#include "tensor/blas_rows.h"
+#include "tensor/kernels.h"
+
+namespace seqlab {
+
+const char* gla_form_name(GlaForm form) { return form == GlaForm::chunkwise ? "chunkwise" : "recurrent"; }
+
+GlaForm parse_gla_form(const std::string& s) {
+  if (s == "chunkwise") return GlaForm::chunkwise;
+  if (s == "recurrent") return GlaForm::recurrent;
+  throw std::invalid_argument("gla: form must be chunkwise or recurrent, got '" + s + "'");
+}
+
+namespace kernel {
+
+
+namespace {
+
+struct Dims {
+  int64_t B, T, H, dk, dv;
+};
+
+std::string shapes_str(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
+                       const Tensor& h0) {
+  auto one = [](const Tensor& t) { return t.defined() ? shape_str(t.shape()) : std::string("undefined"); };
+  return "q " + one(q) + ", k " + one(k) + ", v " + one(v) + ", g " + one(g) + ", gv " + one(gv) +
+         ", initial_state " + one(h0);
+}
+
+Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
+                  const Tensor& h0) {
+  auto fail = [&](const std::string& why) {
+    throw std::invalid_argument("gla: " + why + " (got " + shapes_str(q, k, v, g, gv, h0) +
+                                "; expected q, k, g [B, T, H, dk], v [B, T, H, dv], gv [B, T, H, dv] or none, "
+                                "initial_state [B, H, dk, dv] or none)");
+  };
+  if (!q.defined() || !k.defined() || !v.defined() || !g.defined()) fail("q, k, v and g must all be given");
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || g.dim() != 4) fail("q, k, v and g must have 4 dimensions");
+  const Dims d{q.size(0), q.size(1), q.size(2), q.size(3), v.size(3)};
+  if (k.shape() != q.shape() || g.shape() != q.shape()) fail("q, k and g must have the same shape");
+  if (v.size(0) != d.B || v.size(1) != d.T || v.size(2) != d.H) fail("v differs from q in batch, length or heads");
+  if (d.dk == 0 || d.dv == 0) fail("a head dim is 0");
+  if (gv.defined() && gv.shape() != v.shape()) fail("gv must have v's shape");
+  if (h0.defined() && h0.shape() != Shape{d.B, d.H, d.dk, d.dv}) fail("initial_state must be [B, H, dk, dv]");
+  const DType dt = q.dtype();
+  if (!is_floating(dt)) fail(std::string("inputs must be f32, f64 or bf16, got ") + dtype_name(dt));
+  for (const Tensor* t : {&k, &v, &g, &gv, &h0}) {
+    if (t->defined() && t->dtype() != dt) fail("inputs must share one dtype");
+    if (t->defined() && t->device() != q.device()) fail("inputs are on different devices");
+  }
+  return d;
+}
+
+GlaParams resolve(const GlaOptions& opts, int64_t dk) {
+  if (opts.chunk <= 0) throw std::invalid_argument("gla: chunk must be positive, got " + std::to_string(opts.chunk));
+  if (opts.sub_chunk <= 0) {
+    throw std::invalid_argument("gla: sub_chunk must be positive, got " + std::to_string(opts.sub_chunk));
+  }
+  if (opts.scale < 0) throw std::invalid_argument("gla: scale must be ≥ 0 (0: 1/√dk), got " + std::to_string(opts.scale));
+  return {opts.form, opts.chunk, std::min(opts.sub_chunk, opts.chunk),
+          opts.scale > 0 ? opts.scale : 1.0 / std::sqrt(static_cast<double>(dk))};
+}
+
+Tensor contiguous_or_none(const Tensor& t) { return t.defined() ? kernel::contiguous(t) : t; }
+
+void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* what) {
+  if (t.defined() && (t.shape() != shape || t.dtype() != dtype)) {
+    throw std::invalid_argument(std::string("gla backward: ") + what + " is " + shape_str(t.shape()) + " " +
+                                dtype_name(t.dtype()) + ", expected " + shape_str(shape) + " " + dtype_name(dtype));
+  }
+}
+
+}  // namespace
+
+GlaOutput gla_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
+                      const Tensor& initial_state, const GlaOptions& opts) {
+  const Dims d = check_inputs(q, k, v, g, gv, initial_state);
+  const GlaParams p = resolve(opts, d.dk);
+  GlaOutput out{Tensor::empty({d.B, d.T, d.H, d.dv}, q.dtype(), q.device()),
+                Tensor::empty({d.B, d.H, d.dk, d.dv}, q.dtype(), q.device())};
+  gla_forward_kernel(q.device(), kernel::contiguous(q), kernel::contiguous(k), kernel::contiguous(v),
+                     kernel::contiguous(g), contiguous_or_none(gv), contiguous_or_none(initial_state), p, out.o,
+                     out.final_state);
+  return out;
+}
+
+GlaGrads gla_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& g, const Tensor& gv, const Tensor& initial_state, const Tensor& o,
+                      const GlaOptions& opts, const std::vector<bool>& need) {
+  const Dims d = check_inputs(q, k, v, g, gv, initial_state);
+  const GlaParams p = resolve(opts, d.dk);
+  if (need.size() != 6) throw std::invalid_argument("gla backward: need one flag per input (6)");
+  const Shape o_shape{d.B, d.T, d.H, d.dv}, s_shape{d.B, d.H, d.dk, d.dv};
+  const DType dt = q.dtype();
+  check_like(dout, o_shape, dt, "dout");
+  check_like(dfinal, s_shape, dt, "dfinal");
+  if (gv.defined()) {
+    if (!o.defined()) throw std::invalid_argument("gla backward: the forward's output o is needed when gv is given");
+    check_like(o, o_shape, dt, "o");
+  }
+  // dq and dk feed dg in the chunkwise form; the kernel always computes dq, dk, dv (one pass).
+  GlaGrads all;
+  all.dq = Tensor::empty(q.shape(), dt, q.device());
+  all.dk = Tensor::empty(k.shape(), dt, q.device());
+  all.dv = Tensor::empty(v.shape(), dt, q.device());
+  if (need[3]) all.dg = Tensor::empty(g.shape(), dt, q.device());
+  if (need[4] && gv.defined()) all.dgv = Tensor::empty(gv.shape(), dt, q.device());
+  if (need[5] && initial_state.defined()) all.dinitial_state = Tensor::empty(s_shape, dt, q.device());
+  const Tensor dO = dout.defined() ? kernel::contiguous(dout) : Tensor::zeros(o_shape, dt, q.device());
+  const Tensor dS = dfinal.defined() ? kernel::contiguous(dfinal) : Tensor::zeros(s_shape, dt, q.device());
+  gla_backward_kernel(q.device(), dO, dS, kernel::contiguous(q), kernel::contiguous(k), kernel::contiguous(v),
+                      kernel::contiguous(g), contiguous_or_none(gv), contiguous_or_none(initial_state),
+                      gv.defined() ? kernel::contiguous(o) : Tensor(), p, all);
+  if (!need[0]) all.dq = Tensor();
+  if (!need[1]) all.dk = Tensor();
+  if (!need[2]) all.dv = Tensor();
+  return all;
+}
+
+}  // namespace kernel
+
+// ------------------------------------------------------------------------------------------------
+// CPU kernels
+namespace cpu {
+namespace {
+
+using kernel::GlaGrads;
+using kernel::GlaParams;
+
+template <class T>
+inline T ex(T x) {
+  return math::exp_vec(x);  // vectorised polynomial for f32, libm for f64
+}
+
+// exp of a difference of cumulative log-gates, which are kept in double: in f32 a sum near −600
+// is only known to 6e-5, so b_t − b_s taken in f32 would lose that much of every gate factor.
+template <class T>
+inline T eg(double x) {
+  return ex(static_cast<T>(x));
+}
+
+// One (batch, head): base pointers of its rows (token t of a [B, T, H, D] tensor is at
+// base + t·H·D) and of its state matrix.
+template <class T>
+struct Head {
+  const T *q, *k, *v, *g, *gv, *h0;
+  int64_t ldk, ldv;  // H·dk, H·dv
+};
+
+struct Geo {
+  int64_t B, T, H, dk, dv;
+  bool parallel(int64_t tasks) const { return tasks > 1 && T * dk * dv > kParallelGrain; }
+  int64_t row_k(int64_t b, int64_t h) const { return b * T * H * dk + h * dk; }
+  int64_t row_v(int64_t b, int64_t h) const { return b * T * H * dv + h * dv; }
+  int64_t state(int64_t b, int64_t h) const { return (b * H + h) * dk * dv; }
+};
+
+Geo geo_of(const Tensor& q, const Tensor& v) { return {q.size(0), q.size(1), q.size(2), q.size(3), v.size(3)}; }
+
+template <class T>
+Head<T> head_of(const Geo& G, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
+                const Tensor& h0, int64_t b, int64_t h) {
+  const int64_t rk = G.row_k(b, h), rv = G.row_v(b, h);
+  return {q.data<T>() + rk, k.data<T>() + rk, v.data<T>() + rv, g.data<T>() + rk,
+          gv.defined() ? gv.data<T>() + rv : nullptr, h0.defined() ? h0.data<T>() + G.state(b, h) : nullptr,
+          G.H * G.dk, G.H * G.dv};
+}
+
+// ---- recurrent form -----------------------------------------------------------------------------
+
+// One step S ← (αβᵀ) ⊙ S + kᵀ v with α = exp(g_t), β = exp(gv_t) (1 without gv); when `o` is
+// given also o_t = scale · q_t S (in the same pass over the rows of S). Touches S [dk, dv].
+template <class T>
+void recurrent_step(const Geo& G, const T* q, const T* k, const T* v, const T* g, const T* gv, T scale, T* S, T* o,
+                    T* beta) {
+  const int64_t dk = G.dk, dv = G.dv;
+  if (gv) {
+    for (int64_t j = 0; j < dv; ++j) beta[j] = ex(gv[j]);
+  }
+  if (o) std::fill_n(o, dv, T(0));
+  for (int64_t i = 0; i < dk; ++i) {
+    T* row = S + i * dv;
+    const T a = ex(g[i]), ki = k[i];
+    if (gv) {
+#pragma omp simd
+      for (int64_t j = 0; j < dv; ++j) row[j] = a * beta[j] * row[j] + ki * v[j];
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < dv; ++j) row[j] = a * row[j] + ki * v[j];
+    }
+    if (o) {
+      const T qi = scale * q[i];
+#pragma omp simd
+      for (int64_t j = 0; j < dv; ++j) o[j] += qi * row[j];
+    }
+  }
+}
+
+// Forward, step by step: S₀ = initial state (or 0); for t = 0 … T−1: S ← αβᵀ ⊙ S + k_tᵀ v_t,
+// o_t = scale q_t S; final_state = S. Memory: reads q, k, v, g, gv, h0; writes o, final_state;
+// scratch: one [dk, dv] state and β [dv] per task.
+template <class T>
+void recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
+                       const Tensor& h0, const GlaParams& p, const Tensor& o, const Tensor& fs) {
+  const Geo G = geo_of(q, v);
+  const T scale = static_cast<T>(p.scale);
+  const int64_t tasks = G.B * G.H;
+#pragma omp parallel for schedule(dynamic) if (G.parallel(tasks))
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t b = task / G.H, h = task % G.H;
+    const Head<T> X = head_of<T>(G, q, k, v, g, gv, h0, b, h);
+    T* S = fs.data<T>() + G.state(b, h);
+    T* O = o.data<T>() + G.row_v(b, h);
+    std::vector<T> beta(static_cast<size_t>(G.dv));
+    if (X.h0) {
+      std::copy_n(X.h0, G.dk * G.dv, S);
+    } else {
+      std::fill_n(S, G.dk * G.dv, T(0));
+    }
+    for (int64_t t = 0; t < G.T; ++t) {
+      recurrent_step(G, X.q + t * X.ldk, X.k + t * X.ldk, X.v + t * X.ldv, X.g + t * X.ldk,
+                     X.gv ? X.gv + t * X.ldv : nullptr, scale, S, O + t * X.ldv, beta.data());
+    }
+  }
+}
+
+// Backward through time. With dS the gradient of the loss w.r.t. S_t (from o_t, S_{t+1} and the
+// final state), walking t = T−1 … 0:
+//   dS   += scale q_tᵀ do_t                 (o_t = scale q_t S_t)
+//   dq_t  = scale S_t do_t
+//   dk_t  = dS v_t,   dv_t = k_t dS          (S_t ∋ k_tᵀ v_t)
+//   D     = dS ⊙ αβᵀ ⊙ S_{t−1}:  dg_t = Σ_j D_ij,  dgv_t = Σ_i D_ij   (∂α_i/∂g_i = α_i)
+//   dS    = αβᵀ ⊙ dS                         (now the gradient w.r.t. S_{t−1})
+// and d initial_state = dS at the end. States are recomputed: a first pass keeps S every `chunk`
+// steps; then each segment's states are recomputed from its checkpoint before it is walked in
+// reverse. Memory per task: ⌈T/chunk⌉ + chunk states of [dk, dv]; writes dq, dk, dv, dg, dgv, dh0.
+template <class T>
+void recurrent_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& g, const Tensor& gv, const Tensor& h0, const GlaParams& p,
+                        const GlaGrads& grads) {
+  const Geo G = geo_of(q, v);
+  const T scale = static_cast<T>(p.scale);
+  const int64_t tasks = G.B * G.H, dk = G.dk, dv = G.dv, SZ = dk * dv;
+  const int64_t K = std::min(p.chunk, std::max<int64_t>(G.T, 1)), nseg = (G.T + K - 1) / K;
+#pragma omp parallel for schedule(dynamic) if (G.parallel(tasks))
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t b = task / G.H, h = task % G.H;
+    const Head<T> X = head_of<T>(G, q, k, v, g, gv, h0, b, h);
+    const T* dO = dout.data<T>() + G.row_v(b, h);
+    T* dQ = grads.dq.data<T>() + G.row_k(b, h);
+    T* dK = grads.dk.data<T>() + G.row_k(b, h);
+    T* dV = grads.dv.data<T>() + G.row_v(b, h);
+    T* dG = grads.dg.defined() ? grads.dg.data<T>() + G.row_k(b, h) : nullptr;
+    T* dGV = grads.dgv.defined() ? grads.dgv.data<T>() + G.row_v(b, h) : nullptr;
+    std::vector<T> ckpt(static_cast<size_t>(std::max<int64_t>(nseg, 1) * SZ)), seg(static_cast<size_t>(K * SZ));
+    std::vector<T> dS(dfinal.data<T>() + G.state(b, h), dfinal.data<T>() + G.state(b, h) + SZ);
+    std::vector<T> alpha(static_cast<size_t>(dk)), beta(static_cast<size_t>(dv), T(1)), dgv_acc(static_cast<size_t>(dv));
+    std::vector<T> cur(static_cast<size_t>(SZ), T(0));
+    if (X.h0) std::copy_n(X.h0, SZ, cur.begin());
+    for (int64_t n = 0; n < nseg; ++n) {  // checkpoints: the state entering each segment
+      std::copy(cur.begin(), cur.end(), ckpt.begin() + n * SZ);
+      for (int64_t t = n * K; t < std::min(G.T, (n + 1) * K); ++t) {
+        recurrent_step<T>(G, nullptr, X.k + t * X.ldk, X.v + t * X.ldv, X.g + t * X.ldk,
+                          X.gv ? X.gv + t * X.ldv : nullptr, scale, cur.data(), nullptr, beta.data());
+      }
+    }
+    for (int64_t n = nseg - 1; n >= 0; --n) {
+      const int64_t t0 = n * K, t1 = std::min(G.T, t0 + K);
+      std::copy_n(ckpt.begin() + n * SZ, SZ, cur.begin());
+      for (int64_t t = t0; t < t1; ++t) {  // seg[t − t0] = S_t
+        recurrent_step<T>(G, nullptr, X.k + t * X.ldk, X.v + t * X.ldv, X.g + t * X.ldk,
+                          X.gv ? X.gv + t * X.ldv : nullptr, scale, cur.data(), nullptr, beta.data());
+        std::copy(cur.begin(), cur.end(), seg.begin() + (t - t0) * SZ);
+      }
+      for (int64_t t = t1 - 1; t >= t0; --t) {
+        const T *St = seg.data() + (t - t0) * SZ, *Sp = t > t0 ? seg.data() + (t - t0 - 1) * SZ : ckpt.data() + n * SZ;
+        const T *qt = X.q + t * X.ldk, *kt = X.k + t * X.ldk, *vt = X.v + t * X.ldv, *gt = X.g + t * X.ldk;
+        const T* dot_ = dO + t * X.ldv;
+        T *dqt = dQ + t * X.ldk, *dkt = dK + t * X.ldk, *dvt = dV + t * X.ldv;
+        for (int64_t i = 0; i < dk; ++i) alpha[i] = ex(gt[i]);
+        if (X.gv) {
+          for (int64_t j = 0; j < dv; ++j) beta[j] = ex(X.gv[t * X.ldv + j]);
+        }
+        std::fill_n(dvt, dv, T(0));
+        std::fill(dgv_acc.begin(), dgv_acc.end(), T(0));
+        for (int64_t i = 0; i < dk; ++i) {
+          T* ds = dS.data() + i * dv;
+          const T *st = St + i * dv, *sp = Sp + i * dv;
+          const T qi = scale * qt[i], ki = kt[i], a = alpha[i];
+          T dq = 0, dkk = 0, dgi = 0;
+#pragma omp simd reduction(+ : dq, dkk, dgi)
+          for (int64_t j = 0; j < dv; ++j) {
+            ds[j] += qi * dot_[j];
+            dq += st[j] * dot_[j];
+            dkk += ds[j] * vt[j];
+            dvt[j] += ki * ds[j];
+            const T dprev = a * beta[j] * ds[j];  // gradient w.r.t. S_{t−1}
+            const T dd = dprev * sp[j];           // D_ij
+            dgi += dd;
+            dgv_acc[j] += dd;
+            ds[j] = dprev;
+          }
+          dqt[i] = scale * dq;
+          dkt[i] = dkk;
+          if (dG) dG[t * X.ldk + i] = dgi;
+        }
+        if (dGV) std::copy(dgv_acc.begin(), dgv_acc.end(), dGV + t * X.ldv);
+      }
+    }
+    if (grads.dinitial_state.defined()) std::copy(dS.begin(), dS.end(), grads.dinitial_state.data<T>() + G.state(b, h));
+  }
+}
+
+// ---- chunkwise form -----------------------------------------------------------------------------
+
+// Per-task scratch of the chunkwise kernels, sized for one chunk of C tokens and sub-chunks of c.
+template <class T>
+struct ChunkScratch {
+  std::vector<double> b, bv;          // [C, dk], [C, dv]: in-chunk cumulative log-gates (double)
+  std::vector<T> qs, ks, vs, dos;     // [C, dk], [C, dk], [C, dv], [C, dv]: gate-scaled rows
+  std::vector<T> A, dA;               // [c, C]: a query sub-chunk's scores against earlier keys
+  std::vector<T> tq, tk, tv;          // [c, dk], [C, dk], [C, dv]: GEMM results before gate factors
+  std::vector<T> e, ev;               // [dk], [dv]: pairwise factors of the diagonal sub-chunk
+  std::vector<double> zero;           // [max(dk, dv)]: a reference row of zeros (factors e^{b_r})
+  ChunkScratch(int64_t C, int64_t c, int64_t dk, int64_t dv)
+      : b(C * dk), bv(C * dv), qs(C * dk), ks(C * dk), vs(C * dv), dos(C * dv), A(c * C), dA(c * C), tq(c * dk),
+        tk(C * dk), tv(C * dv), e(dk), ev(dv), zero(std::max(dk, dv), 0.0) {}
+};
+
+// b_t = Σ_{s ≤ t in chunk} g_s for the L rows of a chunk (and bv from gv), rows of dk (dv).
+template <class T>
+void cumulative_gates(const Head<T>& X, int64_t t0, int64_t L, int64_t dk, int64_t dv, ChunkScratch<T>& w) {
+  for (int64_t r = 0; r < L; ++r) {
+    const T* g = X.g + (t0 + r) * X.ldk;
+    double* br = w.b.data() + r * dk;
+    for (int64_t i = 0; i < dk; ++i) br[i] = (r ? br[i - dk] : 0.0) + g[i];
+    if (X.gv) {
+      const T* gv = X.gv + (t0 + r) * X.ldv;
+      double* bvr = w.bv.data() + r * dv;
+      for (int64_t j = 0; j < dv; ++j) bvr[j] = (r ? bvr[j - dv] : 0.0) + gv[j];
+    }
+  }
+}
+
+// dst_r = f · src_r ⊙ exp(sign · (b_r − b_ref)) for rows r of width n; b rows are ld_b apart,
+// b_ref a row (sign +1 for rows after the reference, −1 for rows before it: both exponents ≤ 0).
+template <class T>
+void scale_rows(int64_t rows, int64_t n, const T* src, int64_t lds, const double* b, const double* bref, double sign,
+                T f, T* dst, int64_t ldd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* s = src + r * lds;
+    const double* br = b + r * n;
+    T* d = dst + r * ldd;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) d[i] = f * s[i] * eg<T>(sign * (br[i] - bref[i]));
+  }
+}
+
+// dst_r += f · src_r ⊙ exp(sign · (b_r − b_ref)), as scale_rows but adding onto dst.
+template <class T>
+void accumulate_rows(int64_t rows, int64_t n, const T* src, int64_t lds, const double* b, const double* bref,
+                     double sign, T f, T* dst, int64_t ldd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* s = src + r * lds;
+    const double* br = b + r * n;
+    T* d = dst + r * ldd;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) d[i] += f * s[i] * eg<T>(sign * (br[i] - bref[i]));
+  }
+}
+
+// f_i = exp(b_r,i − b_s,i) for one pair r ≥ s (so every exponent ≤ 0): the difference in double,
+// then the exponential over the whole row in T, in two loops so that both vectorise.
+template <class T>
+inline void pair_factors(const double* br, const double* bs, int64_t n, T* f) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) f[i] = static_cast<T>(br[i] - bs[i]);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) f[i] = ex(f[i]);
+}
+
+// Forward, chunk by chunk, with S the state entering the chunk of rows t0 … t0+L−1 (local r):
+//   o_r  = scale (q_r ⊙ e^{b_r}) S ⊙ e^{bv_r}                                 (inter-chunk, one GEMM)
+//        + Σ_{s < i0} Ã_rs v_s [⊙ e^{bv_r − bv_ref}, v_s ⊙ e^{bv_ref − bv_s}] (earlier sub-chunks)
+//        + Σ_{i0 ≤ s ≤ r} A_rs v_s [⊙ e^{bv_r − bv_s}]                         (own sub-chunk, pairwise)
+//   with, for the query sub-chunk [i0, i1) and ref = i0 − 1,
+//   Ã = (scale q ⊙ e^{b_r − b_ref}) (k_s ⊙ e^{b_ref − b_s})ᵀ   (one GEMM per sub-chunk, all s < i0)
+//   A_rs = scale Σ_i q_ri k_si e^{b_ri − b_si}                 (exact, s ≤ r in the sub-chunk)
+//   S ← e^{b_last} e^{bv_last}ᵀ ⊙ S + (k ⊙ e^{b_last − b_s})ᵀ (v ⊙ e^{bv_last − bv_s})   (one GEMM)
+// Memory: reads q, k, v, g, gv, h0; writes o, final_state (the running state lives there);
+// scratch per task: ChunkScratch.
+template <class T>
+void chunk_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
+                   const Tensor& h0, const GlaParams& p, const Tensor& o, const Tensor& fs) {
+  const Geo G = geo_of(q, v);
+  const T scale = static_cast<T>(p.scale);
+  const int64_t tasks = G.B * G.H, dk = G.dk, dv = G.dv, C = p.chunk, c = p.sub_chunk;
+#pragma omp parallel if (G.parallel(tasks))
+  {
+    ChunkScratch<T> w(C, c, dk, dv);
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t bi = task / G.H, h = task % G.H;
+      const Head<T> X = head_of<T>(G, q, k, v, g, gv, h0, bi, h);
+      T* S = fs.data<T>() + G.state(bi, h);
+      T* O = o.data<T>() + G.row_v(bi, h);
+      if (X.h0) {
+        std::copy_n(X.h0, dk * dv, S);
+      } else {
+        std::fill_n(S, dk * dv, T(0));
+      }
+      const bool has_gv = X.gv != nullptr;
+      for (int64_t t0 = 0; t0 < G.T; t0 += C) {
+        const int64_t L = std::min(C, G.T - t0);
+        const T *Qc = X.q + t0 * X.ldk, *Kc = X.k + t0 * X.ldk, *Vc = X.v + t0 * X.ldv;
+        T* Oc = O + t0 * X.ldv;
+        cumulative_gates(X, t0, L, dk, dv, w);
+        const double *bb = w.b.data(), *bvv = w.bv.data();
+        // Inter-chunk: o = (scale q ⊙ e^{b}) S, then ⊙ e^{bv}. (e^{b_r − 0}: a zero reference row.)
+        scale_rows<T>(L, dk, Qc, X.ldk, bb, w.zero.data(), 1.0, scale, w.qs.data(), dk);
+        gemm<T>(false, false, L, dv, dk, 1.0, w.qs.data(), dk, S, dv, 0.0, Oc, X.ldv);
+        if (has_gv) scale_rows<T>(L, dv, Oc, X.ldv, bvv, w.zero.data(), 1.0, T(1), Oc, X.ldv);
+        // Intra-chunk, one query sub-chunk [i0, i1) at a time.
+        for (int64_t i0 = 0; i0 < L; i0 += c) {
+          const int64_t i1 = std::min(L, i0 + c), n = i1 - i0;
+          if (i0 > 0) {  // earlier sub-chunks, relative to the reference row i0 − 1
+            const double *bref = bb + (i0 - 1) * dk, *bvref = bvv + (i0 - 1) * dv;
+            scale_rows<T>(n, dk, Qc + i0 * X.ldk, X.ldk, bb + i0 * dk, bref, 1.0, scale, w.qs.data(), dk);
+            scale_rows<T>(i0, dk, Kc, X.ldk, bb, bref, -1.0, T(1), w.ks.data(), dk);
+            gemm<T>(false, true, n, i0, dk, 1.0, w.qs.data(), dk, w.ks.data(), dk, 0.0, w.A.data(), i0);
+            if (!has_gv) {
+              gemm<T>(false, false, n, dv, i0, 1.0, w.A.data(), i0, Vc, X.ldv, 1.0, Oc + i0 * X.ldv, X.ldv);
+            } else {
+              scale_rows<T>(i0, dv, Vc, X.ldv, bvv, bvref, -1.0, T(1), w.vs.data(), dv);
+              gemm<T>(false, false, n, dv, i0, 1.0, w.A.data(), i0, w.vs.data(), dv, 0.0, w.tv.data(), dv);
+              accumulate_rows<T>(n, dv, w.tv.data(), dv, bvv + i0 * dv, bvref, 1.0, T(1), Oc + i0 * X.ldv, X.ldv);
+            }
+          }
+          // Own sub-chunk: exact pairwise factors e^{b_r − b_s}, s ≤ r.
+          for (int64_t r = i0; r < i1; ++r) {
+            const T* qr = Qc + r * X.ldk;
+            const double* br = bb + r * dk;
+            T* orow = Oc + r * X.ldv;
+            for (int64_t s = i0; s <= r; ++s) {
+              const T *ksr = Kc + s * X.ldk, *vsr = Vc + s * X.ldv;
+              const double* bs = bb + s * dk;
+              T* e = w.e.data();
+              pair_factors(br, bs, dk, e);
+              T a = 0;
+#pragma omp simd reduction(+ : a)
+              for (int64_t i = 0; i < dk; ++i) a += qr[i] * ksr[i] * e[i];
+              a *= scale;
+              if (!has_gv) {
+#pragma omp simd
+                for (int64_t j = 0; j < dv; ++j) orow[j] += a * vsr[j];
+              } else {
+                T* ev = w.ev.data();
+                pair_factors(bvv + r * dv, bvv + s * dv, dv, ev);
+#pragma omp simd
+                for (int64_t j = 0; j < dv; ++j) orow[j] += a * vsr[j] * ev[j];
+              }
+            }
+          }
+        }
+        // State: S ← e^{b_last} e^{bv_last}ᵀ ⊙ S + (k ⊙ e^{b_last − b_s})ᵀ (v ⊙ e^{bv_last − bv_s}).
+        const double *blast = bb + (L - 1) * dk, *bvlast = bvv + (L - 1) * dv;
+        for (int64_t i = 0; i < dk; ++i) {
+          const T a = eg<T>(blast[i]);
+          T* row = S + i * dv;
+          if (has_gv) {
+            for (int64_t j = 0; j < dv; ++j) row[j] *= a * eg<T>(bvlast[j]);
+          } else {
+            for (int64_t j = 0; j < dv; ++j) row[j] *= a;
+          }
+        }
+        // Rows before b_last: e^{b_last − b_s} = e^{−(b_s − b_last)}.
+        scale_rows<T>(L, dk, Kc, X.ldk, bb, blast, -1.0, T(1), w.ks.data(), dk);
+        if (has_gv) {
+          scale_rows<T>(L, dv, Vc, X.ldv, bvv, bvlast, -1.0, T(1), w.vs.data(), dv);
+          gemm<T>(true, false, dk, dv, L, 1.0, w.ks.data(), dk, w.vs.data(), dv, 1.0, S, dv);
+        } else {
+          gemm<T>(true, false, dk, dv, L, 1.0, w.ks.data(), dk, Vc, X.ldv, 1.0, S, dv);
+        }
+      }
+    }
+  }
+}
+
+// Backward of the chunkwise form. First the state entering every chunk is recomputed (the
+// forward's state recurrence, one GEMM per chunk; [chunks + 1, dk, dv] per task). Then chunks in
+// reverse, with dS the gradient w.r.t. the state leaving the chunk (d final_state at first), S the
+// state entering it, dõ_r = do_r ⊙ e^{bv_r} and, per query sub-chunk, the same Ã as the forward:
+//   dq_r  = scale e^{b_r} ⊙ (dõ_r Sᵀ)                                          (inter, one GEMM)
+//   dk_s  = e^{b_last − b_s} ⊙ ((v_s ⊙ e^{bv_last − bv_s}) dSᵀ)                  (state, one GEMM)
+//   dv_s  = e^{bv_last − bv_s} ⊙ ((k_s ⊙ e^{b_last − b_s}) dS)                   (state, one GEMM)
+//   earlier sub-chunks (s < i0, ref = i0 − 1), dÃ = (do ⊙ e^{bv_r − bv_ref}) (v ⊙ e^{bv_ref − bv_s})ᵀ:
+//     dq_r += scale e^{b_r − b_ref} ⊙ (dÃ k̃)_r,  dk_s += e^{b_ref − b_s} ⊙ (dÃᵀ q̃)_s,
+//     dv_s += e^{bv_ref − bv_s} ⊙ (Ãᵀ dõ)_s                                      (five GEMMs)
+//   own sub-chunk, pairwise: dA_rs = Σ_j do_rj v_sj e^{bv_rj − bv_sj};
+//     dq_r += scale Σ_s dA_rs k_s ⊙ e^{b_r − b_s},  dk_s += scale Σ_r dA_rs q_r ⊙ e^{b_r − b_s},
+//     dv_s += Σ_r A_rs do_r ⊙ e^{bv_r − bv_s}
+//   dS ← e^{b_last} e^{bv_last}ᵀ ⊙ dS + (scale q ⊙ e^{b})ᵀ dõ                   (one GEMM)
+// and d initial_state = dS. Finally the gates: with B_t the log-gate sums from the sequence start,
+// o depends on B only through q_t e^{B_t}, k_s e^{−B_s} and S_T through e^{B_T}, so
+//   dB_t = q_t ⊙ dq_t − k_t ⊙ dk_t (+ Σ_j (dS_T ⊙ S_T)_ij at t = T),   dg_t = Σ_{u ≥ t} dB_u,
+// and likewise dgv_t = Σ_{u ≥ t} (o_u ⊙ do_u − v_u ⊙ dv_u) + Σ_i (dS_T ⊙ S_T)_ij (sums in double).
+// Memory: reads dout, dfinal, q, k, v, g, gv, h0, o; writes dq, dk, dv, dg, dgv, dh0.
+template <class T>
+void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
+                    const Tensor& g, const Tensor& gv, const Tensor& h0, const Tensor& o, const GlaParams& p,
+                    const GlaGrads& grads) {
+  const Geo G = geo_of(q, v);
+  const T scale = static_cast<T>(p.scale);
+  const int64_t tasks = G.B * G.H, dk = G.dk, dv = G.dv, C = p.chunk, c = p.sub_chunk, SZ = dk * dv;
+  const int64_t nc = (G.T + C - 1) / C;
+#pragma omp parallel if (G.parallel(tasks))
+  {
+    ChunkScratch<T> w(C, c, dk, dv);
+    std::vector<T> states, dS(static_cast<size_t>(SZ));
+    std::vector<double> acc;
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t bi = task / G.H, h = task % G.H;
+      const Head<T> X = head_of<T>(G, q, k, v, g, gv, h0, bi, h);
+      const bool has_gv = X.gv != nullptr;
+      const T* dO = dout.data<T>() + G.row_v(bi, h);
+      T* dQ = grads.dq.data<T>() + G.row_k(bi, h);
+      T* dK = grads.dk.data<T>() + G.row_k(bi, h);
+      T* dV = grads.dv.data<T>() + G.row_v(bi, h);
+      const T* dF = dfinal.data<T>() + G.state(bi, h);
+      // States entering each chunk; states[nc] = S_T.
+      states.assign(static_cast<size_t>((nc + 1) * SZ), T(0));
+      if (X.h0) std::copy_n(X.h0, SZ, states.begin());
+      for (int64_t n = 0; n < nc; ++n) {
+        const int64_t t0 = n * C, L = std::min(C, G.T - t0);
+        T* S = states.data() + (n + 1) * SZ;
+        std::copy_n(states.data() + n * SZ, SZ, S);
+        cumulative_gates(X, t0, L, dk, dv, w);
+        const double *blast = w.b.data() + (L - 1) * dk, *bvlast = w.bv.data() + (L - 1) * dv;
+        for (int64_t i = 0; i < dk; ++i) {
+          const T a = eg<T>(blast[i]);
+          for (int64_t j = 0; j < dv; ++j) S[i * dv + j] *= has_gv ? a * eg<T>(bvlast[j]) : a;
+        }
+        scale_rows<T>(L, dk, X.k + t0 * X.ldk, X.ldk, w.b.data(), blast, -1.0, T(1), w.ks.data(), dk);
+        const T* vsrc = X.v + t0 * X.ldv;
+        int64_t ldvs = X.ldv;
+        if (has_gv) {
+          scale_rows<T>(L, dv, vsrc, X.ldv, w.bv.data(), bvlast, -1.0, T(1), w.vs.data(), dv);
+          vsrc = w.vs.data();
+          ldvs = dv;
+        }
+        gemm<T>(true, false, dk, dv, L, 1.0, w.ks.data(), dk, vsrc, ldvs, 1.0, S, dv);
+      }
+      std::copy_n(dF, SZ, dS.begin());
+      for (int64_t n = nc - 1; n >= 0; --n) {
+        const int64_t t0 = n * C, L = std::min(C, G.T - t0);
+        const T* S = states.data() + n * SZ;
+        const T *Qc = X.q + t0 * X.ldk, *Kc = X.k + t0 * X.ldk, *Vc = X.v + t0 * X.ldv, *dOc = dO + t0 * X.ldv;
+        T *dQc = dQ + t0 * X.ldk, *dKc = dK + t0 * X.ldk, *dVc = dV + t0 * X.ldv;
+        cumulative_gates(X, t0, L, dk, dv, w);
+        const double *bb = w.b.data(), *bvv = w.bv.data();
+        const double *blast = bb + (L - 1) * dk, *bvlast = bvv + (L - 1) * dv;
+        // dõ = do ⊙ e^{bv} (do itself without gv), and q̂ = scale q ⊙ e^{b}.
+        const T* dos = dOc;
+        int64_t lddos = X.ldv;
+        if (has_gv) {
+          scale_rows<T>(L, dv, dOc, X.ldv, bvv, w.zero.data(), 1.0, T(1), w.dos.data(), dv);
+          dos = w.dos.data();
+          lddos = dv;
+        }
+        scale_rows<T>(L, dk, Qc, X.ldk, bb, w.zero.data(), 1.0, scale, w.qs.data(), dk);
+        // Inter: dq = scale e^{b} ⊙ (dõ Sᵀ).
+        gemm<T>(false, true, L, dk, dv, 1.0, dos, lddos, S, dv, 0.0, dQc, X.ldk);
+        scale_rows<T>(L, dk, dQc, X.ldk, bb, w.zero.data(), 1.0, scale, dQc, X.ldk);
+        // Through the leaving state: dk = e^{b_last − b} ⊙ (v̂ dSᵀ), dv = e^{bv_last − bv} ⊙ (k̂ dS).
+        scale_rows<T>(L, dk, Kc, X.ldk, bb, blast, -1.0, T(1), w.ks.data(), dk);
+        const T* vhat = Vc;
+        int64_t ldvh = X.ldv;
+        if (has_gv) {
+          scale_rows<T>(L, dv, Vc, X.ldv, bvv, bvlast, -1.0, T(1), w.vs.data(), dv);
+          vhat = w.vs.data();
+          ldvh = dv;
+        }
+        gemm<T>(false, true, L, dk, dv, 1.0, vhat, ldvh, dS.data(), dv, 0.0, dKc, X.ldk);
+        gemm<T>(false, false, L, dv, dk, 1.0, w.ks.data(), dk, dS.data(), dv, 0.0, dVc, X.ldv);
+        scale_rows<T>(L, dk, dKc, X.ldk, bb, blast, -1.0, T(1), dKc, X.ldk);
+        if (has_gv) scale_rows<T>(L, dv, dVc, X.ldv, bvv, bvlast, -1.0, T(1), dVc, X.ldv);
+        // dS ← e^{b_last} e^{bv_last}ᵀ ⊙ dS + q̂ᵀ dõ (q̂ still in w.qs).
+        for (int64_t i = 0; i < dk; ++i) {
+          const T a = eg<T>(blast[i]);
+          for (int64_t j = 0; j < dv; ++j) dS[i * dv + j] *= has_gv ? a * eg<T>(bvlast[j]) : a;
+        }
+        gemm<T>(true, false, dk, dv, L, 1.0, w.qs.data(), dk, dos, lddos, 1.0, dS.data(), dv);
+        // Intra-chunk, per query sub-chunk.
+        for (int64_t i0 = 0; i0 < L; i0 += c) {
+          const int64_t i1 = std::min(L, i0 + c), n = i1 - i0;
+          if (i0 > 0) {
+            const double *bref = bb + (i0 - 1) * dk, *bvref = bvv + (i0 - 1) * dv;
+            scale_rows<T>(n, dk, Qc + i0 * X.ldk, X.ldk, bb + i0 * dk, bref, 1.0, scale, w.qs.data(), dk);
+            scale_rows<T>(i0, dk, Kc, X.ldk, bb, bref, -1.0, T(1), w.ks.data(), dk);
+            gemm<T>(false, true, n, i0, dk, 1.0, w.qs.data(), dk, w.ks.data(), dk, 0.0, w.A.data(), i0);
+            if (!has_gv) {
+              gemm<T>(false, true, n, i0, dv, 1.0, dOc + i0 * X.ldv, X.ldv, Vc, X.ldv, 0.0, w.dA.data(), i0);
+              gemm<T>(true, false, i0, dv, n, 1.0, w.A.data(), i0, dOc + i0 * X.ldv, X.ldv, 1.0, dVc, X.ldv);
+            } else {
+              scale_rows<T>(n, dv, dOc + i0 * X.ldv, X.ldv, bvv + i0 * dv, bvref, 1.0, T(1), w.dos.data(), dv);
+              scale_rows<T>(i0, dv, Vc, X.ldv, bvv, bvref, -1.0, T(1), w.vs.data(), dv);
+              gemm<T>(false, true, n, i0, dv, 1.0, w.dos.data(), dv, w.vs.data(), dv, 0.0, w.dA.data(), i0);
+              gemm<T>(true, false, i0, dv, n, 1.0, w.A.data(), i0, w.dos.data(), dv, 0.0, w.tv.data(), dv);
+              accumulate_rows<T>(i0, dv, w.tv.data(), dv, bvv, bvref, -1.0, T(1), dVc, X.ldv);
+            }
+            gemm<T>(false, false, n, dk, i0, 1.0, w.dA.data(), i0, w.ks.data(), dk, 0.0, w.tq.data(), dk);
+            gemm<T>(true, false, i0, dk, n, 1.0, w.dA.data(), i0, w.qs.data(), dk, 0.0, w.tk.data(), dk);
+            accumulate_rows<T>(n, dk, w.tq.data(), dk, bb + i0 * dk, bref, 1.0, scale, dQc + i0 * X.ldk, X.ldk);
+            accumulate_rows<T>(i0, dk, w.tk.data(), dk, bb, bref, -1.0, T(1), dKc, X.ldk);
+          }
+          // Own sub-chunk, exact pairwise factors.
+          for (int64_t r = i0; r < i1; ++r) {
+            const T *qr = Qc + r * X.ldk, *dor = dOc + r * X.ldv;
+            const double* br = bb + r * dk;
+            T* dqr = dQc + r * X.ldk;
+            for (int64_t s = i0; s <= r; ++s) {
+              const T *ksr = Kc + s * X.ldk, *vsr = Vc + s * X.ldv;
+              const double* bs = bb + s * dk;
+              T* dks = dKc + s * X.ldk;
+              T* dvs = dVc + s * X.ldv;
+              T a = 0, da = 0;
+              T* e = w.e.data();
+              pair_factors(br, bs, dk, e);
+#pragma omp simd reduction(+ : a)
+              for (int64_t i = 0; i < dk; ++i) a += qr[i] * ksr[i] * e[i];
+              a *= scale;
+              if (!has_gv) {
+#pragma omp simd reduction(+ : da)
+                for (int64_t j = 0; j < dv; ++j) {
+                  da += dor[j] * vsr[j];
+                  dvs[j] += a * dor[j];
+                }
+              } else {
+                T* ev = w.ev.data();
+                pair_factors(bvv + r * dv, bvv + s * dv, dv, ev);
+#pragma omp simd reduction(+ : da)
+                for (int64_t j = 0; j < dv; ++j) {
+                  da += dor[j] * vsr[j] * ev[j];
+                  dvs[j] += a * dor[j] * ev[j];
+                }
+              }
+              const T sda = scale * da;
+#pragma omp simd
+              for (int64_t i = 0; i < dk; ++i) {
+                dqr[i] += sda * ksr[i] * e[i];
+                dks[i] += sda * qr[i] * e[i];
+              }
+            }
+          }
+        }
+      }
+      if (grads.dinitial_state.defined()) {
+        std::copy(dS.begin(), dS.end(), grads.dinitial_state.data<T>() + G.state(bi, h));
+      }
+      // Gates: reverse cumulative sums over the whole sequence, seeded by dS_T ⊙ S_T.
+      const T* ST = states.data() + nc * SZ;
+      if (grads.dg.defined()) {
+        T* dG = grads.dg.data<T>() + G.row_k(bi, h);
+        acc.assign(static_cast<size_t>(dk), 0.0);
+        for (int64_t i = 0; i < dk; ++i) {
+          for (int64_t j = 0; j < dv; ++j) acc[i] += static_cast<double>(dF[i * dv + j]) * ST[i * dv + j];
+        }
+        for (int64_t t = G.T - 1; t >= 0; --t) {
+          const T *qt = X.q + t * X.ldk, *kt = X.k + t * X.ldk, *dqt = dQ + t * X.ldk, *dkt = dK + t * X.ldk;
+          for (int64_t i = 0; i < dk; ++i) {
+            acc[i] += static_cast<double>(qt[i]) * dqt[i] - static_cast<double>(kt[i]) * dkt[i];
+            dG[t * X.ldk + i] = static_cast<T>(acc[i]);
+          }
+        }
+      }
+      if (grads.dgv.defined()) {
+        T* dGV = grads.dgv.data<T>() + G.row_v(bi, h);
+        const T* Oh = o.data<T>() + G.row_v(bi, h);
+        acc.assign(static_cast<size_t>(dv), 0.0);
+        for (int64_t i = 0; i < dk; ++i) {
+          for (int64_t j = 0; j < dv; ++j) acc[j] += static_cast<double>(dF[i * dv + j]) * ST[i * dv + j];
+        }
+        for (int64_t t = G.T - 1; t >= 0; --t) {
+          const T *ot = Oh + t * X.ldv, *dot_ = dO + t * X.ldv, *vt = X.v + t * X.ldv, *dvt = dV + t * X.ldv;
+          for (int64_t j = 0; j < dv; ++j) {
+            acc[j] += static_cast<double>(ot[j]) * dot_[j] - static_cast<double>(vt[j]) * dvt[j];
+            dGV[t * X.ldv + j] = static_cast<T>(acc[j]);
+          }
+        }
+      }
+    }
+  }
+}
+
+void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
+                 const Tensor& h0, const GlaParams& p, const Tensor& o, const Tensor& fs) {
+  dispatch_float(q.dtype(), "gla", [&](auto tag) {
+    using T = decltype(tag);
+    if (p.form == GlaForm::recurrent) {
+      recurrent_forward<T>(q, k, v, g, gv, h0, p, o, fs);
+    } else {
+      chunk_forward<T>(q, k, v, g, gv, h0, p, o, fs);
+    }
+  });
+}
+
+void backward_cpu(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& g, const Tensor& gv, const Tensor& h0, const Tensor& o, const GlaParams& p,
+                  const GlaGrads& grads) {
+  dispatch_float(q.dtype(), "gla backward", [&](auto tag) {
+    using T = decltype(tag);
+    if (p.form == GlaForm::recurrent) {
+      recurrent_backward<T>(dout, dfinal, q, k, v, g, gv, h0, p, grads);
+    } else {
+      chunk_backward<T>(dout, dfinal, q, k, v, g, gv, h0, o, p, grads);
+    }
+  });
+}
+
+}  // namespace
+}  // namespace cpu
+
+namespace kernel {
+SEQLAB_REGISTER_KERNEL(gla_forward_kernel, DeviceType::CPU, &cpu::forward_cpu);
+SEQLAB_REGISTER_KERNEL(gla_backward_kernel, DeviceType::CPU, &cpu::backward_cpu);
+}  // namespace kernel
+
+// ------------------------------------------------------------------------------------------------
+// The differentiable op: saves the inputs (contiguous) and, when gv is given, o (the chunkwise
+// backward's dgv reads o ⊙ do); the backward is the kernel of the same form.
+GlaOutput gla(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
+              const Tensor& initial_state, const GlaOptions& opts) {
+  kernel::check_inputs(q, k, v, g, gv, initial_state);
+  kernel::resolve(opts, q.size(3));
+  const Tensor qc = kernel::contiguous(q), kc = kernel::contiguous(k), vc = kernel::contiguous(v),
+               gc = kernel::contiguous(g), gvc = kernel::contiguous_or_none(gv),
+               h0c = kernel::contiguous_or_none(initial_state);
+  GlaOutput out = kernel::gla_forward(qc, kc, vc, gc, gvc, h0c, opts);
+  record("gla", {q, k, v, g, gv, initial_state}, {&out.o, &out.final_state},
+         {qc, kc, vc, gc, gvc, h0c, gv.defined() ? out.o : Tensor()},
+         [opts](const std::vector<Tensor>& gr, const std::vector<Tensor>& s, const std::vector<bool>& need) {
+           kernel::GlaGrads d = kernel::gla_backward(gr[0], gr[1], s[0], s[1], s[2], s[3], s[4], s[5], s[6], opts, need);
+           return std::vector<Tensor>{d.dq, d.dk, d.dv, d.dg, d.dgv, d.dinitial_state};
+         });
+  return out;
+}
+
+namespace {
+
+// Log-gates in [lo, hi] (≤ 0), for examples.
+Tensor log_gates(const Shape& shape, Generator& gen, DType dtype, double lo, double hi) {
+  return Tensor::rand(shape, gen, dtype, lo, hi);
+}
+
+SEQLAB_REGISTER_OP(([] {
+  OpSpec s;
+  s.name = "gla";
+  s.summary =
+      "S_t = (exp(g_t)ᵀ exp(gv_t)) ⊙ S_{t−1} + k_tᵀ v_t, o_t = scale q_t S_t; q, k, g [B, T, H, dk], v, gv "
+      "[B, T, H, dv] (gv optional), initial_state [B, H, dk, dv] (optional), final_state = S_T";
+  s.inputs = {{"q"}, {"k"}, {"v"}, {"g"}, {"gv", OpInputKind::floating, true}, {"initial_state", OpInputKind::floating, true}};
+  s.outputs = {"o", "final_state"};
+  s.attrs = {{"form", AttrType::string, "chunkwise", "chunkwise (training) or recurrent (step by step)"},
+             {"chunk", AttrType::integer, "64", "tokens per chunk (recurrent: steps between backward checkpoints)"},
+             {"sub_chunk", AttrType::integer, "16", "tokens per sub-chunk inside a chunk"},
+             {"scale", AttrType::number, "0", "scale of q; 0 means 1/√dk"}};
+  s.forward = [](const std::vector<Tensor>& in, const OpAttrs& a) {
+    GlaOptions o{parse_gla_form(a.get_string("form")), a.get_int("chunk"), a.get_int("sub_chunk"),
+                 a.get_number("scale")};
+    GlaOutput out = gla(in[0], in[1], in[2], in[3], in[4], in[5], o);
+    return std::vector<Tensor>{out.o, out.final_state};
+  };
+  // T = 7 with chunks of 4 (the second partial) and sub-chunks of 2 (one of 1); dk ≠ dv; both gates
+  // and an initial state.
+  s.example = [](Generator& gen, DType dtype) {
+    const int64_t B = 2, T = 7, H = 2, dk = 3, dv = 4;
+    return std::vector<Tensor>{Tensor::randn({B, T, H, dk}, gen, dtype), Tensor::randn({B, T, H, dk}, gen, dtype),
+                               Tensor::randn({B, T, H, dv}, gen, dtype), log_gates({B, T, H, dk}, gen, dtype, -1.5, -0.05),
+                               log_gates({B, T, H, dv}, gen, dtype, -1.0, -0.05), Tensor::randn({B, H, dk, dv}, gen, dtype)};
+  };
+  s.example_attrs = {{"chunk", "4"}, {"sub_chunk", "2"}};
+  return s;
+}()));
+
+}  // namespace
+}  // namespace seqlab

@@ -1,0 +1,122 @@
+// CPU kernels of the optimizer steps and the gradient norm (slots: src/tensor/slots/optim.h).
+// Elementwise, so the result does not depend on the number of threads.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "tensor/kernels.h"
+#include "tensor/parallel.h"
+#include "tensor/slots/optim.h"
+
+namespace seqlab::cpu {
+using kernel::AdamWStep;
+using kernel::SgdStep;
+
+namespace {
+
+// The update of one parameter element in its compute type S (f32 or f64). With a master w (f32, for
+// a bf16 parameter, which reaches these kernels widened to f32 by the dispatch layer, see
+// tensor/dispatch.h) the update reads and writes w[i], and p[i] gets the same value, which the
+// dispatch layer rounds to bf16.
+
+void adamw_step_cpu(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                    const Tensor& w) {
+  dispatch_float(p.dtype(), "adamw_step", [&](auto tag) {
+    using S = decltype(tag);
+    S* pp = p.data<S>();
+    S* wp = w.defined() ? w.data<S>() : pp;
+    const S* gp = g.data<S>();
+    S* mp = m.data<S>();
+    S* vp = v.data<S>();
+    const S lr = S(s.lr), lr_wd = S(s.lr * s.weight_decay), eps = S(s.eps);
+    const S b1 = S(s.beta1), c1 = S(1.0 - s.beta1), b2 = S(s.beta2), c2 = S(1.0 - s.beta2);
+    const S inv_bc1 = S(1.0 / s.bias_correction1), inv_bc2 = S(1.0 / s.bias_correction2);
+    parallel_for(p.numel(), kParallelGrain / 4, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const S gi = gp[i];
+        S pi = wp[i];
+        pi -= lr_wd * pi;
+        const S mi = b1 * mp[i] + c1 * gi;
+        const S vi = b2 * vp[i] + c2 * gi * gi;
+        mp[i] = mi;
+        vp[i] = vi;
+        pi -= lr * (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps);
+        wp[i] = pi;
+        pp[i] = pi;
+      }
+    });
+  });
+}
+
+void sgd_step_cpu(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b, const Tensor& w) {
+  dispatch_float(p.dtype(), "sgd_step", [&](auto tag) {
+    using S = decltype(tag);
+    S* pp = p.data<S>();
+    S* wp = w.defined() ? w.data<S>() : pp;
+    const S* gp = g.data<S>();
+    S* bp = b.defined() ? b.data<S>() : nullptr;
+    const S lr = S(s.lr), lr_wd = S(s.lr * s.weight_decay), mu = S(s.momentum);
+    const bool nesterov = s.nesterov;
+    parallel_for(p.numel(), kParallelGrain / 4, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const S gi = gp[i];
+        S pi = wp[i];
+        pi -= lr_wd * pi;
+        S d = gi;
+        if (bp) {
+          const S bi = mu * bp[i] + gi;
+          bp[i] = bi;
+          d = nesterov ? gi + mu * bi : bi;
+        }
+        pi -= lr * d;
+        wp[i] = pi;
+        pp[i] = pi;
+      }
+    });
+  });
+}
+
+// Fixed blocks summed in order: the same bits whatever the thread count.
+void sum_squares_cpu(const Tensor& x, const Tensor& out) {
+  constexpr int64_t kBlock = 1 << 15;
+  const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
+  dispatch_float(x.dtype(), "sum_squares", [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = x.data<T>();
+#pragma omp parallel for schedule(static) if (blocks > 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+      double acc = 0.0;
+      const int64_t end = std::min(n, (b + 1) * kBlock);
+      for (int64_t i = b * kBlock; i < end; ++i) {
+        const double e = convert_scalar<double>(p[i]);
+        acc += e * e;
+      }
+      partial[static_cast<size_t>(b)] = acc;
+    }
+  });
+  double total = 0.0;
+  for (double v : partial) total += v;
+  out.data<double>()[0] = total;
+}
+
+void scale_inplace_cpu(const Tensor& x, double s) {
+  dispatch_float(x.dtype(), "scale_inplace", [&](auto tag) {
+    using S = decltype(tag);
+    S* p = x.data<S>();
+    const S k = S(s);
+    parallel_for(x.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) p[i] = k * p[i];
+    });
+  });
+}
+
+}  // namespace
+}  // namespace seqlab::cpu
+
+namespace seqlab::kernel {
+SEQLAB_REGISTER_KERNEL(adamw_step_kernel, DeviceType::CPU, &cpu::adamw_step_cpu);
+SEQLAB_REGISTER_KERNEL(sgd_step_kernel, DeviceType::CPU, &cpu::sgd_step_cpu);
+SEQLAB_REGISTER_KERNEL(sum_squares_kernel, DeviceType::CPU, &cpu::sum_squares_cpu);
+SEQLAB_REGISTER_KERNEL(scale_inplace_kernel, DeviceType::CPU, &cpu::scale_inplace_cpu);
+}  // namespace seqlab::kernel

@@ -1,0 +1,73 @@
+// `seqlab --help` and `seqlab --version`. The version names the backends this binary was built
+// with, so a bug report says which BLAS, how many threads and which CUDA toolkit produced a number.
+#include <absl/strings/ascii.h>
+#include <absl/strings/str_cat.h>
+#include <omp.h>
+
+#include "build_info.h"
+#include "tensor/device.h"
+#include "tensor/kernels.h"
+#include "train/cli/commands.h"
+
+namespace seqlab::cli {
+
+std::string usage_text() {
+  return "usage: seqlab COMMAND [ARGS]\n"
+         "\n"
+         "commands:\n"
+         "  op NAME --in DIR --out DIR [--attr key=value]... [--dtype f32|f64]\n"
+         "                      run one registered op on DIR/<input>.npy files (seqlab op --help)\n"
+         "  op --list           the registered ops, one JSON object per line\n"
+         "  tokenizer train --vocab N --out FILE [--input PATH] [--format F]\n"
+         "                      learn byte-level BPE merges (seqlab tokenizer --help)\n"
+         "  tokenizer encode [--tokenizer FILE] --text TEXT   show how a text is tokenized\n"
+         "  prepare --out DIR [--input PATH] [--tokenizer byte|bpe] [--val-fraction F]\n"
+         "                      text, fortune or JSONL files -> llm.c token shards (seqlab prepare --help)\n"
+         "  recipe check FILE [--set section.key=value]...\n"
+         "                      validate a recipe and print it resolved (every key, final values)\n"
+         "  recipe --doc        every recipe key with its type, default and meaning (docs/recipes.md)\n"
+         "  RECIPE.toml [--set section.key=value]... [--out DIR]\n"
+         "                      train: prepares the data, then logs metrics.jsonl, samples.txt and checkpoints\n"
+         "                      in the run directory (default runs/<recipe name>); Ctrl-C saves and stops\n"
+         "  --resume RUN [--set section.key=value]...\n"
+         "                      continue a run from its newest checkpoint, with the recipe it saved\n"
+         "  RECIPE.toml --resume RUN   continue RUN with the given recipe instead\n"
+         "  sample RUN [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+         "                      generate text from a run's newest checkpoint (seqlab sample --help)\n"
+         "  plot RUN [--out FILE]  draw the loss curves of a run into RUN/loss.png\n"
+         "  --version           version, git commit and the compiled backends\n"
+         "  --help              this text\n"
+         "\n"
+         "planned: --nproc N (data and sequence parallelism)\n";
+}
+
+namespace {
+
+std::string blas_line() {
+  // OpenBLAS names its version, the kernel core picked at run time and the thread cap.
+  const std::string config = kernel::cpu_blas_config();
+  if (config.empty()) return absl::StrCat("CPU BLAS: ", SEQLAB_BLAS);
+  return absl::StrCat("CPU BLAS: ", config, " (", SEQLAB_BLAS, ")");
+}
+
+std::string cuda_line() {
+#if SEQLAB_BUILT_WITH_CUDA
+  std::string line = absl::StrCat("CUDA: toolkit ", SEQLAB_CUDA_TOOLKIT, ", architectures ", SEQLAB_CUDA_ARCHS);
+  // The backend registers itself when the library loads; it describes the runtime, arch and NCCL.
+  DeviceBackend* backend = cuda_backend();
+  if (!backend) return absl::StrCat(line, "; backend not registered");
+  std::string gpus = backend->available() ? absl::StrCat(backend->device_count(), " GPU(s) usable") : "no usable GPU";
+  return absl::StrCat(line, "; ", backend->describe(), "; ", gpus);
+#else
+  return "CUDA: not built";
+#endif
+}
+
+}  // namespace
+
+std::string version_text() {
+  return absl::StrCat("seqlab ", SEQLAB_VERSION, " (git ", SEQLAB_GIT_COMMIT, ")\n", blas_line(), "\n",
+                      "OpenMP: ", omp_get_max_threads(), " threads (OpenMP ", _OPENMP, ")\n", cuda_line(), "\n");
+}
+
+}  // namespace seqlab::cli

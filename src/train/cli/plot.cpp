@@ -1,0 +1,133 @@
+// `seqlab plot RUN`: the loss curves of a run as a PNG, drawn by gnuplot (Debian's gnuplot-nox).
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+#include <absl/strings/str_replace.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+
+#include "train/cli/commands.h"
+#include "train/cli/util.h"
+
+namespace seqlab::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kPlotUsage[] =
+    "usage: seqlab plot RUN [--out FILE]\n"
+    "\n"
+    "Draws the training loss (every logged step) and the validation loss (every evaluation) of the run\n"
+    "directory RUN from its metrics.jsonl, with the validation accuracy on a second axis for synthetic\n"
+    "tasks, into RUN/loss.png (or FILE). Needs gnuplot (Debian: gnuplot-nox; ./train installs it).\n";
+
+// The number after "key": in a metrics line, if present.
+std::optional<double> field(const std::string& line, const std::string& key) {
+  const std::string tag = "\"" + key + "\": ";
+  size_t at = line.find(tag);
+  if (at == std::string::npos) return std::nullopt;
+  at += tag.size();
+  size_t end = line.find_first_of(",}", at);
+  double v;
+  if (!absl::SimpleAtod(line.substr(at, end - at), &v)) return std::nullopt;
+  return v;
+}
+
+std::string gnuplot_quote(const std::string& s) { return "'" + absl::StrReplaceAll(s, {{"'", "''"}}) + "'"; }
+
+void plot(const std::vector<std::string>& args) {
+  Flags f(args, "plot", {"--out"}, {"--help", "-h"}, {}, 1);
+  if (f.has("--help") || f.has("-h")) {
+    std::cout << kPlotUsage;
+    return;
+  }
+  if (f.positional().empty()) throw UserError("expected the run directory: seqlab plot RUN (see seqlab plot --help)");
+  const fs::path run = f.positional()[0];
+  const fs::path metrics = run / "metrics.jsonl";
+  std::ifstream in(metrics);
+  if (!in) throw UserError(metrics.string() + ": cannot be read (is " + run.string() + " a run directory?)");
+  const fs::path out = f.get("--out", (run / "loss.png").string());
+
+  // Two data files for gnuplot: step loss, and step val_loss [val_acc].
+  // Everything goes to temporary names beside the output; the PNG is renamed into place when whole.
+  const fs::path train_file = out.string() + ".train.tmp", val_file = out.string() + ".val.tmp";
+  const fs::path png_file = out.string() + ".tmp";
+  std::ofstream train_data(train_file), val_data(val_file);
+  std::string line;
+  int64_t train_points = 0, val_points = 0;
+  bool accuracy = false;
+  while (std::getline(in, line)) {
+    auto step = field(line, "step"), loss = field(line, "loss"), val = field(line, "val_loss");
+    auto acc = field(line, "val_acc");
+    if (!step) continue;
+    if (loss) {
+      train_data << *step << " " << *loss << "\n";
+      ++train_points;
+    }
+    if (val) {
+      val_data << *step << " " << *val << " " << acc.value_or(0.0) << "\n";
+      accuracy = accuracy || acc.has_value();
+      ++val_points;
+    }
+  }
+  train_data.close();
+  val_data.close();
+  auto cleanup = [&] {
+    std::error_code ec;
+    fs::remove(train_file, ec);
+    fs::remove(val_file, ec);
+    fs::remove(png_file, ec);
+  };
+  if (train_points == 0) {
+    cleanup();
+    throw UserError(metrics.string() + ": no logged steps to plot yet");
+  }
+  std::string script = absl::StrCat(
+      "set terminal pngcairo size 900,540 enhanced font 'sans,10'\n"
+      "set output ",
+      gnuplot_quote(png_file.string()),
+      "\n"
+      "set title ",
+      gnuplot_quote(absl::StrCat("seqlab run ", fs::absolute(run).filename().string())),
+      " noenhanced\n"
+      "set xlabel 'step'\nset ylabel 'loss (nats per token)'\nset grid\nset key top right\n");
+  std::string plots = absl::StrCat("plot ", gnuplot_quote(train_file.string()),
+                                   " using 1:2 with lines lw 1.5 lc rgb '#1f77b4' title 'train loss'");
+  if (val_points > 0) {
+    absl::StrAppend(&plots, ", ", gnuplot_quote(val_file.string()),
+                    " using 1:2 with linespoints pt 7 ps 0.8 lw 2 lc rgb '#d62728' title 'val loss'");
+  }
+  if (accuracy) {
+    absl::StrAppend(&script, "set y2label 'val accuracy'\nset y2range [0:1]\nset y2tics\nset ytics nomirror\n");
+    absl::StrAppend(&plots, ", ", gnuplot_quote(val_file.string()),
+                    " using 1:3 axes x1y2 with linespoints pt 5 ps 0.8 lc rgb '#2ca02c' title 'val accuracy'");
+  }
+  script += plots + "\n";
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
+    cleanup();
+    throw UserError("gnuplot is not installed (Debian: apt-get install gnuplot-nox; ./train installs it)");
+  }
+  FILE* gp = popen("gnuplot 2>&1", "w");
+  if (gp == nullptr) {
+    cleanup();
+    throw UserError("could not start gnuplot");
+  }
+  std::fputs(script.c_str(), gp);
+  const int status = pclose(gp);
+  std::error_code ec;
+  if (status == 0) fs::rename(png_file, out, ec);
+  cleanup();
+  if (status != 0 || ec) throw UserError("gnuplot failed to draw " + out.string());
+  std::cout << absl::StrFormat("%s: %d training and %d validation points\n", out.string(), train_points, val_points);
+}
+
+}  // namespace
+
+int plot_command(const std::vector<std::string>& args) { return run_guarded("plot", [&] { plot(args); }); }
+
+}  // namespace seqlab::cli

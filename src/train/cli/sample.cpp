@@ -1,0 +1,80 @@
+// `seqlab sample RUN`: text from a run's newest checkpoint (or a chosen one), decoded with the KV cache.
+#include <absl/strings/str_format.h>
+
+#include <iostream>
+
+#include "train/cli/commands.h"
+#include "train/cli/util.h"
+#include "train/data/prepare.h"
+#include "train/checkpoint/checkpoint.h"
+#include "train/loop/sampling.h"
+#include "train/data/tokenizer.h"
+
+namespace seqlab::cli {
+namespace {
+
+constexpr char kSampleUsage[] =
+    "usage: seqlab sample RUN [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+    "                         [--checkpoint FILE]\n"
+    "\n"
+    "Continues TEXT with the model of the run directory RUN (its recipe.toml and newest checkpoint) and\n"
+    "prints the prompt and the continuation. The prompt follows an end-of-text token, as every document\n"
+    "of the training data does; special tokens other than end-of-text are never drawn.\n"
+    "\n"
+    "  --prompt TEXT      text to continue (default: none, a document from its start)\n"
+    "  --tokens N         tokens to generate (default 256)\n"
+    "  --temperature T    softmax temperature; 0: greedy, always the most likely token (default 0.8)\n"
+    "  --top-k K          draw only among the K most likely tokens; 0: no limit (default 0)\n"
+    "  --top-p P          draw only among the most likely tokens whose probabilities sum to P, in (0, 1]\n"
+    "                     (default 1: no limit)\n"
+    "  --seed S           the random draws (default 0): the same seed gives the same text\n"
+    "  --checkpoint FILE  a checkpoint other than RUN's newest\n";
+
+// The tokenizer the run trained with: from its recipe, or from the metadata of its shards.
+std::unique_ptr<Tokenizer> run_tokenizer(const Recipe& r) {
+  if (r.data.source == "text") return value_or_throw(make_tokenizer(r.data.tokenizer, r.data.tokenizer_path));
+  if (r.data.source == "shards") {
+    DatasetInfo info = value_or_throw(read_dataset_info(r.data.path));
+    return value_or_throw(make_tokenizer(info.tokenizer, info.tokenizer_path));
+  }
+  throw UserError("the run trains on the synthetic task " + r.data.source + ", which has no text to sample");
+}
+
+void sample(const std::vector<std::string>& args) {
+  Flags f(args, "sample", {"--prompt", "--tokens", "--temperature", "--top-k", "--top-p", "--seed", "--checkpoint"},
+          {"--help", "-h"}, {}, 1);
+  if (f.has("--help") || f.has("-h")) {
+    std::cout << kSampleUsage;
+    return;
+  }
+  if (f.positional().empty()) throw UserError("expected the run directory: seqlab sample RUN (see seqlab sample --help)");
+  const std::string run = f.positional()[0];
+  SamplingOptions o;
+  o.tokens = f.number<int64_t>("--tokens", 256);
+  o.temperature = f.number<double>("--temperature", 0.8);
+  o.top_k = f.number<int64_t>("--top-k", 0);
+  o.top_p = f.number<double>("--top-p", 1.0);
+  if (o.tokens < 1) throw UserError("--tokens must be at least 1");
+  if (o.temperature < 0) throw UserError("--temperature must be ≥ 0");
+  if (o.top_k < 0) throw UserError("--top-k must be ≥ 0");
+  if (!(o.top_p > 0 && o.top_p <= 1)) throw UserError("--top-p must be in (0, 1]");
+  Generator gen(f.number<uint64_t>("--seed", 0));
+
+  Recipe recipe = load_run_recipe(run);
+  std::unique_ptr<Tokenizer> tokenizer = run_tokenizer(recipe);
+  Checkpoint checkpoint = read_checkpoint(f.has("--checkpoint") ? f.get("--checkpoint") : newest_checkpoint(run));
+  std::unique_ptr<LanguageModel> model = build_model(recipe, checkpoint.vocab_size);
+  restore_weights(checkpoint, *model);
+  o.suppressed = non_text_ids(*tokenizer, model->vocab_size());
+
+  const std::string prompt_text = f.get("--prompt");
+  std::vector<int32_t> prompt = {tokenizer->eot()};
+  for (int32_t id : tokenizer->encode(prompt_text)) prompt.push_back(id);
+  std::cout << prompt_text << tokenizer->decode(generate(*model, prompt, o, gen)) << "\n";
+}
+
+}  // namespace
+
+int sample_command(const std::vector<std::string>& args) { return run_guarded("sample", [&] { sample(args); }); }
+
+}  // namespace seqlab::cli

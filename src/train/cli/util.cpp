@@ -1,0 +1,64 @@
+#include "train/cli/util.h"
+
+#include <absl/strings/match.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_replace.h>
+
+#include <iostream>
+#include <stdexcept>
+
+namespace seqlab::cli {
+
+Flags::Flags(const std::vector<std::string>& args, const std::string& command, const std::set<std::string>& valued,
+             const std::set<std::string>& switches, const std::set<std::string>& repeatable, size_t max_positional) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    const bool is_flag = absl::StartsWith(arg, "--");
+    const size_t eq = is_flag ? arg.find('=') : std::string::npos;
+    const std::string flag = is_flag ? arg.substr(0, eq) : arg;
+    if (switches.count(flag)) {
+      if (eq != std::string::npos) throw UserError(flag + " takes no value");
+      values_[flag] = {""};
+    } else if (valued.count(flag)) {
+      if (eq == std::string::npos && i + 1 >= args.size()) throw UserError(flag + " needs a value");
+      if (values_.count(flag) && !repeatable.count(flag)) throw UserError(flag + " given twice");
+      values_[flag].push_back(eq != std::string::npos ? arg.substr(eq + 1) : args[++i]);
+    } else if (!absl::StartsWith(arg, "-") && positional_.size() < max_positional) {
+      positional_.push_back(arg);
+    } else {
+      throw UserError(absl::StrCat(absl::StartsWith(arg, "-") ? "unknown flag '" : "unexpected argument '", arg,
+                                   "' (see seqlab ", command.empty() ? "" : command + " ", "--help)"));
+    }
+  }
+}
+
+std::string Flags::get(const std::string& flag, const std::string& fallback) const {
+  auto it = values_.find(flag);
+  return it == values_.end() ? fallback : it->second.back();
+}
+
+std::vector<std::string> Flags::all(const std::string& flag) const {
+  auto it = values_.find(flag);
+  return it == values_.end() ? std::vector<std::string>{} : it->second;
+}
+
+int run_guarded(const std::string& command, const std::function<void()>& body) {
+  auto report = [&](const std::string& message) {
+    std::cerr << "seqlab " << command << ": " << absl::StrReplaceAll(message, {{"\n", " "}}) << "\n";
+  };
+  try {
+    body();
+    return 0;
+  } catch (const UserError& e) {
+    report(e.what());
+    return kUsageError;
+  } catch (const std::invalid_argument& e) {
+    report(e.what());
+    return kUsageError;
+  } catch (const std::exception& e) {
+    report(std::string("internal error: ") + e.what());
+    return 1;
+  }
+}
+
+}  // namespace seqlab::cli

@@ -1,0 +1,73 @@
+// What every subcommand of `seqlab` shares: parsing `--flag value` arguments, and turning a failed
+// absl::Status into the UserError that main reports as one line with exit code 2.
+#pragma once
+
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <absl/strings/numbers.h>
+
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "train/cli/commands.h"
+
+namespace seqlab::cli {
+
+// The arguments of one subcommand: `--flag value` or `--flag=value` for the flags in `valued`
+// (given at most once, except those also in `repeatable`, which collect every value in order), bare
+// `--flag` for the `switches`, and up to `max_positional` arguments that are not flags. Anything else
+// is a UserError naming the argument and `seqlab COMMAND --help` (`seqlab --help` for an empty COMMAND).
+class Flags {
+ public:
+  Flags(const std::vector<std::string>& args, const std::string& command, const std::set<std::string>& valued,
+        const std::set<std::string>& switches = {}, const std::set<std::string>& repeatable = {},
+        size_t max_positional = 0);
+
+  bool has(const std::string& flag) const { return values_.count(flag) > 0; }
+  // The (last) value of `flag`, or `fallback` when it was not given.
+  std::string get(const std::string& flag, const std::string& fallback = "") const;
+  // Every value of a repeatable flag, in the order given.
+  std::vector<std::string> all(const std::string& flag) const;
+  const std::vector<std::string>& positional() const { return positional_; }
+
+  // The value of `flag` as a number (integer or floating point by T), or `fallback`.
+  template <class T>
+  T number(const std::string& flag, T fallback) const {
+    if (!has(flag)) return fallback;
+    const std::string text = get(flag);
+    T v{};
+    bool ok;
+    if constexpr (std::is_floating_point_v<T>) {
+      ok = absl::SimpleAtod(text, &v);
+    } else {
+      ok = absl::SimpleAtoi(text, &v);
+    }
+    if (!ok) throw UserError(flag + " expects a number, got '" + text + "'");
+    return v;
+  }
+
+ private:
+  std::map<std::string, std::vector<std::string>> values_;
+  std::vector<std::string> positional_;
+};
+
+template <class T>
+T value_or_throw(absl::StatusOr<T> v) {
+  if (!v.ok()) throw UserError(std::string(v.status().message()));
+  return std::move(*v);
+}
+
+inline void ok_or_throw(const absl::Status& s) {
+  if (!s.ok()) throw UserError(std::string(s.message()));
+}
+
+// Runs a subcommand's body: 0 when it returns; a UserError (or std::invalid_argument from a config
+// check) is printed as "seqlab COMMAND: message" on one line and gives exit code 2; any other
+// exception is a broken invariant inside seqlab, reported as an internal error with exit code 1.
+int run_guarded(const std::string& command, const std::function<void()>& body);
+
+}  // namespace seqlab::cli

@@ -1,0 +1,99 @@
+// Batches for the step loop: from token shards (TokenLoader) or generated on the fly (synthetic.h).
+//
+// TokenLoader views the shards of a split as one stream of N tokens and cuts it into W = (N-1) / T
+// windows of T+1 tokens at stride T (window w covers tokens [w·T, w·T+T]); a window gives one row of
+// inputs (its first T tokens) and targets (its last T). Each epoch visits the windows in an order
+// shuffled from (seed, epoch); rank r of P takes entries r, r+P, r+2P, ... of that order, so ranks see
+// disjoint windows and every rank gets W / P of them (the W mod P left over are skipped that epoch,
+// keeping ranks in lockstep). A batch that runs past the end of an epoch continues into the next.
+//
+// The position is (epoch, windows this rank has consumed in it): saved in checkpoints, restored exactly.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+
+#include "tensor/tensor.h"
+#include "train/data/shards.h"
+
+namespace seqlab {
+
+// Targets equal to this are not scored (cross-entropy and accuracy skip them).
+constexpr int32_t kIgnoreIndex = -100;
+
+struct Batch {
+  Tensor inputs;   // [B, T] i32
+  Tensor targets;  // [B, T] i32, kIgnoreIndex where nothing is scored
+};
+
+struct LoaderState {
+  int64_t epoch = 0;
+  int64_t position = 0;  // windows (or generated batches) consumed within the epoch
+  bool operator==(const LoaderState& o) const { return epoch == o.epoch && position == o.position; }
+};
+
+// What the step loop draws batches from: token shards or a synthetic task.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual Batch next_batch(int64_t batch_size) = 0;
+  // Batch `index` of a fixed evaluation walk; touches no training position, so the same index always
+  // gives the same batch.
+  virtual Batch eval_batch(int64_t index, int64_t batch_size) const = 0;
+  virtual LoaderState state() const = 0;
+  // Afterwards next_batch yields exactly what it yielded after state() was taken.
+  virtual absl::Status restore(const LoaderState& state) = 0;
+};
+
+struct LoaderOptions {
+  int64_t seq_len = 256;
+  uint64_t seed = 0;
+  int rank = 0;
+  int world = 1;
+  bool shuffle = true;  // false: windows in stream order every epoch
+};
+
+class TokenLoader : public BatchSource {
+ public:
+  // Opens (and validates) the shards, concatenated in the given order. Errors name the shard, or say
+  // that the tokens do not make one window per rank.
+  static absl::StatusOr<TokenLoader> open(const std::vector<std::string>& shard_paths, const LoaderOptions& options);
+  // The shards of `split` ("train", "val") in `dir`, as find_shards lists them.
+  static absl::StatusOr<TokenLoader> open_split(const std::string& dir, const std::string& split,
+                                                const LoaderOptions& options);
+
+  Batch next_batch(int64_t batch_size) override;
+  // The evaluation walk: the windows in stream order from the start, this rank taking every P-th;
+  // batch i holds the rank's windows i·B .. i·B+B-1, wrapping around past the end.
+  Batch eval_batch(int64_t index, int64_t batch_size) const override;
+  LoaderState state() const override { return {epoch_, position_}; }
+  absl::Status restore(const LoaderState& state) override;
+
+  int64_t num_tokens() const { return offsets_.back(); }
+  int64_t num_windows() const { return windows_; }
+  int64_t windows_per_rank() const { return windows_ / opt_.world; }
+  int64_t seq_len() const { return opt_.seq_len; }
+  // How many eval batches of `batch_size` fit before the walk wraps around.
+  int64_t eval_batches(int64_t batch_size) const { return windows_per_rank() / batch_size; }
+
+  // Tokens [start, start + n) of the concatenated stream, widened to int32.
+  void read_tokens(int64_t start, int64_t n, int32_t* out) const;
+
+ private:
+  TokenLoader() = default;
+  void build_order();  // order_ for epoch_
+  void fill_row(int64_t window, int32_t* inputs, int32_t* targets) const;
+
+  LoaderOptions opt_;
+  std::vector<Shard> shards_;
+  std::vector<int64_t> offsets_{0};  // offsets_[i]: stream position of shard i's first token
+  int64_t windows_ = 0;
+  int64_t epoch_ = 0, position_ = 0;
+  std::vector<int64_t> order_;  // this rank's windows in the current epoch
+};
+
+}  // namespace seqlab

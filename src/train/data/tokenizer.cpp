@@ -1,0 +1,309 @@
+// BPE training keeps, for every adjacent pair, its weighted count over the unique chunks and the list
+// of chunks it occurs in; a merge rewrites only those chunks and adjusts the counts of the pairs they
+// lose and gain. The most frequent pair comes from a max-heap with lazy deletion: an entry whose count
+// no longer matches the table is stale and skipped. This makes training on a few MB take well under a
+// second instead of recounting every pair for every merge.
+#include "train/data/tokenizer.h"
+
+#include <absl/container/flat_hash_set.h>
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_split.h>
+#include <absl/strings/strip.h>
+
+#include <algorithm>
+#include <queue>
+#include <stdexcept>
+
+#include "train/data/data_io.h"
+
+namespace seqlab {
+
+namespace {
+
+constexpr char kBpeHeader[] = "seqlab-bpe 1";
+constexpr size_t kMaxChunk = 256;
+
+uint64_t pack(int32_t a, int32_t b) { return (static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b); }
+int32_t left_of(uint64_t p) { return static_cast<int32_t>(p >> 32); }
+int32_t right_of(uint64_t p) { return static_cast<int32_t>(p & 0xffffffffu); }
+
+bool is_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+// 0 letters (and every byte of a multi-byte UTF-8 character), 1 digits, 2 other symbols.
+int char_class(unsigned char c) {
+  if (c >= 0x80 || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return 0;
+  if (c >= '0' && c <= '9') return 1;
+  return 2;
+}
+
+std::vector<int32_t> bytes_of(absl::string_view s) {
+  std::vector<int32_t> ids(s.size());
+  for (size_t i = 0; i < s.size(); ++i) ids[i] = static_cast<unsigned char>(s[i]);
+  return ids;
+}
+
+// Replaces every non-overlapping occurrence of (a, b), left to right, by `id`.
+void apply_merge(std::vector<int32_t>& ids, int32_t a, int32_t b, int32_t id) {
+  size_t out = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i + 1 < ids.size() && ids[i] == a && ids[i + 1] == b) {
+      ids[out++] = id;
+      ++i;
+    } else {
+      ids[out++] = ids[i];
+    }
+  }
+  ids.resize(out);
+}
+
+// "" when `m` (merge number `k`) refers only to ids defined before it and is new; else what is wrong.
+std::string check_merge(const BpeTokenizer::Merge& m, size_t k, absl::flat_hash_map<uint64_t, size_t>& seen) {
+  int64_t limit = 256 + static_cast<int64_t>(k);
+  for (int32_t id : {m.first, m.second}) {
+    if (id < 0 || id >= limit) {
+      return absl::StrCat("id ", id, " is not defined yet (merge ", k, " may use ids 0..", limit - 1, ")");
+    }
+  }
+  auto [it, inserted] = seen.emplace(pack(m.first, m.second), k);
+  if (!inserted) return absl::StrCat("merge ", m.first, " ", m.second, " repeats merge ", it->second);
+  return "";
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// Tokenizer
+
+int32_t Tokenizer::sentinel(int i) const {
+  if (i < 0 || i >= kNumSentinels) {
+    throw std::out_of_range(absl::StrCat("sentinel ", i, " requested; there are ", kNumSentinels));
+  }
+  return first_special_ + 3 + i;
+}
+
+std::string Tokenizer::token_text(int32_t id) const {
+  if (id >= 0 && id < first_special_) return regular_bytes(id);
+  if (id == eot()) return "<|eot|>";
+  if (id == pad()) return "<|pad|>";
+  if (id == mask()) return "<|mask|>";
+  if (is_special(id)) return absl::StrCat("<|sentinel_", id - sentinel(0), "|>");
+  return absl::StrCat("<|unknown_", id, "|>");
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  for (int32_t id : ids) out += token_text(id);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// ByteTokenizer
+
+ByteTokenizer::ByteTokenizer() : Tokenizer(256) {
+  for (int b = 0; b < 256; ++b) bytes_.emplace_back(1, static_cast<char>(b));
+}
+
+std::vector<int32_t> ByteTokenizer::encode(absl::string_view text) const { return bytes_of(text); }
+
+// ---------------------------------------------------------------------------------------------------
+// Pre-tokenisation
+
+std::vector<absl::string_view> split_chunks(absl::string_view text) {
+  std::vector<absl::string_view> chunks;
+  const size_t n = text.size();
+  auto at = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  size_t i = 0;
+  while (i < n) {
+    size_t j = i;
+    if (!is_space(at(i)) || (at(i) == ' ' && i + 1 < n && !is_space(at(i + 1)))) {
+      if (at(j) == ' ') ++j;  // a single leading space belongs to the word
+      int cls = char_class(at(j));
+      while (j < n && !is_space(at(j)) && char_class(at(j)) == cls) ++j;
+    } else {
+      while (j < n && is_space(at(j))) ++j;
+      if (j < n && j - i > 1 && at(j - 1) == ' ') --j;  // leave the last space to the next word
+    }
+    for (size_t k = i; k < j; k += kMaxChunk) chunks.push_back(text.substr(k, std::min(kMaxChunk, j - k)));
+    i = j;
+  }
+  return chunks;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// BpeTokenizer
+
+absl::StatusOr<BpeTokenizer> BpeTokenizer::from_merges(std::vector<Merge> merges) {
+  BpeTokenizer t;
+  absl::flat_hash_map<uint64_t, size_t> seen;
+  for (size_t k = 0; k < merges.size(); ++k) {
+    std::string error = check_merge(merges[k], k, seen);
+    if (!error.empty()) return absl::InvalidArgumentError(absl::StrCat("BPE merge ", k, ": ", error));
+  }
+  t.bytes_.reserve(256 + merges.size());
+  for (int b = 0; b < 256; ++b) t.bytes_.emplace_back(1, static_cast<char>(b));
+  for (size_t k = 0; k < merges.size(); ++k) {
+    t.bytes_.push_back(t.bytes_[merges[k].first] + t.bytes_[merges[k].second]);
+    t.rank_[pack(merges[k].first, merges[k].second)] = static_cast<int32_t>(k);
+  }
+  t.merges_ = std::move(merges);
+  t.set_first_special(static_cast<int32_t>(256 + t.merges_.size()));
+  return t;
+}
+
+absl::StatusOr<BpeTokenizer> BpeTokenizer::train(const std::vector<std::string>& documents, int32_t vocab_size) {
+  const int32_t min_vocab = 256 + kNumSpecialTokens;
+  if (vocab_size < min_vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("BPE vocab_size ", vocab_size, " is below ", min_vocab,
+                                                   " (256 bytes + ", kNumSpecialTokens, " special tokens)"));
+  }
+  const size_t max_merges = static_cast<size_t>(vocab_size - min_vocab);
+
+  // Unique chunks with their counts; sorted so that word indices do not depend on hash order.
+  absl::flat_hash_map<absl::string_view, int64_t> chunk_count;
+  for (const std::string& doc : documents) {
+    for (absl::string_view c : split_chunks(doc)) ++chunk_count[c];
+  }
+  std::vector<std::pair<absl::string_view, int64_t>> unique(chunk_count.begin(), chunk_count.end());
+  std::sort(unique.begin(), unique.end());
+  std::vector<std::vector<int32_t>> words;
+  std::vector<int64_t> freq;
+  for (const auto& [chunk, count] : unique) {
+    if (chunk.size() < 2) continue;  // a single byte has no pair
+    words.push_back(bytes_of(chunk));
+    freq.push_back(count);
+  }
+
+  absl::flat_hash_map<uint64_t, int64_t> pair_count;
+  absl::flat_hash_map<uint64_t, std::vector<int32_t>> pair_words;  // may hold stale or repeated entries
+  for (size_t w = 0; w < words.size(); ++w) {
+    for (size_t i = 0; i + 1 < words[w].size(); ++i) {
+      uint64_t p = pack(words[w][i], words[w][i + 1]);
+      pair_count[p] += freq[w];
+      pair_words[p].push_back(static_cast<int32_t>(w));
+    }
+  }
+  // Highest count first; among equal counts the smallest packed pair, i.e. smallest (left, right).
+  using Entry = std::pair<int64_t, uint64_t>;
+  auto lower = [](const Entry& x, const Entry& y) { return x.first < y.first || (x.first == y.first && x.second > y.second); };
+  std::priority_queue<Entry, std::vector<Entry>, decltype(lower)> heap(lower);
+  for (const auto& [p, c] : pair_count) heap.push({c, p});
+
+  std::vector<Merge> merges;
+  std::vector<size_t> stamp(words.size(), SIZE_MAX);  // the merge that last rewrote each word
+  absl::flat_hash_set<uint64_t> touched;
+  while (merges.size() < max_merges && !heap.empty()) {
+    auto [count, p] = heap.top();
+    heap.pop();
+    auto it = pair_count.find(p);
+    if (it == pair_count.end() || it->second != count) continue;  // stale entry
+    if (count < 2) break;  // merging a pair seen once only memorises that one chunk
+    const int32_t a = left_of(p), b = right_of(p), id = static_cast<int32_t>(256 + merges.size());
+    merges.push_back({a, b});
+    pair_count.erase(it);
+    std::vector<int32_t> where = std::move(pair_words[p]);
+    pair_words.erase(p);
+    touched.clear();
+    for (int32_t w : where) {
+      if (stamp[w] == merges.size()) continue;
+      stamp[w] = merges.size();
+      std::vector<int32_t>& ids = words[w];
+      bool holds = false;
+      for (size_t i = 0; i + 1 < ids.size() && !holds; ++i) holds = ids[i] == a && ids[i + 1] == b;
+      if (!holds) continue;  // a stale listing: an earlier merge took the pair from this word
+      for (size_t i = 0; i + 1 < ids.size(); ++i) {
+        uint64_t q = pack(ids[i], ids[i + 1]);
+        if (q == p) continue;
+        if ((pair_count[q] -= freq[w]) == 0) pair_count.erase(q);
+        touched.insert(q);
+      }
+      apply_merge(ids, a, b, id);
+      for (size_t i = 0; i + 1 < ids.size(); ++i) {
+        uint64_t q = pack(ids[i], ids[i + 1]);
+        pair_count[q] += freq[w];
+        touched.insert(q);
+        // Pairs without the new id were in this word before, so the word is already listed for them.
+        if (ids[i] == id || ids[i + 1] == id) pair_words[q].push_back(w);
+      }
+    }
+    for (uint64_t q : touched) {
+      auto c = pair_count.find(q);
+      if (c != pair_count.end()) heap.push({c->second, q});
+    }
+  }
+  return from_merges(std::move(merges));
+}
+
+void BpeTokenizer::encode_chunk(absl::string_view chunk, std::vector<int32_t>* out) const {
+  std::vector<int32_t> ids = bytes_of(chunk);
+  // Apply the earliest-learned merge present, everywhere in the chunk, until none applies: the order
+  // training used, so training text encodes into the tokens training formed.
+  while (ids.size() >= 2) {
+    int32_t best = INT32_MAX;
+    for (size_t i = 0; i + 1 < ids.size(); ++i) {
+      auto it = rank_.find(pack(ids[i], ids[i + 1]));
+      if (it != rank_.end() && it->second < best) best = it->second;
+    }
+    if (best == INT32_MAX) break;
+    apply_merge(ids, merges_[best].first, merges_[best].second, 256 + best);
+  }
+  out->insert(out->end(), ids.begin(), ids.end());
+}
+
+std::vector<int32_t> BpeTokenizer::encode(absl::string_view text) const {
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3);
+  for (absl::string_view chunk : split_chunks(text)) encode_chunk(chunk, &out);
+  return out;
+}
+
+absl::Status BpeTokenizer::save(const std::string& path) const {
+  std::string text = absl::StrCat(kBpeHeader, "\n");
+  for (const Merge& m : merges_) absl::StrAppend(&text, m.first, " ", m.second, "\n");
+  return write_file_atomic(path, {text});
+}
+
+absl::StatusOr<BpeTokenizer> BpeTokenizer::load(const std::string& path) {
+  absl::StatusOr<std::string> text = read_file(path);
+  if (!text.ok()) return text.status();
+  std::vector<absl::string_view> lines = absl::StrSplit(*text, '\n');
+  if (!lines.empty() && lines.back().empty()) lines.pop_back();  // the final newline
+  auto fail = [&](size_t line, const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ":", line, ": ", what));
+  };
+  auto strip_cr = [](absl::string_view s) {
+    absl::ConsumeSuffix(&s, "\r");
+    return s;
+  };
+  if (lines.empty()) return absl::InvalidArgumentError(path + ": empty file (expected the header '" + kBpeHeader + "')");
+  if (strip_cr(lines[0]) != kBpeHeader) {
+    return fail(1, absl::StrCat("expected the header '", kBpeHeader, "', got '", lines[0].substr(0, 40), "'"));
+  }
+  std::vector<Merge> merges;
+  absl::flat_hash_map<uint64_t, size_t> seen;
+  for (size_t n = 1; n < lines.size(); ++n) {
+    absl::string_view line = strip_cr(lines[n]);
+    std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    Merge m;
+    if (fields.size() != 2 || !absl::SimpleAtoi(fields[0], &m.first) || !absl::SimpleAtoi(fields[1], &m.second)) {
+      return fail(n + 1, absl::StrCat("expected two token ids separated by a space, got '", line.substr(0, 40), "'"));
+    }
+    std::string error = check_merge(m, merges.size(), seen);
+    if (!error.empty()) return fail(n + 1, error);
+    merges.push_back(m);
+  }
+  return from_merges(std::move(merges));
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> make_tokenizer(const std::string& kind, const std::string& path) {
+  if (kind == "byte") return std::unique_ptr<Tokenizer>(new ByteTokenizer());
+  if (kind == "bpe") {
+    if (path.empty()) return absl::InvalidArgumentError("tokenizer 'bpe' needs the path of a merges file");
+    absl::StatusOr<BpeTokenizer> t = BpeTokenizer::load(path);
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<Tokenizer>(new BpeTokenizer(std::move(*t)));
+  }
+  return absl::InvalidArgumentError("unknown tokenizer '" + kind + "' (byte or bpe)");
+}
+
+}  // namespace seqlab

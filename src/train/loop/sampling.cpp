@@ -1,0 +1,108 @@
+#include "train/loop/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+
+#include "autograd/variable.h"
+#include "tensor/kernels.h"
+
+namespace seqlab {
+
+int32_t sample_token(const std::vector<double>& logits, const SamplingOptions& options, Generator& gen) {
+  if (logits.empty()) throw std::invalid_argument("sample_token: no logits");
+  if (options.temperature < 0 || options.top_k < 0 || !(options.top_p > 0 && options.top_p <= 1)) {
+    throw std::invalid_argument("sample_token: needs temperature ≥ 0, top_k ≥ 0 and top_p in (0, 1]");
+  }
+  // The candidate ids by decreasing logit (stable: ties keep the lower id first).
+  std::vector<int32_t> order;
+  for (int32_t id = 0; id < static_cast<int32_t>(logits.size()); ++id) {
+    if (std::find(options.suppressed.begin(), options.suppressed.end(), id) == options.suppressed.end()) {
+      order.push_back(id);
+    }
+  }
+  if (order.empty()) throw std::invalid_argument("sample_token: every id is suppressed");
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  if (options.temperature == 0) return order[0];
+  size_t keep = order.size();
+  if (options.top_k > 0) keep = std::min(keep, static_cast<size_t>(options.top_k));
+  // p_i = exp((l_i − l_max) / τ) / Σ_j exp((l_j − l_max) / τ) over the kept ids.
+  std::vector<double> prob(keep);
+  const double top = logits[order[0]];
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) total += prob[i] = std::exp((logits[order[i]] - top) / options.temperature);
+  // Nucleus: the shortest prefix whose mass reaches top_p.
+  double mass = 0;
+  size_t nucleus = 0;
+  while (nucleus < keep && (nucleus == 0 || mass < options.top_p * total)) mass += prob[nucleus++];
+  double u = gen.uniform() * mass;
+  for (size_t i = 0; i < nucleus; ++i) {
+    if (u < prob[i]) return order[i];
+    u -= prob[i];
+  }
+  return order[nucleus - 1];  // u rounded up to the total
+}
+
+std::vector<int32_t> non_text_ids(const Tokenizer& tokenizer, int64_t model_vocab_size) {
+  std::vector<int32_t> ids;
+  for (int32_t id = 0; id < static_cast<int32_t>(model_vocab_size); ++id) {
+    if ((tokenizer.is_special(id) && id != tokenizer.eot()) || id >= tokenizer.vocab_size()) ids.push_back(id);
+  }
+  return ids;
+}
+
+namespace {
+
+// The last row of logits [1, t, V] as doubles.
+std::vector<double> last_row(const Tensor& logits) {
+  return kernel::narrow(logits, 1, logits.shape()[1] - 1, 1).to_doubles();
+}
+
+Tensor as_ids(const std::vector<int32_t>& ids, Device device) {
+  std::vector<int64_t> wide(ids.begin(), ids.end());
+  return Tensor::from_indices(wide, {1, static_cast<int64_t>(ids.size())}, DType::i64, device);
+}
+
+}  // namespace
+
+std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt, const SamplingOptions& options,
+                              Generator& gen) {
+  if (prompt.empty()) throw std::invalid_argument("generate: the prompt needs at least one token");
+  const int64_t window = model.max_context();  // 0: unbounded
+  const Device device = model.parameters().front().tensor->device();
+  NoGradGuard no_grad;
+  const bool was_training = model.training();
+  model.set_training(false);
+  std::vector<int32_t> context = prompt, out;
+  // Feeds the last half window (all of a short context) into a fresh state; returns the last logits.
+  std::unique_ptr<DecodeState> state;
+  auto refill = [&]() {
+    state = model.new_decode_state();
+    const size_t n = std::min(context.size(), static_cast<size_t>(std::max<int64_t>(1, window / 2)));
+    std::vector<int32_t> tail(context.end() - static_cast<std::ptrdiff_t>(n), context.end());
+    return last_row(model.forward_step(as_ids(tail, device), *state));
+  };
+  std::vector<double> logits;
+  if (window == 0 || static_cast<int64_t>(context.size()) <= window) {
+    state = model.new_decode_state();
+    logits = last_row(model.forward_step(as_ids(context, device), *state));
+  } else {
+    logits = refill();
+  }
+  for (int64_t i = 0; i < options.tokens; ++i) {
+    const int32_t next = sample_token(logits, options, gen);
+    out.push_back(next);
+    context.push_back(next);
+    if (next == options.stop_token || i + 1 == options.tokens) break;
+    if (window > 0 && state->position + 1 > window) {
+      logits = refill();
+    } else {
+      logits = last_row(model.forward_step(as_ids({next}, device), *state));
+    }
+  }
+  model.set_training(was_training);
+  return out;
+}
+
+}  // namespace seqlab

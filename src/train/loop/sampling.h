@@ -1,0 +1,41 @@
+// Text generation from a language model with its decode state (a KV cache, or recurrent states): the
+// prompt is fed once, then one token per step.
+//
+// The next token is drawn from softmax(logits / temperature) restricted to
+//   top-k:  the k most likely ids (k = 0: all), then
+//   top-p:  the smallest set of the most likely ids whose probabilities sum to at least p (p = 1: all),
+// renormalised, over the ids not suppressed. Temperature 0 is greedy decoding (the argmax; the first on ties).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "layers/model/language_model.h"
+#include "tensor/tensor.h"
+#include "train/data/tokenizer.h"
+
+namespace seqlab {
+
+struct SamplingOptions {
+  int64_t tokens = 128;      // new tokens to generate
+  double temperature = 0.8;  // 0: greedy
+  int64_t top_k = 0;         // 0: no limit
+  double top_p = 1.0;        // in (0, 1]
+  int32_t stop_token = -1;   // generation ends after producing this id (-1: never)
+  std::vector<int32_t> suppressed;  // ids never drawn (a tokenizer's special tokens that no text holds)
+};
+
+// One id drawn from `logits` (one row, any length) under `options`; uses `gen` once unless greedy.
+int32_t sample_token(const std::vector<double>& logits, const SamplingOptions& options, Generator& gen);
+
+// The ids a text model should never draw: the tokenizer's special tokens other than end-of-text (pad,
+// mask, sentinels: no training text holds them) and any ids of a vocabulary padded past the tokenizer's.
+std::vector<int32_t> non_text_ids(const Tokenizer& tokenizer, int64_t model_vocab_size);
+
+// Continues `prompt` (at least one id) by up to options.tokens ids and returns only the new ones. The
+// model runs in evaluation mode without gradients (its training flag is restored afterwards). When the
+// context reaches the model's max_context() (if bounded), the state is rebuilt from the last half of it.
+std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt, const SamplingOptions& options,
+                              Generator& gen);
+
+}  // namespace seqlab

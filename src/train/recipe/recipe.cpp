@@ -1,0 +1,775 @@
+// Recipe loading and validation. The schema below is the only place a key is named: its section,
+// type, default, allowed values, doc and the struct member that stores it. Loading, the resolved
+// recipe and docs/recipes.md all walk it, so they cannot disagree with one another.
+#include "train/recipe/recipe.h"
+#include "train/recipe/edit_distance.h"
+
+#include <absl/strings/ascii.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
+#include <absl/strings/str_replace.h>
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <utility>
+#include <variant>
+
+namespace seqlab {
+namespace {
+
+namespace fs = std::filesystem;
+
+enum class KeyType { kInteger, kNumber, kBoolean, kString };
+// A key's value; the alternative held always matches the key's KeyType.
+using Value = std::variant<int64_t, double, bool, std::string>;
+
+// The interval allowed for an integer or number key; an open end excludes its bound.
+struct Bounds {
+  double lo = -HUGE_VAL, hi = HUGE_VAL;
+  bool lo_open = false, hi_open = false;
+};
+Bounds at_least(double lo) { return {lo, HUGE_VAL, false, false}; }
+Bounds above(double lo) { return {lo, HUGE_VAL, true, false}; }
+Bounds closed(double lo, double hi) { return {lo, hi, false, false}; }
+Bounds closed_open(double lo, double hi) { return {lo, hi, false, true}; }
+Bounds open_closed(double lo, double hi) { return {lo, hi, true, false}; }
+
+struct KeySpec {
+  std::string section, key;
+  KeyType type;
+  Value default_value;
+  Bounds bounds;                     // integer and number keys
+  std::vector<std::string> choices;  // string keys: the allowed values; empty: any text
+  std::string doc;
+  std::function<Value(const Recipe&)> get;
+  std::function<void(Recipe&, const Value&)> set;
+
+  std::string name() const { return section + "." + key; }
+};
+
+struct SectionSpec {
+  std::string name, doc;
+};
+
+// A rule between keys. `keys` are the keys it involves; an error points at the first of them that
+// the recipe sets. `violation` returns "" when the rule holds, else the message.
+struct CrossCheck {
+  std::string rule;  // for the docs
+  std::vector<std::string> keys;
+  std::function<std::string(const Recipe&)> violation;
+};
+
+struct Schema {
+  std::vector<SectionSpec> sections;
+  std::vector<KeySpec> keys;
+  std::vector<CrossCheck> checks;
+};
+
+// Adds the keys of one section, storing each in a member of the section's struct.
+template <class S>
+class SectionBuilder {
+ public:
+  SectionBuilder(Schema& schema, const char* name, S Recipe::*section, const char* doc)
+      : schema_(schema), name_(name), section_(section) {
+    schema.sections.push_back({name, doc});
+  }
+  SectionBuilder& integer(const char* key, int64_t S::*field, int64_t def, Bounds bounds, const char* doc) {
+    return add(key, KeyType::kInteger, field, def, bounds, {}, doc);
+  }
+  SectionBuilder& number(const char* key, double S::*field, double def, Bounds bounds, const char* doc) {
+    return add(key, KeyType::kNumber, field, def, bounds, {}, doc);
+  }
+  SectionBuilder& boolean(const char* key, bool S::*field, bool def, const char* doc) {
+    return add(key, KeyType::kBoolean, field, def, {}, {}, doc);
+  }
+  SectionBuilder& text(const char* key, std::string S::*field, std::string def, const char* doc) {
+    return add(key, KeyType::kString, field, std::move(def), {}, {}, doc);
+  }
+  // The first choice is the default.
+  SectionBuilder& choice(const char* key, std::string S::*field, std::vector<std::string> choices, const char* doc) {
+    std::string def = choices.front();
+    return add(key, KeyType::kString, field, std::move(def), {}, std::move(choices), doc);
+  }
+
+ private:
+  template <class T>
+  SectionBuilder& add(const char* key, KeyType type, T S::*field, T def, Bounds bounds,
+                      std::vector<std::string> choices, const char* doc) {
+    S Recipe::*section = section_;
+    schema_.keys.push_back({name_, key, type, Value(std::move(def)), bounds, std::move(choices), doc,
+                            [section, field](const Recipe& r) { return Value((r.*section).*field); },
+                            [section, field](Recipe& r, const Value& v) { (r.*section).*field = std::get<T>(v); }});
+    return *this;
+  }
+
+  Schema& schema_;
+  std::string name_;
+  S Recipe::*section_;
+};
+
+Schema build_schema() {
+  Schema s;
+  SectionBuilder<RecipeModel>(s, "model", &Recipe::model, "The network: its family, sizes and the parts of a block.")
+      .choice("arch", &RecipeModel::arch, {"gpt"},
+              "model family: gpt, a decoder-only language model (more families arrive with their layers)")
+      .choice("mixer", &RecipeModel::mixer, {"attention", "gla", "retnet", "linear", "deltanet", "gated_deltanet"},
+              "how a block mixes tokens: causal softmax attention (GPT), or a recurrence (docs/variants/): gated "
+              "linear attention, retention, linear attention, DeltaNet, Gated DeltaNet")
+      .integer("vocab_size", &RecipeModel::vocab_size, 0, at_least(0), "vocabulary size; 0: the tokenizer's")
+      .integer("d_model", &RecipeModel::d_model, 256, at_least(1), "width of the residual stream")
+      .integer("n_layers", &RecipeModel::n_layers, 4, at_least(1), "number of blocks")
+      .integer("n_heads", &RecipeModel::n_heads, 4, at_least(1), "attention heads; must divide d_model")
+      .integer("n_kv_heads", &RecipeModel::n_kv_heads, 0, at_least(0),
+               "key/value heads (grouped-query attention); 0: n_heads; must divide n_heads")
+      .integer("d_ff", &RecipeModel::d_ff, 0, at_least(0),
+               "hidden width of the MLP; 0: 4·d_model for gelu, the multiple of 64 nearest 8/3·d_model for swiglu")
+      .choice("mlp", &RecipeModel::mlp, {"gelu", "swiglu"}, "MLP: gelu (two matrices) or swiglu (gated, three)")
+      .choice("norm", &RecipeModel::norm, {"layernorm", "rmsnorm"}, "normalisation before each sublayer and at the end")
+      .number("norm_eps", &RecipeModel::norm_eps, 1e-5, above(0), "added to the variance inside the norms")
+      .choice("positions", &RecipeModel::positions, {"learned", "rope", "none"},
+              "positions: learned absolute embeddings, rotary (rope) or none")
+      .number("rope_base", &RecipeModel::rope_base, 10000.0, above(0), "base of the rotary frequencies (rope)")
+      .boolean("bias", &RecipeModel::bias, true, "biases in the linear layers and norms")
+      .boolean("tie_embeddings", &RecipeModel::tie_embeddings, true,
+               "the output projection shares the token embedding matrix")
+      .number("dropout", &RecipeModel::dropout, 0.0, closed_open(0, 1), "dropout probability")
+      .number("init_std", &RecipeModel::init_std, 0.02, above(0), "standard deviation of the initial weights")
+      .integer("chunk_size", &RecipeModel::chunk_size, 64, at_least(1),
+               "recurrent mixers: tokens per chunk of the chunkwise training form")
+      .integer("gate_rank", &RecipeModel::gate_rank, 16, at_least(1), "gla: rank of the low-rank gate projection")
+      .number("gate_temperature", &RecipeModel::gate_temperature, 16.0, above(0),
+              "gla, gated_deltanet: decay α = σ(·)^(1/τ); a large τ keeps α near 1 (slow forgetting) at first")
+      .integer("conv_size", &RecipeModel::conv_size, 4, at_least(1),
+               "deltanet, gated_deltanet: taps of the short causal convolution over q, k, v")
+      .choice("feature_map", &RecipeModel::feature_map, {"elu+1", "relu", "identity", "performer"},
+              "linear: the feature map φ applied to queries and keys; performer: FAVOR+ positive orthogonal "
+              "random features (model.feature_count of them, drawn from train.seed)")
+      .integer("feature_count", &RecipeModel::feature_count, 64, at_least(1),
+               "linear with feature_map = \"performer\": random features per head");
+
+  SectionBuilder<RecipeData>(s, "data", &Recipe::data, "Where the tokens come from: a corpus or a synthetic task.")
+      .choice("source", &RecipeData::source, {"text", "shards", "mqar", "copy", "selective_copy", "induction"},
+              "text: files tokenized on first use; shards: prepared .bin token shards; the rest: synthetic tasks")
+      .text("path", &RecipeData::path, "/usr/share/games/fortunes",
+            "text: a file or a folder of files; shards: a folder of .bin shards")
+      .choice("format", &RecipeData::format, {"auto", "text", "jsonl", "fortune"},
+              "layout of text files: auto (guessed per file), text, jsonl (one JSON object per line), "
+              "fortune (documents separated by lines holding %)")
+      .text("jsonl_field", &RecipeData::jsonl_field, "text", "the JSON field holding a document (jsonl)")
+      .choice("tokenizer", &RecipeData::tokenizer, {"byte", "bpe"},
+              "byte: the 256 byte values; bpe: the merges in tokenizer_path")
+      .text("tokenizer_path", &RecipeData::tokenizer_path, "", "BPE merges file; required when tokenizer = \"bpe\"")
+      .number("val_fraction", &RecipeData::val_fraction, 0.05, open_closed(0, 0.5),
+              "share of the data held out for evaluation")
+      .text("cache_dir", &RecipeData::cache_dir, "data/cache", "where prepared token shards are written")
+      .integer("task_vocab", &RecipeData::task_vocab, 64, at_least(2), "synthetic tasks: number of distinct symbols")
+      .integer("task_num_pairs", &RecipeData::task_num_pairs, 8, at_least(1), "mqar: key-value pairs per sequence")
+      .integer("task_copy_len", &RecipeData::task_copy_len, 16, at_least(1),
+               "copy, selective_copy: tokens to be copied");
+
+  SectionBuilder<RecipeTrain>(s, "train", &Recipe::train, "The step loop.")
+      .integer("steps", &RecipeTrain::steps, 1000, at_least(1), "optimizer steps")
+      .integer("batch_size", &RecipeTrain::batch_size, 8, at_least(1), "sequences per micro-batch")
+      .integer("seq_len", &RecipeTrain::seq_len, 256, at_least(1), "tokens per sequence")
+      .integer("seed", &RecipeTrain::seed, 1337, at_least(0),
+               "the run's one seed: initialisation, data order, dropout")
+      .integer("grad_accum", &RecipeTrain::grad_accum, 1, at_least(1), "micro-batches per optimizer step")
+      .choice("device", &RecipeTrain::device, {"auto", "cpu", "cuda"}, "auto: CUDA when a GPU is usable, else the CPU")
+      .choice("dtype", &RecipeTrain::dtype, {"f32", "bf16"},
+              "bf16: mixed precision (bf16 weights and activations; f32 master weights, optimizer state, "
+              "statistics and loss); on the CPU it is emulated in f32, a slow reference");
+
+  SectionBuilder<RecipeOptim>(s, "optim", &Recipe::optim, "The optimizer and the learning-rate schedule.")
+      .choice("name", &RecipeOptim::name, {"adamw", "sgd"}, "optimizer")
+      .number("lr", &RecipeOptim::lr, 1e-3, above(0), "peak learning rate")
+      .number("beta1", &RecipeOptim::beta1, 0.9, closed_open(0, 1), "AdamW: decay of the first moment")
+      .number("beta2", &RecipeOptim::beta2, 0.95, closed_open(0, 1), "AdamW: decay of the second moment")
+      .number("eps", &RecipeOptim::eps, 1e-8, above(0), "AdamW: added to the root of the second moment")
+      .number("weight_decay", &RecipeOptim::weight_decay, 0.1, at_least(0),
+              "decoupled weight decay on matrices (see the decay_* keys for the rest)")
+      .number("momentum", &RecipeOptim::momentum, 0.9, closed_open(0, 1), "SGD: momentum")
+      .boolean("nesterov", &RecipeOptim::nesterov, false, "SGD: Nesterov momentum")
+      .number("grad_clip", &RecipeOptim::grad_clip, 1.0, at_least(0), "clip the global gradient norm to this; 0: off")
+      .choice("schedule", &RecipeOptim::schedule, {"cosine", "linear", "constant"},
+              "after warm-up: decay to min_lr_ratio·lr at the last step (cosine, linear) or stay at lr")
+      .integer("warmup_steps", &RecipeOptim::warmup_steps, 30, at_least(0),
+               "steps of linear warm-up to lr; at most train.steps")
+      .number("min_lr_ratio", &RecipeOptim::min_lr_ratio, 0.1, closed(0, 1), "final learning rate as a fraction of lr")
+      .boolean("decay_norms", &RecipeOptim::decay_norms, false, "weight decay on norm gains too")
+      .boolean("decay_biases", &RecipeOptim::decay_biases, false, "weight decay on biases too")
+      .boolean("decay_embeddings", &RecipeOptim::decay_embeddings, false, "weight decay on embeddings too");
+
+  SectionBuilder<RecipeParallel>(s, "parallel", &Recipe::parallel, "Processes and threads.")
+      .integer("threads", &RecipeParallel::threads, 0, at_least(0), "CPU threads per process; 0: all cores");
+
+  SectionBuilder<RecipeLog>(s, "log", &Recipe::log, "Metrics, evaluation, samples and the run directory.")
+      .integer("every", &RecipeLog::every, 10, at_least(1), "steps between training-loss lines")
+      .integer("eval_every", &RecipeLog::eval_every, 100, at_least(1), "steps between evaluations on held-out data")
+      .integer("eval_batches", &RecipeLog::eval_batches, 20, at_least(1), "batches per evaluation")
+      .integer("sample_every", &RecipeLog::sample_every, 200, at_least(0), "steps between generated samples; 0: never")
+      .integer("sample_tokens", &RecipeLog::sample_tokens, 128, at_least(1), "tokens per sample")
+      .text("sample_prompt", &RecipeLog::sample_prompt, "", "text the samples continue (\"\": none)")
+      .number("sample_temperature", &RecipeLog::sample_temperature, 0.8, at_least(0),
+              "sampling temperature; 0: greedy")
+      .choice("progress", &RecipeLog::progress, {"auto", "bar", "plain"},
+              "auto: a progress bar on a terminal, plain lines otherwise")
+      .text("out_dir", &RecipeLog::out_dir, "",
+            "run directory: metrics, samples, checkpoints, the resolved recipe; \"\": runs/<recipe name>");
+
+  SectionBuilder<RecipeCheckpoint>(s, "checkpoint", &Recipe::checkpoint, "Saving and resuming.")
+      .integer("every", &RecipeCheckpoint::every, 200, at_least(0), "steps between checkpoints; 0: only at the end")
+      .integer("keep", &RecipeCheckpoint::keep, 3, at_least(1), "how many of the latest checkpoints are kept")
+      .boolean("save_on_signal", &RecipeCheckpoint::save_on_signal, true,
+               "save a checkpoint before exiting on SIGINT or SIGTERM");
+
+  s.checks = {
+      {"model.n_heads divides model.d_model",
+       {"model.n_heads", "model.d_model"},
+       [](const Recipe& r) {
+         const RecipeModel& m = r.model;
+         if (m.d_model % m.n_heads == 0) return std::string();
+         return absl::StrCat("model.n_heads = ", m.n_heads, " must divide model.d_model = ", m.d_model);
+       }},
+      {"model.n_kv_heads, when set, divides model.n_heads",
+       {"model.n_kv_heads", "model.n_heads"},
+       [](const Recipe& r) {
+         const RecipeModel& m = r.model;
+         if (m.n_kv_heads == 0 || m.n_heads % m.n_kv_heads == 0) return std::string();
+         return absl::StrCat("model.n_kv_heads = ", m.n_kv_heads, " must divide model.n_heads = ", m.n_heads);
+       }},
+      // Rotary embeddings turn pairs of channels, so a head needs an even number of them.
+      {"model.positions = \"rope\" needs an even head size, model.d_model / model.n_heads",
+       {"model.positions", "model.d_model", "model.n_heads"},
+       [](const Recipe& r) {
+         const RecipeModel& m = r.model;
+         if (m.positions != "rope" || m.d_model % m.n_heads != 0 || (m.d_model / m.n_heads) % 2 == 0) return std::string();
+         return absl::StrCat("model.positions = \"rope\" needs an even head size, but model.d_model / model.n_heads = ",
+                             m.d_model, " / ", m.n_heads, " = ", m.d_model / m.n_heads);
+       }},
+      {"data.tokenizer = \"bpe\" needs data.tokenizer_path",
+       {"data.tokenizer", "data.tokenizer_path"},
+       [](const Recipe& r) {
+         if (r.data.tokenizer != "bpe" || !r.data.tokenizer_path.empty()) return std::string();
+         return std::string("data.tokenizer = \"bpe\" needs data.tokenizer_path (the BPE merges file)");
+       }},
+      {"model.vocab_size, when set, holds the byte tokenizer's 256 tokens",
+       {"model.vocab_size", "data.tokenizer"},
+       [](const Recipe& r) {
+         if (r.data.tokenizer != "byte" || r.model.vocab_size == 0 || r.model.vocab_size >= 256) return std::string();
+         return absl::StrCat("model.vocab_size = ", r.model.vocab_size,
+                             " is too small for data.tokenizer = \"byte\" (256 tokens); 0 takes the tokenizer's");
+       }},
+      {"optim.warmup_steps ≤ train.steps",
+       {"optim.warmup_steps", "train.steps"},
+       [](const Recipe& r) {
+         if (r.optim.warmup_steps <= r.train.steps) return std::string();
+         return absl::StrCat("optim.warmup_steps = ", r.optim.warmup_steps, " must be ≤ train.steps = ", r.train.steps);
+       }},
+  };
+  return s;
+}
+
+const Schema& schema() {
+  static const Schema s = build_schema();
+  return s;
+}
+
+const KeySpec* find_key(const std::string& section, const std::string& key) {
+  for (const KeySpec& k : schema().keys) {
+    if (k.section == section && k.key == key) return &k;
+  }
+  return nullptr;
+}
+
+bool is_section(const std::string& name) {
+  for (const SectionSpec& s : schema().sections) {
+    if (s.name == name) return true;
+  }
+  return false;
+}
+
+// ---- text: numbers, strings and values as TOML writes them ----
+
+// The shortest text that reads back as the same double, always with a '.' or exponent so that
+// TOML reads a float.
+std::string format_number(double x) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, x);
+  std::string s(buf, ec == std::errc() ? end : buf);
+  if (s.find_first_of(".en") == std::string::npos) s += ".0";
+  // "3e-04" reads better as "3e-4".
+  size_t e = s.find('e');
+  if (e != std::string::npos) {
+    size_t digits = s.find_first_not_of("+-", e + 1);
+    size_t first = s.find_first_not_of('0', digits);
+    s.erase(digits, std::min(first, s.size() - 1) - digits);
+  }
+  return s;
+}
+
+// A TOML basic string: escapes keep it on one line, so it also suits one-line error messages.
+std::string quote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char esc[8];
+          std::snprintf(esc, sizeof esc, "\\u%04x", c);
+          out += esc;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string format_value(const Value& v) {
+  struct {
+    std::string operator()(int64_t i) const { return absl::StrCat(i); }
+    std::string operator()(double d) const { return format_number(d); }
+    std::string operator()(bool b) const { return b ? "true" : "false"; }
+    std::string operator()(const std::string& s) const { return quote(s); }
+  } visitor;
+  return std::visit(visitor, v);
+}
+
+// A bound as the user wrote it: integers without a fraction.
+std::string format_bound(double x) {
+  return x == std::floor(x) && std::fabs(x) < 1e15 ? absl::StrCat(static_cast<int64_t>(x)) : format_number(x);
+}
+
+// The interval, e.g. "≥ 1", "> 0", "in [0, 1)"; "" when any value goes.
+std::string describe_bounds(const Bounds& b) {
+  bool has_lo = std::isfinite(b.lo), has_hi = std::isfinite(b.hi);
+  if (has_lo && has_hi) {
+    return absl::StrCat("in ", b.lo_open ? "(" : "[", format_bound(b.lo), ", ", format_bound(b.hi), b.hi_open ? ")" : "]");
+  }
+  if (has_lo) return absl::StrCat(b.lo_open ? "> " : "≥ ", format_bound(b.lo));
+  if (has_hi) return absl::StrCat(b.hi_open ? "< " : "≤ ", format_bound(b.hi));
+  return "";
+}
+
+std::string join_choices(const std::vector<std::string>& choices) {
+  std::vector<std::string> quoted;
+  for (const std::string& c : choices) quoted.push_back(quote(c));
+  return absl::StrJoin(quoted, ", ");
+}
+
+// What a key accepts, as the end of "KEY must be ...".
+std::string describe_allowed(const KeySpec& k) {
+  std::string range = describe_bounds(k.bounds);
+  switch (k.type) {
+    case KeyType::kInteger: return range.empty() ? "an integer" : "an integer " + range;
+    case KeyType::kNumber: return range.empty() ? "a number" : "a number " + range;
+    case KeyType::kBoolean: return "true or false";
+    case KeyType::kString: return k.choices.empty() ? "a string" : "one of " + join_choices(k.choices);
+  }
+  return "";
+}
+
+const char* type_name(KeyType t) {
+  switch (t) {
+    case KeyType::kInteger: return "integer";
+    case KeyType::kNumber: return "number";
+    case KeyType::kBoolean: return "boolean";
+    case KeyType::kString: return "string";
+  }
+  return "";
+}
+
+// A TOML value as "got ..." names it, e.g. `a string "ten"`.
+std::string describe_node(const toml::node& n) {
+  if (auto s = n.as_string()) return "a string " + quote(s->get());
+  if (auto i = n.as_integer()) return absl::StrCat("an integer ", i->get());
+  if (auto d = n.as_floating_point()) return "a floating-point number " + format_number(d->get());
+  if (auto b = n.as_boolean()) return b->get() ? "a boolean true" : "a boolean false";
+  if (n.is_table()) return "a table";
+  if (n.is_array()) return "an array";
+  return "a date or time";
+}
+
+// ---- did you mean ----
+
+// A near miss: at most two edits, and fewer than the word has letters (so "x" suggests nothing).
+bool near(const std::string& typed, const std::string& known, size_t* distance) {
+  *distance = edit_distance(typed, known);
+  return *distance <= 2 && *distance < typed.size();
+}
+
+// The known key nearest to section.key, searching every section (a key in the wrong section is a
+// common slip); on equal distance the key's own section wins. nullptr when nothing is near.
+const KeySpec* suggest_key(const std::string& section, const std::string& key) {
+  const KeySpec* best = nullptr;
+  size_t best_score = SIZE_MAX, d = 0;
+  for (const KeySpec& k : schema().keys) {
+    if (!near(key, k.key, &d)) continue;
+    size_t score = 2 * d + (k.section == section ? 0 : 1);
+    if (score < best_score) best = &k, best_score = score;
+  }
+  return best;
+}
+
+std::string suggest_choice(const std::string& typed, const std::vector<std::string>& choices) {
+  std::string best;
+  size_t best_d = SIZE_MAX, d = 0;
+  for (const std::string& c : choices) {
+    if (near(typed, c, &d) && d < best_d) best = c, best_d = d;
+  }
+  return best;
+}
+
+std::string section_names() {
+  std::vector<std::string> names;
+  for (const SectionSpec& s : schema().sections) names.push_back(s.name);
+  return absl::StrJoin(names, ", ");
+}
+
+std::string unknown_section_message(const std::string& name) {
+  std::string best;
+  size_t best_d = SIZE_MAX, d = 0;
+  for (const SectionSpec& s : schema().sections) {
+    if (near(name, s.name, &d) && d < best_d) best = s.name, best_d = d;
+  }
+  if (!best.empty()) return absl::StrCat("unknown section [", name, "] (did you mean [", best, "]?)");
+  return absl::StrCat("unknown section [", name, "] (sections: ", section_names(), ")");
+}
+
+std::string unknown_key_message(const std::string& section, const std::string& key) {
+  std::string message = absl::StrCat("unknown key ", section, ".", key);
+  if (const KeySpec* k = suggest_key(section, key)) return absl::StrCat(message, " (did you mean ", k->name(), "?)");
+  std::vector<std::string> keys;
+  for (const KeySpec& k : schema().keys) {
+    if (k.section == section) keys.push_back(k.key);
+  }
+  return absl::StrCat(message, " ([", section, "] has ", absl::StrJoin(keys, ", "), ")");
+}
+
+// ---- values ----
+
+// Checks a value of the key's type against its range or choices: "" when allowed, else the message.
+std::string check_value(const KeySpec& k, const Value& v) {
+  std::string must = absl::StrCat(k.name(), " must be ", describe_allowed(k), ", got ");
+  if (k.type == KeyType::kInteger || k.type == KeyType::kNumber) {
+    double x = k.type == KeyType::kInteger ? static_cast<double>(std::get<int64_t>(v)) : std::get<double>(v);
+    const Bounds& b = k.bounds;
+    bool ok = std::isfinite(x) && (b.lo_open ? x > b.lo : x >= b.lo) && (b.hi_open ? x < b.hi : x <= b.hi);
+    if (!ok) return must + format_value(v);
+  }
+  if (k.type == KeyType::kString && !k.choices.empty()) {
+    const std::string& s = std::get<std::string>(v);
+    if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end()) {
+      std::string hint = suggest_choice(s, k.choices);
+      return must + quote(s) + (hint.empty() ? "" : " (did you mean " + quote(hint) + "?)");
+    }
+  }
+  return "";
+}
+
+// Converts a TOML value to the key's type (integers are accepted for numbers) and checks it.
+// On failure `error` is set and the returned value is meaningless.
+Value to_value(const KeySpec& k, const toml::node& n, std::string* error) {
+  std::optional<Value> v;
+  switch (k.type) {
+    case KeyType::kInteger:
+      if (auto i = n.as_integer()) v = i->get();
+      break;
+    case KeyType::kNumber:
+      if (auto d = n.as_floating_point()) v = d->get();
+      if (auto i = n.as_integer()) v = static_cast<double>(i->get());
+      break;
+    case KeyType::kBoolean:
+      if (auto b = n.as_boolean()) v = b->get();
+      break;
+    case KeyType::kString:
+      if (auto s = n.as_string()) v = s->get();
+      break;
+  }
+  if (!v) {
+    *error = absl::StrCat(k.name(), " must be ", describe_allowed(k), ", got ", describe_node(n));
+    return {};
+  }
+  *error = check_value(k, *v);
+  return *v;
+}
+
+// ---- loading ----
+
+// The first problem in reading order: the one the user meets first when reading the file.
+class FirstError {
+ public:
+  void add(const toml::source_region& where, std::string message) {
+    auto pos = std::make_pair(where.begin.line, where.begin.column);
+    if (message_.empty() || pos < pos_) pos_ = pos, message_ = std::move(message), has_line_ = where.begin.line > 0;
+  }
+  bool empty() const { return message_.empty(); }
+  std::string text(const std::string& path) const {
+    return has_line_ ? absl::StrCat(path, ":", pos_.first, ": ", message_) : absl::StrCat(path, ": ", message_);
+  }
+
+ private:
+  std::pair<toml::source_index, toml::source_index> pos_{};
+  std::string message_;
+  bool has_line_ = false;
+};
+
+// Where each key set by the recipe came from ("FILE:LINE" or "--set k=v"), for cross-key messages.
+using Origins = std::map<std::string, std::string>;
+
+void read_section(const std::string& path, const std::string& section, const toml::table& table, Recipe& recipe,
+                  Origins& origins, FirstError& errors) {
+  for (const auto& [key, node] : table) {
+    std::string name(key.str());
+    const KeySpec* k = find_key(section, name);
+    if (!k) {
+      errors.add(key.source(), unknown_key_message(section, name));
+      continue;
+    }
+    std::string error;
+    Value v = to_value(*k, node, &error);
+    if (!error.empty()) {
+      errors.add(node.source(), error);
+      continue;
+    }
+    k->set(recipe, v);
+    origins[k->name()] = absl::StrCat(path, ":", node.source().begin.line);
+  }
+}
+
+// Reads the file's sections into `recipe`; returns the first problem's message, or "".
+std::string read_file(const std::string& path, const toml::table& root, Recipe& recipe, Origins& origins) {
+  FirstError errors;
+  for (const auto& [key, node] : root) {
+    std::string name(key.str());
+    if (!is_section(name)) {
+      if (node.is_table()) {
+        errors.add(key.source(), unknown_section_message(name));
+      } else if (const KeySpec* k = suggest_key("", name)) {
+        errors.add(key.source(), absl::StrCat(name, " is outside any section (did you mean ", k->name(), " under [",
+                                              k->section, "]?)"));
+      } else {
+        errors.add(key.source(), absl::StrCat(name, " is outside any section (sections: ", section_names(), ")"));
+      }
+      continue;
+    }
+    if (!node.is_table()) {
+      errors.add(key.source(), absl::StrCat(name, " must be a section [", name, "], got ", describe_node(node)));
+      continue;
+    }
+    read_section(path, name, *node.as_table(), recipe, origins, errors);
+  }
+  return errors.empty() ? "" : errors.text(path);
+}
+
+// Parses TEXT as a TOML value; nullopt when it is not one.
+std::optional<toml::table> parse_toml_value(const std::string& text) {
+  try {
+    toml::table t = toml::parse("v = " + text);
+    if (t.size() == 1 && t.contains("v")) return t;  // not "1\nother = 2"
+  } catch (const toml::parse_error&) {
+  }
+  return std::nullopt;
+}
+
+// Applies one "section.key=value" override; returns the message of a problem, or "".
+std::string apply_override(const std::string& assignment, Recipe& recipe, Origins& origins) {
+  std::string where = "--set " + assignment;
+  size_t eq = assignment.find('=');
+  std::string name(absl::StripAsciiWhitespace(assignment.substr(0, eq)));
+  size_t dot = name.find('.');
+  if (eq == std::string::npos || dot == std::string::npos) {
+    std::string hint;
+    if (eq != std::string::npos) {
+      if (const KeySpec* k = suggest_key("", name)) hint = " (did you mean " + k->name() + "?)";
+    }
+    return absl::StrCat(where, ": expected section.key=value", hint);
+  }
+  std::string section = name.substr(0, dot), key = name.substr(dot + 1);
+  if (!is_section(section)) return absl::StrCat(where, ": ", unknown_section_message(section));
+  const KeySpec* k = find_key(section, key);
+  if (!k) return absl::StrCat(where, ": ", unknown_key_message(section, key));
+
+  std::string raw = assignment.substr(eq + 1), error;
+  std::optional<toml::table> parsed = parse_toml_value(raw);
+  const toml::node* node = parsed ? parsed->get("v") : nullptr;
+  Value v;
+  if (k->type == KeyType::kString && !(node && node->is_string())) {
+    // A bare word or path (cosine, data/x.txt) is not TOML; string keys take the text as written.
+    v = raw;
+    error = check_value(*k, v);
+  } else if (!node) {
+    error = absl::StrCat(k->name(), " must be ", describe_allowed(*k), ", got ", raw.empty() ? "nothing" : raw);
+  } else {
+    v = to_value(*k, *node, &error);
+  }
+  if (!error.empty()) return absl::StrCat(where, ": ", error);
+  k->set(recipe, v);
+  origins[k->name()] = where;
+  return "";
+}
+
+// The cross-key rules; the message starts where the first involved key was set.
+std::string check_across_keys(const std::string& path, const Recipe& recipe, const Origins& origins) {
+  for (const CrossCheck& c : schema().checks) {
+    std::string message = c.violation(recipe);
+    if (message.empty()) continue;
+    for (const std::string& key : c.keys) {
+      auto it = origins.find(key);
+      if (it != origins.end()) return absl::StrCat(it->second, ": ", message);
+    }
+    return absl::StrCat(path, ": ", message);
+  }
+  return "";
+}
+
+// Messages are one line whatever the input held.
+absl::Status invalid(std::string message) {
+  return absl::InvalidArgumentError(absl::StrReplaceAll(message, {{"\r", " "}, {"\n", " "}}));
+}
+
+}  // namespace
+
+int64_t RecipeModel::resolved_d_ff() const {
+  if (d_ff > 0) return d_ff;
+  if (mlp == "swiglu") return std::max<int64_t>(64, std::llround(8.0 * d_model / 3.0 / 64.0) * 64);
+  return 4 * d_model;
+}
+
+Recipe::Recipe() {
+  for (const KeySpec& k : schema().keys) k.set(*this, k.default_value);
+}
+
+absl::StatusOr<Recipe> load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return absl::NotFoundError("recipe not found: " + path);
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    return invalid(absl::StrCat(path, ":", e.source().begin.line, ":", e.source().begin.column,
+                                ": TOML syntax error: ", std::string(e.description())));
+  }
+  Recipe recipe;
+  recipe.name = fs::path(path).stem().string();
+  recipe.source_path = path;
+  Origins origins;
+  if (std::string error = read_file(path, root, recipe, origins); !error.empty()) return invalid(error);
+  for (const std::string& assignment : overrides) {
+    if (std::string error = apply_override(assignment, recipe, origins); !error.empty()) return invalid(error);
+  }
+  if (std::string error = check_across_keys(path, recipe, origins); !error.empty()) return invalid(error);
+  return recipe;
+}
+
+std::string resolved_recipe_toml(const Recipe& recipe) {
+  // The run directory is written out, so a copy of this file loaded from elsewhere (where its stem
+  // differs) still writes to the same place.
+  Recipe r = recipe;
+  r.log.out_dir = recipe.run_dir();
+  std::string out = absl::StrCat("# Recipe \"", r.name, "\" resolved", r.source_path.empty() ? "" : " from " + r.source_path,
+                                 ": every key with its final value.\n",
+                                 "# Loading this file again reproduces the run; docs/recipes.md describes each key.\n");
+  for (const SectionSpec& section : schema().sections) {
+    std::vector<std::pair<std::string, std::string>> lines;  // (key = value, doc)
+    size_t width = 0;
+    for (const KeySpec& k : schema().keys) {
+      if (k.section != section.name) continue;
+      lines.emplace_back(k.key + " = " + format_value(k.get(r)), k.doc);
+      width = std::max(width, lines.back().first.size());
+    }
+    absl::StrAppend(&out, "\n[", section.name, "]\n");
+    for (const auto& [assignment, doc] : lines) {
+      absl::StrAppend(&out, assignment, std::string(width - assignment.size(), ' '), "  # ", doc, "\n");
+    }
+  }
+  return out;
+}
+
+absl::Status write_resolved_recipe(const Recipe& recipe, const std::string& dir) {
+  std::string path = (fs::path(dir) / "recipe.toml").string();
+  std::string tmp = path + ".tmp";
+  std::string text = resolved_recipe_toml(recipe);
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return absl::InternalError(absl::StrCat(path, ": cannot create ", tmp));
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  ok = std::fflush(f) == 0 && ok;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return absl::InternalError(absl::StrCat(path, ": writing the resolved recipe failed"));
+  }
+  return absl::OkStatus();
+}
+
+std::string recipe_reference_markdown() {
+  std::string out =
+      "# Recipes\n"
+      "\n"
+      "<!-- Generated from the schema in src/train/recipe.cpp by `seqlab recipe --doc`; a test keeps them equal. -->\n"
+      "\n"
+      "A recipe is one TOML file that describes a run: the model, the data, the step loop, the optimizer,\n"
+      "parallelism, logging and checkpoints, one section each. Every key is optional and takes the default\n"
+      "below when absent, so a recipe holds only what differs; `recipes/gpt_small.toml` is an example.\n"
+      "Integers are accepted where a number is expected.\n"
+      "\n"
+      "`--set section.key=value` (repeatable, applied in order after the file) overrides any key:\n"
+      "`./train recipes/gpt_small.toml --set optim.lr=3e-4 --set optim.schedule=linear`. The value is read\n"
+      "as a TOML value (`3e-4`, `true`, `\"a b\"`); for a string key, text that is not a TOML string is\n"
+      "taken as written, so `--set data.path=corpus/books` needs no quotes.\n"
+      "\n"
+      "Every key is checked before anything runs. An unknown section or key (with a did-you-mean for near\n"
+      "misses, across sections too), a value of the wrong type, out of range or not among the choices, or a\n"
+      "broken rule between keys ends the run with exit code 2 and one line that names the file and line (or\n"
+      "the override), the key and what it allows:\n"
+      "\n"
+      "```\n"
+      "recipes/x.toml:7: train.steps must be an integer ≥ 1, got a string \"ten\"\n"
+      "recipes/x.toml:3: unknown key train.step (did you mean train.steps?)\n"
+      "--set optim.schedule=cosin: optim.schedule must be one of \"cosine\", \"linear\", \"constant\", "
+      "got \"cosin\" (did you mean \"cosine\"?)\n"
+      "```\n"
+      "\n"
+      "`seqlab recipe check FILE [--set section.key=value]...` validates a recipe and prints it resolved:\n"
+      "every key with its final value and its meaning as a comment. The trainer writes the same text into\n"
+      "the run directory as `recipe.toml`; loading that file again reproduces the run.\n";
+  auto cell = [](const std::string& s) { return absl::StrReplaceAll(s, {{"|", "\\|"}}); };
+  for (const SectionSpec& section : schema().sections) {
+    absl::StrAppend(&out, "\n## [", section.name, "]\n\n", section.doc, "\n\n",
+                    "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n");
+    for (const KeySpec& k : schema().keys) {
+      if (k.section != section.name) continue;
+      std::string allowed;
+      if (k.type == KeyType::kBoolean) {
+        allowed = "true, false";
+      } else if (k.type == KeyType::kString) {
+        std::vector<std::string> choices;
+        for (const std::string& c : k.choices) choices.push_back("`" + quote(c) + "`");
+        allowed = choices.empty() ? "any text" : absl::StrJoin(choices, ", ");
+      } else {
+        allowed = describe_bounds(k.bounds);
+        if (allowed.empty()) allowed = "any";
+        if (allowed.rfind("in ", 0) == 0) allowed = allowed.substr(3);  // a bare interval in a table
+      }
+      absl::StrAppend(&out, "| `", k.key, "` | ", type_name(k.type), " | `", cell(format_value(k.default_value)),
+                      "` | ", cell(allowed), " | ", cell(k.doc), " |\n");
+    }
+  }
+  absl::StrAppend(&out, "\n## Rules between keys\n\n");
+  for (const CrossCheck& c : schema().checks) absl::StrAppend(&out, "- ", c.rule, "\n");
+  return out;
+}
+
+}  // namespace seqlab

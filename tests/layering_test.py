@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""The layering rule of docs/design.md, checked on every source file, and shown to bite.
+
+A folder of src/ includes only from itself and the folders below it:
+
+    tensor    <- autograd <- layers <- train        (dist, planned, sits between autograd and layers)
+    cuda      implements tensor's slots: it includes tensor and itself, nothing above
+
+and src/tensor/cpu/ is private to src/tensor (ops use the public helpers tensor/parallel.h and
+tensor/blas_rows.h). Every quoted #include of every .h, .cpp, .cu and .cuh under src/ must name a
+file of src/ (or the generated build_info.h, for src/train) by its path from src/, never with "..".
+
+The test then shows that the rule is enforced, twice:
+  1. it copies src/ into a scratch folder, adds `#include "layers/module.h"` to tensor/tensor.h, and
+     expects this checker to reject the copy, naming that file and line;
+  2. with the compiler and the build's include views (build/include_views/, one per library), it
+     compiles a file that includes upward and expects the compiler to refuse it, and one that
+     includes only allowed folders and expects it to compile.
+
+Usage: layering_test.py SOURCE_DIR [CXX VIEW_ROOT]   (CTest passes all three)
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+# Which top folders of src/ each folder may include.
+ALLOWED = {
+    "tensor": {"tensor"},
+    "cuda": {"tensor", "cuda"},
+    "autograd": {"tensor", "autograd"},
+    "dist": {"tensor", "autograd", "dist"},
+    "layers": {"tensor", "autograd", "dist", "layers"},
+    "train": {"tensor", "autograd", "dist", "layers", "train"},
+}
+GENERATED = {"build_info.h": {"train"}}  # generated headers, and the folders that may include them
+SOURCE_SUFFIXES = (".h", ".cpp", ".cu", ".cuh")
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+
+def violations(src):
+    """Every broken rule under `src`, as 'FILE:LINE: message' strings."""
+    found = []
+    for root, _, files in os.walk(src):
+        for name in sorted(files):
+            if not name.endswith(SOURCE_SUFFIXES):
+                continue
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, src)
+            folder = rel.split(os.sep)[0]
+            if folder not in ALLOWED:
+                found.append(f"{rel}: src/{folder}/ is not a layer of docs/design.md")
+                continue
+            with open(path, encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    m = INCLUDE.match(line)
+                    if not m:
+                        continue
+                    target = m.group(1)
+                    where = f"{rel}:{number}"
+                    if target in GENERATED:
+                        if folder not in GENERATED[target]:
+                            found.append(f"{where}: src/{folder}/ includes the generated {target}")
+                        continue
+                    if ".." in target.split("/"):
+                        found.append(f'{where}: "{target}" climbs with ..; name the file by its path from src/')
+                        continue
+                    top = target.split("/")[0]
+                    if not os.path.isfile(os.path.join(src, target)):
+                        found.append(f'{where}: "{target}" is not a file of src/ (paths are written from src/)')
+                    elif top not in ALLOWED[folder]:
+                        found.append(f'{where}: src/{folder}/ includes "{target}" from src/{top}/, a layer above it')
+                    elif target.startswith("tensor/cpu/") and not rel.startswith("tensor" + os.sep):
+                        found.append(f'{where}: "{target}" is private to src/tensor (use tensor/parallel.h, '
+                                     "tensor/blas_rows.h)")
+    return found
+
+
+def check_tree(src):
+    found = violations(src)
+    for v in found:
+        print("layering:", v)
+    return not found
+
+
+def checker_rejects_an_upward_include(src):
+    """A copy of src/ with tensor/tensor.h including layers/module.h must fail, naming the line."""
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = os.path.join(scratch, "src")
+        shutil.copytree(src, copy)
+        header = os.path.join(copy, "tensor", "tensor.h")
+        with open(header, encoding="utf-8") as f:
+            lines = f.readlines()
+        at = next(i for i, line in enumerate(lines) if INCLUDE.match(line))
+        lines.insert(at, '#include "layers/module.h"\n')
+        with open(header, "w", encoding="utf-8") as f:
+            f.writelines(lines)
+        found = violations(copy)
+    expected = f'tensor/tensor.h:{at + 1}: src/tensor/ includes "layers/module.h" from src/layers/, a layer above it'
+    if found != [expected]:
+        print("layering: the checker did not reject exactly the added upward include; it reported:", found)
+        return False
+    print("layering: an added upward include is rejected:", expected)
+    return True
+
+
+def compiler_refuses_an_upward_include(cxx, views):
+    """Through the tensor library's include view an include of autograd/ must not compile."""
+    def compiles(view, text):
+        with tempfile.TemporaryDirectory() as scratch:
+            source = os.path.join(scratch, "probe.cpp")
+            with open(source, "w", encoding="utf-8") as f:
+                f.write(text)
+            r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-I", os.path.join(views, view), source],
+                               capture_output=True, text=True, cwd=scratch)
+            return r.returncode == 0, r.stderr
+    ok, err = compiles("tensor", '#include "tensor/tensor.h"\nint main() { return 0; }\n')
+    if not ok:
+        print("layering: a tensor-only include did not compile through the tensor view:\n" + err)
+        return False
+    ok, _ = compiles("tensor", '#include "autograd/variable.h"\nint main() { return 0; }\n')
+    if ok:
+        print("layering: an include of autograd/ compiled through the tensor library's include view")
+        return False
+    ok, _ = compiles("cuda", '#include "layers/module.h"\nint main() { return 0; }\n')
+    if ok:
+        print("layering: an include of layers/ compiled through the cuda library's include view")
+        return False
+    print("layering: through the libraries' include views, upward includes do not compile")
+    return True
+
+
+def main():
+    if len(sys.argv) not in (2, 4):
+        print(__doc__)
+        return 2
+    src = os.path.join(sys.argv[1], "src")
+    ok = check_tree(src)
+    if ok:
+        print("layering: every include of src/ follows the rule")
+    ok = checker_rejects_an_upward_include(src) and ok
+    if len(sys.argv) == 4:
+        ok = compiler_refuses_an_upward_include(sys.argv[2], os.path.abspath(sys.argv[3])) and ok
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
