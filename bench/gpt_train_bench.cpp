@@ -1,4 +1,4 @@
-// Training throughput of seqlab's Gpt on the CPU or a GPU, the counterpart of bench/peers/torch_gpt.py
+// Training throughput of seqlab's GPT (the decoder with attention blocks) on the CPU or a GPU, the counterpart of bench/peers/torch_gpt.py
 // (the project's PyTorch peer, copied from /work/shared/bench): same flags, same model (learned
 // positions, LayerNorm, GELU(tanh) MLP of 4·d, tied embeddings, biases), same AdamW settings as
 // torch.optim.AdamW(lr=1e-3, weight_decay=0.1) — betas (0.9, 0.999), eps 1e-8, decay on every
@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "layers/model/gpt.h"
+#include "layers/model/decoder.h"
 #include "tensor/device.h"
 #include "tensor/kernels.h"
 #include "train/optim/optim.h"
@@ -81,20 +81,10 @@ int bench_main(const Flags& f) {
     openblas_set_num_threads(static_cast<int>(f.threads));
   }
 
-  // The GptConfig that the trainer builds for recipes/gpt_small.toml (with these sizes).
-  GptConfig cfg;
-  cfg.vocab_size = f.vocab;
-  cfg.d_model = f.d;
-  cfg.n_layers = f.layers;
-  cfg.n_heads = f.heads;
-  cfg.max_seq_len = f.T;
-  cfg.positions = PositionKind::learned;
-  cfg.norm = NormKind::layer_norm;
-  cfg.norm_eps = 1e-5;
-  cfg.bias = true;
-  cfg.init_std = 0.02;
+  // The model the trainer builds for recipes/gpt_small.toml (with these sizes): a GPT-2.
+  const DecoderConfig cfg = gpt2_config(f.vocab, f.d, f.layers, f.heads, f.T);
   Generator gen(0);
-  Gpt model(cfg, gen);
+  Decoder model(cfg, gen);
   if (f.on.device.is_cuda() || f.on.dtype != DType::f32) model.to(f.on.device, f.on.dtype);  // before the optimizer
 
   OptimConfig oc;
@@ -116,7 +106,7 @@ int bench_main(const Flags& f) {
   };
   Tensor last;
   auto step = [&] {
-    Tensor l = model.loss(inputs, targets);
+    Tensor l = model.loss({inputs, targets});
     opt.zero_grad();
     backward(l);
     opt.step(oc.lr);

@@ -15,7 +15,7 @@
 
 #include "autograd/ops.h"
 #include "layers/attention/attention.h"
-#include "layers/model/gpt.h"
+#include "layers/model/decoder.h"
 #include "tensor/kernels.h"
 #include "train/optim/optim.h"
 
@@ -170,15 +170,10 @@ TEST(MasterWeights, MicroBatchGradientsAddInF32) {
   EXPECT_EQ(p.to_doubles(), rounded(opt.master_weights().at("p")).to_doubles());
 }
 
-TEST(MixedPrecisionGpt, FollowsTheF32LossesWithinBf16Tolerance) {
-  GptConfig cfg;
-  cfg.vocab_size = 13;
-  cfg.d_model = 16;
-  cfg.n_layers = 2;
-  cfg.n_heads = 2;
-  cfg.max_seq_len = 8;
+TEST(MixedPrecisionDecoder, FollowsTheF32LossesWithinBf16Tolerance) {
+  const DecoderConfig cfg = gpt2_config(13, 16, 2, 2, 8);
   Generator gen_a(5), gen_b(5);
-  Gpt full(cfg, gen_a), mixed(cfg, gen_b);
+  Decoder full(cfg, gen_a), mixed(cfg, gen_b);
   mixed.to(cpu_device(), DType::bf16);
   OptimConfig c;
   c.lr = 3e-3;
@@ -196,7 +191,7 @@ TEST(MixedPrecisionGpt, FollowsTheF32LossesWithinBf16Tolerance) {
   const Tensor inputs = Tensor::from_indices(in, {2, 8}), targets = Tensor::from_indices(out, {2, 8});
   double first = 0, last = 0;
   for (int step = 0; step < 20; ++step) {
-    Tensor lf = full.loss(inputs, targets), lm = mixed.loss(inputs, targets);
+    Tensor lf = full.loss({inputs, targets}), lm = mixed.loss({inputs, targets});
     EXPECT_EQ(lm.dtype(), DType::f32);
     EXPECT_NEAR(lm.item(), lf.item(), 2e-2 * lf.item()) << "step " << step;
     opt_full.zero_grad();

@@ -253,18 +253,22 @@ def log_softmax_ref(xs, a):
 
 
 def cross_entropy_ref(xs, a):
-    logits, t = xs
+    logits, t = xs[0], xs[1]
+    w = xs[2] if len(xs) > 2 and xs[2] is not None else np.ones(t.shape)
     ignore = a.get("ignore_index", -100)
     valid = t != ignore
     safe = np.where(valid, t, 0)
     m = logits.max(axis=-1, keepdims=True)
     lse = (m + np.log(np.exp(logits - m).sum(axis=-1, keepdims=True)))[..., 0]
     picked = np.take_along_axis(logits, safe[..., None], axis=-1)[..., 0]
-    count = valid.sum()
-    loss = np.where(valid, lse - picked, 0.0).sum() / count
+    total = (w * valid).sum()
+    losses = np.where(valid, lse - picked, 0.0)
+    loss = (w * losses).sum() / total
     onehot = np.eye(logits.shape[-1])[safe]
-    dloss = (np.exp(logits - lse[..., None]) - onehot) * valid[..., None] / count  # d loss / d logits
-    return [np.array(loss)], lambda gs: [gs[0] * dloss, None]
+    dlogits = (np.exp(logits - lse[..., None]) - onehot) * (w * valid)[..., None] / total  # d loss / d logits
+    dw = np.where(valid, losses - loss, 0.0) / total
+    weighted = len(xs) > 2 and xs[2] is not None
+    return [np.array(loss)], lambda gs: [gs[0] * dlogits, None] + ([gs[0] * dw] if weighted else [None])
 
 
 def targets(shape, vocab, dtype, ignored):
@@ -409,8 +413,10 @@ def cases_for(name):
         "log_softmax": lambda: [Case([randn(3, 4, 5)], log_softmax_ref, {"dim": -1}),
                                 Case([randn(3, 4, 5)], log_softmax_ref, {"dim": 1})],
         "cross_entropy": lambda: [
-            Case([randn(2, 3, 7), targets((2, 3), 7, np.int64, -100)], cross_entropy_ref, {"ignore_index": -100}),
-            Case([randn(5, 4), targets((5,), 4, np.int32, 2)], cross_entropy_ref, {"ignore_index": 2})],
+            Case([randn(2, 3, 7), targets((2, 3), 7, np.int64, -100), None], cross_entropy_ref, {"ignore_index": -100}),
+            Case([randn(5, 4), targets((5,), 4, np.int32, 2), None], cross_entropy_ref, {"ignore_index": 2}),
+            Case([randn(2, 3, 7), targets((2, 3), 7, np.int64, -100), rng.uniform(0.5, 2.0, size=(2, 3))],
+                 cross_entropy_ref, {"ignore_index": -100})],
         "layer_norm": lambda: [Case([randn(2, 3, 5), randn(5), randn(5)], layer_norm_ref, {"eps": 1e-5}),
                                Case([randn(3, 7), randn(7), None], layer_norm_ref, {"eps": 1e-3})],
         "rms_norm": lambda: [Case([randn(2, 3, 5), randn(5)], rms_norm_ref, {"eps": 1e-6}),

@@ -89,7 +89,7 @@ expect_error "override of unknown key" "--set train.stpes=5:" "unknown key train
 expect_error "override of unknown section" "--set trian.steps=5:" "unknown section [trian]" check "$F" --set trian.steps=5
 expect_error "override of wrong type" "--set train.steps=abc:" "train.steps must be an integer ≥ 1, got abc" \
   check "$F" --set train.steps=abc
-expect_error "override with bad choice" "--set model.norm=batchnorm:" 'one of "layernorm", "rmsnorm"' \
+expect_error "override with bad choice" "--set model.norm=batchnorm:" 'one of "auto", "layernorm", "rmsnorm"' \
   check "$F" --set=model.norm=batchnorm
 expect_error "override breaking a rule" "--set train.steps=10:" "optim.warmup_steps = 30 must be ≤ train.steps = 10" \
   check "$F" --set optim.lr=0.01 --set train.steps=10

@@ -60,19 +60,25 @@ class RecipeTest : public ::testing::Test {
 
 TEST_F(RecipeTest, DefaultsAreTheDocumentedOnes) {
   Recipe r;
-  EXPECT_EQ(r.model.arch, "gpt");
+  EXPECT_EQ(r.model.arch, "decoder");
+  EXPECT_EQ(r.model.mixer, "attention");
+  EXPECT_EQ(r.model.pattern, "");
   EXPECT_EQ(r.model.vocab_size, 0);
   EXPECT_EQ(r.model.d_model, 256);
   EXPECT_EQ(r.model.n_layers, 4);
   EXPECT_EQ(r.model.n_heads, 4);
   EXPECT_EQ(r.model.n_kv_heads, 0);
   EXPECT_EQ(r.model.d_ff, 0);
-  EXPECT_EQ(r.model.mlp, "gelu");
-  EXPECT_EQ(r.model.norm, "layernorm");
+  // "auto" until a recipe is loaded (AutoSettingsFollowTheMixers).
+  EXPECT_EQ(r.model.mlp, "auto");
+  EXPECT_EQ(r.model.norm, "auto");
   EXPECT_EQ(r.model.norm_eps, 1e-5);
-  EXPECT_EQ(r.model.positions, "learned");
+  EXPECT_EQ(r.model.positions, "auto");
   EXPECT_EQ(r.model.rope_base, 10000.0);
-  EXPECT_TRUE(r.model.bias);
+  EXPECT_EQ(r.model.bias, std::nullopt);
+  EXPECT_EQ(r.model.mixers.at("gla").integer("chunk_size"), 64);
+  EXPECT_EQ(r.model.mixers.at("linear_attention").text("feature_map"), "elu+1");
+  EXPECT_FALSE(r.model.flat_mixer_keys);
   EXPECT_TRUE(r.model.tie_embeddings);
   EXPECT_EQ(r.model.dropout, 0.0);
   EXPECT_EQ(r.model.init_std, 0.02);
@@ -139,21 +145,12 @@ TEST_F(RecipeTest, EmptyFileIsAllDefaultsAndNamedAfterItsStem) {
   Recipe defaults;
   defaults.name = r->name;
   defaults.source_path = r->source_path;
+  // Loading resolves the "auto" settings: every block is attention, so GPT-2's.
+  defaults.model.mlp = "gelu";
+  defaults.model.norm = "layernorm";
+  defaults.model.positions = "learned";
+  defaults.model.bias = true;
   EXPECT_EQ(resolved_recipe_toml(*r), resolved_recipe_toml(defaults));
-}
-
-TEST_F(RecipeTest, DerivedSizes) {
-  Recipe r;
-  EXPECT_EQ(r.model.resolved_d_ff(), 1024);  // 4 · 256
-  EXPECT_EQ(r.model.resolved_n_kv_heads(), 4);
-  r.model.mlp = "swiglu";
-  EXPECT_EQ(r.model.resolved_d_ff(), 704);  // 8/3 · 256 = 682.7 → 11 · 64
-  r.model.d_model = 768;
-  EXPECT_EQ(r.model.resolved_d_ff(), 2048);
-  r.model.d_ff = 100;
-  r.model.n_kv_heads = 2;
-  EXPECT_EQ(r.model.resolved_d_ff(), 100);
-  EXPECT_EQ(r.model.resolved_n_kv_heads(), 2);
 }
 
 TEST_F(RecipeTest, GptSmallRecipeLoads) {
@@ -191,7 +188,7 @@ TEST_F(RecipeTest, ValuesOfEveryType) {
       "[optim]\nlr = 1\n"  // an integer where a number is expected
       "[data]\npath = \"corpus/a b.txt\"\n"
       "[train]\nseed = 0\n");
-  EXPECT_FALSE(r.model.bias);
+  EXPECT_EQ(r.model.bias, false);
   EXPECT_EQ(r.model.mlp, "swiglu");
   EXPECT_EQ(r.model.norm_eps, 1e-6);
   EXPECT_EQ(r.optim.lr, 1.0);
@@ -210,7 +207,8 @@ TEST_F(RecipeTest, WrongTypeNamesLineKeyAllowedAndGot) {
   EXPECT_EQ(error_of("# steps\n\n[train]\nbatch_size = 4\n\n\nsteps = \"ten\"\n"),
             "FILE:7: train.steps must be an integer ≥ 1, got a string \"ten\"");
   EXPECT_EQ(error_of("[train]\nsteps = 10.5\n"), "FILE:2: train.steps must be an integer ≥ 1, got a floating-point number 10.5");
-  EXPECT_EQ(error_of("[model]\nbias = \"yes\"\n"), "FILE:2: model.bias must be true or false, got a string \"yes\"");
+  EXPECT_EQ(error_of("[model]\nbias = \"yes\"\n"), "FILE:2: model.bias must be true, false or \"auto\", got \"yes\"");
+  EXPECT_EQ(error_of("[model]\nbias = 1\n"), "FILE:2: model.bias must be true, false or \"auto\", got an integer 1");
   EXPECT_EQ(error_of("[optim]\nlr = true\n"), "FILE:2: optim.lr must be a number > 0, got a boolean true");
   EXPECT_EQ(error_of("[data]\npath = 3\n"), "FILE:2: data.path must be a string, got an integer 3");
   EXPECT_EQ(error_of("[data]\npath = [\"a\"]\n"), "FILE:2: data.path must be a string, got an array");
@@ -236,9 +234,14 @@ TEST_F(RecipeTest, BadChoiceListsTheChoices) {
             "FILE:2: optim.schedule must be one of \"cosine\", \"linear\", \"constant\", got \"cosin\" "
             "(did you mean \"cosine\"?)");
   EXPECT_EQ(error_of("[model]\nmlp = \"relu\"\n"),
-            "FILE:2: model.mlp must be one of \"gelu\", \"swiglu\", got \"relu\" (did you mean \"gelu\"?)");
-  EXPECT_EQ(error_of("[model]\nmlp = \"moe\"\n"), "FILE:2: model.mlp must be one of \"gelu\", \"swiglu\", got \"moe\"");
-  EXPECT_EQ(error_of("[model]\narch = \"bert\"\n"), "FILE:2: model.arch must be one of \"gpt\", got \"bert\"");
+            "FILE:2: model.mlp must be one of \"auto\", \"gelu\", \"swiglu\", \"none\", got \"relu\" (did you mean "
+            "\"gelu\"?)");
+  EXPECT_EQ(error_of("[model]\nmlp = \"mixture\"\n"),
+            "FILE:2: model.mlp must be one of \"auto\", \"gelu\", \"swiglu\", \"none\", got \"mixture\"");
+  EXPECT_EQ(error_of("[model]\narch = \"bert\"\n"), "FILE:2: model.arch must be one of \"decoder\", got \"bert\"");
+  EXPECT_EQ(error_of("[model]\nmixer = \"glaa\"\n"),
+            "FILE:2: model.mixer must be one of \"attention\", \"delta_net\", \"gated_delta_net\", \"gla\", "
+            "\"linear_attention\", \"retention\", got \"glaa\" (did you mean \"gla\"?)");
 }
 
 TEST_F(RecipeTest, UnknownKeysSuggestNearMisses) {
@@ -295,7 +298,7 @@ TEST_F(RecipeTest, OverridesParseTomlValuesAndBareStrings) {
                       "model.norm_eps=1", " train.seed = 7", "train.batch_size=3", "train.batch_size=4"});
   EXPECT_EQ(r.optim.lr, 3e-4);
   EXPECT_EQ(r.train.steps, 2000);
-  EXPECT_FALSE(r.model.bias);
+  EXPECT_EQ(r.model.bias, false);
   EXPECT_EQ(r.optim.schedule, "linear");
   EXPECT_EQ(r.data.path, "/data/my corpus.txt");
   EXPECT_EQ(r.log.sample_prompt, "Once upon");
@@ -348,7 +351,7 @@ TEST_F(RecipeTest, RulesBetweenKeysNameBothKeys) {
   Recipe r = load_ok("[model]\nd_model = 96\nn_heads = 6\nn_kv_heads = 2\npositions = \"rope\"\nvocab_size = 300\n"
                      "[data]\ntokenizer = \"bpe\"\ntokenizer_path = \"merges.txt\"\n"
                      "[optim]\nwarmup_steps = 1000\n[train]\ndtype = \"bf16\"\n");
-  EXPECT_EQ(r.model.resolved_n_kv_heads(), 2);
+  EXPECT_EQ(r.model.n_kv_heads, 2);
 }
 
 TEST_F(RecipeTest, ResolvedRecipeReproducesTheRun) {
@@ -383,6 +386,125 @@ TEST_F(RecipeTest, ResolvedRecipeReproducesTheRun) {
   renamed.name = first->name;
   renamed.source_path = first->source_path;
   EXPECT_EQ(resolved_recipe_toml(renamed), text);
+}
+
+// model.norm, model.mlp, model.positions and model.bias default to "auto", which loading resolves from
+// the model's mixers: GPT-2's choices when every block is attention, the recurrent models' otherwise.
+// What a recipe sets stays.
+TEST_F(RecipeTest, AutoSettingsFollowTheMixers) {
+  Recipe gpt = load_ok("");
+  EXPECT_EQ(gpt.model.norm, "layernorm");
+  EXPECT_EQ(gpt.model.mlp, "gelu");
+  EXPECT_EQ(gpt.model.positions, "learned");
+  EXPECT_EQ(gpt.model.bias, true);
+  for (const char* text : {"[model]\nmixer = \"gla\"\n", "[model]\npattern = \"gla attention\"\n"}) {
+    Recipe r = load_ok(text);
+    EXPECT_EQ(r.model.norm, "rmsnorm") << text;
+    EXPECT_EQ(r.model.mlp, "swiglu") << text;
+    EXPECT_EQ(r.model.positions, "none") << text;
+    EXPECT_EQ(r.model.bias, false) << text;
+  }
+  Recipe chosen = load_ok("[model]\nmixer = \"gla\"\nnorm = \"layernorm\"\nmlp = \"gelu\"\nbias = true\n",
+                          {"model.positions=learned"});
+  EXPECT_EQ(chosen.model.norm, "layernorm");
+  EXPECT_EQ(chosen.model.mlp, "gelu");
+  EXPECT_EQ(chosen.model.positions, "learned");
+  EXPECT_EQ(chosen.model.bias, true);
+  EXPECT_EQ(load_ok("[model]\nbias = false\n", {"model.bias=auto"}).model.bias, true);
+}
+
+TEST_F(RecipeTest, MixerOptionsLiveInSubTables) {
+  Recipe r = load_ok("[model]\nmixer = \"gla\"\n[model.gla]\nchunk_size = 32\ngate_rank = 8\n"
+                     "[model.linear_attention]\nfeature_map = \"performer\"\n",
+                     {"model.gla.gate_temperature=4", "model.delta_net.conv_size=2"});
+  EXPECT_EQ(r.model.mixers.at("gla").integer("chunk_size"), 32);
+  EXPECT_EQ(r.model.mixers.at("gla").integer("gate_rank"), 8);
+  EXPECT_EQ(r.model.mixers.at("gla").number("gate_temperature"), 4.0);
+  EXPECT_EQ(r.model.mixers.at("linear_attention").text("feature_map"), "performer");
+  EXPECT_EQ(r.model.mixers.at("delta_net").integer("conv_size"), 2);
+  EXPECT_EQ(r.model.mixers.at("retention").integer("chunk_size"), 64);  // untouched: its default
+  EXPECT_FALSE(r.model.flat_mixer_keys);
+  // Errors name the sub-table's key, with the same rules as any key.
+  EXPECT_EQ(error_of("[model.gla]\nchunk_size = 0\n"), "FILE:2: model.gla.chunk_size must be an integer ≥ 1, got 0");
+  EXPECT_EQ(error_of("[model.gla]\nchunk_sise = 16\n"),
+            "FILE:2: unknown key model.gla.chunk_sise (did you mean model.gla.chunk_size?)");
+  EXPECT_EQ(error_of("[model.gla]\nchunk = 16\n"),
+            "FILE:2: unknown key model.gla.chunk ([model.gla] has chunk_size, gate_rank, gate_temperature)");
+  EXPECT_EQ(error_of("[model.linear_attention]\nfeature_map = \"elu\"\n"),
+            "FILE:2: model.linear_attention.feature_map must be one of \"elu+1\", \"relu\", \"identity\", "
+            "\"performer\", got \"elu\" (did you mean \"relu\"?)");
+  EXPECT_EQ(error_of("[model.mamba]\nd_state = 16\n"),
+            "FILE:1: unknown section [model.mamba] ([model] has the sub-tables model.delta_net, "
+            "model.gated_delta_net, model.gla, model.linear_attention, model.retention: one per mixer)");
+  EXPECT_EQ(error_of("", {"model.gla.chunksize=3"}),
+            "--set model.gla.chunksize=3: unknown key model.gla.chunksize (did you mean model.gla.chunk_size?)");
+  EXPECT_EQ(error_of("", {"model.glaa.chunk_size=3"}),
+            "--set model.glaa.chunk_size=3: unknown section [model.glaa] (did you mean [model.gla]?)");
+}
+
+// Recipes of earlier versions: the older mixer names and arch, the older sub-table names, and the
+// mixer options in [model], which set the option in every mixer that has it (a sub-table wins) and keep
+// their old meaning: a recurrent model took the recurrent conventions whatever [model] said.
+TEST_F(RecipeTest, OlderSpellingsStillLoad) {
+  Recipe r = load_ok("[model]\narch = \"gpt\"\nmixer = \"retnet\"\nchunk_size = 16\nnorm = \"layernorm\"\n"
+                     "mlp = \"gelu\"\nbias = true\npositions = \"learned\"\n[model.gla]\nchunk_size = 8\n");
+  EXPECT_EQ(r.model.arch, "decoder");
+  EXPECT_EQ(r.model.mixer, "retention");
+  EXPECT_EQ(r.model.mixers.at("retention").integer("chunk_size"), 16);
+  EXPECT_EQ(r.model.mixers.at("delta_net").integer("chunk_size"), 16);
+  EXPECT_EQ(r.model.mixers.at("gla").integer("chunk_size"), 8);  // its sub-table wins
+  EXPECT_TRUE(r.model.flat_mixer_keys);
+  EXPECT_EQ(r.model.norm, "rmsnorm");
+  EXPECT_EQ(r.model.mlp, "swiglu");
+  EXPECT_EQ(r.model.bias, false);
+  EXPECT_EQ(r.model.positions, "none");
+  // An attention model kept [model]'s settings then and keeps them now.
+  Recipe gpt = load_ok("[model]\nchunk_size = 16\nnorm = \"rmsnorm\"\nmlp = \"swiglu\"\nbias = false\n");
+  EXPECT_EQ(gpt.model.norm, "rmsnorm");
+  EXPECT_EQ(gpt.model.mlp, "swiglu");
+  EXPECT_EQ(gpt.model.bias, false);
+  EXPECT_EQ(gpt.model.positions, "learned");
+  EXPECT_EQ(load_ok("[model.retnet]\nchunk_size = 4\n").model.mixers.at("retention").integer("chunk_size"), 4);
+  EXPECT_EQ(load_ok("", {"model.linear.feature_count=7", "model.mixer=deltanet"}).model.mixer, "delta_net");
+  // The resolved recipe uses only the current spellings, and loads back to the same run.
+  const std::string text = resolved_recipe_toml(r);
+  EXPECT_EQ(text.find("\nchunk_size = 16"), text.find("\n[model.retention]\nchunk_size = 16") + 18) << text;
+  EXPECT_EQ(text.find("[model.gla]"), std::string::npos) << "only the mixers the model uses: " << text;
+  EXPECT_NE(text.find("mixer = \"retention\""), std::string::npos);
+  EXPECT_NE(text.find("arch = \"decoder\""), std::string::npos);
+  ASSERT_TRUE(write_resolved_recipe(r, dir_.string()).ok());
+  absl::StatusOr<Recipe> again = load_recipe((dir_ / "recipe.toml").string());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->model.flat_mixer_keys);
+  EXPECT_EQ(again->model.norm, "rmsnorm");
+  EXPECT_EQ(again->model.mixers.at("retention"), r.model.mixers.at("retention"));
+}
+
+TEST_F(RecipeTest, PatternsListTheBlocks) {
+  Recipe r = load_ok("[model]\nn_layers = 8\npattern = \"gla*3, attention:gelu\"\n");
+  absl::StatusOr<std::vector<BlockSpec>> blocks = block_pattern(r.model);
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+  ASSERT_EQ(blocks->size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    const bool attention = i % 4 == 3;
+    EXPECT_EQ((*blocks)[i].mixer, attention ? "attention" : "gla") << i;
+    EXPECT_EQ((*blocks)[i].ffn, attention ? FfnKind::gelu : FfnKind::swiglu) << i;  // model.mlp: auto → swiglu
+  }
+  Recipe plain = load_ok("[model]\nmixer = \"deltanet\"\nn_layers = 3\nmlp = \"none\"\n");
+  EXPECT_EQ(*block_pattern(plain.model), (std::vector<BlockSpec>(3, BlockSpec{"delta_net", FfnKind::none})));
+  EXPECT_EQ(error_of("[model]\npattern = \"gla attn\"\n"),
+            "FILE:2: model.pattern: unknown mixer \"attn\" in \"attn\"; mixers: attention, delta_net, "
+            "gated_delta_net, gla, linear_attention, retention");
+  EXPECT_EQ(error_of("[model]\npattern = \"gla retnetx\"\n"),
+            "FILE:2: model.pattern: unknown mixer \"retnetx\" in \"retnetx\" (did you mean \"retention\"?); mixers: "
+            "attention, delta_net, gated_delta_net, gla, linear_attention, retention");
+  EXPECT_EQ(error_of("[model]\npattern = \"gla:moe\"\n"),
+            "FILE:2: model.pattern: \"gla:moe\" names the FFN \"moe\"; the FFNs are gelu, swiglu, none");
+  EXPECT_EQ(error_of("[model]\npattern = \"gla*0\"\n"), "FILE:2: model.pattern: \"gla*0\" must end in *N with N ≥ 1");
+  EXPECT_EQ(error_of("[model]\npattern = \"gla gla attention\"\n"),
+            "FILE:2: model.pattern has 3 blocks, which do not divide model.n_layers = 4 (a pattern repeats to fill "
+            "n_layers)");
+  EXPECT_EQ(error_of("[model]\npattern = \" , \"\n"), "FILE:2: model.pattern names no block");
 }
 
 TEST_F(RecipeTest, DocsMatchTheSchema) {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "autograd/variable.h"
-#include "layers/model/gpt.h"
+#include "layers/model/decoder.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -103,20 +103,15 @@ TEST(SampleToken, RejectsBadOptions) {
   EXPECT_THROW(sample_token({}, SamplingOptions(), gen), std::invalid_argument);
 }
 
-GptConfig tiny_config() {
-  GptConfig cfg;
-  cfg.vocab_size = 13;
-  cfg.d_model = 8;
-  cfg.n_layers = 2;
-  cfg.n_heads = 2;
-  cfg.max_seq_len = 8;
+DecoderConfig tiny_config() {
+  DecoderConfig cfg = gpt2_config(13, 8, 2, 2, 8);
   cfg.init_std = 0.3;  // large weights: the next token depends strongly on the context
   return cfg;
 }
 
 // Decoding the slow way: a full forward over the context for every token, where the context is cut
 // to its last half window whenever it would overflow, exactly as generate() refills its cache.
-std::vector<int32_t> decode_by_full_forwards(Gpt& model, std::vector<int32_t> context, const SamplingOptions& o,
+std::vector<int32_t> decode_by_full_forwards(Decoder& model, std::vector<int32_t> context, const SamplingOptions& o,
                                              Generator& gen) {
   NoGradGuard no_grad;
   const size_t window = static_cast<size_t>(model.max_context());
@@ -124,7 +119,7 @@ std::vector<int32_t> decode_by_full_forwards(Gpt& model, std::vector<int32_t> co
   size_t start = context.size() > window ? context.size() - window / 2 : 0;
   for (int64_t i = 0; i < o.tokens; ++i) {
     std::vector<int64_t> ids(context.begin() + static_cast<std::ptrdiff_t>(start), context.end());
-    Tensor logits = model.forward(Tensor::from_indices(ids, {1, static_cast<int64_t>(ids.size())}));
+    Tensor logits = model.logits({Tensor::from_indices(ids, {1, static_cast<int64_t>(ids.size())})});
     const int32_t next =
         sample_token(kernel::narrow(logits, 1, static_cast<int64_t>(ids.size()) - 1, 1).to_doubles(), o, gen);
     out.push_back(next);
@@ -136,7 +131,7 @@ std::vector<int32_t> decode_by_full_forwards(Gpt& model, std::vector<int32_t> co
 
 TEST(Generate, KvCacheMatchesFullForwardsAcrossTheWindow) {
   Generator init(5);
-  Gpt model(tiny_config(), init);
+  Decoder model(tiny_config(), init);
   SamplingOptions o;
   o.temperature = 1.0;
   o.tokens = 20;  // well past max_seq_len 8: the cache is rebuilt several times
@@ -150,7 +145,7 @@ TEST(Generate, KvCacheMatchesFullForwardsAcrossTheWindow) {
 
 TEST(Generate, SameSeedSameTextAndStopToken) {
   Generator init(6);
-  Gpt model(tiny_config(), init);
+  Decoder model(tiny_config(), init);
   model.set_training(true);
   SamplingOptions o;
   o.tokens = 12;

@@ -80,7 +80,10 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = T
 Tensor softmax(const Tensor& x, int64_t dim = -1);
 Tensor log_softmax(const Tensor& x, int64_t dim = -1);
 // Mean over targets ≠ ignore_index of −log softmax(logits)[target]; logits [..., V], targets [...].
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// With weights [...] (shaped as targets): Σ w·ℓ / Σ w over the counted targets (0 when Σ w = 0);
+// differentiable in logits and weights.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
+                     const Tensor& weights = Tensor());
 
 // ---- normalisation (ops_norm.cpp) over the last dimension ----
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);

@@ -1,5 +1,5 @@
-// The basic layers: Linear, Embedding, LayerNorm, RMSNorm. Each is a thin module over one
-// differentiable op of src/autograd/ops.h.
+// The basic layers: Linear, Embedding, LayerNorm, RMSNorm, and the short causal convolution some
+// mixers put before their op. Each is a thin module over differentiable ops of src/autograd/ops.h.
 #pragma once
 
 #include "autograd/ops.h"
@@ -49,5 +49,23 @@ class Norm : public Module {
   Tensor& weight_;
   Tensor* bias_ = nullptr;
 };
+
+// Depthwise causal convolution over time: y_t = Σ_{j<K} w_j ⊙ x_{t−j} (x_{<0} from the state, or 0),
+// weights w [K, C]. Composed of differentiable primitives (shifted narrows); `conv_state` (when not
+// null) holds the last K−1 inputs, read before and replaced after.
+class ShortConv : public Module {
+ public:
+  ShortConv(int64_t channels, int64_t kernel, Generator& gen);
+  Tensor forward(const Tensor& x, Tensor* conv_state) const;
+
+ private:
+  int64_t channels_, kernel_;
+  Tensor& weight_;
+};
+
+// x / √(Σ x² + eps) over the last dimension.
+Tensor l2_normalize(const Tensor& x, double eps = 1e-6);
+// log σ(x) = −softplus(−x), the log of a gate in (0, 1).
+Tensor log_sigmoid(const Tensor& x);
 
 }  // namespace seqlab

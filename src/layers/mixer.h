@@ -1,62 +1,153 @@
-// Token mixers for RecurrentLm: the layer around a recurrent op (projections, gates, short
-// convolution, per-head norm, output gate), one per variant (gla_layer.h, retnet_layer.h,
-// linear_attention_layer.h, delta_net_layer.h), and the pieces they share.
+// Token mixers and the registry that makes them trainable from a recipe.
 //
-// A mixer maps x [B, T, C] to [B, T, C]. Training runs the op's chunkwise form from a zero state.
-// Decoding passes a MixerState: the op continues from the state it holds (the recurrent form for one
-// token, the chunkwise form with an initial state for a prompt — the forms are equal) and the state
-// is replaced by the op's final state.
+// A mixer maps the normalised residual stream x [B, T, C] to [B, T, C] by mixing information across
+// positions: softmax attention (attention/attention_mixer.cpp) or a recurrence (gla, retention,
+// linear_attention, delta_net, gated_delta_net, in their family folders). A block of the decoder
+// (model/decoder.h) is one mixer and one feed-forward network, so a hybrid is a list of mixer names.
+//
+// Each mixer registers itself, from its own file, with a MixerSpec: its name (the recipe value
+// `model.mixer = "gla"`, the op's room and doc page), older names it still answers to, its options
+// (the keys of its recipe sub-table [model.gla], with types, defaults, ranges and docs: the recipe
+// loader validates them and docs/recipes.md lists them from this same table) and a factory. Adding a
+// mixer therefore touches its room, its tests and its recipe; nothing central.
+//
+// Training runs a mixer from a zero state (MixerState* null). Decoding passes a MixerState, which the
+// mixer continues and replaces: a recurrence keeps its state (the recurrent form for one token, the
+// chunkwise form with an initial state for a prompt: the forms are equal), attention its keys and
+// values.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
 
-#include "layers/basic.h"
 #include "layers/module.h"
+#include "tensor/tensor.h"
 
 namespace seqlab {
 
-// Everything a mixer carries from one decoding call to the next (undefined until the first call).
-struct MixerState {
-  Tensor state;       // [B, H, dk, dv] the recurrence's matrix state
-  Tensor normalizer;  // [B, H, dk] linear attention's z
-  Tensor conv;        // [B, K−1, C'] the last inputs of a short convolution
-  int64_t position = 0;
+// How the model knows token order: a learned absolute embedding added to the input, rotary embedding
+// of every attention layer's queries and keys, or nothing (causal attention and recurrences order
+// the tokens themselves).
+enum class PositionKind { learned, rope, none };
+
+// What every mixer of a model shares: the model's own sizes and settings.
+struct MixerContext {
+  int64_t d_model = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;   // key/value heads of attention (grouped-query attention); = n_heads for MHA
+  int64_t max_seq_len = 0;  // the longest sequence the model takes
+  PositionKind positions = PositionKind::none;
+  double rope_base = 10000;  // θ_i = rope_base^(−2i/D) with positions = rope
+  bool bias = false;         // biases in attention's projections (GPT-2)
+  double norm_eps = 1e-5;
+  double init_std = 0.02;    // standard deviation of the initial weights
 };
 
-struct MixerConfig {
-  int64_t d_model = 0, n_heads = 0;
-  int64_t chunk = 64;               // chunk size of the chunkwise forms
-  int64_t gate_rank = 16;           // GLA: rank of the gate projection
-  double gate_temperature = 16;     // GLA: α = σ(·)^(1/τ)
-  int64_t conv_size = 4;            // DeltaNet: short causal convolution over q, k, v
-  std::string feature_map = "elu+1";  // linear attention: elu+1, relu, identity, performer
-  int64_t feature_count = 64;       // linear attention with performer: random features m
-  bool gated = false;               // DeltaNet: Gated DeltaNet (a decay α per token and head)
-  double norm_eps = 1e-5, init_std = 0.02;
+// ---- a mixer's own options: the keys of its recipe sub-table ----
+
+using OptionValue = std::variant<int64_t, double, bool, std::string>;
+enum class OptionType { integer, number, boolean, text };
+
+struct OptionSpec {
+  std::string key;
+  OptionType type = OptionType::integer;
+  OptionValue default_value;
+  double min = -HUGE_VAL, max = HUGE_VAL;  // integer and number options: the allowed interval
+  bool min_open = false, max_open = false;
+  std::vector<std::string> choices;  // text options: the allowed values (empty: any text)
+  std::string doc;
+
+  static OptionSpec integer(std::string key, int64_t def, int64_t min, std::string doc);
+  static OptionSpec number(std::string key, double def, double min, bool min_open, std::string doc);
+  static OptionSpec choice(std::string key, std::vector<std::string> choices, std::string doc);  // first: default
+};
+
+// The value of every option of one mixer: its spec's defaults, overridden by a recipe.
+class MixerOptions {
+ public:
+  MixerOptions() = default;
+  explicit MixerOptions(const std::vector<OptionSpec>& specs);  // the defaults
+  int64_t integer(const std::string& key) const;
+  double number(const std::string& key) const;
+  bool boolean(const std::string& key) const;
+  const std::string& text(const std::string& key) const;
+  // Sets an option the spec has, with a value of its type; throws std::invalid_argument otherwise.
+  void set(const std::string& key, const OptionValue& value);
+  const std::map<std::string, OptionValue>& values() const { return values_; }
+  bool operator==(const MixerOptions& o) const { return values_ == o.values_; }
+
+ private:
+  const OptionValue& at(const std::string& key) const;
+  std::map<std::string, OptionValue> values_;
+};
+
+// ---- the mixer ----
+
+// Everything a mixer carries from one decoding call to the next (undefined until the first call).
+struct MixerState {
+  int64_t position = 0;  // tokens seen before this call (set by the model)
+  Tensor state;          // [B, H, dk, dv] a recurrence's matrix state
+  Tensor normalizer;     // [B, H, dk] linear attention's z
+  Tensor conv;           // [B, K−1, C'] the last inputs of a short convolution
+  Tensor keys, values;   // [B, S, Hk, D] attention's cache
 };
 
 class Mixer : public Module {
  public:
-  // x [B, T, C] → [B, T, C]; `state` null in training, else continued and replaced.
+  // x [B, T, C] holds the tokens at positions p … p+T−1, p = state->position (0 without a state) →
+  // [B, T, C]. `state` null in training; when decoding, continued and replaced.
   virtual Tensor forward(const Tensor& x, MixerState* state) const = 0;
 };
 
-// Depthwise causal convolution over time: y_t = Σ_{j<K} w_j ⊙ x_{t−j} (x_{<0} from the state, or 0),
-// weights w [K, C]. Composed of differentiable primitives (shifted narrows); `conv_state` (when not
-// null) holds the last K−1 inputs, read before and replaced after.
-class ShortConv : public Module {
- public:
-  ShortConv(int64_t channels, int64_t kernel, Generator& gen);
-  Tensor forward(const Tensor& x, Tensor* conv_state) const;
-
- private:
-  int64_t channels_, kernel_;
-  Tensor& weight_;
+struct MixerSpec {
+  std::string name;                  // recipe value, op room and doc page: "gla"
+  std::vector<std::string> aliases;  // older recipe values it still answers to ("retnet")
+  std::string summary;               // one line for docs/recipes.md
+  std::string doc;                   // its page: "docs/variants/gla.md"
+  // Carries a fixed-size state (a recurrence): decoding a token costs the same at any position and
+  // the context is unbounded. Softmax attention keeps a cache that grows with the context instead.
+  bool recurrent = true;
+  std::vector<OptionSpec> options;
+  // Throws std::invalid_argument for sizes it cannot take (heads not dividing d_model, ...). Draws its
+  // initial weights from `gen`, in a fixed order.
+  std::function<std::unique_ptr<Mixer>(const MixerContext&, const MixerOptions&, Generator&)> make;
+  // FLOPs per token of one layer's token mixing that 6·N (forward and backward through every weight)
+  // does not count, for sequences of seq_len tokens: the MFU estimate's second term.
+  std::function<double(const MixerContext&, const MixerOptions&, int64_t seq_len)> mixing_flops_per_token;
 };
 
-// x / √(Σ x² + eps) over the last dimension.
-Tensor l2_normalize(const Tensor& x, double eps = 1e-6);
-// log σ(x) = −softplus(−x), the log of a gate in (0, 1).
-Tensor log_sigmoid(const Tensor& x);
+// Adds a mixer; throws std::logic_error when its name or an alias is taken.
+void register_mixer(MixerSpec spec);
+// The spec of a name or alias, or nullptr.
+const MixerSpec* find_mixer(const std::string& name);
+// The spec of a name or alias; throws std::invalid_argument naming the registered mixers.
+const MixerSpec& mixer_spec(const std::string& name);
+// Every registered mixer, by name.
+std::vector<const MixerSpec*> registered_mixers();
+// "attention, delta_net, gla, ..." (for messages).
+std::string mixer_names();
+
+// ---- pieces the mixers share ----
+
+// d_model / n_heads; throws std::invalid_argument naming `mixer` when the heads do not divide d_model.
+int64_t head_dim(const MixerContext& ctx, const std::string& mixer);
+// The chunk_size option of the chunkwise training forms.
+OptionSpec chunk_size_option();
+// FLOPs per token of one layer of a chunkwise linear recurrence with matrix state, beyond 6·N: causal
+// attention within a chunk of C = min(chunk, seq_len) tokens (6·C·d, as softmax attention's 6·T·d)
+// plus reading and writing the d/H × d/H state of every head (q S and kᵀv: 4·d·(d/H) forward), ×3
+// for forward and backward.
+double chunkwise_recurrence_flops(const MixerContext& ctx, int64_t chunk, int64_t seq_len);
+
+// A static MixerRegistration in a mixer's own file registers it when the library loads.
+struct MixerRegistration {
+  explicit MixerRegistration(MixerSpec spec) { register_mixer(std::move(spec)); }
+};
 
 }  // namespace seqlab

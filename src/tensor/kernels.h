@@ -225,14 +225,19 @@ SEQLAB_DECLARE_KERNEL(embedding_backward_kernel,
 // Cross-entropy of logits [N, V] against targets [N] (i32/i64), averaged over targets that are not
 // `ignore_index`. Fused with log-softmax: the forward saves lse[N] = log Σ_v exp(logits[n, v]); the
 // backward computes dlogits = dloss / count · (softmax(logits) − onehot(target)) row by row.
+// With weights w [N] (floating, any values): loss = Σ_n w_n ℓ_n / W over counted n, W = Σ_counted w_n
+// (0 when W = 0); the backward scales row n by w_n / W instead of 1 / count.
 struct CrossEntropyOutput {
   Tensor loss;        // scalar
   Tensor lse;         // [N]
+  Tensor losses;      // [N] ℓ_n = lse_n − logits[n, t_n], 0 where ignored
   int64_t count = 0;  // targets that count
+  double total_weight = 0;  // W: count without weights
 };
-CrossEntropyOutput cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index);
+CrossEntropyOutput cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                 const Tensor& weights = Tensor());
 Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                              int64_t ignore_index, int64_t count);
+                              int64_t ignore_index, double total_weight, const Tensor& weights = Tensor());
 // losses[n] = lse[n] − logits[n, target[n]] (0 where ignored)
 SEQLAB_DECLARE_KERNEL(cross_entropy_kernel, void (*)(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                                      const Tensor& losses, const Tensor& lse));

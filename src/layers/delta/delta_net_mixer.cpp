@@ -1,40 +1,103 @@
-#include "layers/delta/delta_net_mixer.h"
-
+// The DeltaNet and Gated DeltaNet token mixers (seed 000 §7.4, 002) around the `delta_net` op
+// (delta_net.h), registered as `model.mixer = "delta_net"` and `"gated_delta_net"` (older names
+// "deltanet", "gated_deltanet") with the options of [model.delta_net] and [model.gated_delta_net]:
+//
+//   q, k, v = silu(ShortConv(x W_q | x W_k | x W_v))          a causal depthwise convolution of K taps
+//   q, k    = q / ‖q‖, k / ‖k‖ per head                        L2-normalised: the delta rule stays stable
+//   β       = σ(x W_β)                     [B, T, H]           the write strength
+//   g       = log σ(x W_a + b_a) / τ       [B, T, H]           Gated DeltaNet only: the decay α = exp(g)
+//   S_t     = α_t (I − β_t k_tᵀ k_t) S_{t−1} + β_t k_tᵀ v_t,   o_t = q_t S_t
+//   y       = (RMSNorm_head(o) ⊙ silu(x W_r)) W_o
+//
+// Parameters: qkv, conv, beta, decay (Gated DeltaNet), out_gate, head_norm, out.
 #include <memory>
 
 #include "autograd/ops.h"
+#include "layers/basic.h"
 #include "layers/delta/delta_net.h"
+#include "layers/mixer.h"
 
 namespace seqlab {
+namespace {
 
-DeltaNetLayer::DeltaNetLayer(const MixerConfig& cfg, Generator& gen)
-    : heads_(cfg.n_heads),
-      head_dim_(cfg.d_model / cfg.n_heads),
-      chunk_(cfg.chunk),
-      temperature_(cfg.gate_temperature),
-      qkv_(add_module("qkv", std::make_unique<Linear>(cfg.d_model, 3 * cfg.d_model, false, gen, cfg.init_std))),
-      conv_(add_module("conv", std::make_unique<ShortConv>(3 * cfg.d_model, cfg.conv_size, gen))),
-      beta_(add_module("beta", std::make_unique<Linear>(cfg.d_model, cfg.n_heads, true, gen, cfg.init_std))),
-      decay_(cfg.gated ? &add_module("decay", std::make_unique<Linear>(cfg.d_model, cfg.n_heads, true, gen, cfg.init_std))
-                       : nullptr),
-      out_gate_(add_module("out_gate", std::make_unique<Linear>(cfg.d_model, cfg.d_model, false, gen, cfg.init_std))),
-      head_norm_(add_module("head_norm", std::make_unique<Norm>(NormKind::rms_norm, head_dim_, cfg.norm_eps))),
-      out_(add_module("out", std::make_unique<Linear>(cfg.d_model, cfg.d_model, false, gen, cfg.init_std))) {}
+class DeltaNetMixer : public Mixer {
+ public:
+  DeltaNetMixer(const MixerContext& ctx, const MixerOptions& opts, bool gated, Generator& gen)
+      : heads_(ctx.n_heads),
+        head_dim_(head_dim(ctx, gated ? "gated_delta_net" : "delta_net")),
+        chunk_(opts.integer("chunk_size")),
+        temperature_(gated ? opts.number("gate_temperature") : 1.0),
+        qkv_(add_module("qkv", std::make_unique<Linear>(ctx.d_model, 3 * ctx.d_model, false, gen, ctx.init_std))),
+        conv_(add_module("conv", std::make_unique<ShortConv>(3 * ctx.d_model, opts.integer("conv_size"), gen))),
+        beta_(add_module("beta", std::make_unique<Linear>(ctx.d_model, ctx.n_heads, true, gen, ctx.init_std))),
+        decay_(gated
+                   ? &add_module("decay", std::make_unique<Linear>(ctx.d_model, ctx.n_heads, true, gen, ctx.init_std))
+                   : nullptr),
+        out_gate_(add_module("out_gate", std::make_unique<Linear>(ctx.d_model, ctx.d_model, false, gen, ctx.init_std))),
+        head_norm_(add_module("head_norm", std::make_unique<Norm>(NormKind::rms_norm, head_dim_, ctx.norm_eps))),
+        out_(add_module("out", std::make_unique<Linear>(ctx.d_model, ctx.d_model, false, gen, ctx.init_std))) {}
 
-Tensor DeltaNetLayer::forward(const Tensor& x, MixerState* state) const {
-  const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
-  Tensor qkv = silu(conv_.forward(qkv_.forward(x), state != nullptr ? &state->conv : nullptr));  // [B, T, 3C]
-  auto head = [&](int64_t part) { return reshape(narrow(qkv, 2, part * C, C), {B, T, heads_, head_dim_}); };
-  Tensor q = l2_normalize(head(0)), k = l2_normalize(head(1)), v = head(2);
-  Tensor beta = sigmoid(beta_.forward(x));  // [B, T, H]
-  Tensor g = decay_ != nullptr ? mul(log_sigmoid(decay_->forward(x)), 1.0 / temperature_) : Tensor();
-  DeltaNetOptions opts;
-  opts.chunk = chunk_;
-  opts.form = T == 1 && state != nullptr ? DeltaNetForm::recurrent : DeltaNetForm::chunkwise;
-  DeltaNetOutput r = delta_net(q, k, v, beta, g, state != nullptr ? state->state : Tensor(), opts);
-  if (state != nullptr) state->state = r.final_state.detach();
-  Tensor o = reshape(head_norm_.forward(r.o), {B, T, C});
-  return out_.forward(mul(o, silu(out_gate_.forward(x))));
+  Tensor forward(const Tensor& x, MixerState* state) const override {
+    const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
+    Tensor qkv = silu(conv_.forward(qkv_.forward(x), state != nullptr ? &state->conv : nullptr));  // [B, T, 3C]
+    auto head = [&](int64_t part) { return reshape(narrow(qkv, 2, part * C, C), {B, T, heads_, head_dim_}); };
+    Tensor q = l2_normalize(head(0)), k = l2_normalize(head(1)), v = head(2);
+    Tensor beta = sigmoid(beta_.forward(x));  // [B, T, H]
+    Tensor g = decay_ != nullptr ? mul(log_sigmoid(decay_->forward(x)), 1.0 / temperature_) : Tensor();
+    DeltaNetOptions opts;
+    opts.chunk = chunk_;
+    opts.form = T == 1 && state != nullptr ? DeltaNetForm::recurrent : DeltaNetForm::chunkwise;
+    DeltaNetOutput r = delta_net(q, k, v, beta, g, state != nullptr ? state->state : Tensor(), opts);
+    if (state != nullptr) state->state = r.final_state.detach();
+    Tensor o = reshape(head_norm_.forward(r.o), {B, T, C});
+    return out_.forward(mul(o, silu(out_gate_.forward(x))));
+  }
+
+ private:
+  int64_t heads_, head_dim_, chunk_;
+  double temperature_;
+  Linear& qkv_;
+  ShortConv& conv_;
+  Linear& beta_;
+  Linear* decay_ = nullptr;  // Gated DeltaNet
+  Linear& out_gate_;
+  Norm& head_norm_;
+  Linear& out_;
+};
+
+OptionSpec conv_size_option() {
+  return OptionSpec::integer("conv_size", 4, 1, "taps of the short causal convolution over q, k, v");
 }
 
+double delta_net_flops(const MixerContext& ctx, const MixerOptions& opts, int64_t seq_len) {
+  return chunkwise_recurrence_flops(ctx, opts.integer("chunk_size"), seq_len);
+}
+
+const MixerRegistration kDeltaNet{MixerSpec{
+    "delta_net",
+    {"deltanet"},
+    "DeltaNet: the delta rule S ← S + β kᵀ(v − k S) with L2-normalised keys and a short convolution",
+    "docs/variants/delta_net.md",
+    /*recurrent=*/true,
+    {chunk_size_option(), conv_size_option()},
+    [](const MixerContext& ctx, const MixerOptions& opts, Generator& gen) -> std::unique_ptr<Mixer> {
+      return std::make_unique<DeltaNetMixer>(ctx, opts, /*gated=*/false, gen);
+    },
+    delta_net_flops}};
+
+const MixerRegistration kGatedDeltaNet{MixerSpec{
+    "gated_delta_net",
+    {"gated_deltanet"},
+    "Gated DeltaNet: the delta rule with a data-dependent decay α per token and head",
+    "docs/variants/delta_net.md",
+    /*recurrent=*/true,
+    {chunk_size_option(), conv_size_option(),
+     OptionSpec::number("gate_temperature", 16.0, 0, true,
+                        "decay α = σ(·)^(1/τ); a large τ keeps α near 1 (slow forgetting) at first")},
+    [](const MixerContext& ctx, const MixerOptions& opts, Generator& gen) -> std::unique_ptr<Mixer> {
+      return std::make_unique<DeltaNetMixer>(ctx, opts, /*gated=*/true, gen);
+    },
+    delta_net_flops}};
+
+}  // namespace
 }  // namespace seqlab

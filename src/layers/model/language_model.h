@@ -1,17 +1,19 @@
-// What the step loop, evaluation and decoding need from a next-token model, whatever mixes its
-// tokens (softmax attention in Gpt, a recurrence in RecurrentLm): logits for a batch, the loss, and
-// incremental decoding that carries a state (a KV cache, or recurrent states) from call to call.
+// What the trainer, evaluation and decoding need from a model, whatever its family: logits for a
+// Batch (batch.h), the loss, and incremental decoding that carries a state (KV caches, recurrent
+// states) from call to call. The decoder (decoder.h) is the one family today; encoder (BERT) and
+// encoder-decoder (T5, seq2seq) models implement the same interface over the fields of Batch they read.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 
+#include "layers/model/batch.h"
 #include "layers/module.h"
 #include "tensor/tensor.h"
 
 namespace seqlab {
 
-// What a model carries between decoding calls; each model defines its own (GptCache, RecurrentLmState).
+// What a model carries between decoding calls; each model defines its own.
 struct DecodeState {
   virtual ~DecodeState() = default;
   int64_t position = 0;  // tokens consumed so far
@@ -19,10 +21,14 @@ struct DecodeState {
 
 class LanguageModel : public Module {
  public:
-  // tokens [B, T] (i32 or i64) → logits [B, T, V].
-  virtual Tensor forward(const Tensor& tokens) = 0;
-  // Mean cross-entropy of forward(tokens) against targets [B, T] (entries −100 ignored).
-  Tensor loss(const Tensor& tokens, const Tensor& targets);
+  // Logits [B, T, V] at the positions the loss scores (the decoder's, for encoder-decoder models).
+  // Throws std::invalid_argument naming a field of the batch the model cannot use.
+  virtual Tensor logits(const Batch& batch) = 0;
+  // The model's objective on `logits` (= logits(batch)): by default the cross-entropy against
+  // batch.scored_targets(), averaged over the positions scored — targets ≠ kIgnoreIndex within the
+  // row's length — and weighted by batch.loss_weights when given (Σ w·ℓ / Σ w).
+  virtual Tensor loss_from_logits(const Batch& batch, const Tensor& logits) const;
+  Tensor loss(const Batch& batch) { return loss_from_logits(batch, logits(batch)); }
 
   // An empty state: decoding starts at position 0.
   virtual std::unique_ptr<DecodeState> new_decode_state() const = 0;
@@ -40,5 +46,9 @@ class LanguageModel : public Module {
   // The generator of every dropout mask: checkpoint its state() and set_state() it on resume.
   virtual Generator& dropout_generator() = 0;
 };
+
+// `targets` with every position at or past its row's length set to kIgnoreIndex (lengths [B], targets
+// [B, T]); `targets` itself when lengths is undefined.
+Tensor ignore_past_lengths(const Tensor& targets, const Tensor& lengths);
 
 }  // namespace seqlab

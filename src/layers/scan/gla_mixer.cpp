@@ -1,38 +1,85 @@
-#include "layers/scan/gla_mixer.h"
-
+// The GLA token mixer (gated linear attention, seed 000 §7.1) around the `gla` op (gla.h), registered
+// as `model.mixer = "gla"` with the options of [model.gla]:
+//
+//   q, k = x W_q, x W_k      v = x W_v                       per head: [B, T, H, D], D = C / H
+//   g    = log σ(x W_g1 W_g2 + b_g) / τ                       log of α = σ(·)^(1/τ) over the key dim
+//   o    = gla(q, k, v, g)                                    S_t = diag(α_t) S_{t−1} + k_tᵀ v_t, o_t = q_t S_t
+//   y    = (RMSNorm_head(o) ⊙ silu(x W_r)) W_o                per-head norm, swish output gate
+//
+// The low-rank gate (rank gate_rank) and the temperature τ keep α near 1 at initialisation, so the
+// state forgets slowly at first.
+//
+// Parameters: q, k, v, gate_down, gate_up (with a bias), out_gate, head_norm, out.
 #include <memory>
 
 #include "autograd/ops.h"
+#include "layers/basic.h"
+#include "layers/mixer.h"
 #include "layers/scan/gla.h"
 
 namespace seqlab {
+namespace {
 
-GlaLayer::GlaLayer(const MixerConfig& cfg, Generator& gen)
-    : heads_(cfg.n_heads),
-      head_dim_(cfg.d_model / cfg.n_heads),
-      chunk_(cfg.chunk),
-      temperature_(cfg.gate_temperature),
-      q_(add_module("q", std::make_unique<Linear>(cfg.d_model, cfg.d_model, false, gen, cfg.init_std))),
-      k_(add_module("k", std::make_unique<Linear>(cfg.d_model, cfg.d_model, false, gen, cfg.init_std))),
-      v_(add_module("v", std::make_unique<Linear>(cfg.d_model, cfg.d_model, false, gen, cfg.init_std))),
-      gate_down_(add_module("gate_down", std::make_unique<Linear>(cfg.d_model, cfg.gate_rank, false, gen, cfg.init_std))),
-      gate_up_(add_module("gate_up", std::make_unique<Linear>(cfg.gate_rank, cfg.d_model, true, gen, cfg.init_std))),
-      out_gate_(add_module("out_gate", std::make_unique<Linear>(cfg.d_model, cfg.d_model, false, gen, cfg.init_std))),
-      head_norm_(add_module("head_norm", std::make_unique<Norm>(NormKind::rms_norm, head_dim_, cfg.norm_eps))),
-      out_(add_module("out", std::make_unique<Linear>(cfg.d_model, cfg.d_model, false, gen, cfg.init_std))) {}
+class GlaMixer : public Mixer {
+ public:
+  GlaMixer(const MixerContext& ctx, const MixerOptions& opts, Generator& gen)
+      : heads_(ctx.n_heads),
+        head_dim_(head_dim(ctx, "gla")),
+        chunk_(opts.integer("chunk_size")),
+        temperature_(opts.number("gate_temperature")),
+        q_(add_module("q", std::make_unique<Linear>(ctx.d_model, ctx.d_model, false, gen, ctx.init_std))),
+        k_(add_module("k", std::make_unique<Linear>(ctx.d_model, ctx.d_model, false, gen, ctx.init_std))),
+        v_(add_module("v", std::make_unique<Linear>(ctx.d_model, ctx.d_model, false, gen, ctx.init_std))),
+        gate_down_(add_module("gate_down", std::make_unique<Linear>(ctx.d_model, opts.integer("gate_rank"), false, gen,
+                                                                     ctx.init_std))),
+        gate_up_(add_module("gate_up", std::make_unique<Linear>(opts.integer("gate_rank"), ctx.d_model, true, gen,
+                                                                 ctx.init_std))),
+        out_gate_(add_module("out_gate", std::make_unique<Linear>(ctx.d_model, ctx.d_model, false, gen, ctx.init_std))),
+        head_norm_(add_module("head_norm", std::make_unique<Norm>(NormKind::rms_norm, head_dim_, ctx.norm_eps))),
+        out_(add_module("out", std::make_unique<Linear>(ctx.d_model, ctx.d_model, false, gen, ctx.init_std))) {}
 
-Tensor GlaLayer::forward(const Tensor& x, MixerState* state) const {
-  const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
-  auto heads = [&](const Tensor& t) { return reshape(t, {B, T, heads_, head_dim_}); };
-  Tensor g = mul(log_sigmoid(gate_up_.forward(gate_down_.forward(x))), 1.0 / temperature_);
-  GlaOptions opts;
-  opts.chunk = chunk_;
-  opts.form = T == 1 && state != nullptr ? GlaForm::recurrent : GlaForm::chunkwise;
-  GlaOutput r = gla(heads(q_.forward(x)), heads(k_.forward(x)), heads(v_.forward(x)), heads(g), Tensor(),
-                    state != nullptr ? state->state : Tensor(), opts);
-  if (state != nullptr) state->state = r.final_state.detach();
-  Tensor o = reshape(head_norm_.forward(r.o), {B, T, C});
-  return out_.forward(mul(o, silu(out_gate_.forward(x))));
-}
+  Tensor forward(const Tensor& x, MixerState* state) const override {
+    const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
+    auto heads = [&](const Tensor& t) { return reshape(t, {B, T, heads_, head_dim_}); };
+    Tensor g = mul(log_sigmoid(gate_up_.forward(gate_down_.forward(x))), 1.0 / temperature_);
+    GlaOptions opts;
+    opts.chunk = chunk_;
+    opts.form = T == 1 && state != nullptr ? GlaForm::recurrent : GlaForm::chunkwise;
+    GlaOutput r = gla(heads(q_.forward(x)), heads(k_.forward(x)), heads(v_.forward(x)), heads(g), Tensor(),
+                      state != nullptr ? state->state : Tensor(), opts);
+    if (state != nullptr) state->state = r.final_state.detach();
+    Tensor o = reshape(head_norm_.forward(r.o), {B, T, C});
+    return out_.forward(mul(o, silu(out_gate_.forward(x))));
+  }
 
+ private:
+  int64_t heads_, head_dim_, chunk_;
+  double temperature_;
+  Linear& q_;
+  Linear& k_;
+  Linear& v_;
+  Linear& gate_down_;
+  Linear& gate_up_;
+  Linear& out_gate_;
+  Norm& head_norm_;
+  Linear& out_;
+};
+
+const MixerRegistration kGla{MixerSpec{
+    "gla",
+    {},
+    "gated linear attention: a matrix state per head, decayed per key channel by a data-dependent gate",
+    "docs/variants/gla.md",
+    /*recurrent=*/true,
+    {chunk_size_option(), OptionSpec::integer("gate_rank", 16, 1, "rank of the low-rank gate projection"),
+     OptionSpec::number("gate_temperature", 16.0, 0, true,
+                        "decay α = σ(·)^(1/τ); a large τ keeps α near 1 (slow forgetting) at first")},
+    [](const MixerContext& ctx, const MixerOptions& opts, Generator& gen) -> std::unique_ptr<Mixer> {
+      return std::make_unique<GlaMixer>(ctx, opts, gen);
+    },
+    [](const MixerContext& ctx, const MixerOptions& opts, int64_t seq_len) {
+      return chunkwise_recurrence_flops(ctx, opts.integer("chunk_size"), seq_len);
+    }}};
+
+}  // namespace
 }  // namespace seqlab

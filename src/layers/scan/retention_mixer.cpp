@@ -1,40 +1,78 @@
-#include "layers/scan/retention_mixer.h"
-
+// The RetNet token mixer (multi-scale retention, seed 000 §5.3) around the `retention` op
+// (retention.h), registered as `model.mixer = "retention"` (older name "retnet") with the options of
+// [model.retention]:
+//
+//   q, k = RoPE(x W_q), RoPE(x W_k)      v = x W_v            per head: [B, T, H, D], D = C / H
+//   o    = retention(q, k, v)                                 S_n = γ_h S_{n−1} + k_nᵀ v_n, o_n = q_n S_n
+//   y    = (RMSNorm_head(o) ⊙ silu(x W_r)) W_o                per-head (group) norm, swish gate
+//
+// γ_h = 1 − 2^(−5−h): each head forgets at its own rate ("multi-scale"). The rotation makes the
+// score of positions n, m depend on n − m (RetNet's xPos-style relative position); tokens are
+// rotated at their true positions when decoding (state->position).
+//
+// Parameters: q, k, v, out_gate, head_norm, out.
 #include <memory>
 
 #include "autograd/ops.h"
-#include "layers/scan/retention.h"
 #include "layers/attention/rope.h"
+#include "layers/basic.h"
+#include "layers/mixer.h"
+#include "layers/scan/retention.h"
 
 namespace seqlab {
+namespace {
 
-RetNetLayer::RetNetLayer(const MixerConfig& cfg, Generator& gen)
-    : heads_(cfg.n_heads),
-      head_dim_(cfg.d_model / cfg.n_heads),
-      chunk_(cfg.chunk),
-      q_(add_module("q", std::make_unique<Linear>(cfg.d_model, cfg.d_model, false, gen, cfg.init_std))),
-      k_(add_module("k", std::make_unique<Linear>(cfg.d_model, cfg.d_model, false, gen, cfg.init_std))),
-      v_(add_module("v", std::make_unique<Linear>(cfg.d_model, cfg.d_model, false, gen, cfg.init_std))),
-      out_gate_(add_module("out_gate", std::make_unique<Linear>(cfg.d_model, cfg.d_model, false, gen, cfg.init_std))),
-      head_norm_(add_module("head_norm", std::make_unique<Norm>(NormKind::rms_norm, head_dim_, cfg.norm_eps))),
-      out_(add_module("out", std::make_unique<Linear>(cfg.d_model, cfg.d_model, false, gen, cfg.init_std))) {}
+class RetentionMixer : public Mixer {
+ public:
+  RetentionMixer(const MixerContext& ctx, const MixerOptions& opts, Generator& gen)
+      : heads_(ctx.n_heads),
+        head_dim_(head_dim(ctx, "retention")),
+        chunk_(opts.integer("chunk_size")),
+        q_(add_module("q", std::make_unique<Linear>(ctx.d_model, ctx.d_model, false, gen, ctx.init_std))),
+        k_(add_module("k", std::make_unique<Linear>(ctx.d_model, ctx.d_model, false, gen, ctx.init_std))),
+        v_(add_module("v", std::make_unique<Linear>(ctx.d_model, ctx.d_model, false, gen, ctx.init_std))),
+        out_gate_(add_module("out_gate", std::make_unique<Linear>(ctx.d_model, ctx.d_model, false, gen, ctx.init_std))),
+        head_norm_(add_module("head_norm", std::make_unique<Norm>(NormKind::rms_norm, head_dim_, ctx.norm_eps))),
+        out_(add_module("out", std::make_unique<Linear>(ctx.d_model, ctx.d_model, false, gen, ctx.init_std))) {}
 
-Tensor RetNetLayer::forward(const Tensor& x, MixerState* state) const {
-  const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
-  auto heads = [&](const Tensor& t) { return reshape(t, {B, T, heads_, head_dim_}); };
-  RopeOptions rotation;
-  rotation.start = state != nullptr ? state->position : 0;
-  RetentionOptions opts;
-  opts.chunk = chunk_;
-  opts.form = T == 1 && state != nullptr ? RetentionForm::recurrent : RetentionForm::chunkwise;
-  RetentionOutput r = retention(rope(heads(q_.forward(x)), rotation), rope(heads(k_.forward(x)), rotation),
-                                heads(v_.forward(x)), state != nullptr ? state->state : Tensor(), opts);
-  if (state != nullptr) {
-    state->state = r.final_state.detach();
-    state->position += T;
+  Tensor forward(const Tensor& x, MixerState* state) const override {
+    const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
+    auto heads = [&](const Tensor& t) { return reshape(t, {B, T, heads_, head_dim_}); };
+    RopeOptions rotation;
+    rotation.start = state != nullptr ? state->position : 0;
+    RetentionOptions opts;
+    opts.chunk = chunk_;
+    opts.form = T == 1 && state != nullptr ? RetentionForm::recurrent : RetentionForm::chunkwise;
+    RetentionOutput r = retention(rope(heads(q_.forward(x)), rotation), rope(heads(k_.forward(x)), rotation),
+                                  heads(v_.forward(x)), state != nullptr ? state->state : Tensor(), opts);
+    if (state != nullptr) state->state = r.final_state.detach();
+    Tensor o = reshape(head_norm_.forward(r.o), {B, T, C});
+    return out_.forward(mul(o, silu(out_gate_.forward(x))));
   }
-  Tensor o = reshape(head_norm_.forward(r.o), {B, T, C});
-  return out_.forward(mul(o, silu(out_gate_.forward(x))));
-}
 
+ private:
+  int64_t heads_, head_dim_, chunk_;
+  Linear& q_;
+  Linear& k_;
+  Linear& v_;
+  Linear& out_gate_;
+  Norm& head_norm_;
+  Linear& out_;
+};
+
+const MixerRegistration kRetention{MixerSpec{
+    "retention",
+    {"retnet"},
+    "RetNet's multi-scale retention: a matrix state per head with a fixed decay γ_h = 1 − 2^(−5−h), rotated q, k",
+    "docs/variants/retention.md",
+    /*recurrent=*/true,
+    {chunk_size_option()},
+    [](const MixerContext& ctx, const MixerOptions& opts, Generator& gen) -> std::unique_ptr<Mixer> {
+      return std::make_unique<RetentionMixer>(ctx, opts, gen);
+    },
+    [](const MixerContext& ctx, const MixerOptions& opts, int64_t seq_len) {
+      return chunkwise_recurrence_flops(ctx, opts.integer("chunk_size"), seq_len);
+    }}};
+
+}  // namespace
 }  // namespace seqlab

@@ -3,14 +3,14 @@
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
+#include <absl/strings/str_split.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
-#include "layers/model/gpt.h"
-#include "layers/model/recurrent_lm.h"
 #include "tensor/kernels.h"
 #include "train/cli/util.h"
 
@@ -64,64 +64,6 @@ void filter_lines(const fs::path& file, Keep keep) {
 
 }  // namespace
 
-std::unique_ptr<LanguageModel> build_model(const Recipe& r, int64_t vocab_size) {
-  const RecipeModel& m = r.model;
-  const std::string& file = r.source_path;
-  const int64_t vocab = m.vocab_size > 0 ? m.vocab_size : vocab_size;
-  if (vocab < vocab_size) {
-    throw UserError(absl::StrFormat("%s: model.vocab_size = %d is smaller than the data's vocabulary (%d ids)", file,
-                                    m.vocab_size, vocab_size));
-  }
-  // Its own stream, apart from the initialisation's (which draws from the raw seed).
-  const uint64_t dropout_seed = static_cast<uint64_t>(r.train.seed) ^ 0x9e3779b97f4a7c15ULL;
-  Generator init(static_cast<uint64_t>(r.train.seed));
-  try {
-    if (m.mixer != "attention") {
-      RecurrentLmConfig c;
-      c.vocab_size = vocab;
-      c.n_layers = m.n_layers;
-      c.d_ff = m.d_ff;
-      c.mixer = parse_mixer_kind(m.mixer);
-      c.mixer_config.d_model = m.d_model;
-      c.mixer_config.n_heads = m.n_heads;
-      c.mixer_config.chunk = m.chunk_size;
-      c.mixer_config.gate_rank = m.gate_rank;
-      c.mixer_config.gate_temperature = m.gate_temperature;
-      c.mixer_config.conv_size = m.conv_size;
-      c.mixer_config.feature_map = m.feature_map;
-      c.mixer_config.feature_count = m.feature_count;
-      c.mixer_config.norm_eps = m.norm_eps;
-      c.mixer_config.init_std = m.init_std;
-      c.dropout = m.dropout;
-      c.dropout_seed = dropout_seed;
-      return std::make_unique<RecurrentLm>(c, init);
-    }
-    if (!m.tie_embeddings) throw UserError(file + ": model.tie_embeddings = false is not supported by gpt yet");
-    GptConfig c;
-    c.vocab_size = vocab;
-    c.d_model = m.d_model;
-    c.n_layers = m.n_layers;
-    c.n_heads = m.n_heads;
-    c.n_kv_heads = m.resolved_n_kv_heads();
-    c.d_ff = m.resolved_d_ff();
-    c.max_seq_len = r.train.seq_len;
-    c.positions = m.positions == "rope"   ? PositionKind::rope
-                  : m.positions == "none" ? PositionKind::none
-                                          : PositionKind::learned;
-    c.rope_base = m.rope_base;
-    c.dropout = m.dropout;
-    c.dropout_seed = dropout_seed;
-    c.norm = m.norm == "rmsnorm" ? NormKind::rms_norm : NormKind::layer_norm;
-    c.norm_eps = m.norm_eps;
-    c.swiglu = m.mlp == "swiglu";
-    c.bias = m.bias;
-    c.init_std = m.init_std;
-    return std::make_unique<Gpt>(c, init);
-  } catch (const std::invalid_argument& e) {
-    throw UserError(file + ": " + e.what());
-  }
-}
-
 std::string checkpoint_name(int64_t step) { return absl::StrFormat("ckpt_%07d.safetensors", step); }
 
 std::string newest_checkpoint(const std::string& run_dir) {
@@ -142,7 +84,7 @@ void save_checkpoint(const std::string& run_dir, int64_t step, LanguageModel& mo
     tensors.emplace_back(p.name, master != masters.end() ? master->second : p.tensor->detach());
   }
   for (auto& entry : optimizer.state_tensors()) tensors.push_back(entry);
-  std::map<std::string, std::string> meta = {{"format", "seqlab-checkpoint 1"},
+  std::map<std::string, std::string> meta = {{"format", kCheckpointFormat},
                                              {"step", std::to_string(step)},
                                              {"vocab_size", std::to_string(model.vocab_size())},
                                              {"loader_epoch", std::to_string(loader.epoch)},
@@ -159,8 +101,15 @@ Checkpoint read_checkpoint(const std::string& file) {
   c.file = file;
   c.contents = value_or_throw(read_safetensors(file));
   const auto& meta = c.contents.metadata;
-  if (meta_text(meta, "format") != "seqlab-checkpoint 1") {
-    throw UserError(file + ": not a seqlab checkpoint (metadata 'format' is not \"seqlab-checkpoint 1\")");
+  const std::string format = meta_text(meta, "format");
+  if (format != kCheckpointFormat && format != kCheckpointFormatBeforeBlocks) {
+    throw UserError(file + ": not a seqlab checkpoint (metadata 'format' is \"" + format + "\", not \"" +
+                    kCheckpointFormat + "\" or \"" + kCheckpointFormatBeforeBlocks + "\")");
+  }
+  if (format == kCheckpointFormatBeforeBlocks) {
+    std::map<std::string, Tensor> renamed;
+    for (auto& [name, t] : c.contents.tensors) renamed.emplace(current_tensor_name(name), std::move(t));
+    c.contents.tensors = std::move(renamed);
   }
   c.step = meta_int(meta, "step", file);
   c.vocab_size = meta_int(meta, "vocab_size", file);
@@ -168,6 +117,19 @@ Checkpoint read_checkpoint(const std::string& file) {
   c.dropout_rng = meta_text(meta, "dropout_rng");
   c.recipe_toml = meta_text(meta, "recipe");
   return c;
+}
+
+std::string current_tensor_name(const std::string& name) {
+  // The GPT's blocks named their parts ln1, attn, ln2 and its final norm ln_f; every block of the
+  // decoder names them norm1, mixer, norm2 and norm_f (optimizer state: "optim.<kind>.<weight>").
+  static const std::map<std::string, std::string> kRenamed = {
+      {"ln1", "norm1"}, {"attn", "mixer"}, {"ln2", "norm2"}, {"ln_f", "norm_f"}};
+  std::vector<std::string> parts = absl::StrSplit(name, '.');
+  for (std::string& part : parts) {
+    auto it = kRenamed.find(part);
+    if (it != kRenamed.end()) part = it->second;
+  }
+  return absl::StrJoin(parts, ".");
 }
 
 void restore_weights(const Checkpoint& checkpoint, LanguageModel& model) {

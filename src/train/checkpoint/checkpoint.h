@@ -22,9 +22,13 @@
 
 namespace seqlab::cli {
 
-// The model a recipe describes, for a vocabulary of `vocab_size` ids. Throws UserError naming the
-// recipe key for what the model cannot do.
-std::unique_ptr<LanguageModel> build_model(const Recipe& recipe, int64_t vocab_size);
+// The metadata 'format' of the checkpoints written now, and of those written before the models were
+// built from blocks (read too: their GPT weights are renamed by current_tensor_name).
+constexpr const char* kCheckpointFormat = "seqlab-checkpoint 2";
+constexpr const char* kCheckpointFormatBeforeBlocks = "seqlab-checkpoint 1";
+// The name a tensor of a format-1 checkpoint has now: blocks.{i}.ln1 → blocks.{i}.norm1, .attn →
+// .mixer, .ln2 → .norm2, ln_f → norm_f (also inside optimizer state names); others unchanged.
+std::string current_tensor_name(const std::string& name);
 
 // "ckpt_0000042.safetensors" for step 42.
 std::string checkpoint_name(int64_t step);
@@ -44,7 +48,8 @@ struct Checkpoint {
   std::string dropout_rng;  // Generator::state() of the model's dropout generator
   std::string recipe_toml;
 };
-// UserError for a missing, truncated or corrupted file, or metadata that is not seqlab's.
+// UserError for a missing, truncated or corrupted file, or metadata that is not seqlab's. A format-1
+// checkpoint's tensors are renamed to the current names.
 Checkpoint read_checkpoint(const std::string& file);
 // Copies the checkpoint's weights and dropout generator into `model`; UserError naming a missing or
 // misshapen weight.

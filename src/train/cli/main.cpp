@@ -7,7 +7,7 @@
 
 #include "train/cli/commands.h"
 #include "train/cli/data.h"
-#include "train/loop/trainer.h"
+#include "train/loop/training_run.h"
 
 int main(int argc, char** argv) {
   using namespace seqlab::cli;

@@ -8,6 +8,7 @@
 #include "train/data/prepare.h"
 #include "train/checkpoint/checkpoint.h"
 #include "train/loop/sampling.h"
+#include "train/recipe/configs.h"
 #include "train/data/tokenizer.h"
 
 namespace seqlab::cli {
@@ -63,7 +64,7 @@ void sample(const std::vector<std::string>& args) {
   Recipe recipe = load_run_recipe(run);
   std::unique_ptr<Tokenizer> tokenizer = run_tokenizer(recipe);
   Checkpoint checkpoint = read_checkpoint(f.has("--checkpoint") ? f.get("--checkpoint") : newest_checkpoint(run));
-  std::unique_ptr<LanguageModel> model = build_model(recipe, checkpoint.vocab_size);
+  std::unique_ptr<LanguageModel> model = value_or_throw(build_model(recipe, checkpoint.vocab_size));
   restore_weights(checkpoint, *model);
   o.suppressed = non_text_ids(*tokenizer, model->vocab_size());
 

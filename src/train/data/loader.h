@@ -17,18 +17,11 @@
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
 
+#include "layers/model/batch.h"
 #include "tensor/tensor.h"
 #include "train/data/shards.h"
 
 namespace seqlab {
-
-// Targets equal to this are not scored (cross-entropy and accuracy skip them).
-constexpr int32_t kIgnoreIndex = -100;
-
-struct Batch {
-  Tensor inputs;   // [B, T] i32
-  Tensor targets;  // [B, T] i32, kIgnoreIndex where nothing is scored
-};
 
 struct LoaderState {
   int64_t epoch = 0;
@@ -36,7 +29,8 @@ struct LoaderState {
   bool operator==(const LoaderState& o) const { return epoch == o.epoch && position == o.position; }
 };
 
-// What the step loop draws batches from: token shards or a synthetic task.
+// What the step loop draws batches from: token shards or a synthetic task. Their batches fill
+// inputs [B, T] and targets [B, T] (i32) of layers/model/batch.h.
 class BatchSource {
  public:
   virtual ~BatchSource() = default;

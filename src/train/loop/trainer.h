@@ -1,15 +1,61 @@
-// `seqlab RECIPE.toml` and `seqlab --resume RUN`: the step loop for language models — prepare the
-// data, build the model, train with the recipe's optimiser and schedule, log, evaluate, sample,
-// checkpoint, resume (run.h describes the run directory it fills).
+// The training step, apart from the loop's bookkeeping (evaluation, logging, checkpoints: see
+// training_run.h): one call of Trainer::step is one optimizer update —
+//
+//   for each of grad_accum micro-batches:  loss = model.loss(batch);  backward(loss)
+//   g ← g / grad_accum                      (the mean over micro-batches)
+//   gradient hook                           (where data-parallel training averages g across ranks)
+//   g ← g · min(1, clip / ‖g‖)              (global norm, when grad_clip > 0)
+//   optimizer.step(lr = schedule(step));  g ← 0
+//
+// Micro-batch gradients of bf16 weights are summed in f32 (an F32GradAccumulator), where the autograd
+// engine would add them in bf16. A sweep point or a test runs the same steps through this class.
 #pragma once
 
-#include <string>
+#include <cstdint>
+#include <functional>
+#include <optional>
 #include <vector>
 
-namespace seqlab::cli {
+#include "layers/model/batch.h"
+#include "layers/model/language_model.h"
+#include "train/optim/optim.h"
+#include "train/optim/schedule.h"
 
-// `args` are everything after `seqlab`: [RECIPE.toml] [--set section.key=value]... [--out DIR]
-// [--resume RUN_DIR] (a recipe, a run to resume, or both).
-int train_command(const std::vector<std::string>& args);
+namespace seqlab {
 
-}  // namespace seqlab::cli
+struct TrainerOptions {
+  int64_t grad_accum = 1;  // micro-batches per optimizer step
+  double grad_clip = 0;    // max global gradient norm; 0: off
+};
+
+struct StepResult {
+  double loss = 0;       // mean of the micro-batches' losses
+  double grad_norm = 0;  // the global gradient norm before clipping (0 when clipping is off)
+  double lr = 0;         // the learning rate the update used
+};
+
+class Trainer {
+ public:
+  // `model` on its device and in its training dtype; `optimizer` built over its parameters (after the
+  // model was placed). Both must outlive the trainer.
+  Trainer(LanguageModel& model, Optimizer& optimizer, const LrSchedule& schedule, const TrainerOptions& options);
+
+  // Called with every parameter once the micro-batches' mean gradient is in place and before clipping.
+  using GradientHook = std::function<void(const std::vector<Parameter>& params)>;
+  void set_gradient_hook(GradientHook hook) { hook_ = std::move(hook); }
+
+  // Update number `step` (0-based: lr = schedule.lr_at(step)) over grad_accum micro-batches drawn
+  // from `next_batch` (moved to the model's device here). The gradients are zero again afterwards.
+  StepResult step(int64_t step, const std::function<Batch()>& next_batch);
+
+ private:
+  LanguageModel& model_;
+  Optimizer& optimizer_;
+  LrSchedule schedule_;
+  TrainerOptions options_;
+  Device device_;
+  std::optional<F32GradAccumulator> f32_sums_;
+  GradientHook hook_;
+};
+
+}  // namespace seqlab

@@ -5,9 +5,11 @@
 #include "train/recipe/edit_distance.h"
 
 #include <absl/strings/ascii.h>
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_replace.h>
+#include <absl/strings/str_split.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <utility>
 #include <variant>
 
@@ -26,7 +29,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-enum class KeyType { kInteger, kNumber, kBoolean, kString };
+// kSwitch: true, false, or the string "auto" (held as a bool or as the string in a Value).
+enum class KeyType { kInteger, kNumber, kBoolean, kString, kSwitch };
 // A key's value; the alternative held always matches the key's KeyType.
 using Value = std::variant<int64_t, double, bool, std::string>;
 
@@ -50,12 +54,19 @@ struct KeySpec {
   std::string doc;
   std::function<Value(const Recipe&)> get;
   std::function<void(Recipe&, const Value&)> set;
+  // String keys: older values still accepted, each read as its canonical choice ("gpt" → "decoder").
+  std::map<std::string, std::string> value_aliases;
+  // An older spelling of other keys (model.chunk_size for [model.<mixer>] chunk_size): accepted and
+  // documented as such, never written into a resolved recipe.
+  bool older_spelling = false;
 
   std::string name() const { return section + "." + key; }
 };
 
 struct SectionSpec {
   std::string name, doc;
+  std::string mixer;                 // [model.<mixer>]: the mixer whose options it holds
+  std::vector<std::string> aliases;  // older names of the section ([model.retnet])
 };
 
 // A rule between keys. `keys` are the keys it involves; an error points at the first of them that
@@ -93,9 +104,26 @@ class SectionBuilder {
     return add(key, KeyType::kString, field, std::move(def), {}, {}, doc);
   }
   // The first choice is the default.
-  SectionBuilder& choice(const char* key, std::string S::*field, std::vector<std::string> choices, const char* doc) {
+  SectionBuilder& choice(const char* key, std::string S::*field, std::vector<std::string> choices, const char* doc,
+                         std::map<std::string, std::string> value_aliases = {}) {
     std::string def = choices.front();
-    return add(key, KeyType::kString, field, std::move(def), {}, std::move(choices), doc);
+    add(key, KeyType::kString, field, std::move(def), {}, std::move(choices), doc);
+    schema_.keys.back().value_aliases = std::move(value_aliases);
+    return *this;
+  }
+  // true, false or "auto" (the default), held as nullopt for "auto".
+  SectionBuilder& switch_auto(const char* key, std::optional<bool> S::*field, const char* doc) {
+    S Recipe::*section = section_;
+    schema_.keys.push_back({name_, key, KeyType::kSwitch, Value(std::string("auto")), {}, {}, doc,
+                            [section, field](const Recipe& r) {
+                              const std::optional<bool>& v = (r.*section).*field;
+                              return v ? Value(*v) : Value(std::string("auto"));
+                            },
+                            [section, field](Recipe& r, const Value& v) {
+                              (r.*section).*field =
+                                  std::holds_alternative<bool>(v) ? std::optional<bool>(std::get<bool>(v)) : std::nullopt;
+                            }});
+    return *this;
   }
 
  private:
@@ -114,45 +142,142 @@ class SectionBuilder {
   S Recipe::*section_;
 };
 
+// ---- the mixers' keys: [model.<mixer>] sub-tables from the mixer registry (layers/mixer.h) ----
+
+std::vector<std::string> mixer_choices() {
+  // The first choice is the default: GPT's softmax attention.
+  std::vector<std::string> names = {"attention"};
+  for (const MixerSpec* m : registered_mixers()) {
+    if (m->name != "attention") names.push_back(m->name);
+  }
+  return names;
+}
+
+std::map<std::string, std::string> mixer_value_aliases() {
+  std::map<std::string, std::string> aliases;
+  for (const MixerSpec* m : registered_mixers()) {
+    for (const std::string& a : m->aliases) aliases[a] = m->name;
+  }
+  return aliases;
+}
+
+// The options of `mixer` in a recipe, its spec's defaults until set.
+MixerOptions& mixer_options(Recipe& r, const MixerSpec& mixer) {
+  return r.model.mixers.try_emplace(mixer.name, MixerOptions(mixer.options)).first->second;
+}
+
+Value option_value(const Recipe& r, const MixerSpec& mixer, const std::string& key) {
+  auto it = r.model.mixers.find(mixer.name);
+  return it != r.model.mixers.end() ? it->second.values().at(key) : MixerOptions(mixer.options).values().at(key);
+}
+
+KeySpec option_key(const std::string& section, const OptionSpec& o) {
+  KeySpec k;
+  k.section = section;
+  k.key = o.key;
+  switch (o.type) {
+    case OptionType::integer: k.type = KeyType::kInteger; break;
+    case OptionType::number: k.type = KeyType::kNumber; break;
+    case OptionType::boolean: k.type = KeyType::kBoolean; break;
+    case OptionType::text: k.type = KeyType::kString; break;
+  }
+  k.default_value = o.default_value;
+  k.bounds = {o.min, o.max, o.min_open, o.max_open};
+  k.choices = o.choices;
+  k.doc = o.doc;
+  return k;
+}
+
+// The options that the separate GPT and recurrent models read from [model] before mixers had
+// sub-tables; each now sets the option of that name in every mixer that has one.
+const char* const kFlatMixerKeys[] = {"chunk_size", "gate_rank", "gate_temperature",
+                                      "conv_size", "feature_map", "feature_count"};
+
+void add_mixer_sections(Schema& s) {
+  for (const MixerSpec* m : registered_mixers()) {
+    if (m->options.empty()) continue;
+    const std::string section = "model." + m->name;
+    std::vector<std::string> aliases;
+    for (const std::string& a : m->aliases) aliases.push_back("model." + a);
+    s.sections.push_back({section,
+                          absl::StrCat("Options of the ", m->name, " mixer (", m->summary, "; ", m->doc,
+                                       "), read where a block uses it."),
+                          m->name, aliases});
+    for (const OptionSpec& o : m->options) {
+      KeySpec k = option_key(section, o);
+      k.get = [m, key = o.key](const Recipe& r) { return option_value(r, *m, key); };
+      k.set = [m, key = o.key](Recipe& r, const Value& v) { mixer_options(r, *m).set(key, v); };
+      s.keys.push_back(std::move(k));
+    }
+  }
+  for (const char* flat : kFlatMixerKeys) {
+    std::vector<const MixerSpec*> owners;
+    const OptionSpec* first = nullptr;
+    for (const MixerSpec* m : registered_mixers()) {
+      for (const OptionSpec& o : m->options) {
+        if (o.key != flat) continue;
+        owners.push_back(m);
+        if (first == nullptr) first = &o;
+      }
+    }
+    if (first == nullptr) continue;
+    KeySpec k = option_key("model", *first);
+    std::vector<std::string> tables;
+    for (const MixerSpec* m : owners) tables.push_back("[model." + m->name + "]");
+    k.doc = absl::StrCat("older spelling of ", flat, " in ", absl::StrJoin(tables, ", "), ": sets it in each");
+    k.older_spelling = true;
+    k.get = [owner = owners.front(), key = std::string(flat)](const Recipe& r) { return option_value(r, *owner, key); };
+    k.set = [owners, key = std::string(flat)](Recipe& r, const Value& v) {
+      for (const MixerSpec* m : owners) mixer_options(r, *m).set(key, v);
+      r.model.flat_mixer_keys = true;
+    };
+    s.keys.push_back(std::move(k));
+  }
+}
+
 Schema build_schema() {
   Schema s;
-  SectionBuilder<RecipeModel>(s, "model", &Recipe::model, "The network: its family, sizes and the parts of a block.")
-      .choice("arch", &RecipeModel::arch, {"gpt"},
-              "model family: gpt, a decoder-only language model (more families arrive with their layers)")
-      .choice("mixer", &RecipeModel::mixer, {"attention", "gla", "retnet", "linear", "deltanet", "gated_deltanet"},
-              "how a block mixes tokens: causal softmax attention (GPT), or a recurrence (docs/variants/): gated "
-              "linear attention, retention, linear attention, DeltaNet, Gated DeltaNet")
+  SectionBuilder<RecipeModel>(s, "model", &Recipe::model,
+                              "The network: its family, sizes and blocks (a mixer and an FFN each).")
+      .choice("arch", &RecipeModel::arch, {"decoder"},
+              "model family: decoder, a decoder-only language model built from blocks (more families arrive "
+              "with their layers)",
+              {{"gpt", "decoder"}})
+      .choice("mixer", &RecipeModel::mixer, mixer_choices(),
+              "how every block mixes tokens (unless model.pattern says otherwise): causal softmax attention, "
+              "or a recurrence (docs/variants/); each mixer's options are in [model.<mixer>] below",
+              mixer_value_aliases())
+      .text("pattern", &RecipeModel::pattern, "",
+            "per-layer blocks: mixer names separated by spaces or commas, each optionally with :FFN (gelu, "
+            "swiglu, none) and *N repeats, e.g. \"gla*3 attention\"; shorter than n_layers it repeats; \"\": "
+            "model.mixer in every layer")
       .integer("vocab_size", &RecipeModel::vocab_size, 0, at_least(0), "vocabulary size; 0: the tokenizer's")
       .integer("d_model", &RecipeModel::d_model, 256, at_least(1), "width of the residual stream")
       .integer("n_layers", &RecipeModel::n_layers, 4, at_least(1), "number of blocks")
-      .integer("n_heads", &RecipeModel::n_heads, 4, at_least(1), "attention heads; must divide d_model")
+      .integer("n_heads", &RecipeModel::n_heads, 4, at_least(1), "heads of every mixer; must divide d_model")
       .integer("n_kv_heads", &RecipeModel::n_kv_heads, 0, at_least(0),
-               "key/value heads (grouped-query attention); 0: n_heads; must divide n_heads")
+               "key/value heads of attention (grouped-query attention); 0: n_heads; must divide n_heads")
       .integer("d_ff", &RecipeModel::d_ff, 0, at_least(0),
-               "hidden width of the MLP; 0: 4·d_model for gelu, the multiple of 64 nearest 8/3·d_model for swiglu")
-      .choice("mlp", &RecipeModel::mlp, {"gelu", "swiglu"}, "MLP: gelu (two matrices) or swiglu (gated, three)")
-      .choice("norm", &RecipeModel::norm, {"layernorm", "rmsnorm"}, "normalisation before each sublayer and at the end")
+               "hidden width of the FFNs; 0: 4·d_model for gelu, the multiple of 64 nearest 8/3·d_model for swiglu")
+      .choice("mlp", &RecipeModel::mlp, {"auto", "gelu", "swiglu", "none"},
+              "the FFN of every block (a pattern may name others): gelu (two matrices), swiglu (gated, three) or "
+              "none; auto: gelu when every block is attention (GPT-2), swiglu otherwise")
+      .choice("norm", &RecipeModel::norm, {"auto", "layernorm", "rmsnorm"},
+              "normalisation before each sublayer and at the end; auto: layernorm when every block is attention, "
+              "rmsnorm otherwise")
       .number("norm_eps", &RecipeModel::norm_eps, 1e-5, above(0), "added to the variance inside the norms")
-      .choice("positions", &RecipeModel::positions, {"learned", "rope", "none"},
-              "positions: learned absolute embeddings, rotary (rope) or none")
+      .choice("positions", &RecipeModel::positions, {"auto", "learned", "rope", "none"},
+              "positions: learned absolute embeddings, rotary (rope: attention rotates q and k) or none; auto: "
+              "learned when every block is attention, none otherwise (recurrences order the tokens)")
       .number("rope_base", &RecipeModel::rope_base, 10000.0, above(0), "base of the rotary frequencies (rope)")
-      .boolean("bias", &RecipeModel::bias, true, "biases in the linear layers and norms")
+      .switch_auto("bias", &RecipeModel::bias,
+                   "biases in attention's and the FFNs' linear layers; auto: true when every block is attention "
+                   "(GPT-2), false otherwise")
       .boolean("tie_embeddings", &RecipeModel::tie_embeddings, true,
                "the output projection shares the token embedding matrix")
       .number("dropout", &RecipeModel::dropout, 0.0, closed_open(0, 1), "dropout probability")
-      .number("init_std", &RecipeModel::init_std, 0.02, above(0), "standard deviation of the initial weights")
-      .integer("chunk_size", &RecipeModel::chunk_size, 64, at_least(1),
-               "recurrent mixers: tokens per chunk of the chunkwise training form")
-      .integer("gate_rank", &RecipeModel::gate_rank, 16, at_least(1), "gla: rank of the low-rank gate projection")
-      .number("gate_temperature", &RecipeModel::gate_temperature, 16.0, above(0),
-              "gla, gated_deltanet: decay α = σ(·)^(1/τ); a large τ keeps α near 1 (slow forgetting) at first")
-      .integer("conv_size", &RecipeModel::conv_size, 4, at_least(1),
-               "deltanet, gated_deltanet: taps of the short causal convolution over q, k, v")
-      .choice("feature_map", &RecipeModel::feature_map, {"elu+1", "relu", "identity", "performer"},
-              "linear: the feature map φ applied to queries and keys; performer: FAVOR+ positive orthogonal "
-              "random features (model.feature_count of them, drawn from train.seed)")
-      .integer("feature_count", &RecipeModel::feature_count, 64, at_least(1),
-               "linear with feature_map = \"performer\": random features per head");
+      .number("init_std", &RecipeModel::init_std, 0.02, above(0), "standard deviation of the initial weights");
+  add_mixer_sections(s);
 
   SectionBuilder<RecipeData>(s, "data", &Recipe::data, "Where the tokens come from: a corpus or a synthetic task.")
       .choice("source", &RecipeData::source, {"text", "shards", "mqar", "copy", "selective_copy", "induction"},
@@ -281,18 +406,26 @@ const Schema& schema() {
   return s;
 }
 
-const KeySpec* find_key(const std::string& section, const std::string& key) {
-  for (const KeySpec& k : schema().keys) {
-    if (k.section == section && k.key == key) return &k;
+// The canonical name of a section or of an older name of one ("model.retnet" → "model.retention");
+// "" when there is none.
+std::string canonical_section(const std::string& name) {
+  for (const SectionSpec& s : schema().sections) {
+    if (s.name == name) return s.name;
+    for (const std::string& a : s.aliases) {
+      if (a == name) return s.name;
+    }
   }
-  return nullptr;
+  return "";
 }
 
-bool is_section(const std::string& name) {
-  for (const SectionSpec& s : schema().sections) {
-    if (s.name == name) return true;
+bool is_section(const std::string& name) { return !canonical_section(name).empty(); }
+
+const KeySpec* find_key(const std::string& section, const std::string& key) {
+  const std::string canonical = canonical_section(section);
+  for (const KeySpec& k : schema().keys) {
+    if (k.section == canonical && k.key == key) return &k;
   }
-  return false;
+  return nullptr;
 }
 
 // ---- text: numbers, strings and values as TOML writes them ----
@@ -376,6 +509,7 @@ std::string describe_allowed(const KeySpec& k) {
     case KeyType::kInteger: return range.empty() ? "an integer" : "an integer " + range;
     case KeyType::kNumber: return range.empty() ? "a number" : "a number " + range;
     case KeyType::kBoolean: return "true or false";
+    case KeyType::kSwitch: return "true, false or \"auto\"";
     case KeyType::kString: return k.choices.empty() ? "a string" : "one of " + join_choices(k.choices);
   }
   return "";
@@ -386,6 +520,7 @@ const char* type_name(KeyType t) {
     case KeyType::kInteger: return "integer";
     case KeyType::kNumber: return "number";
     case KeyType::kBoolean: return "boolean";
+    case KeyType::kSwitch: return "boolean or \"auto\"";
     case KeyType::kString: return "string";
   }
   return "";
@@ -432,9 +567,13 @@ std::string suggest_choice(const std::string& typed, const std::vector<std::stri
   return best;
 }
 
-std::string section_names() {
+// The sections directly under `parent` ("": the top-level ones), by name.
+std::string section_names(const std::string& parent = "") {
   std::vector<std::string> names;
-  for (const SectionSpec& s : schema().sections) names.push_back(s.name);
+  for (const SectionSpec& s : schema().sections) {
+    const size_t dot = s.name.rfind('.');
+    if ((dot == std::string::npos ? std::string() : s.name.substr(0, dot)) == parent) names.push_back(s.name);
+  }
   return absl::StrJoin(names, ", ");
 }
 
@@ -445,6 +584,12 @@ std::string unknown_section_message(const std::string& name) {
     if (near(name, s.name, &d) && d < best_d) best = s.name, best_d = d;
   }
   if (!best.empty()) return absl::StrCat("unknown section [", name, "] (did you mean [", best, "]?)");
+  const size_t dot = name.rfind('.');
+  if (dot != std::string::npos) {
+    const std::string parent = name.substr(0, dot);
+    return absl::StrCat("unknown section [", name, "] ([", parent, "] has the sub-tables ", section_names(parent),
+                        ": one per mixer)");
+  }
   return absl::StrCat("unknown section [", name, "] (sections: ", section_names(), ")");
 }
 
@@ -469,14 +614,27 @@ std::string check_value(const KeySpec& k, const Value& v) {
     bool ok = std::isfinite(x) && (b.lo_open ? x > b.lo : x >= b.lo) && (b.hi_open ? x < b.hi : x <= b.hi);
     if (!ok) return must + format_value(v);
   }
+  if (k.type == KeyType::kSwitch && std::holds_alternative<std::string>(v) && std::get<std::string>(v) != "auto") {
+    return must + quote(std::get<std::string>(v));
+  }
   if (k.type == KeyType::kString && !k.choices.empty()) {
     const std::string& s = std::get<std::string>(v);
-    if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end()) {
-      std::string hint = suggest_choice(s, k.choices);
+    if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end() && !k.value_aliases.count(s)) {
+      std::vector<std::string> candidates = k.choices;  // older values count, suggested as their current one
+      for (const auto& [old_value, value] : k.value_aliases) candidates.push_back(old_value);
+      std::string hint = suggest_choice(s, candidates);
+      if (auto alias = k.value_aliases.find(hint); alias != k.value_aliases.end()) hint = alias->second;
       return must + quote(s) + (hint.empty() ? "" : " (did you mean " + quote(hint) + "?)");
     }
   }
   return "";
+}
+
+// An older value of a choice key read as its canonical choice ("gpt" → "decoder"); others unchanged.
+Value canonical_value(const KeySpec& k, const Value& v) {
+  if (!std::holds_alternative<std::string>(v)) return v;
+  auto it = k.value_aliases.find(std::get<std::string>(v));
+  return it != k.value_aliases.end() ? Value(it->second) : v;
 }
 
 // Converts a TOML value to the key's type (integers are accepted for numbers) and checks it.
@@ -497,13 +655,17 @@ Value to_value(const KeySpec& k, const toml::node& n, std::string* error) {
     case KeyType::kString:
       if (auto s = n.as_string()) v = s->get();
       break;
+    case KeyType::kSwitch:
+      if (auto b = n.as_boolean()) v = b->get();
+      if (auto s = n.as_string()) v = s->get();
+      break;
   }
   if (!v) {
     *error = absl::StrCat(k.name(), " must be ", describe_allowed(k), ", got ", describe_node(n));
     return {};
   }
   *error = check_value(k, *v);
-  return *v;
+  return canonical_value(k, *v);
 }
 
 // ---- loading ----
@@ -529,23 +691,39 @@ class FirstError {
 // Where each key set by the recipe came from ("FILE:LINE" or "--set k=v"), for cross-key messages.
 using Origins = std::map<std::string, std::string>;
 
+// Reads one section; its sub-tables ([model.gla] inside [model]) after its own keys, so that a mixer's
+// option set in its table wins over the older flat spelling in [model].
 void read_section(const std::string& path, const std::string& section, const toml::table& table, Recipe& recipe,
                   Origins& origins, FirstError& errors) {
-  for (const auto& [key, node] : table) {
-    std::string name(key.str());
-    const KeySpec* k = find_key(section, name);
-    if (!k) {
-      errors.add(key.source(), unknown_key_message(section, name));
-      continue;
+  for (bool tables : {false, true}) {
+    for (const auto& [key, node] : table) {
+      std::string name(key.str());
+      const KeySpec* k = find_key(section, name);
+      if (node.is_table() != tables) continue;
+      if (tables && !k) {
+        const std::string sub = section + "." + name;
+        if (is_section(sub)) {
+          read_section(path, sub, *node.as_table(), recipe, origins, errors);
+        } else if (!section_names(section).empty()) {
+          errors.add(key.source(), unknown_section_message(sub));
+        } else {
+          errors.add(key.source(), unknown_key_message(section, name));  // a section without sub-tables
+        }
+        continue;
+      }
+      if (!k) {
+        errors.add(key.source(), unknown_key_message(section, name));
+        continue;
+      }
+      std::string error;
+      Value v = to_value(*k, node, &error);
+      if (!error.empty()) {
+        errors.add(node.source(), error);
+        continue;
+      }
+      k->set(recipe, v);
+      origins[k->name()] = absl::StrCat(path, ":", node.source().begin.line);
     }
-    std::string error;
-    Value v = to_value(*k, node, &error);
-    if (!error.empty()) {
-      errors.add(node.source(), error);
-      continue;
-    }
-    k->set(recipe, v);
-    origins[k->name()] = absl::StrCat(path, ":", node.source().begin.line);
   }
 }
 
@@ -597,6 +775,8 @@ std::string apply_override(const std::string& assignment, Recipe& recipe, Origin
     }
     return absl::StrCat(where, ": expected section.key=value", hint);
   }
+  // The key follows the last dot: model.gla.chunk_size is chunk_size in [model.gla].
+  dot = name.rfind('.');
   std::string section = name.substr(0, dot), key = name.substr(dot + 1);
   if (!is_section(section)) return absl::StrCat(where, ": ", unknown_section_message(section));
   const KeySpec* k = find_key(section, key);
@@ -606,10 +786,12 @@ std::string apply_override(const std::string& assignment, Recipe& recipe, Origin
   std::optional<toml::table> parsed = parse_toml_value(raw);
   const toml::node* node = parsed ? parsed->get("v") : nullptr;
   Value v;
-  if (k->type == KeyType::kString && !(node && node->is_string())) {
-    // A bare word or path (cosine, data/x.txt) is not TOML; string keys take the text as written.
+  const bool takes_text = k->type == KeyType::kString || (k->type == KeyType::kSwitch && !(node && node->is_boolean()));
+  if (takes_text && !(node && node->is_string())) {
+    // A bare word or path (cosine, data/x.txt, auto) is not TOML; string keys take the text as written.
     v = raw;
     error = check_value(*k, v);
+    v = canonical_value(*k, v);
   } else if (!node) {
     error = absl::StrCat(k->name(), " must be ", describe_allowed(*k), ", got ", raw.empty() ? "nothing" : raw);
   } else {
@@ -642,14 +824,96 @@ absl::Status invalid(std::string message) {
 
 }  // namespace
 
-int64_t RecipeModel::resolved_d_ff() const {
-  if (d_ff > 0) return d_ff;
-  if (mlp == "swiglu") return std::max<int64_t>(64, std::llround(8.0 * d_model / 3.0 / 64.0) * 64);
-  return 4 * d_model;
+namespace {
+
+std::optional<FfnKind> parse_ffn(const std::string& name) {
+  if (name == "gelu") return FfnKind::gelu;
+  if (name == "swiglu") return FfnKind::swiglu;
+  if (name == "none") return FfnKind::none;
+  return std::nullopt;
+}
+
+// The pattern's blocks before repetition; `default_ffn` for items without ":FFN". The message of a
+// bad item names it and what was expected.
+absl::StatusOr<std::vector<BlockSpec>> pattern_items(const std::string& pattern, FfnKind default_ffn) {
+  std::vector<BlockSpec> out;
+  for (absl::string_view item : absl::StrSplit(pattern, absl::ByAnyChar(" ,\t"), absl::SkipEmpty())) {
+    std::string text(item), mixer = text;
+    int64_t repeats = 1;
+    FfnKind ffn = default_ffn;
+    if (size_t star = mixer.find('*'); star != std::string::npos) {
+      if (!absl::SimpleAtoi(mixer.substr(star + 1), &repeats) || repeats < 1 || repeats > 100000) {
+        return absl::InvalidArgumentError(absl::StrCat("model.pattern: \"", text, "\" must end in *N with N ≥ 1"));
+      }
+      mixer = mixer.substr(0, star);
+    }
+    if (size_t colon = mixer.find(':'); colon != std::string::npos) {
+      const std::string name = mixer.substr(colon + 1);
+      std::optional<FfnKind> kind = parse_ffn(name);
+      if (!kind) {
+        return absl::InvalidArgumentError(absl::StrCat("model.pattern: \"", text, "\" names the FFN \"", name,
+                                                       "\"; the FFNs are gelu, swiglu, none"));
+      }
+      ffn = *kind;
+      mixer = mixer.substr(0, colon);
+    }
+    const MixerSpec* spec = find_mixer(mixer);
+    if (spec == nullptr) {
+      std::vector<std::string> candidates = mixer_choices();
+      for (const auto& [old_name, name] : mixer_value_aliases()) candidates.push_back(old_name);
+      std::string hint = suggest_choice(mixer, candidates);
+      if (const MixerSpec* near_spec = find_mixer(hint)) hint = near_spec->name;
+      return absl::InvalidArgumentError(absl::StrCat("model.pattern: unknown mixer \"", mixer, "\" in \"", text, "\"",
+                                                     hint.empty() ? "" : " (did you mean \"" + hint + "\"?)",
+                                                     "; mixers: ", mixer_names()));
+    }
+    for (int64_t i = 0; i < repeats; ++i) out.push_back({spec->name, ffn});
+  }
+  return out;
+}
+
+// Resolves "auto" in model.norm, model.mlp, model.positions and model.bias from the model's mixers
+// (decoder_conventions). A recipe with the older flat mixer keys keeps their meaning: a recurrent
+// model took the recurrent conventions whatever [model] said.
+absl::Status resolve_conventions(RecipeModel& m) {
+  absl::StatusOr<std::vector<BlockSpec>> items = pattern_items(m.pattern.empty() ? m.mixer : m.pattern, FfnKind::none);
+  if (!items.ok()) return items.status();
+  std::vector<std::string> mixers;
+  for (const BlockSpec& b : *items) mixers.push_back(b.mixer);
+  const DecoderConventions c = decoder_conventions(mixers);
+  const bool recurrent = c.positions == PositionKind::none && c.norm == NormKind::rms_norm;
+  const bool keep_old_meaning = m.flat_mixer_keys && recurrent;
+  if (m.norm == "auto" || keep_old_meaning) m.norm = c.norm == NormKind::layer_norm ? "layernorm" : "rmsnorm";
+  if (m.mlp == "auto" || keep_old_meaning) m.mlp = ffn_kind_name(c.ffn);
+  if (m.positions == "auto" || keep_old_meaning) {
+    m.positions = c.positions == PositionKind::learned ? "learned" : "none";
+  }
+  if (!m.bias || keep_old_meaning) m.bias = c.bias;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<BlockSpec>> block_pattern(const RecipeModel& m) {
+  std::optional<FfnKind> ffn = parse_ffn(m.mlp);
+  if (!ffn) return absl::InvalidArgumentError("model.mlp = \"" + m.mlp + "\" is not resolved to gelu, swiglu or none");
+  absl::StatusOr<std::vector<BlockSpec>> items = pattern_items(m.pattern.empty() ? m.mixer : m.pattern, *ffn);
+  if (!items.ok()) return items.status();
+  if (items->empty()) return absl::InvalidArgumentError("model.pattern names no block");
+  const int64_t period = static_cast<int64_t>(items->size());
+  if (m.n_layers % period != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model.pattern has ", period, " blocks, which do not divide model.n_layers = ",
+                                                   m.n_layers, " (a pattern repeats to fill n_layers)"));
+  }
+  std::vector<BlockSpec> blocks;
+  for (int64_t i = 0; i < m.n_layers; ++i) blocks.push_back((*items)[static_cast<size_t>(i % period)]);
+  return blocks;
 }
 
 Recipe::Recipe() {
-  for (const KeySpec& k : schema().keys) k.set(*this, k.default_value);
+  for (const KeySpec& k : schema().keys) {
+    if (!k.older_spelling) k.set(*this, k.default_value);
+  }
 }
 
 absl::StatusOr<Recipe> load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
@@ -670,6 +934,19 @@ absl::StatusOr<Recipe> load_recipe(const std::string& path, const std::vector<st
   for (const std::string& assignment : overrides) {
     if (std::string error = apply_override(assignment, recipe, origins); !error.empty()) return invalid(error);
   }
+  // The blocks: "auto" settings resolved from the model's mixers, the pattern checked against n_layers.
+  absl::Status blocks = resolve_conventions(recipe.model);
+  if (blocks.ok()) blocks = block_pattern(recipe.model).status();
+  if (!blocks.ok()) {
+    std::string where = path;
+    for (const char* key : {"model.pattern", "model.n_layers", "model.mixer"}) {
+      if (auto it = origins.find(key); it != origins.end()) {
+        where = it->second;
+        break;
+      }
+    }
+    return invalid(absl::StrCat(where, ": ", blocks.message()));
+  }
   if (std::string error = check_across_keys(path, recipe, origins); !error.empty()) return invalid(error);
   return recipe;
 }
@@ -682,11 +959,19 @@ std::string resolved_recipe_toml(const Recipe& recipe) {
   std::string out = absl::StrCat("# Recipe \"", r.name, "\" resolved", r.source_path.empty() ? "" : " from " + r.source_path,
                                  ": every key with its final value.\n",
                                  "# Loading this file again reproduces the run; docs/recipes.md describes each key.\n");
+  // The options of the mixers the model uses (all of them if the pattern does not parse).
+  std::set<std::string> used;
+  if (auto items = pattern_items(r.model.pattern.empty() ? r.model.mixer : r.model.pattern, FfnKind::none); items.ok()) {
+    for (const BlockSpec& b : *items) used.insert(b.mixer);
+  } else {
+    for (const MixerSpec* m : registered_mixers()) used.insert(m->name);
+  }
   for (const SectionSpec& section : schema().sections) {
+    if (!section.mixer.empty() && !used.count(section.mixer)) continue;
     std::vector<std::pair<std::string, std::string>> lines;  // (key = value, doc)
     size_t width = 0;
     for (const KeySpec& k : schema().keys) {
-      if (k.section != section.name) continue;
+      if (k.section != section.name || k.older_spelling) continue;
       lines.emplace_back(k.key + " = " + format_value(k.get(r)), k.doc);
       width = std::max(width, lines.back().first.size());
     }
@@ -725,8 +1010,16 @@ std::string recipe_reference_markdown() {
       "below when absent, so a recipe holds only what differs; `recipes/gpt_small.toml` is an example.\n"
       "Integers are accepted where a number is expected.\n"
       "\n"
+      "The model is a stack of blocks, each a token mixer and a feed-forward network (FFN): `model.mixer`\n"
+      "puts one mixer in every block, `model.pattern` lists them per layer (a hybrid: `pattern = \"gla*3\n"
+      "attention\"`). Each mixer's own options sit in a sub-table named after it, `[model.gla]`, read only\n"
+      "when a block uses that mixer; `recipes/hybrid_small.toml` is an example. `model.norm`, `model.mlp`,\n"
+      "`model.bias` and `model.positions` default to `\"auto\"`: GPT-2's choices when every block is\n"
+      "attention, the recurrent models' otherwise; the resolved recipe shows what they became.\n"
+      "\n"
       "`--set section.key=value` (repeatable, applied in order after the file) overrides any key:\n"
-      "`./train recipes/gpt_small.toml --set optim.lr=3e-4 --set optim.schedule=linear`. The value is read\n"
+      "`./train recipes/gpt_small.toml --set optim.lr=3e-4 --set optim.schedule=linear`, or\n"
+      "`--set model.gla.chunk_size=32` for a key of a sub-table. The value is read\n"
       "as a TOML value (`3e-4`, `true`, `\"a b\"`); for a string key, text that is not a TOML string is\n"
       "taken as written, so `--set data.path=corpus/books` needs no quotes.\n"
       "\n"
@@ -750,10 +1043,12 @@ std::string recipe_reference_markdown() {
     absl::StrAppend(&out, "\n## [", section.name, "]\n\n", section.doc, "\n\n",
                     "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n");
     for (const KeySpec& k : schema().keys) {
-      if (k.section != section.name) continue;
+      if (k.section != section.name || k.older_spelling) continue;
       std::string allowed;
       if (k.type == KeyType::kBoolean) {
         allowed = "true, false";
+      } else if (k.type == KeyType::kSwitch) {
+        allowed = "true, false, `\"auto\"`";
       } else if (k.type == KeyType::kString) {
         std::vector<std::string> choices;
         for (const std::string& c : k.choices) choices.push_back("`" + quote(c) + "`");
@@ -769,6 +1064,23 @@ std::string recipe_reference_markdown() {
   }
   absl::StrAppend(&out, "\n## Rules between keys\n\n");
   for (const CrossCheck& c : schema().checks) absl::StrAppend(&out, "- ", c.rule, "\n");
+  absl::StrAppend(&out,
+                  "\n## Older spellings\n\n"
+                  "Recipes written for earlier versions of seqlab keep working: these keys and values are read as\n"
+                  "their current form and never written into a resolved recipe. A recipe that sets a mixer option in\n"
+                  "[model] keeps the meaning it had then: a model of recurrent blocks takes the recurrent models'\n"
+                  "conventions (rmsnorm, swiglu, no biases, no positions) whatever model.norm, model.mlp, model.bias\n"
+                  "and model.positions say.\n\n"
+                  "| older | now |\n|---|---|\n");
+  for (const KeySpec& k : schema().keys) {
+    if (k.older_spelling) absl::StrAppend(&out, "| `", k.name(), "` | ", cell(k.doc), " |\n");
+    for (const auto& [old_value, value] : k.value_aliases) {
+      absl::StrAppend(&out, "| `", k.name(), " = ", quote(old_value), "` | `", k.name(), " = ", quote(value), "` |\n");
+    }
+  }
+  for (const SectionSpec& section : schema().sections) {
+    for (const std::string& a : section.aliases) absl::StrAppend(&out, "| `[", a, "]` | `[", section.name, "]` |\n");
+  }
   return out;
 }
 

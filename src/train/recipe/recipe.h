@@ -7,36 +7,42 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
 
+#include "layers/mixer.h"
+#include "layers/model/decoder.h"
+
 namespace seqlab {
 
 // The values of a default-constructed section are placeholders; a Recipe's constructor fills in the
-// schema's defaults, so take sections from a Recipe.
+// schema's defaults, so take sections from a Recipe. The keys of [model.<mixer>] sub-tables come from
+// each mixer's registration (layers/mixer.h), so they are checked and documented like the others.
 struct RecipeModel {
   std::string arch, mixer;
+  std::string pattern;     // per-layer mixers ("" : model.mixer everywhere); see block_pattern()
   int64_t vocab_size = 0;  // 0: from the tokenizer
   int64_t d_model = 0, n_layers = 0, n_heads = 0;
   int64_t n_kv_heads = 0;  // 0: n_heads
-  int64_t d_ff = 0;        // 0: derived from d_model and mlp
-  std::string mlp, norm;
+  int64_t d_ff = 0;        // 0: derived from d_model per FFN kind
+  // "auto" until load_recipe resolves them (decoder_conventions): then a concrete choice.
+  std::string mlp, norm, positions;
+  std::optional<bool> bias;  // nullopt: "auto"
   double norm_eps = 0;
-  std::string positions;
   double rope_base = 0;
-  bool bias = false, tie_embeddings = false;
+  bool tie_embeddings = false;
   double dropout = 0, init_std = 0;
-  int64_t chunk_size = 0, gate_rank = 0, conv_size = 0, feature_count = 0;  // recurrent mixers
-  double gate_temperature = 0;
-  std::string feature_map;
-
-  int64_t resolved_n_kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
-  // 4·d_model for gelu; for swiglu the multiple of 64 nearest 8/3·d_model, which keeps the parameter
-  // count of a 4·d_model gelu MLP with three matrices instead of two.
-  int64_t resolved_d_ff() const;
+  // [model.<mixer>]: the options of every registered mixer, by mixer name (defaults where unset).
+  std::map<std::string, MixerOptions> mixers;
+  // The recipe set a mixer option with its older flat spelling in [model] (model.chunk_size, ...): it
+  // was written for the separate GPT and recurrent models, whose recurrent blocks ignored model.norm,
+  // model.mlp, model.bias and model.positions. load_recipe keeps that meaning.
+  bool flat_mixer_keys = false;
 };
 
 struct RecipeData {
@@ -97,6 +103,14 @@ struct Recipe {
 
   std::string run_dir() const { return log.out_dir.empty() ? "runs/" + name : log.out_dir; }
 };
+
+// The blocks of the model, bottom first: model.pattern parsed and repeated to model.n_layers (or
+// model.mixer in every layer), each block's FFN its own or model.mlp. The pattern is mixer names
+// separated by spaces or commas, each optionally with ":FFN" (gelu, swiglu, none) and "*N" (N
+// repeats), e.g. "gla*3 attention" or "gla:none, attention:gelu"; a pattern shorter than n_layers
+// repeats when its length divides n_layers. model.mlp must be resolved (not "auto"). InvalidArgument
+// naming the part of the pattern that is wrong.
+absl::StatusOr<std::vector<BlockSpec>> block_pattern(const RecipeModel& model);
 
 // Reads, validates and resolves a recipe; `overrides` are "section.key=value" strings (the text after
 // each --set), applied in order after the file. An error is InvalidArgument (NotFound for a missing

@@ -1,0 +1,39 @@
+// A batch: what a data source hands the trainer and the trainer hands the model, for every model
+// family — decoder-only (GPT, recurrent and hybrid LMs), encoder (BERT) and encoder-decoder (T5,
+// seq2seq). Fields a source does not fill stay undefined; a model refuses, with a message naming the
+// field, what it cannot use (the decoder takes no decoder_inputs and no segment_ids).
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/kernels.h"
+#include "tensor/tensor.h"
+
+namespace seqlab {
+
+// Targets equal to this are not scored (cross-entropy and accuracy skip them).
+constexpr int32_t kIgnoreIndex = -100;
+
+struct Batch {
+  Tensor inputs;   // [B, T] i32/i64 token ids: the decoder's input, or the encoder's (BERT, T5)
+  Tensor targets;  // [B, T] the id to predict at each input position; kIgnoreIndex where nothing is scored
+  Tensor lengths;  // [B] valid tokens per row, the rest padding (never scored); undefined: every token valid
+  Tensor segment_ids;      // [B, T] segment of each token (BERT's sentences A/B; packed documents)
+  Tensor decoder_inputs;   // [B, S] encoder-decoder models: the decoder's input ids
+  Tensor decoder_targets;  // [B, S] encoder-decoder models: what the decoder predicts
+  Tensor decoder_lengths;  // [B] valid decoder tokens per row
+  Tensor loss_weights;     // shaped as the scored targets: a weight per position (Σ w·ℓ / Σ w); undefined: 1
+
+  // The ids the loss scores and the lengths that bound them: the decoder's for encoder-decoder batches.
+  const Tensor& scored_targets() const { return decoder_inputs.defined() ? decoder_targets : targets; }
+  const Tensor& scored_lengths() const { return decoder_inputs.defined() ? decoder_lengths : lengths; }
+
+  // Every defined field copied to `device` (the batch itself when it is there already).
+  Batch to(Device device) const {
+    auto move = [&](const Tensor& t) { return t.defined() ? kernel::to_device(t, device) : t; };
+    return {move(inputs),         move(targets),         move(lengths),         move(segment_ids),
+            move(decoder_inputs), move(decoder_targets), move(decoder_lengths), move(loss_weights)};
+  }
+};
+
+}  // namespace seqlab
