@@ -1,4 +1,4 @@
-// Forward + backward time of the fused causal attention op (src/layers/attention.h) at its kernel-level
+// Forward + backward time of the fused causal attention op (src/layers/attention/attention.h) at its kernel-level
 // entry points, the counterpart of bench/peers/torch_attention.py (the project's PyTorch peer: SDPA on a
 // GPU, the materialised form on the CPU): same flags, same FLOP count, one line in the peer's format, so
 // that bench/gpu_vs_torch.sh can quote the ratio.

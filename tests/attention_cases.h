@@ -1,6 +1,6 @@
 // The case struct, input builder and CPU references shared by the checks of the CUDA attention
-// kernels — the GPU test (tests/cuda_attention_gpu_test.cc, the slots of src/cuda/attention.cu and
-// attention_tc.cu) and the emulation tests (tests/attention_cuda_emulation_test.cc for the FMA
+// kernels — the GPU test (tests/attention_gpu_test.cc, the slots of src/cuda/attention/attention.cu and
+// attention_tc.cu) and the emulation tests (tests/attention_emulation_test.cc for the FMA
 // kernels, tests/attention_tc_emulation_test.cc for the tensor-core ones, run on the CPU) — so that
 // all draw q, k, v, dO and dlse the same way and compare with the same reference. Each program keeps
 // its own case table (the emulation runs smaller shapes: it is slow), its launches and its checks.

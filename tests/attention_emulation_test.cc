@@ -1,7 +1,7 @@
-// The FMA attention kernels (src/cuda/attention_kernels.cuh: the forward with its online softmax and
+// The FMA attention kernels (src/cuda/attention/attention_kernels.cuh: the forward with its online softmax and
 // lse, the δ = rowsum(dO ⊙ O) − dlse kernel, dK/dV and dQ), run on the CPU against the CPU attention
 // slots. No GPU needed: this is the check these kernels get on every build until a GPU runs
-// tests/cuda_attention_gpu_test.cc. They serve f32, f64 and the bf16 shapes the tensor-core kernels
+// tests/attention_gpu_test.cc. They serve f32, f64 and the bf16 shapes the tensor-core kernels
 // do not take (tests/attention_tc_emulation_test.cc checks those).
 //
 // The kernel source is compiled by the host compiler over tests/cuda_emulation.h: one fiber per CUDA

@@ -1,6 +1,6 @@
-// CUDA against CPU for the fused attention slots (src/cuda/attention.cu and, for bf16 with
-// Dk = Dv ∈ {64, 128}, the tensor-core kernels of src/cuda/attention_tc.cu, against the CPU kernels in
-// src/layers/attention.cpp). Skipped where no GPU is usable.
+// CUDA against CPU for the fused attention slots (src/cuda/attention/attention.cu and, for bf16 with
+// Dk = Dv ∈ {64, 128}, the tensor-core kernels of src/cuda/attention/attention_tc.cu, against the CPU kernels in
+// src/layers/attention/attention.cpp). Skipped where no GPU is usable.
 //
 // Each case draws fresh random q, k, v (and dO, dlse for the backward) in the dtype under test,
 // fills every CUDA output with NaN first (an element the kernels fail to write shows up), and
@@ -17,7 +17,7 @@
 // Tolerance: |got − want| ≤ rtol · max(|want|, 1); rtol 1e-4 for f32 (the two sides sum scores and
 // gradients over up to a few hundred terms in different orders and use different exp routines),
 // 1e-10 for f64, 2e-2 for bf16. The case struct, inputs and references: tests/attention_cases.h, shared
-// with the emulation tests (tests/attention_cuda_emulation_test.cc, attention_tc_emulation_test.cc).
+// with the emulation tests (tests/attention_emulation_test.cc, attention_tc_emulation_test.cc).
 #include <gtest/gtest.h>
 
 #include <algorithm>

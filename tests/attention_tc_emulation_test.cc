@@ -1,6 +1,6 @@
-// The bf16 tensor-core attention kernels (src/cuda/attention_tc_kernels.cuh), run on the CPU against the
+// The bf16 tensor-core attention kernels (src/cuda/attention/attention_tc_kernels.cuh), run on the CPU against the
 // CPU attention slots. No GPU needed: this is the check those kernels get on every build until a GPU runs
-// tests/cuda_attention_gpu_test.cc.
+// tests/attention_gpu_test.cc.
 //
 // The kernel source is compiled by the host compiler over the emulation of CUDA in cuda_emulation.h: each
 // block runs as 128 threads (fibers: one runs at a time, from barrier to barrier, in a seeded random

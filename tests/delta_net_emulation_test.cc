@@ -1,13 +1,13 @@
-// The DeltaNet CUDA kernels' exact schedule, run on the CPU. src/cuda/delta_net.cu launches the
-// __host__ __device__ functions of src/cuda/delta_net_schedule.h: the forward one thread per
+// The DeltaNet CUDA kernels' exact schedule, run on the CPU. src/cuda/delta/delta_net.cu launches the
+// __host__ __device__ functions of src/cuda/delta/delta_net_schedule.h: the forward one thread per
 // (b, h, column j); the backward one block per (b, h) whose column threads run phase 1 of a segment,
 // then (after a barrier) all kBackwardThreads threads run phase 2, then a barrier, segment by segment
 // from the last. Here the same functions run in that order (every thread of a phase before the next
 // phase, as the barriers guarantee), each simulated thread with its own local arrays, and the results
-// are compared with the CPU kernels of both forms (src/layers/delta_net.cpp) on random inputs.
+// are compared with the CPU kernels of both forms (src/layers/delta/delta_net.cpp) on random inputs.
 //
 // This is how the CUDA kernels' logic is validated on a machine without a GPU; what it cannot check
-// (launch geometry, memory on the device) tests/cuda_delta_net_gpu_test.cc checks where a GPU exists.
+// (launch geometry, memory on the device) tests/delta_net_gpu_test.cc checks where a GPU exists.
 // Outputs start as NaN so that an element the schedule fails to write shows up. Element types: f64
 // (against the f64 CPU kernels, ≤ 1e-11), f32 (against f32, ≤ 2e-5: different summation orders and
 // the recurrent against the chunkwise arrangement), and bf16 stored / f32 computed as on the GPU

@@ -1,5 +1,5 @@
-// CUDA against CPU for the DeltaNet / Gated DeltaNet slots (src/cuda/delta_net.cu against the CPU kernels
-// of both forms in src/layers/delta_net.cpp). Skipped where no GPU is usable.
+// CUDA against CPU for the DeltaNet / Gated DeltaNet slots (src/cuda/delta/delta_net.cu against the CPU kernels
+// of both forms in src/layers/delta/delta_net.cpp). Skipped where no GPU is usable.
 //
 // Each case draws random q, unit-norm k, v, β ∈ (0.05, 0.95), log-gates g ∈ (−1, −0.02) (gated cases),
 // an initial state (where given), dO and dfinal in the dtype under test, fills every CUDA output with NaN

@@ -2,7 +2,7 @@
 // strided, converting copy; fill; every unary op and its backward; the binary ops with broadcasting;
 // the scalar ops; where), run on the CPU against the CPU slots of src/tensor/cpu/{copy,elementwise}.cpp.
 // No GPU needed: this is the check these kernels get on every build until a GPU runs
-// tests/cuda_elementwise_gpu_test.cc. (The row sums of the same file are in rows_cuda_emulation_test.)
+// tests/elementwise_gpu_test.cc. (The row sums of the same file are in rows_emulation_test.)
 //
 // The kernel source is compiled by the host compiler over tests/cuda_emulation.h (one fiber per CUDA
 // thread, an emulated GPU of one multiprocessor, so a grid stops at 32 blocks of 256 threads and the

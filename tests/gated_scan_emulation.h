@@ -1,7 +1,7 @@
-// Runs the CUDA kernels' schedule (src/cuda/gated_scan.h) on the host: every block of the grid in turn,
+// Runs the CUDA kernels' schedule (src/cuda/scan/gated_scan_schedule.h) on the host: every block of the grid in turn,
 // each through HostExec (a phase runs on all of the block's threads before the next phase starts, as the
 // barriers order it on the GPU), with the same shared-memory layout, thread-private scratch, reduction
-// batches and tile sums as the launchers in src/cuda/gated_scan.cuh. Shared memory and scratch start as
+// batches and tile sums as the launchers in src/cuda/scan/gated_scan_kernels.cuh. Shared memory and scratch start as
 // NaN, so a read of anything the schedule did not write first shows up in the results. Used by the
 // *_cuda_schedule_test.cc programs to check the GPU kernels' logic against the CPU kernels without a GPU.
 #pragma once

@@ -1,7 +1,7 @@
-// The CUDA GLA kernels' schedule (src/cuda/gated_scan.h, run by src/cuda/gla.cu) executed on the host —
+// The CUDA GLA kernels' schedule (src/cuda/scan/gated_scan_schedule.h, run by src/cuda/scan/gla.cu) executed on the host —
 // the same phases, thread indices, shared-memory layout, checkpoints and reduction orders, every block
-// in turn — against the CPU kernels of both forms (src/layers/gla.cpp). This is where the GPU kernels'
-// logic is checked on a machine without a GPU; tests/cuda_gla_gpu_test.cc compares the real kernels.
+// in turn — against the CPU kernels of both forms (src/layers/scan/gla.cpp). This is where the GPU kernels'
+// logic is checked on a machine without a GPU; tests/gla_gpu_test.cc compares the real kernels.
 //
 // Cases cover T not a multiple of the 16-step segment, T below a segment, T = 1, dk ≠ dv, dk not a
 // multiple of the 8 rows per thread, dv over several 32-column tiles with a partial last tile, the

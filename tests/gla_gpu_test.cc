@@ -1,5 +1,5 @@
-// CUDA against CPU for the GLA slots (src/cuda/gla.cu running the schedule of src/cuda/gated_scan.h,
-// against the CPU kernels of src/layers/gla.cpp). Skipped where no GPU is usable.
+// CUDA against CPU for the GLA slots (src/cuda/scan/gla.cu running the schedule of src/cuda/scan/gated_scan_schedule.h,
+// against the CPU kernels of src/layers/scan/gla.cpp). Skipped where no GPU is usable.
 //
 // Each case draws fresh random q, k, v, log-gates g (and gv, the initial state, dO, dfinal) in the dtype
 // under test, fills every CUDA output with NaN first (an element the kernels fail to write shows up), and

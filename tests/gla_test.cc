@@ -344,7 +344,7 @@ TEST(Gla, ShapeErrorsNameTheShapes) {
   bad = ok;
   bad.gv = t({2, 5, 3, 4});
   e = error_of(bad);
-  EXPECT_NE(e.find("gv must have v's shape"), std::string::npos) << e;
+  EXPECT_NE(e.find("gv must be [B, T, H, dv] (v's shape)"), std::string::npos) << e;
   EXPECT_NE(e.find("gv [2, 5, 3, 4]"), std::string::npos) << e;
   bad = ok;
   bad.h0 = t({2, 3, 6, 4});

@@ -2,7 +2,7 @@
 // the embedding backward's sort input, bucket starts and per-row sums; the max backward's scatter; the
 // cumulative sums, forward and reverse), run on the CPU against the CPU slots of
 // src/tensor/cpu/{embedding,reduce}.cpp. No GPU needed: this is the check these kernels get on every
-// build until a GPU runs the GPU tests. (max_rows itself is in rows_cuda_emulation_test.)
+// build until a GPU runs the GPU tests. (max_rows itself is in rows_emulation_test.)
 //
 // The kernel source is compiled by the host compiler over tests/cuda_emulation.h (one fiber per CUDA
 // thread, an emulated GPU of one multiprocessor, so a grid stops at 32 blocks of 256 threads and the

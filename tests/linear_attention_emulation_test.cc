@@ -1,10 +1,10 @@
-// The linear attention and Performer CUDA kernels' exact schedule, run on the CPU. src/cuda/linear_attention.cu
-// launches the __host__ __device__ functions of src/cuda/linear_attention_schedule.h; here the same
+// The linear attention and Performer CUDA kernels' exact schedule, run on the CPU. src/cuda/linear/linear_attention.cu
+// launches the __host__ __device__ functions of src/cuda/linear/linear_attention_schedule.h; here the same
 // functions run in the kernels' order: the forward one thread per (b, h, j); the backward one block per
 // (b, h) whose phases (column threads, then all threads, then row threads) run for every simulated
 // thread before the next phase, as the kernel's barriers guarantee, each simulated thread with its own
 // local arrays; the Performer kernels one index after another, launch after launch. Results are compared
-// with the CPU kernels (src/layers/linear_attention.cpp) for every form, normalised or not, with and
+// with the CPU kernels (src/layers/linear/linear_attention.cpp) for every form, normalised or not, with and
 // without an initial state. Outputs and scratch start as NaN, so a missed write or a read before a
 // write shows up. Element types: f64 (≤ 1e-11 against the f64 CPU kernels), f32, and bf16 stored / f32
 // computed as on the GPU (≤ 2e-2 against the f32 CPU kernels on the same bf16 values). Linear attention

@@ -1,5 +1,5 @@
-// CUDA against CPU for the linear attention and Performer feature slots (src/cuda/linear_attention.cu
-// against the CPU kernels in src/layers/linear_attention.cpp). Skipped where no GPU is usable.
+// CUDA against CPU for the linear attention and Performer feature slots (src/cuda/linear/linear_attention.cu
+// against the CPU kernels in src/layers/linear/linear_attention.cpp). Skipped where no GPU is usable.
 //
 // Linear attention: random positive fq, fk (as the feature maps give them), v, an initial state and
 // normaliser (or zeros), dO, dS_T, dz_T; every CUDA output starts as NaN (an unwritten element shows up);

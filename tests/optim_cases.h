@@ -1,6 +1,6 @@
 // Sizes, steps and input builders shared by the two checks of the optimizer CUDA kernels — the GPU
-// test (tests/cuda_optim_gpu_test.cc, the slots of src/cuda/optim.cu) and the emulation test
-// (tests/optim_cuda_emulation_test.cc, src/cuda/optim_kernels.cuh run on the CPU) — so that both
+// test (tests/optim_gpu_test.cc, the slots of src/cuda/optim.cu) and the emulation test
+// (tests/optim_emulation_test.cc, src/cuda/optim_kernels.cuh run on the CPU) — so that both
 // update the same kind of tensors drawn the same way. Each program keeps its launches and its checks.
 #pragma once
 

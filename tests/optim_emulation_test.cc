@@ -1,8 +1,8 @@
 // The optimizer CUDA kernels (src/cuda/optim_kernels.cuh: the AdamW and SGD updates, with an f32
 // master beside bf16 parameters and an f32 gradient beside a master; the two-pass sum of squares
 // behind the global gradient norm; the in-place scale), run on the CPU against the CPU slots of
-// src/train/optim.cpp. No GPU needed: this is the check these kernels get on every build until a GPU
-// runs tests/cuda_optim_gpu_test.cc.
+// src/train/optim/optim.cpp. No GPU needed: this is the check these kernels get on every build until a GPU
+// runs tests/optim_gpu_test.cc.
 //
 // The kernel source is compiled by the host compiler over tests/cuda_emulation.h (one fiber per CUDA
 // thread, real barriers, an emulated GPU of one multiprocessor, so a grid-stride grid stops at 32

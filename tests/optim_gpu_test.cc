@@ -1,5 +1,5 @@
-// CUDA against CPU for the optimizer slots (src/cuda/optim.cu against src/train/optim.cpp) and the
-// rotary-embedding slot (src/cuda/rope.cu against src/layers/rope.cpp). Skipped where no GPU is usable.
+// CUDA against CPU for the optimizer slots (src/cuda/optim.cu against src/train/optim/optim.cpp) and the
+// rotary-embedding slot (src/cuda/attention/rope.cu against src/layers/attention/rope.cpp). Skipped where no GPU is usable.
 //
 // Each case draws fresh random inputs in the dtype under test, runs the CPU slot on one copy and the
 // CUDA slot on another, and compares every element. The in-place kernels (AdamW, SGD, scale) are

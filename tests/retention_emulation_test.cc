@@ -1,8 +1,8 @@
-// The CUDA retention kernels' schedule (src/cuda/gated_scan.h with a constant decay per head, run by
-// src/cuda/retention.cu) executed on the host — the same phases, thread indices, shared-memory layout,
+// The CUDA retention kernels' schedule (src/cuda/scan/gated_scan_schedule.h with a constant decay per head, run by
+// src/cuda/scan/retention.cu) executed on the host — the same phases, thread indices, shared-memory layout,
 // checkpoints and reduction orders, every block in turn — against the CPU kernels of all three forms
-// (src/layers/retention.cpp). This is where the GPU kernels' logic is checked on a machine without a GPU;
-// tests/cuda_retention_gpu_test.cc compares the real kernels.
+// (src/layers/scan/retention.cpp). This is where the GPU kernels' logic is checked on a machine without a GPU;
+// tests/retention_gpu_test.cc compares the real kernels.
 //
 // Cases: T not a multiple of the 16-step segment, T below a segment, T = 1, dk ≠ dv, dv over several
 // 32-column tiles, head dims 128; RetNet's default decays and decays of 0, 1 and in between; a zero and

@@ -1,6 +1,6 @@
-// CUDA against CPU for the retention slots (src/cuda/retention.cu running the schedule of
-// src/cuda/gated_scan.h with a constant decay per head, against the CPU kernels of
-// src/layers/retention.cpp). Skipped where no GPU is usable.
+// CUDA against CPU for the retention slots (src/cuda/scan/retention.cu running the schedule of
+// src/cuda/scan/gated_scan_schedule.h with a constant decay per head, against the CPU kernels of
+// src/layers/scan/retention.cpp). Skipped where no GPU is usable.
 //
 // Each case draws fresh random q, k, v, s0 (and dO, dS) in the dtype under test, fills every CUDA output
 // with NaN first (an element the kernels fail to write shows up), and compares o, the final state, dq,

@@ -1,6 +1,6 @@
 // The rotary-embedding cases shared by the two checks of the CUDA rope kernels — the GPU test
-// (tests/cuda_optim_gpu_test.cc, the slot of src/cuda/rope.cu) and the emulation test
-// (tests/rope_cuda_emulation_test.cc, src/cuda/rope_kernels.cuh run on the CPU). Each program runs
+// (tests/optim_gpu_test.cc, the slot of src/cuda/attention/rope.cu) and the emulation test
+// (tests/rope_emulation_test.cc, src/cuda/attention/rope_kernels.cuh run on the CPU). Each program runs
 // the forward and the inverse rotation of each case, on x ~ N(0, 1) drawn in the dtype under test.
 #pragma once
 

@@ -1,6 +1,6 @@
-// The rotary-embedding CUDA kernels (src/cuda/rope_kernels.cuh: the cos/sin tables and the pair
-// rotation), run on the CPU against the CPU rope slot (src/layers/rope.cpp). No GPU needed: this is
-// the check these kernels get on every build until a GPU runs tests/cuda_optim_gpu_test.cc.
+// The rotary-embedding CUDA kernels (src/cuda/attention/rope_kernels.cuh: the cos/sin tables and the pair
+// rotation), run on the CPU against the CPU rope slot (src/layers/attention/rope.cpp). No GPU needed: this is
+// the check these kernels get on every build until a GPU runs tests/optim_gpu_test.cc.
 //
 // The kernel source is compiled by the host compiler over tests/cuda_emulation.h (one fiber per CUDA
 // thread, an emulated GPU of one multiprocessor, so grids stop at 32 blocks of 256 and the larger

@@ -1,6 +1,6 @@
 // Input builders and CPU references shared by the two checks of the row-wise CUDA kernels — the GPU
-// test (tests/cuda_rows_gpu_test.cc, the slots end to end) and the emulation test
-// (tests/rows_cuda_emulation_test.cc, the kernel source run on the CPU) — so that both draw their
+// test (tests/rows_gpu_test.cc, the slots end to end) and the emulation test
+// (tests/rows_emulation_test.cc, the kernel source run on the CPU) — so that both draw their
 // inputs the same way and compare with the same reference. Each program keeps its own shapes (the
 // emulation runs smaller ones: it is slow), its launches and everything it checks.
 //

@@ -3,7 +3,7 @@
 // column sums), softmax and log-softmax (forward and backward), cross-entropy (forward rows and the
 // element-wise backward, i32 and i64 targets, ignore_index), the row sums of sum_rows and max over rows
 // with the CPU's first argmax. No GPU needed: this is the check these kernels get on every build until
-// a GPU runs tests/cuda_rows_gpu_test.cc, which checks the same slots end to end.
+// a GPU runs tests/rows_gpu_test.cc, which checks the same slots end to end.
 //
 // The kernel source (src/cuda/{norm,softmax,reduce_rows}_kernels.cuh, block_reduce.cuh) is compiled by
 // the host compiler over tests/cuda_emulation.h: one fiber per CUDA thread, real barriers and

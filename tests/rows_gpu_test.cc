@@ -12,7 +12,7 @@
 // 1e-10 for f64 and 1e-2 for bf16 (for dx = dnorm + dsum, whose dnorm is rounded before the add,
 // max(|want|, |dnorm|, 1)); argmax indices, gathers and scatters must match exactly.
 // Inputs and references of the row kernels come from tests/rows_cases.h, shared with the emulation
-// test (tests/rows_cuda_emulation_test.cc). Inputs come from a fixed seed;
+// test (tests/rows_emulation_test.cc). Inputs come from a fixed seed;
 // --gtest_random_seed=N draws others.
 #include <gtest/gtest.h>
 

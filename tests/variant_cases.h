@@ -94,7 +94,7 @@ void expect_qkv_state_shape_errors(Error&& error) {
   EXPECT_NE(e.find("q and k differ"), std::string::npos) << e;
   EXPECT_NE(e.find("k [2, 5, 3, 3]"), std::string::npos) << e;
   e = error(q, q, v, Tensor::zeros({2, 3, 6, 4}));
-  EXPECT_NE(e.find("initial_state has the wrong shape"), std::string::npos) << e;
+  EXPECT_NE(e.find("initial_state must be [B, H, dk, dv]"), std::string::npos) << e;
 }
 
 // Runs run() twice — each call launches the kernels on fresh outputs and returns them — and expects the

@@ -9,7 +9,7 @@
 // to nearest even on store. Strided operands are addressed through StridedOffsets, which first merges
 // the dimensions that are contiguous for every operand: a contiguous tensor is indexed as one
 // dimension, a bias broadcast over [B, T, C] as two. The functors and StridedOffsets are in
-// elementwise_kernels.cuh (host-includable: tests/elementwise_cuda_emulation_test.cc runs them on the
+// elementwise_kernels.cuh (host-includable: tests/elementwise_emulation_test.cc runs them on the
 // CPU); this file holds the launchers.
 #include <cuda_bf16.h>
 

@@ -2,7 +2,7 @@
 // grid-stride loops run (copy, fill, unary and its backward, binary, scalar, where), the strided
 // addressing they share (StridedOffsets, and strided_offsets, the host code that builds it by merging
 // dimensions), the fill's bit pattern and the compile-time op dispatch. A header of its own, needing
-// only CUDA's built-ins and host code of src/tensor, so that tests/elementwise_cuda_emulation_test.cc
+// only CUDA's built-ins and host code of src/tensor, so that tests/elementwise_emulation_test.cc
 // runs these same functors on the CPU over tests/cuda_emulation.h, with the same launch shape.
 #pragma once
 

@@ -8,7 +8,7 @@
 // over its bucket in that order. The same inputs give the same bits on every run, and every row of
 // dweight is written (0 where no token points). Indices were range-checked by the entry point
 // (src/tensor/embedding.cpp), so the kernels index with them directly. The functors are in
-// index_kernels.cuh (host-includable: tests/index_cuda_emulation_test.cc runs them on the CPU); this
+// index_kernels.cuh (host-includable: tests/index_emulation_test.cc runs them on the CPU); this
 // file holds the launchers.
 #include <cub/device/device_radix_sort.cuh>
 

@@ -1,7 +1,7 @@
 // The device code of src/cuda/index.cu (read its header comment first): the functors its grid-stride
 // loops run for the embedding gather, the embedding backward (sort input, bucket starts, per-row sums),
 // the max backward's scatter and the cumulative sums, and the bit range of the backward's radix sort.
-// A header of its own, needing only CUDA's built-ins, so that tests/index_cuda_emulation_test.cc runs
+// A header of its own, needing only CUDA's built-ins, so that tests/index_emulation_test.cc runs
 // these same functors on the CPU over tests/cuda_emulation.h, with the same launch shape. (max_rows is
 // in reduce_rows_kernels.cuh.)
 #pragma once

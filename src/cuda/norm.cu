@@ -19,7 +19,7 @@
 // rows, in two deterministic passes: the rows are cut into `chunks` slices and thread (slice, column)
 // sums its slice's rows in order into partial[slice, column]; then thread (column) sums the partials in
 // slice order. No atomics, so the result is the same bits on every run.
-// The kernels are in norm_kernels.cuh (a header of their own so that tests/rows_cuda_emulation_test.cc
+// The kernels are in norm_kernels.cuh (a header of their own so that tests/rows_emulation_test.cc
 // runs the same source on the CPU); this file holds the checks and launches.
 #include <algorithm>
 #include <type_traits>

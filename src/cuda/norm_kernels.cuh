@@ -1,6 +1,6 @@
 // The device code of src/cuda/norm.cu (read its header comment first: equations, statistics, the
 // fused residual add, the deterministic dw/db sums), and the slice count of the dw/db partial sums. A
-// header of its own, needing only CUDA's built-ins, so that tests/rows_cuda_emulation_test.cc runs
+// header of its own, needing only CUDA's built-ins, so that tests/rows_emulation_test.cc runs
 // these same kernels on the CPU over tests/cuda_emulation.h.
 #pragma once
 

@@ -1,7 +1,7 @@
-// CUDA side of the optimizer slots declared in src/train/optim.h (the CPU kernels are in
-// src/train/optim.cpp): the fused AdamW and SGD updates, the sum of squares behind the global
+// CUDA side of the optimizer slots declared in src/train/optim/optim.h (the CPU kernels are in
+// src/train/optim/optim.cpp): the fused AdamW and SGD updates, the sum of squares behind the global
 // gradient norm, and the in-place scale behind gradient clipping and averaging. The kernels are in
-// optim_kernels.cuh (tests/optim_cuda_emulation_test.cc runs them on the CPU against these slots).
+// optim_kernels.cuh (tests/optim_emulation_test.cc runs them on the CPU against these slots).
 //
 // The updates and the scale are elementwise, one grid-stride loop each, and compute exactly the
 // CPU formulas in the same type: S = f64 for f64 parameters and f32 otherwise; bf16 parameters and

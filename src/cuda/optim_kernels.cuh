@@ -1,6 +1,6 @@
 // The device code of src/cuda/optim.cu (read its header comment first: types, the master weight, the
 // deterministic two-pass sum of squares), and the sum's launch shape. A header of its own, needing only
-// CUDA's built-ins, so that tests/optim_cuda_emulation_test.cc runs these same kernels on the CPU over
+// CUDA's built-ins, so that tests/optim_emulation_test.cc runs these same kernels on the CPU over
 // tests/cuda_emulation.h, launched with the same grids.
 #pragma once
 

@@ -1,6 +1,6 @@
 // Device code of the row reductions outside norm and softmax: the row sums of src/cuda/elementwise.cu
 // (sum_rows) and the row max with its first argmax of src/cuda/index.cu (max_rows). A header of its
-// own, needing only CUDA's built-ins, so that tests/rows_cuda_emulation_test.cc runs these same
+// own, needing only CUDA's built-ins, so that tests/rows_emulation_test.cc runs these same
 // kernels on the CPU over tests/cuda_emulation.h.
 #pragma once
 

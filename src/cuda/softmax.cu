@@ -7,7 +7,7 @@
 // overflows whatever the logits' scale. Cross-entropy never stores a probability: the forward keeps
 // only lse per row, and the backward recomputes exp(x − lse) element by element.
 // The kernels are in softmax_kernels.cuh (a header of their own so that
-// tests/rows_cuda_emulation_test.cc runs the same source on the CPU); this file holds the checks
+// tests/rows_emulation_test.cc runs the same source on the CPU); this file holds the checks
 // and launches.
 #include <cmath>
 

@@ -1,6 +1,6 @@
 // The device code of src/cuda/softmax.cu (read its header comment first): softmax and log-softmax
 // rows forward and backward, cross-entropy rows forward and the element-wise backward. A header of its
-// own, needing only CUDA's built-ins, so that tests/rows_cuda_emulation_test.cc runs these same
+// own, needing only CUDA's built-ins, so that tests/rows_emulation_test.cc runs these same
 // kernels on the CPU over tests/cuda_emulation.h.
 #pragma once
 

@@ -5,7 +5,6 @@
 
 namespace seqlab::kernel {
 
-
 void fill_(const Tensor& dst, double value) {
   if (dst.is_contiguous()) {
     fill_kernel(dst.device(), dst, value);

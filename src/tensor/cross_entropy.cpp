@@ -9,7 +9,6 @@
 
 namespace seqlab::kernel {
 
-
 namespace {
 
 struct Rows {

@@ -7,7 +7,6 @@
 
 namespace seqlab::kernel {
 
-
 const char* unary_name(UnaryOp op) {
   switch (op) {
     case UnaryOp::neg: return "neg";

@@ -8,7 +8,6 @@
 
 namespace seqlab::kernel {
 
-
 namespace {
 
 // index as a contiguous [N], every value checked to lie in [0, V).

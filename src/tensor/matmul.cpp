@@ -6,7 +6,6 @@
 
 namespace seqlab::kernel {
 
-
 namespace {
 
 // The operand as a contiguous [batch, rows, cols] block, or as one [rows, cols] matrix reused for

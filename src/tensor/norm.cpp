@@ -9,7 +9,6 @@
 
 namespace seqlab::kernel {
 
-
 namespace {
 
 void check_param(const Tensor& p, const Tensor& x, const char* name, const char* op) {

@@ -7,7 +7,6 @@
 
 namespace seqlab::kernel {
 
-
 namespace {
 
 struct RowLayout {

@@ -7,7 +7,6 @@
 
 namespace seqlab::kernel {
 
-
 namespace {
 
 void check_input(const Tensor& x, const char* op) {

@@ -1,4 +1,4 @@
-# NumPy reference of the delta_net op (src/layers/delta_net.h), for tests/op_runner_numpy_test.py, which
+# NumPy reference of the delta_net op (src/layers/delta/delta_net.h), for tests/op_runner_numpy_test.py, which
 # runs this file with its own names in scope (Case, randn, rng, np, math, ...).
 #
 # The recurrent form, step by step, and its vector-Jacobian product by a reverse loop over time, written

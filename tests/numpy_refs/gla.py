@@ -1,4 +1,4 @@
-# NumPy reference of the gla op (src/layers/gla.h), for tests/op_runner_numpy_test.py, which runs
+# NumPy reference of the gla op (src/layers/scan/gla.h), for tests/op_runner_numpy_test.py, which runs
 # this file with its own names in scope (Case, randn, rng, np, ...). Whatever the op's form, the
 # reference is the recurrence step by step, and its vector-Jacobian product a reverse loop over time.
 

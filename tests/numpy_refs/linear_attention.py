@@ -1,4 +1,4 @@
-# NumPy references of linear_attention and performer_features (src/layers/linear_attention.h), for
+# NumPy references of linear_attention and performer_features (src/layers/linear/linear_attention.h), for
 # tests/op_runner_numpy_test.py, which runs this file with its own names in scope (Case, randn, rng,
 # positive, np, ...). The forward is the recurrence token by token; the vector-Jacobian product is a
 # reverse loop over time written out by hand (not derived from the C++ kernels).

@@ -1,4 +1,4 @@
-# NumPy reference of the retention op (src/layers/retention.h), for tests/op_runner_numpy_test.py, which
+# NumPy reference of the retention op (src/layers/scan/retention.h), for tests/op_runner_numpy_test.py, which
 # runs this file with its own names in scope (Case, randn, rng, np, ...). The forward is the recurrence
 # token by token; the vector-Jacobian product is a reverse loop over time written out by hand.
 

@@ -1,4 +1,4 @@
-# NumPy reference of the rope op (src/layers/rope.h), for tests/op_runner_numpy_test.py, which runs
+# NumPy reference of the rope op (src/layers/attention/rope.h), for tests/op_runner_numpy_test.py, which runs
 # this file with its own names in scope (Case, randn, np, ...).
 
 

@@ -1,16 +1,16 @@
-// CUDA side of the fused attention slots declared in src/layers/attention.h (the CPU kernels, the
-// entry points that check shapes, and the equations are in src/layers/attention.cpp and
+// CUDA side of the fused attention slots declared in src/tensor/slots/attention/attention.h (the CPU kernels, the
+// entry points that check shapes, and the equations are in src/layers/attention/attention.cpp and
 // docs/variants/attention.md). Inputs are contiguous: q [B, T, H, Dk], k [B, S, Hk, Dk],
 // v [B, S, Hk, Dv]; query head h reads kv head h / (H/Hk); query i sits at key position i + S − T,
 // so with `causal` it sees keys j < key_end(i) = i + S − T + 1, otherwise all S keys.
 //
 // What runs where:
 // - bf16 with Dk = Dv ∈ {64, 128} on compute capability ≥ 8.0 (and 16-byte aligned tensors, enough
-//   shared memory): the tensor-core kernels of src/cuda/attention_tc.cu (wmma 16×16×16 bf16 products
+//   shared memory): the tensor-core kernels of src/cuda/attention/attention_tc.cu (wmma 16×16×16 bf16 products
 //   with f32 accumulation; forward, and after this file's δ kernel, dK/dV and dQ), chosen by
 //   attention_tc::supports(). Compiled for sm_80/sm_90 but not yet run on a GPU.
 // - Everything else (f32, f64, other bf16 shapes): the FMA kernels of attention_kernels.cuh (described
-//   below; a header of their own so tests/attention_cuda_emulation_test.cc runs them on the CPU, over
+//   below; a header of their own so tests/attention_emulation_test.cc runs them on the CPU, over
 //   tests/cuda_emulation.h, against the CPU kernels). Plain FMA arithmetic, no tensor
 //   cores, no asynchronous copies. f32 and bf16 compute and accumulate in f32 (bf16 rounded on
 //   store), f64 in f64. lse and dlse are in the compute type (f32 for bf16: accumulate_dtype). Head

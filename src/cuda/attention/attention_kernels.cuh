@@ -1,6 +1,6 @@
-// The device code of src/cuda/attention.cu's FMA kernels (read that file's header comment first: what
+// The device code of src/cuda/attention/attention.cu's FMA kernels (read that file's header comment first: what
 // runs where, the tiling and the three backward launches), and their launch shapes. A header of its
-// own, needing only CUDA's built-ins, so that tests/attention_cuda_emulation_test.cc runs these same
+// own, needing only CUDA's built-ins, so that tests/attention_emulation_test.cc runs these same
 // kernels on the CPU over tests/cuda_emulation.h, launched with the same grids and shared memory.
 //
 // The includer defines SEQLAB_ATTENTION_SHARED_MEMORY(name), which declares `name` as the block's

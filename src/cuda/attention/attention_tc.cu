@@ -1,9 +1,9 @@
 // Tensor-core kernels of the fused attention op for bf16 (f32 accumulation), called from
-// src/cuda/attention.cu when attention_tc::supports() accepts the call (Dk = Dv ∈ {64, 128}, compute
+// src/cuda/attention/attention.cu when attention_tc::supports() accepts the call (Dk = Dv ∈ {64, 128}, compute
 // capability ≥ 8.0, enough shared memory, 16-byte aligned tensors); everything else runs there on the
 // FMA kernels. Equations: docs/variants/attention.md. The device code is in attention_tc_kernels.cuh;
 // this file compiles it with the real CUDA pieces and holds the launches.
-// Status: compiled for sm_80 and sm_90, not yet run on a GPU. tests/cuda_attention_gpu_test.cc checks
+// Status: compiled for sm_80 and sm_90, not yet run on a GPU. tests/attention_gpu_test.cc checks
 // these kernels against the CPU slots where a GPU is; tests/attention_tc_emulation_test.cc runs the
 // same kernel source on the CPU (one thread per CUDA thread, wmma emulated by its documented
 // whole-matrix semantics) on every build, which checks indexing, masking, tiling, alignment and

@@ -1,6 +1,6 @@
-// The tensor-core (bf16) kernels of the fused attention op, as src/cuda/attention.cu calls them. Plain
+// The tensor-core (bf16) kernels of the fused attention op, as src/cuda/attention/attention.cu calls them. Plain
 // C++ (no CUDA types), so tests/attention_tc_emulation_test.cc can share Problem. Layouts, equations
-// and the reasoning behind the kernels: src/cuda/attention_tc.cu.
+// and the reasoning behind the kernels: src/cuda/attention/attention_tc.cu.
 #pragma once
 
 #include <cstdint>

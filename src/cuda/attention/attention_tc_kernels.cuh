@@ -1,10 +1,10 @@
-// The device code of src/cuda/attention_tc.cu (read its header comment first: layouts, equations,
+// The device code of src/cuda/attention/attention_tc.cu (read its header comment first: layouts, equations,
 // synchronisation and why wmma). A header of its own so that tests/attention_tc_emulation_test.cc can
 // run these same kernels on the CPU, over an emulation of the CUDA and wmma pieces they use.
 //
 // The includer provides, before including: the CUDA built-ins used below (thread and block indices,
 // barriers, shuffles, bf16 conversions, uint4) and nvcuda::wmma; seqlab::cuda::bf16_t; Problem
-// (cuda/attention_tc.h); SEQLAB_TC_ATTENTION (1 where bf16 wmma exists: the kernels trap otherwise);
+// (cuda/attention/attention_tc.h); SEQLAB_TC_ATTENTION (1 where bf16 wmma exists: the kernels trap otherwise);
 // and SEQLAB_TC_SHARED_MEMORY(name), which declares `name` as the block's dynamic shared memory
 // (unsigned char, 128-byte aligned).
 #pragma once

@@ -1,6 +1,6 @@
-// CUDA side of the rotary-embedding slot declared in src/layers/rope.h (the CPU kernel and the
-// equations are in src/layers/rope.cpp and rope.h). The kernels are in rope_kernels.cuh
-// (tests/rope_cuda_emulation_test.cc runs them on the CPU against the CPU slot).
+// CUDA side of the rotary-embedding slot declared in src/tensor/slots/attention/rope.h (the CPU kernel and the
+// equations are in src/layers/attention/rope.cpp and rope.h). The kernels are in rope_kernels.cuh
+// (tests/rope_emulation_test.cc runs them on the CPU against the CPU slot).
 //
 // Two launches, as the CPU kernel has two passes:
 //   1. the [T, D/2] tables cos φ and ±sin φ, φ = (start + t)·θ_i, one thread per (t, i), the angle

@@ -1,6 +1,6 @@
-// The device code of src/cuda/rope.cu (read its header comment first: the two launches, and why the
+// The device code of src/cuda/attention/rope.cu (read its header comment first: the two launches, and why the
 // angle is formed in double). A header of its own, needing only CUDA's built-ins, so that
-// tests/rope_cuda_emulation_test.cc runs these same kernels on the CPU over tests/cuda_emulation.h.
+// tests/rope_emulation_test.cc runs these same kernels on the CPU over tests/cuda_emulation.h.
 #pragma once
 
 #include <cmath>

@@ -1,11 +1,11 @@
-// CUDA side of the DeltaNet / Gated DeltaNet slots declared in src/layers/delta_net.h (entry points,
-// CPU kernels and the equations: src/layers/delta_net.cpp, docs/variants/delta_net.md). Inputs are
+// CUDA side of the DeltaNet / Gated DeltaNet slots declared in src/tensor/slots/delta/delta_net.h (entry points,
+// CPU kernels and the equations: src/layers/delta/delta_net.cpp, docs/variants/delta_net.md). Inputs are
 // contiguous: q, k [B, T, H, dk], v [B, T, H, dv], beta, g [B, T, H], initial_state [B, H, dk, dv].
 //
 // Both forms (chunkwise and recurrent) run the recurrent form: they are the same function of the
 // inputs (the CPU tests hold them equal to 1e-10 in f64), and column j of the state evolves apart from
 // the other columns, which gives a schedule that can be checked line by line. The per-thread math is in
-// src/cuda/delta_net_schedule.h as __host__ __device__ functions; tests/delta_net_cuda_schedule_test.cc
+// src/cuda/delta/delta_net_schedule.h as __host__ __device__ functions; tests/delta_net_emulation_test.cc
 // runs that exact schedule on the CPU against the CPU kernels. This file only launches it.
 //
 // Forward (delta_net_fwd): one thread per (b, h, value column j), B·H·dv threads in blocks of 128; the
@@ -20,7 +20,7 @@
 // dβ, dg of the segment (each element by one thread summing over j in a fixed order), __syncthreads.
 // No atomics: the same inputs give the same bits.
 // f32 and bf16 compute in f32 (bf16 rounded on store), f64 in f64. dk, dv ≤ 128 (a clear error beyond).
-// Compiled for sm_80/sm_90; not yet run on a GPU (tests/cuda_delta_net_gpu_test.cc checks it against
+// Compiled for sm_80/sm_90; not yet run on a GPU (tests/delta_net_gpu_test.cc checks it against
 // the CPU there).
 #include <cuda_runtime.h>
 

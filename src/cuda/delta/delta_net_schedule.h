@@ -1,10 +1,10 @@
-// The per-thread work of the DeltaNet / Gated DeltaNet CUDA kernels (src/cuda/delta_net.cu), written as
+// The per-thread work of the DeltaNet / Gated DeltaNet CUDA kernels (src/cuda/delta/delta_net.cu), written as
 // __host__ __device__ functions over plain pointers with the thread's index as an argument, so that
-// tests/delta_net_cuda_schedule_test.cc runs exactly this schedule on the CPU (each phase for every
+// tests/delta_net_emulation_test.cc runs exactly this schedule on the CPU (each phase for every
 // thread, in the order the barriers impose) and checks it against the CPU kernels. No CUDA intrinsic
 // appears here; under nvcc the functions are compiled for both sides, elsewhere they are plain inline.
 //
-// The math (src/layers/delta_net.h), per batch entry b and head h, with the state S (dk × dv),
+// The math (src/layers/delta/delta_net.h), per batch entry b and head h, with the state S (dk × dv),
 // α_t = e^{g_t} (1 without g), c = scale:
 //   S_t = α_t S_{t−1} + β_t k_tᵀ u_t,   u_t = v_t − α_t k_t S_{t−1},   o_t = c q_t S_t.
 // Column j of the state evolves on its own: with s = S[:, j] (a dk-vector),

@@ -1,10 +1,10 @@
-// CUDA side of the linear attention and Performer feature slots declared in src/layers/linear_attention.h
-// (entry points, CPU kernels and equations: src/layers/linear_attention.cpp,
+// CUDA side of the linear attention and Performer feature slots declared in src/tensor/slots/linear/linear_attention.h
+// (entry points, CPU kernels and equations: src/layers/linear/linear_attention.cpp,
 // docs/variants/linear_attention.md). Inputs are contiguous: fq = φ(q), fk = φ(k) [B, T, H, dk],
 // v [B, T, H, dv], s0 [B, H, dk, dv], z0 [B, H, dk]; Performer x [B, T, H, d] (N = B·T·H rows), ω [m, d].
 //
-// The per-thread math is in src/cuda/linear_attention_schedule.h as __host__ __device__ functions;
-// tests/linear_attention_cuda_schedule_test.cc runs that exact schedule on the CPU against the CPU
+// The per-thread math is in src/cuda/linear/linear_attention_schedule.h as __host__ __device__ functions;
+// tests/linear_attention_emulation_test.cc runs that exact schedule on the CPU against the CPU
 // kernels. This file only launches it.
 //
 // Linear attention. The recurrent and chunkwise forms are the same function of the inputs and run one
@@ -21,7 +21,7 @@
 // blocks of 256 rows and their sum in block order (deterministic).
 // f32 and bf16 compute in f32 (bf16 rounded on store), f64 in f64. dk, dv ≤ 128 for linear attention
 // (a clear error beyond); Performer has no limit on d or m. Compiled for sm_80/sm_90; not yet run on a
-// GPU (tests/cuda_linear_attention_gpu_test.cc checks it against the CPU there).
+// GPU (tests/linear_attention_gpu_test.cc checks it against the CPU there).
 #include <cuda_runtime.h>
 
 #include <cmath>

@@ -1,10 +1,10 @@
 // The per-thread work of the linear attention and Performer feature CUDA kernels
-// (src/cuda/linear_attention.cu), as __host__ __device__ functions over plain pointers with the thread's
-// index as an argument, so that tests/linear_attention_cuda_schedule_test.cc runs exactly this schedule
+// (src/cuda/linear/linear_attention.cu), as __host__ __device__ functions over plain pointers with the thread's
+// index as an argument, so that tests/linear_attention_emulation_test.cc runs exactly this schedule
 // on the CPU (each phase for every thread, in the order the barriers impose) against the CPU kernels.
 // No CUDA intrinsic appears here.
 //
-// Linear attention (src/layers/linear_attention.h), per (b, h), fq = φ(q), fk = φ(k) given:
+// Linear attention (src/layers/linear/linear_attention.h), per (b, h), fq = φ(q), fk = φ(k) given:
 //   S_t = S_{t−1} + fk_tᵀ v_t,  z_t = z_{t−1} + fk_t,  num_t = fq_t S_t,  den_t = fq_t·z_t + eps,
 //   o_t = num_t / den_t (normalize) or num_t;  non-causal: S_t, z_t → S_T, z_T for every t.
 // Column j of S evolves on its own (S[:, j] += fk_t v_t[j]) and den_t needs only z, so the forward is

@@ -1,6 +1,6 @@
-// The column-parallel gated linear recurrence behind the CUDA kernels of GLA (src/cuda/gla.cu) and
-// retention (src/cuda/retention.cu), written once as __host__ __device__ code so that a CPU test
-// (tests/gla_cuda_schedule_test.cc, tests/retention_cuda_schedule_test.cc) runs the kernels' exact
+// The column-parallel gated linear recurrence behind the CUDA kernels of GLA (src/cuda/scan/gla.cu) and
+// retention (src/cuda/scan/retention.cu), written once as __host__ __device__ code so that a CPU test
+// (tests/gla_emulation_test.cc, tests/retention_emulation_test.cc) runs the kernels' exact
 // schedule — the same phases, barriers, thread indices and reduction orders — against the CPU kernels.
 //
 // The recurrence, per batch entry b and head h (S_t ∈ R^{dk×dv}, orientation and scale as the CPU):

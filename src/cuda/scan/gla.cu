@@ -1,5 +1,5 @@
-// CUDA side of the GLA slots declared in src/layers/gla.h (entry points, CPU kernels and the equations:
-// src/layers/gla.cpp, docs/variants/gla.md). Inputs are contiguous: q, k, g [B, T, H, dk], v and the
+// CUDA side of the GLA slots declared in src/tensor/slots/scan/gla.h (entry points, CPU kernels and the equations:
+// src/layers/scan/gla.cpp, docs/variants/gla.md). Inputs are contiguous: q, k, g [B, T, H, dk], v and the
 // optional gv [B, T, H, dv], the optional initial state [B, H, dk, dv].
 //
 //   S_t = (exp(g_t)ᵀ exp(gv_t)) ⊙ S_{t−1} + k_tᵀ v_t,   o_t = scale · q_t S_t,   final_state = S_T
@@ -13,7 +13,7 @@
 // needed here). p.chunk and p.sub_chunk tile the CPU kernels' work and do not change what this computes.
 // f32 and bf16 compute in f32 (bf16 rounded on store), f64 in f64; head dims up to 128 (a clear error
 // beyond). Deterministic: no atomics, every sum in a fixed order. Compiled for sm_80/sm_90; not yet run on
-// a GPU (tests/cuda_gla_gpu_test.cc compares it with the CPU kernels; tests/gla_cuda_schedule_test.cc runs
+// a GPU (tests/gla_gpu_test.cc compares it with the CPU kernels; tests/gla_emulation_test.cc runs
 // its schedule on the CPU).
 #include <cuda_bf16.h>
 

@@ -1,5 +1,5 @@
-// CUDA side of the retention slots declared in src/layers/retention.h (entry points, CPU kernels and the
-// equations: src/layers/retention.cpp, docs/variants/retention.md). Inputs are contiguous: q, k
+// CUDA side of the retention slots declared in src/tensor/slots/scan/retention.h (entry points, CPU kernels and the
+// equations: src/layers/scan/retention.cpp, docs/variants/retention.md). Inputs are contiguous: q, k
 // [B, T, H, dk], v [B, T, H, dv], s0 [B, H, dk, dv] (the entry point passes zeros when absent).
 //
 //   S_n = γ_h S_{n−1} + k_nᵀ v_n,   o_n = scale · q_n S_n,   final state S_{T−1}
@@ -13,8 +13,8 @@
 // ds0 = dS at the end. γ is multiplied step by step in the compute type rather than raised to powers,
 // so the CPU's std::pow and this differ by rounding only. f32 and bf16 compute in f32 (bf16 rounded on
 // store), f64 in f64; head dims up to 128 (a clear error beyond). Deterministic: no atomics, every sum in
-// a fixed order. Compiled for sm_80/sm_90; not yet run on a GPU (tests/cuda_retention_gpu_test.cc
-// compares it with the CPU kernels; tests/retention_cuda_schedule_test.cc runs its schedule on the CPU).
+// a fixed order. Compiled for sm_80/sm_90; not yet run on a GPU (tests/retention_gpu_test.cc
+// compares it with the CPU kernels; tests/retention_emulation_test.cc runs its schedule on the CPU).
 #include <cuda_bf16.h>
 
 #include <cstdint>

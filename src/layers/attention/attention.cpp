@@ -28,6 +28,7 @@
 #include "autograd/function.h"
 #include "autograd/op_registry.h"
 #include "autograd/ops.h"
+#include "layers/variant_inputs.h"
 #include "tensor/blas_rows.h"
 #include "tensor/parallel.h"
 #include "tensor/elementwise_math.h"
@@ -36,43 +37,23 @@
 namespace seqlab {
 namespace kernel {
 
-
 namespace {
 
 struct Dims {
   int64_t B, T, S, H, Hk, Dk, Dv;
 };
 
-std::string shapes_str(const Tensor& q, const Tensor& k, const Tensor& v) {
-  auto one = [](const Tensor& t) { return t.defined() ? shape_str(t.shape()) : std::string("undefined"); };
-  return "q " + one(q) + ", k " + one(k) + ", v " + one(v);
-}
-
 Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
-  auto fail = [&](const std::string& why) {
-    throw std::invalid_argument("attention: " + why + " (got " + shapes_str(q, k, v) +
-                                "; expected q [B, T, H, Dk], k [B, S, Hk, Dk], v [B, S, Hk, Dv])");
-  };
-  if (!q.defined() || !k.defined() || !v.defined()) fail("q, k and v must all be given");
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) fail("q, k and v must have 4 dimensions");
-  const Dims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
-  if (k.size(0) != d.B || v.size(0) != d.B) fail("batch sizes differ");
-  if (v.size(1) != d.S || v.size(2) != d.Hk) fail("k and v differ in length or heads");
-  if (k.size(3) != d.Dk) fail("q and k head dims differ");
-  if (d.Dk == 0) fail("the head dim is 0");
-  if (d.Hk == 0 || d.H % d.Hk != 0) fail("query heads H must be a multiple of kv heads Hk");
-  if (d.S == 0) fail("no keys to attend to");
-  if (causal && d.T > d.S) {
-    fail(
+  const VariantInputs in("attention", {{"q", q}, {"k", k}, {"v", v}},
+                         "q [B, T, H, Dk], k [B, S, Hk, Dk], v [B, S, Hk, Dv]");
+  const HeadDims h = in.qkv_with_kv_heads();
+  if (causal && h.T > h.S) {
+    in.fail(
         "causal attention needs T ≤ S: query i sits at key position i + S − T, so T > S puts queries before the "
         "first key");
   }
-  if (q.dtype() != k.dtype() || q.dtype() != v.dtype() || !is_floating(q.dtype())) {
-    fail(std::string("q, k and v must share dtype f32, f64 or bf16, got ") + dtype_name(q.dtype()) + ", " +
-         dtype_name(k.dtype()) + ", " + dtype_name(v.dtype()));
-  }
-  if (q.device() != k.device() || q.device() != v.device()) fail("q, k and v are on different devices");
-  return d;
+  in.same_dtype_and_device();
+  return {h.B, h.T, h.S, h.H, h.Hk, h.dk, h.dv};
 }
 
 AttentionParams resolve(const AttentionOptions& opts, int64_t Dk) {

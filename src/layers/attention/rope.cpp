@@ -18,7 +18,6 @@
 namespace seqlab {
 namespace kernel {
 
-
 namespace {
 
 void check_input(const Tensor& x, const RopeOptions& opts) {

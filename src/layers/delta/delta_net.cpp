@@ -36,53 +36,37 @@
 
 namespace seqlab {
 
-const char* delta_net_form_name(DeltaNetForm form) {
-  return form == DeltaNetForm::recurrent ? "recurrent" : "chunkwise";
+namespace {
+
+const FormNames<DeltaNetForm>& delta_net_forms() {
+  static const FormNames<DeltaNetForm> forms{
+      "delta_net", {{"chunkwise", DeltaNetForm::chunkwise}, {"recurrent", DeltaNetForm::recurrent}}};
+  return forms;
 }
 
-DeltaNetForm parse_delta_net_form(const std::string& name) {
-  if (name == "chunkwise") return DeltaNetForm::chunkwise;
-  if (name == "recurrent") return DeltaNetForm::recurrent;
-  throw std::invalid_argument("delta_net: form must be 'chunkwise' or 'recurrent', got '" + name + "'");
-}
+}  // namespace
+
+const char* delta_net_form_name(DeltaNetForm form) { return delta_net_forms().name(form); }
+DeltaNetForm parse_delta_net_form(const std::string& name) { return delta_net_forms().parse(name); }
 
 namespace kernel {
-
 
 namespace {
 
 using Dims = HeadDims;
 
-std::string shapes_str(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
-                       const Tensor& s0) {
-  const auto one = &shape_or_undefined;
-  return "q " + one(q) + ", k " + one(k) + ", v " + one(v) + ", beta " + one(beta) + ", g " + one(g) +
-         ", initial_state " + one(s0);
-}
-
 Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& g,
                   const Tensor& s0) {
-  auto fail = [&](const std::string& why) {
-    throw std::invalid_argument("delta_net: " + why + " (got " + shapes_str(q, k, v, beta, g, s0) +
-                                "; expected q, k [B, T, H, dk], v [B, T, H, dv], beta [B, T, H], g [B, T, H] or "
-                                "none, initial_state [B, H, dk, dv] or none)");
-  };
-  if (!beta.defined()) fail("q, k, v and beta must all be given");
-  const Dims d = check_qkv(q, k, v, fail);
-  const Shape bth{d.B, d.T, d.H};
-  if (beta.shape() != bth) fail("beta must be [B, T, H]");
-  if (g.defined() && g.shape() != bth) fail("g must be [B, T, H]");
-  if (s0.defined() && s0.shape() != Shape{d.B, d.H, d.dk, d.dv}) fail("initial_state must be [B, H, dk, dv]");
-  if (d.dk == 0 || d.dv == 0) fail("the head dims dk and dv must be positive");
-  const DType dt = q.dtype();
-  if (!is_floating(dt)) fail(std::string("dtype must be f32, f64 or bf16, got ") + dtype_name(dt));
-  for (const Tensor* t : {&k, &v, &beta, &g, &s0}) {
-    if (!t->defined()) continue;
-    if (t->dtype() != dt) {
-      fail(std::string("inputs must share one dtype, got ") + dtype_name(dt) + " and " + dtype_name(t->dtype()));
-    }
-    if (t->device() != q.device()) fail("inputs are on different devices");
-  }
+  const VariantInputs in("delta_net",
+                         {{"q", q}, {"k", k}, {"v", v}, {"beta", beta}, {"g", g}, {"initial_state", s0}},
+                         "q, k [B, T, H, dk], v [B, T, H, dv], beta [B, T, H], g [B, T, H] or none, "
+                         "initial_state [B, H, dk, dv] or none");
+  in.given({"q", "k", "v", "beta"});
+  const Dims d = in.qkv();
+  in.shaped("beta", {d.B, d.T, d.H}, "[B, T, H]");
+  in.shaped("g", {d.B, d.T, d.H}, "[B, T, H]");
+  in.shaped("initial_state", {d.B, d.H, d.dk, d.dv}, "[B, H, dk, dv]");
+  in.same_dtype_and_device();
   return d;
 }
 

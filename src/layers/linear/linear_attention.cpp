@@ -32,7 +32,6 @@
 namespace seqlab {
 namespace kernel {
 
-
 }  // namespace kernel
 
 FeatureMap parse_feature_map(const std::string& name) {
@@ -44,11 +43,11 @@ FeatureMap parse_feature_map(const std::string& name) {
 }
 
 LinearAttentionForm parse_linear_attention_form(const std::string& name) {
-  if (name == "chunkwise") return LinearAttentionForm::chunkwise;
-  if (name == "recurrent") return LinearAttentionForm::recurrent;
-  if (name == "noncausal") return LinearAttentionForm::noncausal;
-  throw std::invalid_argument("linear_attention: unknown form '" + name +
-                              "' (expected chunkwise, recurrent or noncausal)");
+  static const FormNames<LinearAttentionForm> forms{"linear_attention",
+                                                    {{"chunkwise", LinearAttentionForm::chunkwise},
+                                                     {"recurrent", LinearAttentionForm::recurrent},
+                                                     {"noncausal", LinearAttentionForm::noncausal}}};
+  return forms.parse(name);
 }
 
 namespace {
@@ -57,26 +56,16 @@ using Dims = HeadDims;
 
 Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s0, const Tensor& z0,
                   const LinearAttentionOptions& opts) {
-  auto fail = [&](const std::string& why) {
-    throw std::invalid_argument("linear_attention: " + why + " (got q " + shape_or_undefined(q) + ", k " +
-                                shape_or_undefined(k) + ", v " + shape_or_undefined(v) + ", initial_state " +
-                                shape_or_undefined(s0) + ", initial_normalizer " + shape_or_undefined(z0) +
-                                "; expected q, k [B, T, H, dk], v [B, T, H, dv], initial_state [B, H, dk, dv], "
-                                "initial_normalizer [B, H, dk])");
-  };
-  const Dims d = check_qkv(q, k, v, fail);
-  if (s0.defined() && s0.shape() != Shape{d.B, d.H, d.dk, d.dv}) fail("initial_state has the wrong shape");
-  if (z0.defined() && z0.shape() != Shape{d.B, d.H, d.dk}) fail("initial_normalizer has the wrong shape");
-  const DType dt = q.dtype();
-  if (!is_floating(dt) || k.dtype() != dt || v.dtype() != dt || (s0.defined() && s0.dtype() != dt) ||
-      (z0.defined() && z0.dtype() != dt)) {
-    fail("all inputs must share dtype f32, f64 or bf16");
-  }
-  for (const Tensor* t : {&k, &v, &s0, &z0}) {
-    if (t->defined() && t->device() != q.device()) fail("inputs are on different devices");
-  }
-  if (!(opts.eps >= 0)) fail("eps must be ≥ 0, got " + std::to_string(opts.eps));
-  if (opts.chunk <= 0) fail("chunk must be positive, got " + std::to_string(opts.chunk));
+  const VariantInputs in("linear_attention",
+                         {{"q", q}, {"k", k}, {"v", v}, {"initial_state", s0}, {"initial_normalizer", z0}},
+                         "q, k [B, T, H, dk], v [B, T, H, dv], initial_state [B, H, dk, dv] or none, "
+                         "initial_normalizer [B, H, dk] or none");
+  const Dims d = in.qkv();
+  in.shaped("initial_state", {d.B, d.H, d.dk, d.dv}, "[B, H, dk, dv]");
+  in.shaped("initial_normalizer", {d.B, d.H, d.dk}, "[B, H, dk]");
+  in.same_dtype_and_device();
+  if (!(opts.eps >= 0)) in.fail("eps must be ≥ 0, got " + std::to_string(opts.eps));
+  if (opts.chunk <= 0) in.fail("chunk must be positive, got " + std::to_string(opts.chunk));
   return d;
 }
 

@@ -23,6 +23,7 @@
 #include "autograd/function.h"
 #include "autograd/op_registry.h"
 #include "autograd/ops.h"
+#include "layers/variant_inputs.h"
 #include "tensor/parallel.h"
 #include "tensor/elementwise_math.h"
 #include "tensor/blas_rows.h"
@@ -30,51 +31,35 @@
 
 namespace seqlab {
 
-const char* gla_form_name(GlaForm form) { return form == GlaForm::chunkwise ? "chunkwise" : "recurrent"; }
+namespace {
 
-GlaForm parse_gla_form(const std::string& s) {
-  if (s == "chunkwise") return GlaForm::chunkwise;
-  if (s == "recurrent") return GlaForm::recurrent;
-  throw std::invalid_argument("gla: form must be chunkwise or recurrent, got '" + s + "'");
+const FormNames<GlaForm>& gla_forms() {
+  static const FormNames<GlaForm> forms{"gla", {{"chunkwise", GlaForm::chunkwise}, {"recurrent", GlaForm::recurrent}}};
+  return forms;
 }
+
+}  // namespace
+
+const char* gla_form_name(GlaForm form) { return gla_forms().name(form); }
+GlaForm parse_gla_form(const std::string& s) { return gla_forms().parse(s); }
 
 namespace kernel {
 
-
 namespace {
 
-struct Dims {
-  int64_t B, T, H, dk, dv;
-};
-
-std::string shapes_str(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
-                       const Tensor& h0) {
-  auto one = [](const Tensor& t) { return t.defined() ? shape_str(t.shape()) : std::string("undefined"); };
-  return "q " + one(q) + ", k " + one(k) + ", v " + one(v) + ", g " + one(g) + ", gv " + one(gv) +
-         ", initial_state " + one(h0);
-}
+using Dims = HeadDims;
 
 Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
                   const Tensor& h0) {
-  auto fail = [&](const std::string& why) {
-    throw std::invalid_argument("gla: " + why + " (got " + shapes_str(q, k, v, g, gv, h0) +
-                                "; expected q, k, g [B, T, H, dk], v [B, T, H, dv], gv [B, T, H, dv] or none, "
-                                "initial_state [B, H, dk, dv] or none)");
-  };
-  if (!q.defined() || !k.defined() || !v.defined() || !g.defined()) fail("q, k, v and g must all be given");
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || g.dim() != 4) fail("q, k, v and g must have 4 dimensions");
-  const Dims d{q.size(0), q.size(1), q.size(2), q.size(3), v.size(3)};
-  if (k.shape() != q.shape() || g.shape() != q.shape()) fail("q, k and g must have the same shape");
-  if (v.size(0) != d.B || v.size(1) != d.T || v.size(2) != d.H) fail("v differs from q in batch, length or heads");
-  if (d.dk == 0 || d.dv == 0) fail("a head dim is 0");
-  if (gv.defined() && gv.shape() != v.shape()) fail("gv must have v's shape");
-  if (h0.defined() && h0.shape() != Shape{d.B, d.H, d.dk, d.dv}) fail("initial_state must be [B, H, dk, dv]");
-  const DType dt = q.dtype();
-  if (!is_floating(dt)) fail(std::string("inputs must be f32, f64 or bf16, got ") + dtype_name(dt));
-  for (const Tensor* t : {&k, &v, &g, &gv, &h0}) {
-    if (t->defined() && t->dtype() != dt) fail("inputs must share one dtype");
-    if (t->defined() && t->device() != q.device()) fail("inputs are on different devices");
-  }
+  const VariantInputs in("gla", {{"q", q}, {"k", k}, {"v", v}, {"g", g}, {"gv", gv}, {"initial_state", h0}},
+                         "q, k, g [B, T, H, dk], v [B, T, H, dv], gv [B, T, H, dv] or none, initial_state "
+                         "[B, H, dk, dv] or none");
+  in.given({"q", "k", "v", "g"});
+  const Dims d = in.qkv();
+  in.shaped("g", q.shape(), "[B, T, H, dk] (the same shape as q and k)");
+  in.shaped("gv", v.shape(), "[B, T, H, dv] (v's shape)");
+  in.shaped("initial_state", {d.B, d.H, d.dk, d.dv}, "[B, H, dk, dv]");
+  in.same_dtype_and_device();
   return d;
 }
 

@@ -30,7 +30,6 @@
 namespace seqlab {
 namespace kernel {
 
-
 }  // namespace kernel
 
 std::vector<double> retention_default_gammas(int64_t H) {
@@ -40,10 +39,11 @@ std::vector<double> retention_default_gammas(int64_t H) {
 }
 
 RetentionForm parse_retention_form(const std::string& name) {
-  if (name == "parallel") return RetentionForm::parallel;
-  if (name == "chunkwise") return RetentionForm::chunkwise;
-  if (name == "recurrent") return RetentionForm::recurrent;
-  throw std::invalid_argument("retention: unknown form '" + name + "' (expected parallel, chunkwise or recurrent)");
+  static const FormNames<RetentionForm> forms{"retention",
+                                              {{"parallel", RetentionForm::parallel},
+                                               {"chunkwise", RetentionForm::chunkwise},
+                                               {"recurrent", RetentionForm::recurrent}}};
+  return forms.parse(name);
 }
 
 namespace {
@@ -51,29 +51,18 @@ namespace {
 using Dims = HeadDims;
 
 Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s0, const RetentionOptions& opts) {
-  auto fail = [&](const std::string& why) {
-    throw std::invalid_argument("retention: " + why + " (got q " + shape_or_undefined(q) + ", k " +
-                                shape_or_undefined(k) + ", v " + shape_or_undefined(v) + ", initial_state " +
-                                shape_or_undefined(s0) +
-                                "; expected q, k [B, T, H, dk], v [B, T, H, dv], initial_state [B, H, dk, dv])");
-  };
-  const Dims d = check_qkv(q, k, v, fail);
-  if (s0.defined() && s0.shape() != Shape{d.B, d.H, d.dk, d.dv}) fail("initial_state has the wrong shape");
-  const DType dt = q.dtype();
-  if (!is_floating(dt) || k.dtype() != dt || v.dtype() != dt || (s0.defined() && s0.dtype() != dt)) {
-    fail("all inputs must share dtype f32, f64 or bf16");
-  }
-  for (const Tensor* t : {&k, &v, &s0}) {
-    if (t->defined() && t->device() != q.device()) fail("inputs are on different devices");
-  }
-  if (opts.chunk <= 0) fail("chunk must be positive, got " + std::to_string(opts.chunk));
-  if (d.dk == 0) fail("the head dim dk is 0");
+  const VariantInputs in("retention", {{"q", q}, {"k", k}, {"v", v}, {"initial_state", s0}},
+                         "q, k [B, T, H, dk], v [B, T, H, dv], initial_state [B, H, dk, dv] or none");
+  const Dims d = in.qkv();
+  in.shaped("initial_state", {d.B, d.H, d.dk, d.dv}, "[B, H, dk, dv]");
+  in.same_dtype_and_device();
+  if (opts.chunk <= 0) in.fail("chunk must be positive, got " + std::to_string(opts.chunk));
   if (!opts.gammas.empty()) {
     if (static_cast<int64_t>(opts.gammas.size()) != d.H) {
-      fail("gammas has " + std::to_string(opts.gammas.size()) + " values for " + std::to_string(d.H) + " heads");
+      in.fail("gammas has " + std::to_string(opts.gammas.size()) + " values for " + std::to_string(d.H) + " heads");
     }
     for (double g : opts.gammas) {
-      if (!(g >= 0 && g <= 1)) fail("every gamma must lie in [0, 1], got " + std::to_string(g));
+      if (!(g >= 0 && g <= 1)) in.fail("every gamma must lie in [0, 1], got " + std::to_string(g));
     }
   }
   return d;

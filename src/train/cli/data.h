@@ -1,4 +1,4 @@
-// The data subcommands of `seqlab` (src/train/cli_data.cpp); like every subcommand they report a user
+// The data subcommands of `seqlab` (src/train/cli/data.cpp); like every subcommand they report a user
 // error as one line on stderr and exit code 2.
 #pragma once
 

@@ -14,7 +14,6 @@
 
 namespace seqlab {
 
-
 namespace {
 
 std::string describe(const Tensor& t) {

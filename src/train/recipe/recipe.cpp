@@ -89,7 +89,7 @@ class SectionBuilder {
  public:
   SectionBuilder(Schema& schema, const char* name, S Recipe::*section, const char* doc)
       : schema_(schema), name_(name), section_(section) {
-    schema.sections.push_back({name, doc});
+    schema.sections.push_back({name, doc, "", {}});
   }
   SectionBuilder& integer(const char* key, int64_t S::*field, int64_t def, Bounds bounds, const char* doc) {
     return add(key, KeyType::kInteger, field, def, bounds, {}, doc);
@@ -122,7 +122,9 @@ class SectionBuilder {
                             [section, field](Recipe& r, const Value& v) {
                               (r.*section).*field =
                                   std::holds_alternative<bool>(v) ? std::optional<bool>(std::get<bool>(v)) : std::nullopt;
-                            }});
+                            },
+                            {},
+                            false});
     return *this;
   }
 
@@ -133,7 +135,9 @@ class SectionBuilder {
     S Recipe::*section = section_;
     schema_.keys.push_back({name_, key, type, Value(std::move(def)), bounds, std::move(choices), doc,
                             [section, field](const Recipe& r) { return Value((r.*section).*field); },
-                            [section, field](Recipe& r, const Value& v) { (r.*section).*field = std::get<T>(v); }});
+                            [section, field](Recipe& r, const Value& v) { (r.*section).*field = std::get<T>(v); },
+                            {},
+                            false});
     return *this;
   }
 
@@ -1003,7 +1007,7 @@ std::string recipe_reference_markdown() {
   std::string out =
       "# Recipes\n"
       "\n"
-      "<!-- Generated from the schema in src/train/recipe.cpp by `seqlab recipe --doc`; a test keeps them equal. -->\n"
+      "<!-- Generated from the schema in src/train/recipe/recipe.cpp by `seqlab recipe --doc`; a test keeps them equal. -->\n"
       "\n"
       "A recipe is one TOML file that describes a run: the model, the data, the step loop, the optimizer,\n"
       "parallelism, logging and checkpoints, one section each. Every key is optional and takes the default\n"
