@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "train/recipe/configs.h"
+
 namespace seqlab {
 namespace {
 
@@ -505,6 +507,31 @@ TEST_F(RecipeTest, PatternsListTheBlocks) {
             "FILE:2: model.pattern has 3 blocks, which do not divide model.n_layers = 4 (a pattern repeats to fill "
             "n_layers)");
   EXPECT_EQ(error_of("[model]\npattern = \" , \"\n"), "FILE:2: model.pattern names no block");
+}
+
+// Every recipe of recipes/ loads and builds its model; the hybrid's blocks are what its pattern says.
+TEST_F(RecipeTest, EveryRecipeOfTheRepositoryBuildsItsModel) {
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator(std::string(SEQLAB_SOURCE_DIR) + "/recipes")) {
+    if (entry.path().extension() != ".toml") continue;
+    ++count;
+    absl::StatusOr<Recipe> r = load_recipe(entry.path().string());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->model.flat_mixer_keys) << entry.path() << " uses the older flat mixer keys";
+    absl::StatusOr<std::unique_ptr<LanguageModel>> model = build_model(*r, 256);
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_GT((*model)->num_parameters(), 0);
+    if (r->name == "hybrid_small") {
+      const DecoderConfig c = *decoder_config(*r, 256);
+      ASSERT_EQ(c.blocks.size(), 4u);
+      EXPECT_EQ(c.blocks[2], (BlockSpec{"attention", FfnKind::swiglu}));
+      EXPECT_EQ(c.blocks[3], (BlockSpec{"gla", FfnKind::swiglu}));
+      EXPECT_EQ(c.norm, NormKind::rms_norm);
+      EXPECT_EQ(c.positions, PositionKind::none);
+      EXPECT_EQ((*model)->max_context(), 256);
+    }
+  }
+  EXPECT_GE(count, 6);
 }
 
 TEST_F(RecipeTest, DocsMatchTheSchema) {
