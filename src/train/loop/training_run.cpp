@@ -262,7 +262,7 @@ int train(const std::vector<std::string>& args) {
   const OptimConfig oc = optim_config(r);
   ok_or_throw(validate(oc));
   Optimizer opt(oc, model->parameters());
-  Trainer trainer(*model, opt, lr_schedule(r), {r.train.grad_accum, r.optim.grad_clip});
+  Trainer trainer(*model, opt, lr_schedule(r), trainer_options(r));
 
   int64_t start = 0;
   if (inv.resume) {

@@ -83,6 +83,8 @@ OptimConfig optim_config(const Recipe& r) {
   return c;
 }
 
+TrainerOptions trainer_options(const Recipe& r) { return {r.train.grad_accum, r.optim.grad_clip}; }
+
 LrSchedule lr_schedule(const Recipe& r) {
   return {parsed(parse_schedule_kind(r.optim.schedule)), r.optim.lr, r.optim.warmup_steps, r.train.steps,
           r.optim.min_lr_ratio};

@@ -13,6 +13,7 @@
 #include "train/data/loader.h"
 #include "train/data/prepare.h"
 #include "train/data/synthetic.h"
+#include "train/loop/trainer.h"
 #include "train/optim/optim.h"
 #include "train/optim/schedule.h"
 #include "train/recipe/recipe.h"
@@ -27,6 +28,7 @@ absl::StatusOr<DecoderConfig> decoder_config(const Recipe& recipe, int64_t data_
 absl::StatusOr<std::unique_ptr<LanguageModel>> build_model(const Recipe& recipe, int64_t data_vocab);
 
 OptimConfig optim_config(const Recipe& recipe);  // [optim]
+TrainerOptions trainer_options(const Recipe& recipe);  // train.grad_accum, optim.grad_clip
 LrSchedule lr_schedule(const Recipe& recipe);    // [optim] with train.steps
 // train.dtype: the dtype of weights and activations (bf16: mixed precision, with f32 masters).
 DType training_dtype(const Recipe& recipe);

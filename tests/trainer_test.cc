@@ -1,0 +1,157 @@
+// Trainer::step, the step seam (train/loop/trainer.h): one update over grad_accum micro-batches equals
+// the same steps written out by hand (mean loss, mean gradient, clipping, the optimizer at the
+// schedule's lr), bit for bit; the gradient hook runs once per step, after the mean and before
+// clipping, and what it does to the gradients is what the optimizer applies; bf16 weights with
+// accumulation sum their micro-batch gradients in f32; the gradients are cleared after every step.
+#include "train/loop/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "autograd/variable.h"
+#include "layers/model/decoder.h"
+#include "tensor/kernels.h"
+
+namespace seqlab {
+namespace {
+
+constexpr int64_t kV = 11, kB = 2, kT = 6;
+
+DecoderConfig hybrid_config() {
+  DecoderConfig cfg;
+  cfg.vocab_size = kV;
+  cfg.d_model = 8;
+  cfg.n_heads = 2;
+  cfg.max_seq_len = 16;
+  cfg.blocks = {{"gla", FfnKind::swiglu}, {"attention", FfnKind::gelu}};
+  cfg.init_std = 0.2;
+  return cfg;
+}
+
+// Micro-batch i: tokens and targets drawn from a fixed formula.
+Batch micro_batch(int64_t i) {
+  std::vector<int64_t> in, out;
+  for (int64_t n = 0; n < kB * kT; ++n) {
+    in.push_back((n * 3 + i * 5 + 1) % kV);
+    out.push_back((n * 7 + i * 2 + 4) % kV);
+  }
+  return {Tensor::from_indices(in, {kB, kT}), Tensor::from_indices(out, {kB, kT})};
+}
+
+std::vector<std::vector<double>> weights_of(Decoder& model) {
+  std::vector<std::vector<double>> out;
+  for (const Parameter& p : model.parameters()) out.push_back(p.tensor->to_doubles());
+  return out;
+}
+
+OptimConfig adamw() {
+  OptimConfig c;
+  c.lr = 1e-2;
+  c.weight_decay = 0.1;
+  return c;
+}
+
+const LrSchedule kSchedule{ScheduleKind::cosine, 1e-2, 1, 10, 0.1};
+
+TEST(Trainer, AStepIsTheStepsWrittenOut) {
+  for (int64_t accum : {int64_t{1}, int64_t{3}}) {
+    for (double clip : {0.0, 0.05}) {
+      Generator ga(1), gb(1);
+      Decoder a(hybrid_config(), ga), b(hybrid_config(), gb);
+      Optimizer opt_a(adamw(), a.parameters()), opt_b(adamw(), b.parameters());
+      Trainer trainer(a, opt_a, kSchedule, {accum, clip});
+      for (int64_t step = 0; step < 3; ++step) {
+        int64_t drawn = 0;
+        const StepResult r = trainer.step(step, [&] { return micro_batch(step * accum + drawn++); });
+        EXPECT_EQ(drawn, accum);
+        // By hand: the mean of the micro-batches' losses and gradients, clipped, one update.
+        double loss_sum = 0;
+        for (int64_t m = 0; m < accum; ++m) {
+          Tensor loss = b.loss(micro_batch(step * accum + m));
+          backward(loss);
+          loss_sum += loss.item();
+        }
+        std::vector<Parameter> params = b.parameters();
+        if (accum > 1) scale_grads(params, 1.0 / static_cast<double>(accum));
+        const double norm = clip > 0 ? clip_grad_norm(params, clip) : 0.0;
+        opt_b.step(kSchedule.lr_at(step));
+        opt_b.zero_grad();
+        EXPECT_EQ(r.loss, loss_sum / static_cast<double>(accum)) << "accum " << accum << " step " << step;
+        EXPECT_EQ(r.grad_norm, norm);
+        EXPECT_EQ(r.lr, kSchedule.lr_at(step));
+        EXPECT_EQ(weights_of(a), weights_of(b)) << "accum " << accum << " clip " << clip << " step " << step;
+        for (const Parameter& p : a.parameters()) EXPECT_FALSE(grad_of(*p.tensor).defined()) << p.name;
+      }
+    }
+  }
+}
+
+// The hook sees the mean gradient (before clipping) of every parameter, once per step; doubling the
+// gradients there doubles the norm that clipping reports, and zeroing them leaves SGD without weight
+// decay nothing to do.
+TEST(Trainer, TheGradientHookRunsBetweenTheMeanAndTheClip) {
+  Generator ga(2), gb(2);
+  Decoder a(hybrid_config(), ga), b(hybrid_config(), gb);
+  OptimConfig sgd;
+  sgd.name = "sgd";
+  sgd.weight_decay = 0;
+  Optimizer opt_a(sgd, a.parameters()), opt_b(sgd, b.parameters());
+  Trainer plain(a, opt_a, kSchedule, {2, 1e6});
+  Trainer doubled(b, opt_b, kSchedule, {2, 1e6});
+  int calls = 0;
+  doubled.set_gradient_hook([&](const std::vector<Parameter>& params) {
+    ++calls;
+    EXPECT_EQ(params.size(), b.parameters().size());
+    scale_grads(params, 2.0);
+  });
+  int64_t i = 0, j = 0;
+  const StepResult ra = plain.step(0, [&] { return micro_batch(i++); });
+  const StepResult rb = doubled.step(0, [&] { return micro_batch(j++); });
+  EXPECT_EQ(calls, 1);
+  EXPECT_NEAR(rb.grad_norm, 2 * ra.grad_norm, 1e-12 * ra.grad_norm);
+  EXPECT_EQ(ra.loss, rb.loss);
+
+  Generator gc(3);
+  Decoder c(hybrid_config(), gc);
+  Optimizer opt_c(sgd, c.parameters());
+  Trainer zeroed(c, opt_c, kSchedule, {1, 0});
+  zeroed.set_gradient_hook([](const std::vector<Parameter>& params) { scale_grads(params, 0.0); });
+  const std::vector<std::vector<double>> before = weights_of(c);
+  zeroed.step(0, [] { return micro_batch(0); });
+  EXPECT_EQ(weights_of(c), before);
+}
+
+// bf16 weights with grad_accum 2: the update equals that of the f32 sums of the micro-batches'
+// gradients, which the trainer keeps (the engine alone would add them in bf16).
+TEST(Trainer, Bf16AccumulationSumsInF32) {
+  Generator ga(4), gb(4);
+  Decoder a(hybrid_config(), ga), b(hybrid_config(), gb);
+  a.to(cpu_device(), DType::bf16);
+  b.to(cpu_device(), DType::bf16);
+  Optimizer opt_a(adamw(), a.parameters()), opt_b(adamw(), b.parameters());
+  Trainer trainer(a, opt_a, kSchedule, {2, 0});
+  int64_t i = 0;
+  trainer.step(0, [&] { return micro_batch(i++); });
+  F32GradAccumulator sums(b.parameters());
+  for (int64_t m = 0; m < 2; ++m) {
+    backward(b.loss(micro_batch(m)));
+    sums.add();
+  }
+  sums.finish();
+  scale_grads(b.parameters(), 0.5);
+  opt_b.step(kSchedule.lr_at(0));
+  opt_b.zero_grad();
+  EXPECT_EQ(weights_of(a), weights_of(b));
+}
+
+TEST(Trainer, RefusesNonsense) {
+  Generator gen(5);
+  Decoder model(hybrid_config(), gen);
+  Optimizer opt(adamw(), model.parameters());
+  EXPECT_THROW(Trainer(model, opt, kSchedule, {0, 0}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace seqlab
