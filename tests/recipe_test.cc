@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "train/recipe/blocks.h"
 #include "train/recipe/configs.h"
 
 namespace seqlab {

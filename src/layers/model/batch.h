@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "tensor/kernels.h"
 #include "tensor/tensor.h"
@@ -15,6 +16,10 @@ namespace seqlab {
 constexpr int32_t kIgnoreIndex = -100;
 
 struct Batch {
+  Batch() = default;
+  // The decoder-only case: inputs and their targets (`Batch{tokens}` when nothing is scored).
+  Batch(Tensor inputs, Tensor targets = Tensor()) : inputs(std::move(inputs)), targets(std::move(targets)) {}
+
   Tensor inputs;   // [B, T] i32/i64 token ids: the decoder's input, or the encoder's (BERT, T5)
   Tensor targets;  // [B, T] the id to predict at each input position; kIgnoreIndex where nothing is scored
   Tensor lengths;  // [B] valid tokens per row, the rest padding (never scored); undefined: every token valid
@@ -31,8 +36,14 @@ struct Batch {
   // Every defined field copied to `device` (the batch itself when it is there already).
   Batch to(Device device) const {
     auto move = [&](const Tensor& t) { return t.defined() ? kernel::to_device(t, device) : t; };
-    return {move(inputs),         move(targets),         move(lengths),         move(segment_ids),
-            move(decoder_inputs), move(decoder_targets), move(decoder_lengths), move(loss_weights)};
+    Batch b(move(inputs), move(targets));
+    b.lengths = move(lengths);
+    b.segment_ids = move(segment_ids);
+    b.decoder_inputs = move(decoder_inputs);
+    b.decoder_targets = move(decoder_targets);
+    b.decoder_lengths = move(decoder_lengths);
+    b.loss_weights = move(loss_weights);
+    return b;
   }
 };
 

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "train/recipe/blocks.h"
+
 namespace seqlab {
 namespace {
 

@@ -1,6 +1,7 @@
 #include "train/recipe/edit_distance.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 namespace seqlab {
@@ -19,6 +20,20 @@ size_t edit_distance(const std::string& a, const std::string& b) {
     }
   }
   return row[b.size()];
+}
+
+bool near_miss(const std::string& typed, const std::string& known, size_t* distance) {
+  *distance = edit_distance(typed, known);
+  return *distance <= 2 && *distance < typed.size();
+}
+
+std::string nearest(const std::string& typed, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = SIZE_MAX, d = 0;
+  for (const std::string& c : candidates) {
+    if (near_miss(typed, c, &d) && d < best_d) best = c, best_d = d;
+  }
+  return best;
 }
 
 }  // namespace seqlab

@@ -2,6 +2,7 @@
 // type, default, allowed values, doc and the struct member that stores it. Loading, the resolved
 // recipe and docs/recipes.md all walk it, so they cannot disagree with one another.
 #include "train/recipe/recipe.h"
+#include "train/recipe/blocks.h"
 #include "train/recipe/edit_distance.h"
 
 #include <absl/strings/ascii.h>
@@ -147,23 +148,6 @@ class SectionBuilder {
 };
 
 // ---- the mixers' keys: [model.<mixer>] sub-tables from the mixer registry (layers/mixer.h) ----
-
-std::vector<std::string> mixer_choices() {
-  // The first choice is the default: GPT's softmax attention.
-  std::vector<std::string> names = {"attention"};
-  for (const MixerSpec* m : registered_mixers()) {
-    if (m->name != "attention") names.push_back(m->name);
-  }
-  return names;
-}
-
-std::map<std::string, std::string> mixer_value_aliases() {
-  std::map<std::string, std::string> aliases;
-  for (const MixerSpec* m : registered_mixers()) {
-    for (const std::string& a : m->aliases) aliases[a] = m->name;
-  }
-  return aliases;
-}
 
 // The options of `mixer` in a recipe, its spec's defaults until set.
 MixerOptions& mixer_options(Recipe& r, const MixerSpec& mixer) {
@@ -543,30 +527,15 @@ std::string describe_node(const toml::node& n) {
 
 // ---- did you mean ----
 
-// A near miss: at most two edits, and fewer than the word has letters (so "x" suggests nothing).
-bool near(const std::string& typed, const std::string& known, size_t* distance) {
-  *distance = edit_distance(typed, known);
-  return *distance <= 2 && *distance < typed.size();
-}
-
 // The known key nearest to section.key, searching every section (a key in the wrong section is a
 // common slip); on equal distance the key's own section wins. nullptr when nothing is near.
 const KeySpec* suggest_key(const std::string& section, const std::string& key) {
   const KeySpec* best = nullptr;
   size_t best_score = SIZE_MAX, d = 0;
   for (const KeySpec& k : schema().keys) {
-    if (!near(key, k.key, &d)) continue;
+    if (!near_miss(key, k.key, &d)) continue;
     size_t score = 2 * d + (k.section == section ? 0 : 1);
     if (score < best_score) best = &k, best_score = score;
-  }
-  return best;
-}
-
-std::string suggest_choice(const std::string& typed, const std::vector<std::string>& choices) {
-  std::string best;
-  size_t best_d = SIZE_MAX, d = 0;
-  for (const std::string& c : choices) {
-    if (near(typed, c, &d) && d < best_d) best = c, best_d = d;
   }
   return best;
 }
@@ -585,7 +554,7 @@ std::string unknown_section_message(const std::string& name) {
   std::string best;
   size_t best_d = SIZE_MAX, d = 0;
   for (const SectionSpec& s : schema().sections) {
-    if (near(name, s.name, &d) && d < best_d) best = s.name, best_d = d;
+    if (near_miss(name, s.name, &d) && d < best_d) best = s.name, best_d = d;
   }
   if (!best.empty()) return absl::StrCat("unknown section [", name, "] (did you mean [", best, "]?)");
   const size_t dot = name.rfind('.');
@@ -626,7 +595,7 @@ std::string check_value(const KeySpec& k, const Value& v) {
     if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end() && !k.value_aliases.count(s)) {
       std::vector<std::string> candidates = k.choices;  // older values count, suggested as their current one
       for (const auto& [old_value, value] : k.value_aliases) candidates.push_back(old_value);
-      std::string hint = suggest_choice(s, candidates);
+      std::string hint = nearest(s, candidates);
       if (auto alias = k.value_aliases.find(hint); alias != k.value_aliases.end()) hint = alias->second;
       return must + quote(s) + (hint.empty() ? "" : " (did you mean " + quote(hint) + "?)");
     }
@@ -828,92 +797,6 @@ absl::Status invalid(std::string message) {
 
 }  // namespace
 
-namespace {
-
-std::optional<FfnKind> parse_ffn(const std::string& name) {
-  if (name == "gelu") return FfnKind::gelu;
-  if (name == "swiglu") return FfnKind::swiglu;
-  if (name == "none") return FfnKind::none;
-  return std::nullopt;
-}
-
-// The pattern's blocks before repetition; `default_ffn` for items without ":FFN". The message of a
-// bad item names it and what was expected.
-absl::StatusOr<std::vector<BlockSpec>> pattern_items(const std::string& pattern, FfnKind default_ffn) {
-  std::vector<BlockSpec> out;
-  for (absl::string_view item : absl::StrSplit(pattern, absl::ByAnyChar(" ,\t"), absl::SkipEmpty())) {
-    std::string text(item), mixer = text;
-    int64_t repeats = 1;
-    FfnKind ffn = default_ffn;
-    if (size_t star = mixer.find('*'); star != std::string::npos) {
-      if (!absl::SimpleAtoi(mixer.substr(star + 1), &repeats) || repeats < 1 || repeats > 100000) {
-        return absl::InvalidArgumentError(absl::StrCat("model.pattern: \"", text, "\" must end in *N with N ≥ 1"));
-      }
-      mixer = mixer.substr(0, star);
-    }
-    if (size_t colon = mixer.find(':'); colon != std::string::npos) {
-      const std::string name = mixer.substr(colon + 1);
-      std::optional<FfnKind> kind = parse_ffn(name);
-      if (!kind) {
-        return absl::InvalidArgumentError(absl::StrCat("model.pattern: \"", text, "\" names the FFN \"", name,
-                                                       "\"; the FFNs are gelu, swiglu, none"));
-      }
-      ffn = *kind;
-      mixer = mixer.substr(0, colon);
-    }
-    const MixerSpec* spec = find_mixer(mixer);
-    if (spec == nullptr) {
-      std::vector<std::string> candidates = mixer_choices();
-      for (const auto& [old_name, name] : mixer_value_aliases()) candidates.push_back(old_name);
-      std::string hint = suggest_choice(mixer, candidates);
-      if (const MixerSpec* near_spec = find_mixer(hint)) hint = near_spec->name;
-      return absl::InvalidArgumentError(absl::StrCat("model.pattern: unknown mixer \"", mixer, "\" in \"", text, "\"",
-                                                     hint.empty() ? "" : " (did you mean \"" + hint + "\"?)",
-                                                     "; mixers: ", mixer_names()));
-    }
-    for (int64_t i = 0; i < repeats; ++i) out.push_back({spec->name, ffn});
-  }
-  return out;
-}
-
-// Resolves "auto" in model.norm, model.mlp, model.positions and model.bias from the model's mixers
-// (decoder_conventions). A recipe with the older flat mixer keys keeps their meaning: a recurrent
-// model took the recurrent conventions whatever [model] said.
-absl::Status resolve_conventions(RecipeModel& m) {
-  absl::StatusOr<std::vector<BlockSpec>> items = pattern_items(m.pattern.empty() ? m.mixer : m.pattern, FfnKind::none);
-  if (!items.ok()) return items.status();
-  std::vector<std::string> mixers;
-  for (const BlockSpec& b : *items) mixers.push_back(b.mixer);
-  const DecoderConventions c = decoder_conventions(mixers);
-  const bool recurrent = c.positions == PositionKind::none && c.norm == NormKind::rms_norm;
-  const bool keep_old_meaning = m.flat_mixer_keys && recurrent;
-  if (m.norm == "auto" || keep_old_meaning) m.norm = c.norm == NormKind::layer_norm ? "layernorm" : "rmsnorm";
-  if (m.mlp == "auto" || keep_old_meaning) m.mlp = ffn_kind_name(c.ffn);
-  if (m.positions == "auto" || keep_old_meaning) {
-    m.positions = c.positions == PositionKind::learned ? "learned" : "none";
-  }
-  if (!m.bias || keep_old_meaning) m.bias = c.bias;
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::StatusOr<std::vector<BlockSpec>> block_pattern(const RecipeModel& m) {
-  std::optional<FfnKind> ffn = parse_ffn(m.mlp);
-  if (!ffn) return absl::InvalidArgumentError("model.mlp = \"" + m.mlp + "\" is not resolved to gelu, swiglu or none");
-  absl::StatusOr<std::vector<BlockSpec>> items = pattern_items(m.pattern.empty() ? m.mixer : m.pattern, *ffn);
-  if (!items.ok()) return items.status();
-  if (items->empty()) return absl::InvalidArgumentError("model.pattern names no block");
-  const int64_t period = static_cast<int64_t>(items->size());
-  if (m.n_layers % period != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("model.pattern has ", period, " blocks, which do not divide model.n_layers = ",
-                                                   m.n_layers, " (a pattern repeats to fill n_layers)"));
-  }
-  std::vector<BlockSpec> blocks;
-  for (int64_t i = 0; i < m.n_layers; ++i) blocks.push_back((*items)[static_cast<size_t>(i % period)]);
-  return blocks;
-}
-
 Recipe::Recipe() {
   for (const KeySpec& k : schema().keys) {
     if (!k.older_spelling) k.set(*this, k.default_value);
@@ -965,7 +848,7 @@ std::string resolved_recipe_toml(const Recipe& recipe) {
                                  "# Loading this file again reproduces the run; docs/recipes.md describes each key.\n");
   // The options of the mixers the model uses (all of them if the pattern does not parse).
   std::set<std::string> used;
-  if (auto items = pattern_items(r.model.pattern.empty() ? r.model.mixer : r.model.pattern, FfnKind::none); items.ok()) {
+  if (auto items = pattern_blocks(r.model.pattern.empty() ? r.model.mixer : r.model.pattern, FfnKind::none); items.ok()) {
     for (const BlockSpec& b : *items) used.insert(b.mixer);
   } else {
     for (const MixerSpec* m : registered_mixers()) used.insert(m->name);

@@ -16,7 +16,6 @@
 #include <absl/status/statusor.h>
 
 #include "layers/mixer.h"
-#include "layers/model/decoder.h"
 
 namespace seqlab {
 
@@ -103,14 +102,6 @@ struct Recipe {
 
   std::string run_dir() const { return log.out_dir.empty() ? "runs/" + name : log.out_dir; }
 };
-
-// The blocks of the model, bottom first: model.pattern parsed and repeated to model.n_layers (or
-// model.mixer in every layer), each block's FFN its own or model.mlp. The pattern is mixer names
-// separated by spaces or commas, each optionally with ":FFN" (gelu, swiglu, none) and "*N" (N
-// repeats), e.g. "gla*3 attention" or "gla:none, attention:gelu"; a pattern shorter than n_layers
-// repeats when its length divides n_layers. model.mlp must be resolved (not "auto"). InvalidArgument
-// naming the part of the pattern that is wrong.
-absl::StatusOr<std::vector<BlockSpec>> block_pattern(const RecipeModel& model);
 
 // Reads, validates and resolves a recipe; `overrides` are "section.key=value" strings (the text after
 // each --set), applied in order after the file. An error is InvalidArgument (NotFound for a missing
