@@ -1,4 +1,4 @@
-# Project peer, copied unchanged from the shared bench folder (/work/shared/bench/torch_attention.py) so that it
+# Project peer, copied unchanged from the shared bench folder (../shared/bench/torch_attention.py, beside the repository) so that it
 # travels with the repository to a GPU machine; bench/gpu_vs_torch.sh runs it. Keep it in step with that file.
 """Peer baseline: causal softmax attention forward + backward in PyTorch, timed.
 

@@ -1,4 +1,4 @@
-# Project peer, copied unchanged from the shared bench folder (/work/shared/bench/torch_gpt.py) so that it
+# Project peer, copied unchanged from the shared bench folder (../shared/bench/torch_gpt.py, beside the repository) so that it
 # travels with the repository to a GPU machine; bench/gpu_vs_torch.sh runs it. Keep it in step with that file.
 """Peer baseline: a GPT-2-style language model trained by PyTorch (eager, optionally compiled).
 

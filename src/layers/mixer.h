@@ -41,7 +41,6 @@ struct MixerContext {
   int64_t d_model = 0;
   int64_t n_heads = 0;
   int64_t n_kv_heads = 0;   // key/value heads of attention (grouped-query attention); = n_heads for MHA
-  int64_t max_seq_len = 0;  // the longest sequence the model takes
   PositionKind positions = PositionKind::none;
   double rope_base = 10000;  // θ_i = rope_base^(−2i/D) with positions = rope
   bool bias = false;         // biases in attention's projections (GPT-2)

@@ -137,7 +137,6 @@ MixerContext Decoder::mixer_context() const {
   ctx.d_model = cfg_.d_model;
   ctx.n_heads = cfg_.n_heads;
   ctx.n_kv_heads = cfg_.n_kv_heads;
-  ctx.max_seq_len = cfg_.max_seq_len;
   ctx.positions = cfg_.positions;
   ctx.rope_base = cfg_.rope_base;
   ctx.bias = cfg_.bias;

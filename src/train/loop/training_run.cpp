@@ -183,7 +183,7 @@ Evaluation evaluate(LanguageModel& model, const Data& data, int64_t batch_size, 
     Tensor logits = model.logits(b);
     total += model.loss_from_logits(b, logits).item();
     if (data.synthetic) {
-      AccuracyCount c = count_correct(logits, b.targets);
+      AccuracyCount c = count_correct(logits, ignore_past_lengths(b.scored_targets(), b.scored_lengths()));
       count.correct += c.correct;
       count.scored += c.scored;
     }
