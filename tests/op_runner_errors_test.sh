@@ -103,6 +103,26 @@ expect_error "no op named" "no op named" --in "$IN" --out "$OUT"
 
 # Positive controls, so the failures above fail for their stated reason: exp of f32 zeros is ones,
 # the out folder is created, and grad_x appears only when a cotangent is given.
+# Absurd attributes: a tile or chunk of 2^40 once aborted (std::bad_alloc inside an OpenMP region); it
+# is now the same single tile or chunk as any size beyond the sequence, so the results equal the default's.
+fresh absurd
+Q4="$F64_1$F64_2$F64_2$F64_1"
+for x in q k v; do npy "$IN/$x.npy" '<f8' '(1, 2, 1, 2)' "$Q4"; done
+npy "$IN/g.npy" '<f8' '(1, 2, 1, 2)' '\x00\x00\x00\x00\x00\x00\xe0\xbf\x00\x00\x00\x00\x00\x00\xe0\xbf\x00\x00\x00\x00\x00\x00\xe0\xbf\x00\x00\x00\x00\x00\x00\xe0\xbf'
+for op_attr in "attention block" "gla chunk" "gla sub_chunk"; do
+  set -- $op_attr
+  rm -rf "$WORK/absurd/a" "$WORK/absurd/b"
+  "$SEQLAB" op "$1" --in "$IN" --out "$WORK/absurd/a" --attr "$2=1099511627776" 2> "$WORK/stderr"
+  rc=$?
+  "$SEQLAB" op "$1" --in "$IN" --out "$WORK/absurd/b" 2>> "$WORK/stderr"
+  if [ "$rc" -eq 0 ] && cmp -s "$WORK/absurd/a/o.npy" "$WORK/absurd/b/o.npy"; then
+    echo "ok   $1 --attr $2=2^40: exit 0, the default's output"
+  else
+    echo "FAIL $1 --attr $2=2^40: exit $rc"; sed 's/^/  stderr: /' "$WORK/stderr"; failures=$((failures + 1))
+  fi
+done
+expect_error "negative chunk" "chunk must be positive" gla --in "$IN" --out "$OUT" --attr chunk=-5
+
 fresh success
 npy "$IN/x.npy" '<f4' '(2,)' "$F32_0$F32_0"
 npy "$WORK/ones.npy" '<f4' '(2,)' "$F32_1$F32_1"
@@ -121,7 +141,7 @@ else
 fi
 
 # The top-level command reports its misuse the same way.
-for args in "no_such_recipe.toml --set train.steps=1" "frobnicate"; do
+for args in "no_such_recipe.toml --set train.steps=1" "frobnicate" "sample no_run --temperature nan"; do
   # shellcheck disable=SC2086
   "$SEQLAB" $args > /dev/null 2> "$WORK/stderr"
   rc=$?

@@ -56,10 +56,13 @@ Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, bool causal
   return {h.B, h.T, h.S, h.H, h.Hk, h.dk, h.dv};
 }
 
-AttentionParams resolve(const AttentionOptions& opts, int64_t Dk) {
+// The tile is never larger than the longest side (a larger one covers the same single tile), so an
+// absurd block allocates nothing absurd.
+AttentionParams resolve(const AttentionOptions& opts, const Dims& d) {
   if (opts.block <= 0)
     throw std::invalid_argument("attention: block must be positive, got " + std::to_string(opts.block));
-  return {opts.causal, opts.scale > 0 ? opts.scale : 1.0 / std::sqrt(static_cast<double>(Dk)), opts.block};
+  const int64_t block = std::min(opts.block, std::max<int64_t>(1, std::max(d.T, d.S)));
+  return {opts.causal, opts.scale > 0 ? opts.scale : 1.0 / std::sqrt(static_cast<double>(d.Dk)), block};
 }
 
 void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* what) {
@@ -74,7 +77,7 @@ void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* wh
 
 AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
   const Dims d = check_inputs(q, k, v, opts.causal);
-  const AttentionParams p = resolve(opts, d.Dk);
+  const AttentionParams p = resolve(opts, d);
   AttentionOutput out{Tensor::empty({d.B, d.T, d.H, d.Dv}, q.dtype(), q.device()),
                       Tensor::empty({d.B, d.T, d.H}, accumulate_dtype(q.dtype()), q.device())};
   attention_forward_kernel(q.device(), kernel::contiguous(q), kernel::contiguous(k), kernel::contiguous(v), p, out.o,
@@ -86,7 +89,7 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& dlse, const 
                                   const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionOptions& opts,
                                   bool need_dq, bool need_dk, bool need_dv) {
   const Dims d = check_inputs(q, k, v, opts.causal);
-  const AttentionParams p = resolve(opts, d.Dk);
+  const AttentionParams p = resolve(opts, d);
   const Shape o_shape{d.B, d.T, d.H, d.Dv}, lse_shape{d.B, d.T, d.H};
   check_like(dout, o_shape, q.dtype(), "dout");
   check_like(out, o_shape, q.dtype(), "o");

@@ -63,14 +63,17 @@ Dims check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   return d;
 }
 
-GlaParams resolve(const GlaOptions& opts, int64_t dk) {
+// A chunk is never longer than the sequence (a longer one is the same single chunk), so an absurd chunk
+// allocates nothing absurd; a sub-chunk never longer than its chunk.
+GlaParams resolve(const GlaOptions& opts, const Dims& d) {
   if (opts.chunk <= 0) throw std::invalid_argument("gla: chunk must be positive, got " + std::to_string(opts.chunk));
   if (opts.sub_chunk <= 0) {
     throw std::invalid_argument("gla: sub_chunk must be positive, got " + std::to_string(opts.sub_chunk));
   }
   if (opts.scale < 0) throw std::invalid_argument("gla: scale must be ≥ 0 (0: 1/√dk), got " + std::to_string(opts.scale));
-  return {opts.form, opts.chunk, std::min(opts.sub_chunk, opts.chunk),
-          opts.scale > 0 ? opts.scale : 1.0 / std::sqrt(static_cast<double>(dk))};
+  const int64_t chunk = std::min(opts.chunk, std::max<int64_t>(1, d.T));
+  return {opts.form, chunk, std::min(opts.sub_chunk, chunk),
+          opts.scale > 0 ? opts.scale : 1.0 / std::sqrt(static_cast<double>(d.dk))};
 }
 
 Tensor contiguous_or_none(const Tensor& t) { return t.defined() ? kernel::contiguous(t) : t; }
@@ -87,7 +90,7 @@ void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* wh
 GlaOutput gla_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
                       const Tensor& initial_state, const GlaOptions& opts) {
   const Dims d = check_inputs(q, k, v, g, gv, initial_state);
-  const GlaParams p = resolve(opts, d.dk);
+  const GlaParams p = resolve(opts, d);
   GlaOutput out{Tensor::empty({d.B, d.T, d.H, d.dv}, q.dtype(), q.device()),
                 Tensor::empty({d.B, d.H, d.dk, d.dv}, q.dtype(), q.device())};
   gla_forward_kernel(q.device(), kernel::contiguous(q), kernel::contiguous(k), kernel::contiguous(v),
@@ -100,7 +103,7 @@ GlaGrads gla_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q,
                       const Tensor& g, const Tensor& gv, const Tensor& initial_state, const Tensor& o,
                       const GlaOptions& opts, const std::vector<bool>& need) {
   const Dims d = check_inputs(q, k, v, g, gv, initial_state);
-  const GlaParams p = resolve(opts, d.dk);
+  const GlaParams p = resolve(opts, d);
   if (need.size() != 6) throw std::invalid_argument("gla backward: need one flag per input (6)");
   const Shape o_shape{d.B, d.T, d.H, d.dv}, s_shape{d.B, d.H, d.dk, d.dv};
   const DType dt = q.dtype();
@@ -743,8 +746,7 @@ SEQLAB_REGISTER_KERNEL(gla_backward_kernel, DeviceType::CPU, &cpu::backward_cpu)
 // backward's dgv reads o ⊙ do); the backward is the kernel of the same form.
 GlaOutput gla(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
               const Tensor& initial_state, const GlaOptions& opts) {
-  kernel::check_inputs(q, k, v, g, gv, initial_state);
-  kernel::resolve(opts, q.size(3));
+  kernel::resolve(opts, kernel::check_inputs(q, k, v, g, gv, initial_state));
   const Tensor qc = kernel::contiguous(q), kc = kernel::contiguous(k), vc = kernel::contiguous(v),
                gc = kernel::contiguous(g), gvc = kernel::contiguous_or_none(gv),
                h0c = kernel::contiguous_or_none(initial_state);

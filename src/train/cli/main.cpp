@@ -1,4 +1,9 @@
-// seqlab: dispatches on the first argument to a subcommand (src/train/cli*.{h,cpp}).
+// seqlab: dispatches on the first argument to a subcommand (src/train/cli/*.{h,cpp}).
+//
+// Every subcommand reports its errors itself (run_guarded: one line, exit 2 for the user's mistakes, 1 for
+// seqlab's). Two nets below catch what could still escape: a try around the dispatch, and a terminate
+// handler for an exception that cannot propagate (thrown inside an OpenMP region or a noexcept function),
+// which would otherwise abort with SIGABRT. Both print one line and exit non-zero; neither dumps a stack.
 #include <absl/strings/match.h>
 
 #include <iostream>
@@ -7,11 +12,29 @@
 
 #include "train/cli/commands.h"
 #include "train/cli/data.h"
+#include "train/cli/util.h"
 #include "train/loop/training_run.h"
 
+namespace {
+
+int dispatch(const std::vector<std::string>& args);
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  seqlab::cli::install_terminate_handler();
+  try {
+    return dispatch(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (...) {
+    std::cerr << "seqlab: internal error: " << seqlab::cli::describe_current_exception() << "\n";
+    return 1;
+  }
+}
+
+namespace {
+
+int dispatch(const std::vector<std::string>& args) {
   using namespace seqlab::cli;
-  std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     std::cerr << usage_text();
     return kUsageError;
@@ -35,3 +58,5 @@ int main(int argc, char** argv) {
   std::cerr << "seqlab: unknown command '" << command << "' (see seqlab --help)\n";
   return kUsageError;
 }
+
+}  // namespace

@@ -4,7 +4,11 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_replace.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <iostream>
+#include <new>
 #include <stdexcept>
 
 namespace seqlab::cli {
@@ -55,10 +59,41 @@ int run_guarded(const std::string& command, const std::function<void()>& body) {
   } catch (const std::invalid_argument& e) {
     report(e.what());
     return kUsageError;
+  } catch (const std::bad_alloc&) {
+    report("out of memory: an allocation failed (std::bad_alloc); the run needs more memory than this machine gave");
+    return 1;
   } catch (const std::exception& e) {
     report(std::string("internal error: ") + e.what());
     return 1;
+  } catch (...) {
+    report("internal error: an exception that is not a std::exception");
+    return 1;
   }
 }
+
+std::string describe_current_exception() {
+  try {
+    if (std::exception_ptr e = std::current_exception()) std::rethrow_exception(e);
+  } catch (const std::bad_alloc&) {
+    return "out of memory (std::bad_alloc)";
+  } catch (const std::exception& e) {
+    return absl::StrReplaceAll(e.what(), {{"\n", " "}});
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+  return "std::terminate without an exception";
+}
+
+namespace {
+
+[[noreturn]] void terminate_with_one_line() {
+  std::fprintf(stderr, "seqlab: internal error: %s\n", describe_current_exception().c_str());
+  std::fflush(stderr);
+  std::_Exit(70);  // not abort(): no SIGABRT, no core dump
+}
+
+}  // namespace
+
+void install_terminate_handler() { std::set_terminate(terminate_with_one_line); }
 
 }  // namespace seqlab::cli

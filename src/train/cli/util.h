@@ -6,6 +6,7 @@
 #include <absl/status/statusor.h>
 #include <absl/strings/numbers.h>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <set>
@@ -43,6 +44,8 @@ class Flags {
     bool ok;
     if constexpr (std::is_floating_point_v<T>) {
       ok = absl::SimpleAtod(text, &v);
+      // nan and inf parse, but no flag means them: --temperature nan would otherwise decode greedily.
+      if (ok && !std::isfinite(v)) throw UserError(flag + " expects a finite number, got '" + text + "'");
     } else {
       ok = absl::SimpleAtoi(text, &v);
     }
@@ -69,5 +72,11 @@ inline void ok_or_throw(const absl::Status& s) {
 // check) is printed as "seqlab COMMAND: message" on one line and gives exit code 2; any other
 // exception is a broken invariant inside seqlab, reported as an internal error with exit code 1.
 int run_guarded(const std::string& command, const std::function<void()>& body);
+
+// What the exception being handled (std::current_exception) says, in one line.
+std::string describe_current_exception();
+// Makes std::terminate print "seqlab: internal error: <what>" and exit with code 70 (EX_SOFTWARE) instead of
+// aborting: for an exception that cannot propagate (thrown inside an OpenMP region or a noexcept function).
+void install_terminate_handler();
 
 }  // namespace seqlab::cli

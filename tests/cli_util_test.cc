@@ -1,0 +1,67 @@
+// The command line's safety nets (train/cli/util.h): numeric flags refuse nan and inf; run_guarded turns
+// every exception into one line and an exit code (2 for the user's mistakes, 1 otherwise, also for
+// std::bad_alloc and exceptions that are not std::exception); the terminate handler turns an exception
+// that cannot propagate (thrown in a noexcept function; an OpenMP region is one too) into one line and
+// exit code 70 instead of SIGABRT.
+#include "train/cli/util.h"
+
+#include <gtest/gtest.h>
+
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace seqlab::cli {
+namespace {
+
+TEST(CliFlags, NumbersMustBeFinite) {
+  for (const char* text : {"nan", "inf", "-inf", "NaN"}) {
+    Flags f({"--temperature", text}, "sample", {"--temperature"}, {}, {}, 0);
+    try {
+      f.number<double>("--temperature", 0.8);
+      ADD_FAILURE() << text << " was accepted";
+    } catch (const UserError& e) {
+      EXPECT_EQ(std::string(e.what()), std::string("--temperature expects a finite number, got '") + text + "'");
+    }
+  }
+  Flags ok({"--temperature", "0.5"}, "sample", {"--temperature"}, {}, {}, 0);
+  EXPECT_EQ(ok.number<double>("--temperature", 0.8), 0.5);
+  Flags bad({"--tokens", "12x"}, "sample", {"--tokens"}, {}, {}, 0);
+  EXPECT_THROW(bad.number<int64_t>("--tokens", 1), UserError);
+}
+
+TEST(CliGuard, EveryExceptionBecomesOneLineAndAnExitCode) {
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(run_guarded("x", [] { throw UserError("bad flag"); }), kUsageError);
+  EXPECT_EQ(run_guarded("x", [] { throw std::invalid_argument("bad shape"); }), kUsageError);
+  EXPECT_EQ(run_guarded("x", [] { throw std::bad_alloc(); }), 1);
+  EXPECT_EQ(run_guarded("x", [] { throw std::runtime_error("broken\ninvariant"); }), 1);
+  EXPECT_EQ(run_guarded("x", [] { throw 42; }), 1);
+  EXPECT_EQ(run_guarded("x", [] {}), 0);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err,
+            "seqlab x: bad flag\n"
+            "seqlab x: bad shape\n"
+            "seqlab x: out of memory: an allocation failed (std::bad_alloc); the run needs more memory than this "
+            "machine gave\n"
+            "seqlab x: internal error: broken invariant\n"
+            "seqlab x: internal error: an exception that is not a std::exception\n");
+}
+
+void throws() { throw std::runtime_error("thrown where it cannot propagate"); }
+void throws_through_noexcept() noexcept { throws(); }
+
+TEST(CliGuardDeathTest, TerminateIsOneLineAndExitCode70) {
+  // The threads of OpenMP and OpenBLAS make fork() alone unsafe: the child runs the test binary afresh.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        install_terminate_handler();
+        throws_through_noexcept();
+      },
+      testing::ExitedWithCode(70), "^seqlab: internal error: thrown where it cannot propagate\n$");
+}
+
+}  // namespace
+}  // namespace seqlab::cli
