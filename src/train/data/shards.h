@@ -39,7 +39,7 @@ class Shard {
   const uint16_t* tokens() const { return reinterpret_cast<const uint16_t*>(file_.data() + kShardHeaderBytes); }
   const std::string& path() const { return file_.path(); }
   // An error naming the file, the first id ≥ vocab_size and its position when there is one. One pass
-  // over the ids, as fast as summing them: 7–15 ms for a 100M-token shard in the page cache
+  // over the ids, no slower than summing them: 7–17 ms for a 100M-token shard in the page cache
   // (bench/shard_check_bench.cpp); a shard not yet read adds the disk's time for its bytes.
   absl::Status check_ids(int64_t vocab_size) const;
 
