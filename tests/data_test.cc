@@ -1,7 +1,10 @@
-// The data pipeline: shards (round trip, a hand-built llm.c shard, every way a shard can be broken),
-// document formats (fortune, paragraphs, JSONL with escapes), prepare (split, streams, determinism,
-// cache) and the loader (determinism, epochs, ranks, state and restore, the eval walk).
+// The data pipeline: shards (round trip, a hand-built llm.c shard, every way a shard can be broken, ids
+// beyond the vocabulary), document formats (fortune, paragraphs, JSONL with escapes), prepare (split,
+// streams, determinism, cache, leftovers of killed prepares, meta.json's ranges), shard folders (seqlab's
+// with meta.json, llm.c's without) and the loader (determinism, epochs, ranks, state and restore, the
+// eval walk).
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "train/data/data_io.h"
 #include "train/data/documents.h"
 #include "train/data/loader.h"
 #include "train/data/prepare.h"
@@ -132,6 +136,34 @@ TEST_F(Data, BrokenShardsAreRefusedWithTheMismatch) {
   auto missing = Shard::open(path("nope.bin"));
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find(path("nope.bin") + ": cannot open"), std::string::npos);
+}
+
+TEST_F(Data, IdsBeyondTheVocabularyAreFoundWhenTheShardOpens) {
+  // 70000 tokens: the bad id sits in the second block of 65536 that check_ids scans.
+  std::vector<int32_t> t(70000, 5);
+  t[68001] = 300;
+  t[69000] = 400;
+  ASSERT_TRUE(write_shard(path("x_train_000000.bin"), t).ok());
+  auto s = Shard::open(path("x_train_000000.bin"));
+  ASSERT_TRUE(s.ok());
+  EXPECT_TRUE(s->check_ids(401).ok());
+  EXPECT_TRUE(s->check_ids(kShardMaxVocab).ok());
+  absl::Status bad = s->check_ids(300);
+  EXPECT_EQ(bad.message(), path("x_train_000000.bin") + ": token id 300 at position 68001 is outside the vocabulary of 300 ids");
+  EXPECT_EQ(s->check_ids(6).message(), path("x_train_000000.bin") + ": token id 300 at position 68001 is outside the vocabulary of 6 ids");
+  EXPECT_EQ(s->check_ids(5).message(), path("x_train_000000.bin") + ": token id 5 at position 0 is outside the vocabulary of 5 ids");
+  // The loader checks every shard as it opens them, before any batch.
+  std::string good = counting_shard("a_train_000000.bin", 0, 100);
+  LoaderOptions o;
+  o.seq_len = 4;
+  o.vocab_size = 350;
+  auto l = TokenLoader::open({good, path("x_train_000000.bin")}, o);
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.status().message(), path("x_train_000000.bin") + ": token id 400 at position 69000 is outside the vocabulary of 350 ids");
+  o.vocab_size = 0;
+  EXPECT_EQ(TokenLoader::open({good}, o).status().message(), "vocab_size 0 must be at least 1");
+  o.vocab_size = 100;
+  EXPECT_TRUE(TokenLoader::open({good}, o).ok());
 }
 
 TEST_F(Data, FindShardsBySplitWord) {
@@ -260,7 +292,19 @@ TEST(Prepare, SplitIsExactAndDeterministic) {
   auto none = split_documents(3, 0, 0);
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(std::count(none->begin(), none->end(), true), 0);
-  EXPECT_FALSE(split_documents(1, 0.1, 0).ok());
+  // One document: the advice is more documents (val_fraction 0 is no advice: a recipe refuses it).
+  auto one = split_documents(1, 0.1, 0);
+  ASSERT_FALSE(one.ok());
+  EXPECT_EQ(one.status().message(),
+            "a corpus of 1 document cannot be split between train and val, which take whole documents: give at "
+            "least 2 (text files: paragraphs separated by a blank line; fortune: entries separated by '%' lines; "
+            "jsonl: one object per line)");
+  EXPECT_TRUE(split_documents(2, 0.5, 0).ok());  // from 2 documents on, every fraction a recipe allows works
+  EXPECT_TRUE(split_documents(3, 0.5, 0).ok());
+  auto most = split_documents(5, 0.9, 0);
+  ASSERT_FALSE(most.ok());
+  EXPECT_EQ(most.status().message(),
+            "cannot split 5 documents with val_fraction 0.9: train would be empty; use a val_fraction of at most 0.5");
   EXPECT_FALSE(split_documents(10, 1.0, 0).ok());
   EXPECT_FALSE(split_documents(10, -0.1, 0).ok());
 }
@@ -384,7 +428,9 @@ TEST_F(PrepareTest, BpeTokenizerAndErrors) {
   one.source = {put("one.txt", "a single paragraph\n"), DocFormat::text, "text"};
   auto s = prepare_dataset(one, path("out3"));
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.status().message().find("cannot split 1 document(s)"), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find("a corpus of 1 document cannot be split between train and val"),
+            std::string::npos)
+      << s.status();
   EXPECT_EQ(s.status().message().rfind(path("one.txt"), 0), 0u);
 }
 
@@ -415,6 +461,156 @@ TEST_F(PrepareTest, CachedPrepareIsKeyedByInputsAndOptions) {
   int leftovers = 0;
   for (const auto& e : fs::directory_iterator(path("cache"))) leftovers += e.path().string().find(".tmp.") != std::string::npos;
   EXPECT_EQ(leftovers, 0);
+}
+
+TEST_F(PrepareTest, MetaJsonNumbersAreCheckedBeforeUse) {
+  PrepareOptions o;
+  o.source = {corpus(), DocFormat::fortune, "text"};
+  auto prepared = prepare_dataset(o, path("out"));
+  ASSERT_TRUE(prepared.ok());
+  const std::string meta = slurp(path("out/meta.json"));
+  auto error_with = [&](const std::string& from, const std::string& to) {
+    std::string text = meta;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    put("out/meta.json", text);
+    auto info = read_dataset_info(path("out"));
+    return info.ok() ? std::string("read") : std::string(info.status().message());
+  };
+  const std::string file = path("out/meta.json") + ": ";
+  EXPECT_EQ(error_with("\"vocab_size\": 275", "\"vocab_size\": 2e9"),
+            file + "\"vocab_size\" must be an integer in [1, 65536] (uint16 shards), got 2e9");
+  EXPECT_EQ(error_with("\"vocab_size\": 275", "\"vocab_size\": 2000000000"),
+            file + "\"vocab_size\" must be an integer in [1, 65536] (uint16 shards), got 2000000000");
+  EXPECT_EQ(error_with("\"vocab_size\": 275", "\"vocab_size\": 0"),
+            file + "\"vocab_size\" must be an integer in [1, 65536] (uint16 shards), got 0");
+  EXPECT_EQ(error_with("\"vocab_size\": 275", "\"vocab_size\": 99999999999999999999999"),
+            file + "\"vocab_size\" must be an integer in [1, 65536] (uint16 shards), got 99999999999999999999999");
+  EXPECT_EQ(error_with("\"vocab_size\": 275", "\"vocab_size\": \"275\""), file + "missing number \"vocab_size\"");
+  EXPECT_EQ(error_with("\"eot\": 256", "\"eot\": 275"), file + "\"eot\" must be an id below vocab_size, got 275");
+  EXPECT_EQ(error_with("\"train_tokens\": ", "\"train_tokens\": -"), file + "\"train_tokens\" must be an integer ≥ 0, got -" +
+                                                                    std::to_string(prepared->train_tokens));
+  EXPECT_EQ(error_with("\"val_fraction\": 0.05", "\"val_fraction\": 1"), file + "\"val_fraction\" must be a number in [0, 1), got 1");
+  EXPECT_EQ(error_with("\"seed\": 0", "\"seed\": 7"), "read");
+  // The tokenizer meta.json names must have its vocabulary.
+  std::string text = meta;
+  text.replace(text.find("\"vocab_size\": 275"), 17, "\"vocab_size\": 300");
+  put("out/meta.json", text);
+  auto info = read_dataset_info(path("out"));
+  ASSERT_TRUE(info.ok()) << info.status();
+  auto decoder = open_decoder(*info);
+  ASSERT_FALSE(decoder.ok());
+  EXPECT_EQ(decoder.status().message(), path("out/meta.json") + ": vocab_size is 300 but its byte tokenizer has 275 ids");
+}
+
+TEST_F(PrepareTest, ShardFoldersWithMetaJsonAgreeWithTheRecipe) {
+  PrepareOptions o;
+  o.source = {corpus(), DocFormat::fortune, "text"};
+  ASSERT_TRUE(prepare_dataset(o, path("out")).ok());
+  auto info = open_shard_folder(path("out"), 0, "");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->tokenizer, "byte");
+  EXPECT_EQ(info->vocab_size, 275);
+  EXPECT_TRUE(open_shard_folder(path("out"), 275, "").ok());
+  EXPECT_EQ(open_shard_folder(path("out"), 50257, "").status().message(),
+            path("out/meta.json") + ": vocab_size is 275, not data.vocab_size = 50257 (meta.json describes the folder: "
+                                    "leave data.vocab_size at 0)");
+  EXPECT_EQ(open_shard_folder(path("out"), 0, path("tok.bin")).status().message(),
+            path("out/meta.json") + ": the folder's tokenizer is byte, not data.tokenizer_path = " + path("tok.bin") +
+                " (meta.json names the tokenizer: leave data.tokenizer_path empty)");
+}
+
+// A folder as llm.c's data scripts leave it: <name>_train_NNNNNN.bin, <name>_val_NNNNNN.bin, no meta.json.
+TEST_F(Data, LlmcShardFoldersTakeTheirVocabularyFromTheRecipeOrTheTokenizer) {
+  put("llmc/tiny_train_000000.bin", llmc_shard(20240520, 1, 4, {50256, 464, 2068, 7586}));
+  put("llmc/tiny_train_000001.bin", llmc_shard(20240520, 1, 2, {50256, 13}));
+  put("llmc/tiny_val_000000.bin", llmc_shard(20240520, 1, 3, {50256, 40, 41}));
+  auto gpt2 = open_shard_folder(path("llmc"), 0, "");
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  EXPECT_EQ(gpt2->vocab_size, 50257);
+  EXPECT_EQ(gpt2->eot, 50256);
+  EXPECT_EQ(gpt2->tokenizer, "ids");
+  EXPECT_EQ(gpt2->source_format, "llm.c");
+  EXPECT_EQ(gpt2->train_shards, 2);
+  EXPECT_EQ(gpt2->val_shards, 1);
+  auto ids = open_decoder(*gpt2);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ((*ids)->decode({50256, 464, 2068}), "50256 464 2068");
+  auto set = open_shard_folder(path("llmc"), 60000, "");
+  ASSERT_TRUE(set.ok());
+  EXPECT_EQ(set->vocab_size, 60000);
+  EXPECT_EQ(set->eot, 59999);
+
+  // A tokenizer file: its count is the vocabulary, and a recipe's data.vocab_size must agree.
+  std::string tok(1024, '\0');
+  const uint32_t header[4] = {20240328, 2, 50257, 50256};
+  std::memcpy(&tok[0], header, sizeof header);
+  for (int i = 0; i < 50257; ++i) {
+    std::string bytes = i == 50256 ? "<|endoftext|>" : i == 464 ? "The" : i == 2068 ? " quick" : "t" + std::to_string(i);
+    tok += static_cast<char>(bytes.size()) + bytes;
+  }
+  std::string tok_path = put("gpt2_tokenizer.bin", tok);
+  auto with = open_shard_folder(path("llmc"), 0, tok_path);
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_EQ(with->tokenizer, "llmc");
+  EXPECT_EQ(with->tokenizer_path, tok_path);
+  EXPECT_EQ(with->vocab_size, 50257);
+  auto text = open_decoder(*with);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ((*text)->decode({50256, 464, 2068}), "<|endoftext|>The quick");
+  EXPECT_TRUE(open_shard_folder(path("llmc"), 50257, tok_path).ok());
+  EXPECT_EQ(open_shard_folder(path("llmc"), 50304, tok_path).status().message(),
+            tok_path + ": holds 50257 tokens, not data.vocab_size = 50304");
+  std::string merges = put("merges.txt", "seqlab-bpe 1\n104 101\n");
+  EXPECT_EQ(open_shard_folder(path("llmc"), 0, merges).status().message(),
+            merges + ": not an llm.c tokenizer file: magic 1819370867, expected 20240328");
+
+  // What is not such a folder.
+  put("empty/notes.txt", "x");
+  EXPECT_EQ(open_shard_folder(path("empty"), 0, "").status().message(),
+            path("empty") + ": neither meta.json (seqlab's prepare) nor train shards (llm.c's <name>_train_NNNNNN.bin): "
+                            "not a folder of token shards");
+  EXPECT_NE(open_shard_folder(path("absent"), 0, "").status().message().find(path("absent") + ": cannot list"),
+            std::string::npos);
+  put("trainonly/tiny_train_000000.bin", llmc_shard(20240520, 1, 1, {1}));
+  EXPECT_EQ(open_shard_folder(path("trainonly"), 0, "").status().message(),
+            path("trainonly") + ": no val shards (*val*.bin)");
+}
+
+TEST_F(PrepareTest, TemporariesOfDeadWritersAreRemovedOnTheNextStart) {
+  // A pid that has just exited (and been reaped) belongs to no process.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  const std::string dead = std::to_string(child), alive = std::to_string(::getppid()), self = std::to_string(::getpid());
+  put("cache/fortunes-0123456789abcdef.tmp." + dead + "/train_000000.bin", "half");
+  put("cache/meta.json.tmp." + dead, "half");
+  put("cache/other-0123456789abcdef.tmp." + alive + "/train_000000.bin", "a live writer's");
+  put("cache/mine.tmp." + self + "/x", "this process's");
+  put("cache/notes.tmp.txt", "not a pid");
+  put("cache/keep-0123456789abcdef/meta.json", "{}");
+  std::vector<std::string> gone = remove_dead_temporaries(path("cache"));
+  std::sort(gone.begin(), gone.end());
+  EXPECT_EQ(gone, (std::vector<std::string>{"fortunes-0123456789abcdef.tmp." + dead, "meta.json.tmp." + dead}));
+  EXPECT_TRUE(fs::exists(path("cache/other-0123456789abcdef.tmp." + alive)));
+  EXPECT_TRUE(fs::exists(path("cache/mine.tmp." + self)));
+  EXPECT_TRUE(fs::exists(path("cache/notes.tmp.txt")));
+  EXPECT_TRUE(fs::exists(path("cache/keep-0123456789abcdef/meta.json")));
+  EXPECT_TRUE(remove_dead_temporaries(path("absent")).empty());
+
+  // prepare_cached does it at every start, whether the data is prepared already or not.
+  put("cache/fortunes-0123456789abcdef.tmp." + dead + "/train_000000.bin", "half");
+  PrepareOptions o;
+  o.source = {corpus(), DocFormat::fortune, "text"};
+  ASSERT_TRUE(prepare_cached(o, path("cache")).ok());
+  EXPECT_FALSE(fs::exists(path("cache/fortunes-0123456789abcdef.tmp." + dead)));
+  put("cache/fortunes-0123456789abcdef.tmp." + dead + "/train_000000.bin", "half");
+  ASSERT_TRUE(prepare_cached(o, path("cache")).ok());
+  EXPECT_FALSE(fs::exists(path("cache/fortunes-0123456789abcdef.tmp." + dead)));
+  EXPECT_TRUE(fs::exists(path("cache/other-0123456789abcdef.tmp." + alive)));
 }
 
 // ---------------------------------------------------------------------------------------------------

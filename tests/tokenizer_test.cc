@@ -1,5 +1,6 @@
 // Tokenizers: byte round trips and special tokens, the pre-tokenisation, BPE training on text whose
-// merges can be worked out by hand, exact round trips, the merges file and each way it can be wrong.
+// merges can be worked out by hand, exact round trips, the merges file and each way it can be wrong;
+// llm.c's tokenizer file (decoding, prompts as ids, each way it can be wrong) and the token-id decoder.
 #include "train/data/tokenizer.h"
 
 #include <gtest/gtest.h>
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -224,6 +226,115 @@ TEST(BpeTokenizer, EncodesMegabytesQuickly) {
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(t->decode(ids), big);
   EXPECT_LT(s, 10.0);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// llm.c's tokenizer file and the token-id decoder
+
+// A tokenizer file built byte by byte in llm.c's layout: 256 uint32 of header, then each token's length
+// byte and bytes.
+std::string llmc_file(uint32_t magic, uint32_t version, uint32_t n, uint32_t eot, const std::vector<std::string>& tokens) {
+  std::string b(1024, '\0');
+  const uint32_t header[4] = {magic, version, n, eot};
+  std::memcpy(&b[0], header, sizeof header);
+  for (const std::string& t : tokens) b += static_cast<char>(t.size()) + t;
+  return b;
+}
+
+const std::vector<std::string> kSmall = {"a", "b", " the", "\xc3\xa9", "<|endoftext|>"};  // eot = 4, last as in GPT-2
+
+std::string llmc_error(const std::string& bytes) {
+  auto t = LlmcTokenizer::parse(bytes, "tok.bin");
+  return t.ok() ? "parsed" : std::string(t.status().message());
+}
+
+TEST(LlmcTokenizer, DecodesIdsToTheFilesBytes) {
+  auto t = LlmcTokenizer::parse(llmc_file(20240328, 2, 5, 4, kSmall), "tok.bin");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->name(), "llmc");
+  EXPECT_EQ(t->version(), 2);
+  EXPECT_EQ(t->vocab_size(), 5);
+  EXPECT_EQ(t->eot(), 4);
+  EXPECT_TRUE(t->is_special(4));
+  EXPECT_FALSE(t->is_special(3));
+  EXPECT_EQ(t->decode({4, 2, 0, 1, 3}), "<|endoftext|> theab\xc3\xa9");
+  EXPECT_EQ(t->token_text(5), "<|unknown_5|>");
+  EXPECT_EQ(t->token_text(-1), "<|unknown_-1|>");
+  // No merges, so no text encoding: a prompt is ids or nothing.
+  auto ids = t->encode_prompt(" 2, 0 1\n3 ");
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(*ids, (Ids{2, 0, 1, 3}));
+  EXPECT_EQ(t->encode_prompt("")->size(), 0u);
+  EXPECT_EQ(t->encode_prompt("2 the").status().message(),
+            "llm.c's tokenizer file holds no BPE merges, so text cannot be encoded: give the prompt as token ids "
+            "separated by spaces, such as \"464 2068\", not 'the'");
+  EXPECT_EQ(t->encode_prompt("5").status().message(), "prompt token id 5 is outside the vocabulary of 5 ids");
+  EXPECT_EQ(t->encode_prompt("-1").status().message(), "prompt token id -1 is outside the vocabulary of 5 ids");
+}
+
+TEST(LlmcTokenizer, VersionOneMeansGpt2sEndOfText) {
+  std::vector<std::string> tokens(50257);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = "t" + std::to_string(i);
+  auto t = LlmcTokenizer::parse(llmc_file(20240328, 1, 50257, 0, tokens), "gpt2_tokenizer.bin");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->eot(), 50256);
+  EXPECT_EQ(t->decode({0, 50256}), "t0t50256");
+  EXPECT_EQ(llmc_error(llmc_file(20240328, 1, 5, 0, kSmall)),
+            "tok.bin: end-of-text id 50256 (implied by version 1) is outside the vocabulary of 5 tokens");
+}
+
+TEST(LlmcTokenizer, EveryBrokenFileIsRefusedWithWhatIsWrong) {
+  EXPECT_EQ(llmc_error(""), "tok.bin: truncated llm.c tokenizer file: 0 bytes, less than the 1024-byte header");
+  EXPECT_EQ(llmc_error(llmc_file(20240328, 2, 5, 4, {}).substr(0, 100)),
+            "tok.bin: truncated llm.c tokenizer file: 100 bytes, less than the 1024-byte header");
+  EXPECT_EQ(llmc_error(llmc_file(20240520, 2, 5, 4, kSmall)),
+            "tok.bin: not an llm.c tokenizer file: magic 20240520, expected 20240328");
+  EXPECT_EQ(llmc_error(llmc_file(20240328, 3, 5, 4, kSmall)), "tok.bin: llm.c tokenizer version 3 is not supported (1 or 2)");
+  EXPECT_EQ(llmc_error(llmc_file(20240328, 2, 0, 0, {})), "tok.bin: the header's vocab_size is 0");
+  // An absurd count is refused from the file's size, before anything is allocated for it.
+  EXPECT_EQ(llmc_error(llmc_file(20240328, 2, 2000000000, 4, kSmall)),
+            "tok.bin: the header's vocab_size 2000000000 does not fit the file: 26 bytes after the header hold at "
+            "most 13 tokens");
+  EXPECT_EQ(llmc_error(llmc_file(20240328, 2, 5, 5, kSmall)), "tok.bin: end-of-text id 5 is outside the vocabulary of 5 tokens");
+  EXPECT_EQ(llmc_error(llmc_file(20240328, 2, 5, 4, {"a", "", "b", "c", "d", "e"})), "tok.bin: token 1 has length 0 (at byte 1026)");
+  EXPECT_EQ(llmc_error(llmc_file(20240328, 2, 5, 4, kSmall).substr(0, 1024 + 10)),
+            "tok.bin: token 3 of 2 bytes is cut off by the end of the file");
+  EXPECT_EQ(llmc_error(llmc_file(20240328, 2, 5, 4, {"aaaa", "bbbb"})), "tok.bin: the file ends before token 2 of 5");
+  EXPECT_EQ(llmc_error(llmc_file(20240328, 2, 5, 4, kSmall) + "xyz"), "tok.bin: 3 bytes follow the last token");
+}
+
+TEST(TokenIdDecoder, PrintsIdsAndTakesTheLastIdAsEndOfText) {
+  TokenIdDecoder d(50257);
+  EXPECT_EQ(d.name(), "ids");
+  EXPECT_EQ(d.vocab_size(), 50257);
+  EXPECT_EQ(d.eot(), 50256);
+  EXPECT_TRUE(d.is_special(50256));
+  EXPECT_FALSE(d.is_special(0));
+  EXPECT_EQ(d.decode({464, 2068, 50256, 50300}), "464 2068 50256 <|unknown_50300|>");
+  EXPECT_EQ(d.decode({}), "");
+  EXPECT_EQ(*d.encode_prompt("464 2068"), (Ids{464, 2068}));
+  EXPECT_EQ(d.encode_prompt("The").status().message(),
+            "without a tokenizer file (data.tokenizer_path) text cannot be encoded: give the prompt as token ids "
+            "separated by spaces, such as \"464 2068\", not 'The'");
+}
+
+TEST_F(BpeFile, DecodersByKindAndLlmcFilesAreNotMerges) {
+  std::string p = put(llmc_file(20240328, 2, 5, 4, kSmall));
+  auto llmc = make_decoder("llmc", p, 0);
+  ASSERT_TRUE(llmc.ok()) << llmc.status();
+  EXPECT_EQ((*llmc)->decode({2, 4}), " the<|endoftext|>");
+  auto ids = make_decoder("ids", "", 7);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ((*ids)->eot(), 6);
+  EXPECT_EQ(make_decoder("ids", "", 0).status().message(), "a token-id decoder needs a vocabulary of 1 to 2147483647 ids, not 0");
+  auto byte = make_decoder("byte", "", 0);
+  ASSERT_TRUE(byte.ok());
+  EXPECT_EQ((*byte)->vocab_size(), 275);
+  EXPECT_EQ(make_decoder("sentencepiece", "", 0).status().message(), "unknown tokenizer 'sentencepiece' (byte, bpe, llmc or ids)");
+  // Given as BPE merges, llm.c's file is named for what it is.
+  EXPECT_EQ(error_of(llmc_file(20240328, 2, 5, 4, kSmall)),
+            ": llm.c's tokenizer file, not BPE merges: it decodes llm.c's shards (data.source = \"shards\") but holds "
+            "no merges to encode text with");
 }
 
 }  // namespace

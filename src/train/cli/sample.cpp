@@ -22,7 +22,8 @@ constexpr char kSampleUsage[] =
     "prints the prompt and the continuation. The prompt follows an end-of-text token, as every document\n"
     "of the training data does; special tokens other than end-of-text are never drawn.\n"
     "\n"
-    "  --prompt TEXT      text to continue (default: none, a document from its start)\n"
+    "  --prompt TEXT      text to continue (default: none, a document from its start); for llm.c's shards,\n"
+    "                     whose tokenizer file holds no merges, token ids (\"464 2068\")\n"
     "  --tokens N         tokens to generate (default 256)\n"
     "  --temperature T    softmax temperature; 0: greedy, always the most likely token (default 0.8)\n"
     "  --top-k K          draw only among the K most likely tokens; 0: no limit (default 0)\n"
@@ -31,12 +32,15 @@ constexpr char kSampleUsage[] =
     "  --seed S           the random draws (default 0): the same seed gives the same text\n"
     "  --checkpoint FILE  a checkpoint other than RUN's newest\n";
 
-// The tokenizer the run trained with: from its recipe, or from the metadata of its shards.
-std::unique_ptr<Tokenizer> run_tokenizer(const Recipe& r) {
-  if (r.data.source == "text") return value_or_throw(make_tokenizer(r.data.tokenizer, r.data.tokenizer_path));
+// The decoder of the run's data: its recipe's tokenizer, or that of its shard folder (meta.json's, or
+// for llm.c's shards data.tokenizer_path's, else token ids).
+std::unique_ptr<TokenDecoder> run_tokenizer(const Recipe& r) {
+  if (r.data.source == "text") {
+    return std::unique_ptr<TokenDecoder>(value_or_throw(make_tokenizer(r.data.tokenizer, r.data.tokenizer_path)));
+  }
   if (r.data.source == "shards") {
-    DatasetInfo info = value_or_throw(read_dataset_info(r.data.path));
-    return value_or_throw(make_tokenizer(info.tokenizer, info.tokenizer_path));
+    return value_or_throw(open_decoder(value_or_throw(open_shard_folder(r.data.path, r.data.vocab_size,
+                                                                         r.data.tokenizer_path))));
   }
   throw UserError("the run trains on the synthetic task " + r.data.source + ", which has no text to sample");
 }
@@ -62,16 +66,14 @@ void sample(const std::vector<std::string>& args) {
   Generator gen(f.number<uint64_t>("--seed", 0));
 
   Recipe recipe = load_run_recipe(run);
-  std::unique_ptr<Tokenizer> tokenizer = run_tokenizer(recipe);
+  std::unique_ptr<TokenDecoder> tokenizer = run_tokenizer(recipe);
+  const std::vector<int32_t> prompt = value_or_throw(sample_prompt_ids(*tokenizer, f.get("--prompt")));
   Checkpoint checkpoint = read_checkpoint(f.has("--checkpoint") ? f.get("--checkpoint") : newest_checkpoint(run));
   std::unique_ptr<LanguageModel> model = value_or_throw(build_model(recipe, checkpoint.vocab_size));
   restore_weights(checkpoint, *model);
   o.suppressed = non_text_ids(*tokenizer, model->vocab_size());
 
-  const std::string prompt_text = f.get("--prompt");
-  std::vector<int32_t> prompt = {tokenizer->eot()};
-  for (int32_t id : tokenizer->encode(prompt_text)) prompt.push_back(id);
-  std::cout << prompt_text << tokenizer->decode(generate(*model, prompt, o, gen)) << "\n";
+  std::cout << decode_sample(*tokenizer, prompt, generate(*model, prompt, o, gen)) << "\n";
 }
 
 }  // namespace

@@ -1,14 +1,18 @@
 #include "train/data/data_io.h"
 
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 namespace seqlab {
@@ -51,6 +55,27 @@ absl::Status write_file_atomic(const std::string& path, std::initializer_list<ab
     return absl::InternalError(absl::StrCat(path, ": rename failed (", reason, ")"));
   }
   return absl::OkStatus();
+}
+
+std::vector<std::string> remove_dead_temporaries(const std::string& folder) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const std::filesystem::directory_entry& e : std::filesystem::directory_iterator(folder, ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t at = name.rfind(".tmp.");
+    int64_t pid;
+    if (at == std::string::npos || at == 0 || !absl::SimpleAtoi(absl::string_view(name).substr(at + 5), &pid) ||
+        pid <= 0 || pid > INT32_MAX) {
+      continue;
+    }
+    // kill(pid, 0) delivers nothing; it fails with ESRCH only when no such process exists (EPERM: one
+    // exists, owned by another user).
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::error_code rm;
+    std::filesystem::remove_all(e.path(), rm);
+    if (!rm) removed.push_back(name);
+  }
+  return removed;
 }
 
 absl::StatusOr<MappedFile> MappedFile::open(const std::string& path) {

@@ -24,6 +24,13 @@ absl::StatusOr<std::string> read_file(const std::string& path);
 // it over `path`, so a reader never sees half a file and a failure leaves the old file in place.
 absl::Status write_file_atomic(const std::string& path, std::initializer_list<absl::string_view> parts);
 
+// Removes the entries of `folder` (files or folders) named "<name>.tmp.<pid>" whose process <pid> is no
+// longer running: what a writer killed midway leaves (write_file_atomic's temporary file, prepare's
+// temporary folder). Those of running processes, the caller's own included, stay; so does everything
+// else. A pid is judged on this machine: writers on other machines sharing the folder are not seen.
+// Returns the names removed.
+std::vector<std::string> remove_dead_temporaries(const std::string& folder);
+
 // A read-only, private memory map of a whole file; unmapped when the last move of it goes away.
 class MappedFile {
  public:

@@ -23,12 +23,16 @@ absl::StatusOr<TokenLoader> TokenLoader::open(const std::vector<std::string>& sh
   if (options.world < 1 || options.rank < 0 || options.rank >= options.world) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank, " of ", options.world, " is not a valid rank"));
   }
+  if (options.vocab_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("vocab_size ", options.vocab_size, " must be at least 1"));
+  }
   if (shard_paths.empty()) return absl::InvalidArgumentError("no shards to load");
   TokenLoader l;
   l.opt_ = options;
   for (const std::string& path : shard_paths) {
     absl::StatusOr<Shard> s = Shard::open(path);
     if (!s.ok()) return s.status();
+    if (absl::Status ids = s->check_ids(options.vocab_size); !ids.ok()) return ids;
     l.offsets_.push_back(l.offsets_.back() + s->size());
     l.shards_.push_back(std::move(*s));
   }

@@ -49,12 +49,14 @@ struct LoaderOptions {
   int rank = 0;
   int world = 1;
   bool shuffle = true;  // false: windows in stream order every epoch
+  int64_t vocab_size = kShardMaxVocab;  // every token id must be below it (checked when the shards open)
 };
 
 class TokenLoader : public BatchSource {
  public:
-  // Opens (and validates) the shards, concatenated in the given order. Errors name the shard, or say
-  // that the tokens do not make one window per rank.
+  // Opens (and validates) the shards, concatenated in the given order, and checks every id against
+  // options.vocab_size. Errors name the shard (and an offending id and its position), or say that the
+  // tokens do not make one window per rank.
   static absl::StatusOr<TokenLoader> open(const std::vector<std::string>& shard_paths, const LoaderOptions& options);
   // The shards of `split` ("train", "val") in `dir`, as find_shards lists them.
   static absl::StatusOr<TokenLoader> open_split(const std::string& dir, const std::string& split,

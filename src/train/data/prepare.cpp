@@ -105,9 +105,17 @@ absl::StatusOr<std::vector<bool>> split_documents(int64_t n, double val_fraction
   std::vector<bool> is_val(static_cast<size_t>(n), false);
   if (val_fraction == 0) return is_val;
   int64_t k = std::max<int64_t>(1, std::llround(static_cast<double>(n) * val_fraction));
+  if (k >= n && n == 1) {
+    // val takes whole documents, so one document cannot be split, whatever the fraction.
+    return absl::InvalidArgumentError(
+        "a corpus of 1 document cannot be split between train and val, which take whole documents: give "
+        "at least 2 (text files: paragraphs separated by a blank line; fortune: entries separated by "
+        "'%' lines; jsonl: one object per line)");
+  }
   if (k >= n) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot split ", n, " document(s) with val_fraction ", val_fraction,
-                                                   ": train would be empty (use val_fraction 0 or more documents)"));
+    // k = max(1, round(n·f)) < n whenever f < (n − 0.5) / n: every f ≤ 0.5 works from 2 documents on.
+    return absl::InvalidArgumentError(absl::StrCat("cannot split ", n, " documents with val_fraction ", val_fraction,
+                                                   ": train would be empty; use a val_fraction of at most 0.5"));
   }
   std::vector<int64_t> order(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) order[i] = i;
@@ -181,15 +189,23 @@ absl::StatusOr<DatasetInfo> read_dataset_info(const std::string& dir) {
       *out = it->second.text;
     }
   };
-  auto num = [&](const char* key, auto* out) {
+  // A number, in [lo, hi]: a vocabulary of 2e9 is refused here, before anything is sized by it.
+  auto num = [&](const char* key, auto* out, double lo, double hi, const std::string& why) {
+    if (!error.empty()) return;
     auto it = obj->find(key);
-    bool ok = it != obj->end() && !it->second.is_string;
-    if constexpr (std::is_same_v<std::remove_pointer_t<decltype(out)>, double>) {
-      ok = ok && absl::SimpleAtod(it->second.text, out);
-    } else {
-      ok = ok && absl::SimpleAtoi(it->second.text, out);
+    if (it == obj->end() || it->second.is_string) {
+      error = absl::StrCat("missing number \"", key, "\"");
+      return;
     }
-    if (!ok && error.empty()) error = absl::StrCat("missing number \"", key, "\"");
+    bool ok;
+    if constexpr (std::is_same_v<std::remove_pointer_t<decltype(out)>, double>) {
+      ok = absl::SimpleAtod(it->second.text, out) && *out >= lo && *out <= hi;
+    } else {
+      ok = absl::SimpleAtoi(it->second.text, out) && static_cast<double>(*out) >= lo && static_cast<double>(*out) <= hi;
+    }
+    if (!ok) {
+      error = absl::StrCat("\"", key, "\" must be ", why, ", got ", it->second.text.substr(0, 40));
+    }
   };
   DatasetInfo m;
   m.dir = dir;
@@ -200,18 +216,89 @@ absl::StatusOr<DatasetInfo> read_dataset_info(const std::string& dir) {
   str("tokenizer_path", &m.tokenizer_path);
   str("source", &m.source);
   str("source_format", &m.source_format);
-  num("vocab_size", &m.vocab_size);
-  num("eot", &m.eot);
-  num("val_fraction", &m.val_fraction);
-  num("seed", &m.seed);
-  num("train_documents", &m.train_documents);
-  num("val_documents", &m.val_documents);
-  num("train_tokens", &m.train_tokens);
-  num("val_tokens", &m.val_tokens);
-  num("train_shards", &m.train_shards);
-  num("val_shards", &m.val_shards);
+  num("vocab_size", &m.vocab_size, 1, static_cast<double>(kShardMaxVocab),
+      absl::StrCat("an integer in [1, ", kShardMaxVocab, "] (uint16 shards)"));
+  num("eot", &m.eot, 0, static_cast<double>(m.vocab_size) - 1, "an id below vocab_size");
+  num("val_fraction", &m.val_fraction, 0, std::nextafter(1.0, 0.0), "a number in [0, 1)");
+  num("seed", &m.seed, 0, HUGE_VAL, "an integer ≥ 0");
+  for (auto [key, out] : {std::pair<const char*, int64_t*>{"train_documents", &m.train_documents},
+                          {"val_documents", &m.val_documents},
+                          {"train_tokens", &m.train_tokens},
+                          {"val_tokens", &m.val_tokens},
+                          {"train_shards", &m.train_shards},
+                          {"val_shards", &m.val_shards}}) {
+    num(key, out, 0, HUGE_VAL, "an integer ≥ 0");
+  }
   if (!error.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", error));
   return m;
+}
+
+absl::StatusOr<DatasetInfo> open_shard_folder(const std::string& dir, int64_t vocab_size,
+                                              const std::string& tokenizer_path) {
+  std::error_code ec;
+  const fs::path meta = fs::path(dir) / "meta.json";
+  if (fs::exists(meta, ec)) {
+    absl::StatusOr<DatasetInfo> info = read_dataset_info(dir);
+    if (!info.ok()) return info.status();
+    if (vocab_size != 0 && vocab_size != info->vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(meta.string(), ": vocab_size is ", info->vocab_size,
+                                                     ", not data.vocab_size = ", vocab_size,
+                                                     " (meta.json describes the folder: leave data.vocab_size at 0)"));
+    }
+    if (!tokenizer_path.empty() && fs::absolute(tokenizer_path, ec) != fs::path(info->tokenizer_path)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          meta.string(), ": the folder's tokenizer is ", info->tokenizer,
+          info->tokenizer_path.empty() ? "" : absl::StrCat(" (", info->tokenizer_path, ")"), ", not data.tokenizer_path = ",
+          tokenizer_path, " (meta.json names the tokenizer: leave data.tokenizer_path empty)"));
+    }
+    return info;
+  }
+  // llm.c's folder: no meta.json, so the names and the recipe say what it holds.
+  absl::StatusOr<std::vector<std::string>> train = find_shards(dir, "train");
+  if (!train.ok()) {
+    if (!fs::is_directory(dir, ec)) return train.status();
+    return absl::NotFoundError(absl::StrCat(dir, ": neither meta.json (seqlab's prepare) nor train shards ",
+                                            "(llm.c's <name>_train_NNNNNN.bin): not a folder of token shards"));
+  }
+  absl::StatusOr<std::vector<std::string>> val = find_shards(dir, "val");
+  if (!val.ok()) return val.status();
+  DatasetInfo info;
+  info.dir = dir;
+  info.source_format = "llm.c";
+  info.train_shards = static_cast<int64_t>(train->size());
+  info.val_shards = static_cast<int64_t>(val->size());
+  info.vocab_size = vocab_size != 0 ? vocab_size : kGpt2VocabSize;
+  info.tokenizer = "ids";
+  info.eot = info.vocab_size - 1;
+  if (!tokenizer_path.empty()) {
+    absl::StatusOr<LlmcTokenizer> t = LlmcTokenizer::load(tokenizer_path);
+    if (!t.ok()) return t.status();
+    if (vocab_size != 0 && vocab_size != t->vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(tokenizer_path, ": holds ", t->vocab_size(),
+                                                     " tokens, not data.vocab_size = ", vocab_size));
+    }
+    info.vocab_size = t->vocab_size();
+    info.tokenizer = t->name();
+    info.tokenizer_path = tokenizer_path;
+    info.eot = t->eot();
+  }
+  if (info.vocab_size < 1 || info.vocab_size > kShardMaxVocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        info.tokenizer_path.empty() ? dir : info.tokenizer_path, ": a vocabulary of ", info.vocab_size,
+        " ids does not fit uint16 shards (1 to ", kShardMaxVocab, ")"));
+  }
+  return info;
+}
+
+absl::StatusOr<std::unique_ptr<TokenDecoder>> open_decoder(const DatasetInfo& info) {
+  absl::StatusOr<std::unique_ptr<TokenDecoder>> d = make_decoder(info.tokenizer, info.tokenizer_path, info.vocab_size);
+  if (!d.ok()) return d.status();
+  if ((*d)->vocab_size() != info.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat((fs::path(info.dir) / "meta.json").string(), ": vocab_size is ",
+                                                   info.vocab_size, " but its ", info.tokenizer, " tokenizer has ",
+                                                   (*d)->vocab_size(), " ids"));
+  }
+  return d;
 }
 
 absl::StatusOr<DatasetInfo> prepare_cached(const PrepareOptions& options, const std::string& cache_root) {
@@ -235,6 +322,8 @@ absl::StatusOr<DatasetInfo> prepare_cached(const PrepareOptions& options, const 
   }
   const fs::path dir = fs::path(cache_root) / absl::StrCat(folder_label(options.source.path), "-",
                                                            absl::Hex(fnv1a64(key), absl::kZeroPad16));
+  // A prepare killed midway left its temporary folder behind; nothing else would ever remove it.
+  remove_dead_temporaries(cache_root);
   if (absl::StatusOr<DatasetInfo> have = read_dataset_info(dir.string()); have.ok()) return have;
 
   const std::string tmp = absl::StrCat(dir.string(), ".tmp.", ::getpid());

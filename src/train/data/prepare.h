@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include <absl/status/statusor.h>
 
 #include "train/data/documents.h"
+#include "train/data/tokenizer.h"
 
 namespace seqlab {
 
@@ -56,10 +58,32 @@ absl::StatusOr<DatasetInfo> prepare_dataset(const PrepareOptions& options, const
 // first when it is missing. The folder name carries a hash of the input files (path, size, mtime), the
 // format and field, the tokenizer (and its merges file's contents), val_fraction, seed and shard size,
 // so changing any of them prepares anew. Concurrent callers each prepare into a temporary folder and the
-// first rename wins; the others use the winner's.
+// first rename wins; the others use the winner's. Temporary folders of prepares killed midway (their
+// process gone) are removed first (remove_dead_temporaries).
 absl::StatusOr<DatasetInfo> prepare_cached(const PrepareOptions& options, const std::string& cache_root);
 
-// meta.json of a prepared folder.
+// meta.json of a prepared folder. Every number is checked against its range (vocab_size in [1, 65536],
+// eot below it, counts ≥ 0), so a corrupt file is refused, naming the file and the field, before
+// anything is sized by it.
 absl::StatusOr<DatasetInfo> read_dataset_info(const std::string& dir);
+
+// GPT-2's vocabulary, the ids of llm.c's shards unless a recipe says otherwise.
+constexpr int64_t kGpt2VocabSize = 50257;
+
+// The folder that data.source = "shards" names, whichever tool wrote it:
+// - with meta.json (seqlab's prepare): read_dataset_info. `vocab_size`, when not 0, must equal its
+//   vocab_size, and `tokenizer_path`, when given, its tokenizer_path (meta.json names the tokenizer);
+// - without (llm.c's own shards, <name>_train_NNNNNN.bin and <name>_val_NNNNNN.bin): train and val are
+//   the shards whose names hold those words (find_shards); the vocabulary is `vocab_size`, else the
+//   number of tokens of the tokenizer file, else GPT-2's 50257. The tokenizer is "llmc" when
+//   `tokenizer_path` names llm.c's tokenizer file (told by its magic; anything else is refused), else
+//   "ids" (samples print token ids). Of DatasetInfo, dir, tokenizer, tokenizer_path, vocab_size, eot,
+//   source_format ("llm.c") and the shard counts are filled; the rest stays 0.
+absl::StatusOr<DatasetInfo> open_shard_folder(const std::string& dir, int64_t vocab_size,
+                                              const std::string& tokenizer_path);
+
+// The decoder of a folder's ids (make_decoder of its tokenizer); an error when its vocabulary is not
+// the folder's.
+absl::StatusOr<std::unique_ptr<TokenDecoder>> open_decoder(const DatasetInfo& info);
 
 }  // namespace seqlab

@@ -71,6 +71,27 @@ absl::StatusOr<Shard> Shard::open(const std::string& path) {
   return s;
 }
 
+absl::Status Shard::check_ids(int64_t vocab_size) const {
+  if (vocab_size >= kShardMaxVocab) return absl::OkStatus();  // every uint16 is an id
+  const uint16_t* ids = tokens();
+  // The maximum of each block of ids (a loop the compiler vectorises), then the first offending id
+  // within the first block whose maximum is too large.
+  constexpr int64_t kBlock = 1 << 16;
+  for (int64_t start = 0; start < count_; start += kBlock) {
+    const int64_t end = std::min(count_, start + kBlock);
+    uint16_t top = 0;
+    for (int64_t i = start; i < end; ++i) top = std::max(top, ids[i]);
+    if (top < vocab_size) continue;
+    for (int64_t i = start; i < end; ++i) {
+      if (ids[i] >= vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(path(), ": token id ", ids[i], " at position ", i,
+                                                       " is outside the vocabulary of ", vocab_size, " ids"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::string>> find_shards(const std::string& dir, const std::string& split) {
   std::error_code ec;
   fs::directory_iterator it(dir, ec);

@@ -12,6 +12,8 @@
 #include <absl/strings/strip.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstring>
 #include <queue>
 #include <stdexcept>
 
@@ -70,6 +72,8 @@ std::string check_merge(const BpeTokenizer::Merge& m, size_t k, absl::flat_hash_
   return "";
 }
 
+std::string unknown_marker(int32_t id) { return absl::StrCat("<|unknown_", id, "|>"); }
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------
@@ -83,15 +87,15 @@ int32_t Tokenizer::sentinel(int i) const {
 }
 
 std::string Tokenizer::token_text(int32_t id) const {
-  if (id >= 0 && id < first_special_) return regular_bytes(id);
+  if (id >= 0 && id < eot()) return regular_bytes(id);
   if (id == eot()) return "<|eot|>";
   if (id == pad()) return "<|pad|>";
   if (id == mask()) return "<|mask|>";
   if (is_special(id)) return absl::StrCat("<|sentinel_", id - sentinel(0), "|>");
-  return absl::StrCat("<|unknown_", id, "|>");
+  return unknown_marker(id);
 }
 
-std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+std::string TokenDecoder::decode(const std::vector<int32_t>& ids) const {
   std::string out;
   for (int32_t id : ids) out += token_text(id);
   return out;
@@ -276,6 +280,12 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::load(const std::string& path) {
     return s;
   };
   if (lines.empty()) return absl::InvalidArgumentError(path + ": empty file (expected the header '" + kBpeHeader + "')");
+  uint32_t magic = 0;
+  if (text->size() >= sizeof magic) std::memcpy(&magic, text->data(), sizeof magic);
+  if (magic == LlmcTokenizer::kMagic) {
+    return absl::InvalidArgumentError(path + ": llm.c's tokenizer file, not BPE merges: it decodes llm.c's shards "
+                                             "(data.source = \"shards\") but holds no merges to encode text with");
+  }
   if (strip_cr(lines[0]) != kBpeHeader) {
     return fail(1, absl::StrCat("expected the header '", kBpeHeader, "', got '", lines[0].substr(0, 40), "'"));
   }
@@ -295,6 +305,107 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::load(const std::string& path) {
   return from_merges(std::move(merges));
 }
 
+// ---------------------------------------------------------------------------------------------------
+// Decoders without an encoder
+
+absl::StatusOr<std::vector<int32_t>> parse_prompt_ids(absl::string_view prompt, int32_t vocab_size,
+                                                      const std::string& why_no_text) {
+  std::vector<int32_t> ids;
+  for (absl::string_view word : absl::StrSplit(prompt, absl::ByAnyChar(" \t\n,"), absl::SkipEmpty())) {
+    int64_t id;
+    if (!absl::SimpleAtoi(word, &id)) {
+      return absl::InvalidArgumentError(absl::StrCat(why_no_text, ": give the prompt as token ids separated by "
+                                                     "spaces, such as \"464 2068\", not '", word.substr(0, 40), "'"));
+    }
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt token id ", id, " is outside the vocabulary of ", vocab_size, " ids"));
+    }
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
+absl::StatusOr<LlmcTokenizer> LlmcTokenizer::parse(absl::string_view bytes, const std::string& path) {
+  auto fail = [&](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat(path, ": ", what)); };
+  constexpr size_t kHeaderBytes = 256 * 4;
+  uint32_t header[4] = {};
+  if (!bytes.empty()) std::memcpy(header, bytes.data(), std::min(sizeof header, bytes.size()));
+  if (bytes.size() >= 4 && header[0] != kMagic) {
+    return fail(absl::StrCat("not an llm.c tokenizer file: magic ", header[0], ", expected ", kMagic));
+  }
+  if (bytes.size() < kHeaderBytes) {
+    return fail(absl::StrCat("truncated llm.c tokenizer file: ", bytes.size(), " bytes, less than the ", kHeaderBytes,
+                             "-byte header"));
+  }
+  if (header[1] != 1 && header[1] != 2) {
+    return fail(absl::StrCat("llm.c tokenizer version ", header[1], " is not supported (1 or 2)"));
+  }
+  // Every token takes at least two bytes (its length and one byte), so the count is bounded by the
+  // file's size before anything is allocated for it.
+  const uint64_t n = header[2], body = bytes.size() - kHeaderBytes;
+  if (n == 0) return fail("the header's vocab_size is 0");
+  if (n > body / 2) {
+    return fail(absl::StrCat("the header's vocab_size ", n, " does not fit the file: ", body,
+                             " bytes after the header hold at most ", body / 2, " tokens"));
+  }
+  LlmcTokenizer t;
+  t.version_ = static_cast<int>(header[1]);
+  const uint64_t eot = header[1] == 2 ? header[3] : static_cast<uint64_t>(kVersion1Eot);
+  if (eot >= n) {
+    return fail(absl::StrCat("end-of-text id ", eot, header[1] == 1 ? " (implied by version 1)" : "",
+                             " is outside the vocabulary of ", n, " tokens"));
+  }
+  t.eot_ = static_cast<int32_t>(eot);
+  t.tokens_.reserve(n);
+  size_t at = kHeaderBytes;
+  for (uint64_t id = 0; id < n; ++id) {
+    if (at >= bytes.size()) return fail(absl::StrCat("the file ends before token ", id, " of ", n));
+    const size_t len = static_cast<unsigned char>(bytes[at]);
+    if (len == 0) return fail(absl::StrCat("token ", id, " has length 0 (at byte ", at, ")"));
+    if (len > bytes.size() - at - 1) {
+      return fail(absl::StrCat("token ", id, " of ", len, " bytes is cut off by the end of the file"));
+    }
+    t.tokens_.emplace_back(bytes.substr(at + 1, len));
+    at += 1 + len;
+  }
+  if (at != bytes.size()) return fail(absl::StrCat(bytes.size() - at, " bytes follow the last token"));
+  return t;
+}
+
+absl::StatusOr<LlmcTokenizer> LlmcTokenizer::load(const std::string& path) {
+  absl::StatusOr<std::string> bytes = read_file(path);
+  if (!bytes.ok()) return bytes.status();
+  return parse(*bytes, path);
+}
+
+std::string LlmcTokenizer::token_text(int32_t id) const {
+  if (id < 0 || id >= vocab_size()) return unknown_marker(id);
+  return tokens_[static_cast<size_t>(id)];
+}
+
+absl::StatusOr<std::vector<int32_t>> LlmcTokenizer::encode_prompt(absl::string_view prompt) const {
+  return parse_prompt_ids(prompt, vocab_size(), "llm.c's tokenizer file holds no BPE merges, so text cannot be encoded");
+}
+
+std::string TokenIdDecoder::token_text(int32_t id) const {
+  return id >= 0 && id < vocab_size_ ? absl::StrCat(id) : unknown_marker(id);
+}
+
+std::string TokenIdDecoder::decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  for (int32_t id : ids) absl::StrAppend(&out, out.empty() ? "" : " ", token_text(id));
+  return out;
+}
+
+absl::StatusOr<std::vector<int32_t>> TokenIdDecoder::encode_prompt(absl::string_view prompt) const {
+  return parse_prompt_ids(prompt, vocab_size_,
+                          "without a tokenizer file (data.tokenizer_path) text cannot be encoded");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Construction by kind
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> make_tokenizer(const std::string& kind, const std::string& path) {
   if (kind == "byte") return std::unique_ptr<Tokenizer>(new ByteTokenizer());
   if (kind == "bpe") {
@@ -304,6 +415,28 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> make_tokenizer(const std::string& kin
     return std::unique_ptr<Tokenizer>(new BpeTokenizer(std::move(*t)));
   }
   return absl::InvalidArgumentError("unknown tokenizer '" + kind + "' (byte or bpe)");
+}
+
+absl::StatusOr<std::unique_ptr<TokenDecoder>> make_decoder(const std::string& kind, const std::string& path,
+                                                           int64_t vocab_size) {
+  if (kind == "llmc") {
+    absl::StatusOr<LlmcTokenizer> t = LlmcTokenizer::load(path);
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<TokenDecoder>(new LlmcTokenizer(std::move(*t)));
+  }
+  if (kind == "ids") {
+    if (vocab_size < 1 || vocab_size > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat("a token-id decoder needs a vocabulary of 1 to ", INT32_MAX,
+                                                     " ids, not ", vocab_size));
+    }
+    return std::unique_ptr<TokenDecoder>(new TokenIdDecoder(static_cast<int32_t>(vocab_size)));
+  }
+  if (kind == "byte" || kind == "bpe") {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> t = make_tokenizer(kind, path);
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<TokenDecoder>(std::move(*t));
+  }
+  return absl::InvalidArgumentError("unknown tokenizer '" + kind + "' (byte, bpe, llmc or ids)");
 }
 
 }  // namespace seqlab

@@ -1,6 +1,10 @@
-// Tokenizers: text <-> token ids.
+// Tokenizers: text <-> token ids, and decoders: token ids -> text.
 //
-// Every tokenizer has a regular vocabulary (ids 0..n-1, each standing for a byte string) followed by the
+// TokenDecoder is what sampling needs of a vocabulary: the text of each id, the end-of-text id that
+// starts every document, which ids stand for no text, and the ids of a prompt. Tokenizer adds encode()
+// (the data pipeline tokenises corpora with it); the decoders below have none.
+//
+// Every Tokenizer has a regular vocabulary (ids 0..n-1, each standing for a byte string) followed by the
 // same 19 special tokens: end-of-text, pad, mask and 16 sentinels (T5 span corruption):
 //   eot = n, pad = n+1, mask = n+2, sentinel(i) = n+3+i,   vocab_size() = n+19.
 // encode() never produces a special id (text such as "<|eot|>" is encoded as its bytes); the data
@@ -14,6 +18,16 @@
 //   256 108        <- merge 1: "he" 'l' -> id 257
 //   ...
 // one merge per line, two decimal ids each already defined (a byte or an earlier merge).
+//
+// LlmcTokenizer: llm.c's tokenizer file (gpt2_tokenizer.bin), a decoder of llm.c's token shards:
+//   bytes 0..1023   256 little-endian uint32: [0] = 20240328 (magic), [1] = version (1 or 2),
+//                   [2] = n, the number of tokens (GPT-2: 50257), [3] = the end-of-text id (version 2
+//                   only; version 1 means llm.c's 50256), the rest unread
+//   then, for each id 0..n-1 in order: one byte L > 0 and the id's L bytes.
+// Its vocabulary is those n ids, end-of-text among them (no pad, mask or sentinels). It holds no BPE
+// merges, so it cannot encode text: a prompt is given as token ids ("464 2068 7586") instead.
+// TokenIdDecoder: no tokenizer at all (llm.c shards without a tokenizer file): an id decodes to its
+// decimal number, and end-of-text is taken to be the last id, where GPT-2 has it (50256 of 50257).
 #pragma once
 
 #include <cstdint>
@@ -31,25 +45,40 @@ namespace seqlab {
 constexpr int kNumSentinels = 16;
 constexpr int kNumSpecialTokens = 3 + kNumSentinels;
 
-class Tokenizer {
+class TokenDecoder {
  public:
-  virtual ~Tokenizer() = default;
+  virtual ~TokenDecoder() = default;
 
+  virtual int32_t vocab_size() const = 0;
+  virtual int32_t eot() const = 0;
+  // Ids that stand for no text (end-of-text, padding, masks, sentinels): sampling draws none of them
+  // but end-of-text.
+  virtual bool is_special(int32_t id) const = 0;
+  // The bytes of one token, or a special token's marker; ids outside the vocabulary (a model whose
+  // output layer is padded) give "<|unknown_N|>".
+  virtual std::string token_text(int32_t id) const = 0;
+  // The tokens' texts one after another (TokenIdDecoder: the ids separated by spaces).
+  virtual std::string decode(const std::vector<int32_t>& ids) const;
+  // The ids a prompt stands for: its text encoded by a Tokenizer; token ids, separated by spaces or
+  // commas, for a decoder that cannot encode. Errors say what is wrong with the prompt.
+  virtual absl::StatusOr<std::vector<int32_t>> encode_prompt(absl::string_view prompt) const = 0;
+
+  // "byte", "bpe", "llmc" or "ids": recorded in dataset metadata and checkpoints.
+  virtual std::string name() const = 0;
+};
+
+class Tokenizer : public TokenDecoder {
+ public:
   virtual std::vector<int32_t> encode(absl::string_view text) const = 0;
-  // Ids outside the vocabulary (a model whose output layer is padded) decode to "<|unknown_N|>".
-  std::string decode(const std::vector<int32_t>& ids) const;
-  // The bytes of one token, or the special token's marker.
-  std::string token_text(int32_t id) const;
+  absl::StatusOr<std::vector<int32_t>> encode_prompt(absl::string_view prompt) const override { return encode(prompt); }
+  std::string token_text(int32_t id) const override;
 
-  int32_t vocab_size() const { return first_special_ + kNumSpecialTokens; }
-  int32_t eot() const { return first_special_; }
+  int32_t vocab_size() const override { return first_special_ + kNumSpecialTokens; }
+  int32_t eot() const override { return first_special_; }
   int32_t pad() const { return first_special_ + 1; }
   int32_t mask() const { return first_special_ + 2; }
   int32_t sentinel(int i) const;  // 0 <= i < kNumSentinels
-  bool is_special(int32_t id) const { return id >= first_special_ && id < vocab_size(); }
-
-  // "byte" or "bpe": recorded in dataset metadata and checkpoints.
-  virtual std::string name() const = 0;
+  bool is_special(int32_t id) const override { return id >= first_special_ && id < vocab_size(); }
 
  protected:
   explicit Tokenizer(int32_t first_special) : first_special_(first_special) {}
@@ -111,7 +140,58 @@ class BpeTokenizer : public Tokenizer {
 // "Hi  there, 42!" -> "Hi" " " " there" "," " 42" "!"
 std::vector<absl::string_view> split_chunks(absl::string_view text);
 
+class LlmcTokenizer : public TokenDecoder {
+ public:
+  static constexpr uint32_t kMagic = 20240328;
+  static constexpr int32_t kVersion1Eot = 50256;  // GPT-2's <|endoftext|>, which version-1 files imply
+
+  // Errors name the file and what is wrong: a header shorter than 1024 bytes, the magic, the version,
+  // a token count the file is too small to hold (checked before anything is allocated), an end-of-text
+  // id outside the vocabulary, a zero length, a token cut off by the end of the file, trailing bytes.
+  static absl::StatusOr<LlmcTokenizer> load(const std::string& path);
+  // The same from the file's bytes; `path` only names the source in errors.
+  static absl::StatusOr<LlmcTokenizer> parse(absl::string_view bytes, const std::string& path);
+
+  int32_t vocab_size() const override { return static_cast<int32_t>(tokens_.size()); }
+  int32_t eot() const override { return eot_; }
+  bool is_special(int32_t id) const override { return id == eot_; }
+  std::string token_text(int32_t id) const override;
+  absl::StatusOr<std::vector<int32_t>> encode_prompt(absl::string_view prompt) const override;
+  std::string name() const override { return "llmc"; }
+  int version() const { return version_; }
+
+ private:
+  LlmcTokenizer() = default;
+  std::vector<std::string> tokens_;  // id -> its bytes
+  int32_t eot_ = 0;
+  int version_ = 0;
+};
+
+class TokenIdDecoder : public TokenDecoder {
+ public:
+  explicit TokenIdDecoder(int32_t vocab_size) : vocab_size_(vocab_size) {}
+  int32_t vocab_size() const override { return vocab_size_; }
+  int32_t eot() const override { return vocab_size_ - 1; }
+  bool is_special(int32_t id) const override { return id == eot(); }
+  std::string token_text(int32_t id) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  absl::StatusOr<std::vector<int32_t>> encode_prompt(absl::string_view prompt) const override;
+  std::string name() const override { return "ids"; }
+
+ private:
+  int32_t vocab_size_;
+};
+
+// Token ids written out, separated by spaces or commas ("464 2068, 7586"), each in [0, vocab_size).
+// `why_no_text` starts the error for a prompt of text: why the decoder cannot encode it.
+absl::StatusOr<std::vector<int32_t>> parse_prompt_ids(absl::string_view prompt, int32_t vocab_size,
+                                                      const std::string& why_no_text);
+
 // "byte" needs no path; "bpe" loads a merges file from `path`. Errors name the kind or the file.
 absl::StatusOr<std::unique_ptr<Tokenizer>> make_tokenizer(const std::string& kind, const std::string& path = "");
+// make_tokenizer's kinds, "llmc" (llm.c's tokenizer file at `path`) and "ids" (a TokenIdDecoder of
+// `vocab_size` ids).
+absl::StatusOr<std::unique_ptr<TokenDecoder>> make_decoder(const std::string& kind, const std::string& path,
+                                                           int64_t vocab_size);
 
 }  // namespace seqlab

@@ -44,12 +44,26 @@ int32_t sample_token(const std::vector<double>& logits, const SamplingOptions& o
   return order[nucleus - 1];  // u rounded up to the total
 }
 
-std::vector<int32_t> non_text_ids(const Tokenizer& tokenizer, int64_t model_vocab_size) {
+std::vector<int32_t> non_text_ids(const TokenDecoder& tokenizer, int64_t model_vocab_size) {
   std::vector<int32_t> ids;
   for (int32_t id = 0; id < static_cast<int32_t>(model_vocab_size); ++id) {
     if ((tokenizer.is_special(id) && id != tokenizer.eot()) || id >= tokenizer.vocab_size()) ids.push_back(id);
   }
   return ids;
+}
+
+absl::StatusOr<std::vector<int32_t>> sample_prompt_ids(const TokenDecoder& tokenizer, absl::string_view prompt) {
+  absl::StatusOr<std::vector<int32_t>> ids = tokenizer.encode_prompt(prompt);
+  if (!ids.ok()) return ids.status();
+  ids->insert(ids->begin(), tokenizer.eot());
+  return ids;
+}
+
+std::string decode_sample(const TokenDecoder& tokenizer, const std::vector<int32_t>& prompt,
+                          const std::vector<int32_t>& generated) {
+  std::vector<int32_t> shown(prompt.begin() + (prompt.empty() ? 0 : 1), prompt.end());
+  shown.insert(shown.end(), generated.begin(), generated.end());
+  return tokenizer.decode(shown);
 }
 
 namespace {

@@ -8,7 +8,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
+
+#include <absl/status/statusor.h>
+#include <absl/strings/string_view.h>
 
 #include "layers/model/language_model.h"
 #include "tensor/tensor.h"
@@ -30,7 +34,15 @@ int32_t sample_token(const std::vector<double>& logits, const SamplingOptions& o
 
 // The ids a text model should never draw: the tokenizer's special tokens other than end-of-text (pad,
 // mask, sentinels: no training text holds them) and any ids of a vocabulary padded past the tokenizer's.
-std::vector<int32_t> non_text_ids(const Tokenizer& tokenizer, int64_t model_vocab_size);
+std::vector<int32_t> non_text_ids(const TokenDecoder& tokenizer, int64_t model_vocab_size);
+
+// A sample's prompt: end-of-text (every training document follows one), then the ids of `prompt`
+// (TokenDecoder::encode_prompt: its text encoded, or token ids for a decoder that cannot encode).
+absl::StatusOr<std::vector<int32_t>> sample_prompt_ids(const TokenDecoder& tokenizer, absl::string_view prompt);
+// The prompt without its leading end-of-text and the generated ids after it, decoded as one text (for
+// the byte and BPE tokenizers, the prompt's text exactly, then the continuation's).
+std::string decode_sample(const TokenDecoder& tokenizer, const std::vector<int32_t>& prompt,
+                          const std::vector<int32_t>& generated);
 
 // Continues `prompt` (at least one id) by up to options.tokens ids and returns only the new ones. The
 // model runs in evaluation mode without gradients (its training flag is restored afterwards). When the

@@ -79,7 +79,8 @@ struct Data {
   std::unique_ptr<BatchSource> val;  // for synthetic tasks, the train source's own evaluation stream
   int64_t vocab_size = 0;
   int64_t eval_batches = 0;
-  std::unique_ptr<Tokenizer> tokenizer;  // text data only: decodes samples
+  std::unique_ptr<TokenDecoder> tokenizer;  // text data only: decodes samples
+  std::vector<int32_t> sample_prompt;       // end-of-text, then log.sample_prompt's ids
   bool synthetic = false;
   std::string description;
 };
@@ -105,11 +106,15 @@ Data open_data(const Recipe& r) {
     info = value_or_throw(prepare_cached(prepare_options(r), r.data.cache_dir));
     dir = info.dir;
   } else {
-    info = value_or_throw(read_dataset_info(dir));
+    info = value_or_throw(open_shard_folder(dir, r.data.vocab_size, r.data.tokenizer_path));
   }
   d.vocab_size = info.vocab_size;
-  d.tokenizer = value_or_throw(make_tokenizer(info.tokenizer, info.tokenizer_path));
+  d.tokenizer = value_or_throw(open_decoder(info));
+  absl::StatusOr<std::vector<int32_t>> prompt = sample_prompt_ids(*d.tokenizer, r.log.sample_prompt);
+  if (!prompt.ok()) throw UserError(absl::StrCat(r.source_path, ": log.sample_prompt: ", prompt.status().message()));
+  d.sample_prompt = std::move(*prompt);
   LoaderOptions lo = loader_options(r);
+  lo.vocab_size = info.vocab_size;  // every id of every shard is checked against it as the shards open
   auto train = std::make_unique<TokenLoader>(value_or_throw(TokenLoader::open_split(dir, "train", lo)));
   lo.shuffle = false;
   auto val = std::make_unique<TokenLoader>(value_or_throw(TokenLoader::open_split(dir, "val", lo)));
@@ -119,6 +124,11 @@ Data open_data(const Recipe& r) {
                                     r.train.batch_size, r.train.seq_len + 1));
   }
   d.description = absl::StrFormat("%d train tokens in %s", train->num_tokens(), dir);
+  if (info.source_format == "llm.c") {
+    absl::StrAppend(&d.description, absl::StrFormat(
+        " (llm.c shards: vocabulary %d, samples %s)", info.vocab_size,
+        info.tokenizer == "ids" ? std::string("as token ids") : "decoded by " + info.tokenizer_path));
+  }
   d.train = std::move(train);
   d.val = std::move(val);
   return d;
@@ -196,15 +206,13 @@ Evaluation evaluate(LanguageModel& model, const Data& data, int64_t batch_size, 
 }
 
 // The text of one sample: the recipe's prompt (after end-of-text, as documents start) continued.
-std::string sample_text(LanguageModel& model, const Tokenizer& tokenizer, const RecipeLog& log, uint64_t seed) {
-  std::vector<int32_t> prompt = {tokenizer.eot()};
-  for (int32_t id : tokenizer.encode(log.sample_prompt)) prompt.push_back(id);
+std::string sample_text(LanguageModel& model, const Data& data, const RecipeLog& log, uint64_t seed) {
   SamplingOptions o;
   o.tokens = log.sample_tokens;
   o.temperature = log.sample_temperature;
-  o.suppressed = non_text_ids(tokenizer, model.vocab_size());
+  o.suppressed = non_text_ids(*data.tokenizer, model.vocab_size());
   Generator gen(seed);
-  return log.sample_prompt + tokenizer.decode(generate(model, prompt, o, gen));
+  return decode_sample(*data.tokenizer, data.sample_prompt, generate(model, data.sample_prompt, o, gen));
 }
 
 std::string one_line(const std::string& text, size_t max_chars) {
@@ -328,7 +336,7 @@ int train(const std::vector<std::string>& args) {
         const double v = last_eval.loss;
         line += absl::StrFormat(", \"val_loss\": %.6f, \"val_ppl\": %.4f", v, std::exp(v));
         std::string shown = absl::StrFormat("step %d: val_loss %.4f  val_ppl %.2f", done, v, std::exp(v));
-        if (r.data.tokenizer == "byte" && !data.synthetic) {
+        if (data.tokenizer && data.tokenizer->name() == "byte") {
           line += absl::StrFormat(", \"val_bpb\": %.5f", v / std::log(2.0));
           shown += absl::StrFormat("  bits/byte %.4f", v / std::log(2.0));
         }
@@ -341,7 +349,7 @@ int train(const std::vector<std::string>& args) {
       metrics << line << "}\n" << std::flush;
     }
     if (sampling && (done % r.log.sample_every == 0 || last)) {
-      const std::string text = sample_text(*model, *data.tokenizer, r.log, static_cast<uint64_t>(r.train.seed) + done);
+      const std::string text = sample_text(*model, data, r.log, static_cast<uint64_t>(r.train.seed) + done);
       samples << absl::StrFormat("### step %d (temperature %g)\n%s\n\n", done, r.log.sample_temperature, text)
               << std::flush;
       progress.line(absl::StrFormat("step %d sample: %s", done, one_line(text, 160)));

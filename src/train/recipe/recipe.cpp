@@ -278,7 +278,12 @@ Schema build_schema() {
       .text("jsonl_field", &RecipeData::jsonl_field, "text", "the JSON field holding a document (jsonl)")
       .choice("tokenizer", &RecipeData::tokenizer, {"byte", "bpe"},
               "byte: the 256 byte values; bpe: the merges in tokenizer_path")
-      .text("tokenizer_path", &RecipeData::tokenizer_path, "", "BPE merges file; required when tokenizer = \"bpe\"")
+      .text("tokenizer_path", &RecipeData::tokenizer_path, "",
+            "text: the BPE merges file, required when tokenizer = \"bpe\"; shards without meta.json (llm.c's): "
+            "llm.c's tokenizer file (gpt2_tokenizer.bin) that decodes samples (\"\": samples print token ids)")
+      .integer("vocab_size", &RecipeData::vocab_size, 0, closed(0, 65536),
+               "shards without meta.json (llm.c's): every token id is below it; 0: the tokenizer file's count, "
+               "else GPT-2's 50257 (model.vocab_size may be larger, e.g. llm.c's padded 50304)")
       .number("val_fraction", &RecipeData::val_fraction, 0.05, open_closed(0, 0.5),
               "share of the data held out for evaluation")
       .text("cache_dir", &RecipeData::cache_dir, "data/cache", "where prepared token shards are written")
@@ -372,10 +377,22 @@ Schema build_schema() {
          if (r.data.tokenizer != "bpe" || !r.data.tokenizer_path.empty()) return std::string();
          return std::string("data.tokenizer = \"bpe\" needs data.tokenizer_path (the BPE merges file)");
        }},
-      {"model.vocab_size, when set, holds the byte tokenizer's 256 tokens",
-       {"model.vocab_size", "data.tokenizer"},
+      {"data.vocab_size is set only for data.source = \"shards\"",
+       {"data.vocab_size", "data.source"},
        [](const Recipe& r) {
-         if (r.data.tokenizer != "byte" || r.model.vocab_size == 0 || r.model.vocab_size >= 256) return std::string();
+         if (r.data.vocab_size == 0 || r.data.source == "shards") return std::string();
+         return absl::StrCat("data.vocab_size = ", r.data.vocab_size, " is read only for data.source = \"shards\" ",
+                             "(a folder without meta.json); data.source = \"", r.data.source,
+                             "\" has its own vocabulary: leave it at 0");
+       }},
+      {"model.vocab_size, when set, holds the byte tokenizer's 256 tokens (data.source = \"text\")",
+       {"model.vocab_size", "data.tokenizer", "data.source"},
+       [](const Recipe& r) {
+         // Shard folders name their own tokenizer; build_model checks model.vocab_size against their vocabulary.
+         if (r.data.source != "text" || r.data.tokenizer != "byte" || r.model.vocab_size == 0 ||
+             r.model.vocab_size >= 256) {
+           return std::string();
+         }
          return absl::StrCat("model.vocab_size = ", r.model.vocab_size,
                              " is too small for data.tokenizer = \"byte\" (256 tokens); 0 takes the tokenizer's");
        }},

@@ -48,6 +48,7 @@ struct RecipeData {
   std::string source, path, format, jsonl_field, tokenizer, tokenizer_path;
   double val_fraction = 0;
   std::string cache_dir;
+  int64_t vocab_size = 0;  // shards without meta.json; 0: the tokenizer file's, else GPT-2's 50257
   int64_t task_vocab = 0, task_num_pairs = 0, task_copy_len = 0;
 };
 
