@@ -93,7 +93,7 @@ Reference cpu_reference(const Inputs& in64, GlaForm form, double scale, DType d 
   r.grads.dg = Tensor::empty(in.g.shape(), d);
   if (in.gv.defined()) r.grads.dgv = Tensor::empty(in.gv.shape(), d);
   if (in.h0.defined()) r.grads.dinitial_state = Tensor::empty(in.h0.shape(), d);
-  kernel::gla_backward_kernel(kCpu, in.dout, in.dfinal, in.q, in.k, in.v, in.g, in.gv, in.h0, r.o, p, r.grads);
+  kernel::gla_backward_kernel(kCpu, in.dout, in.dfinal, in.q, in.k, in.v, in.g, in.gv, in.h0, p, r.grads);
   return r;
 }
 

@@ -210,17 +210,30 @@ void store_state(const T* S, int64_t task, int64_t ss, const Tensor& states) {
 }
 
 // ---------------------------------------------------------------- chunkwise form
+// e^x for x a difference of cumulative log-gates (≤ 0). The cumulative gates are kept in double: in
+// f32 a sum near −3000 (a chunk of 128 tokens at −25) is only known to 2e-4, and so would be every
+// factor e^{b_i − b_j} taken from it; the difference itself is exact to rounding in double.
+template <class T>
+T decay(double x) {
+  return std::exp(static_cast<T>(x));
+}
+
 // One thread's scratch for the chunkwise form: the quantities of one chunk of n ≤ C tokens starting
 // at t0 (n × n matrices with leading dimension n) and the dk × dv states of the sequence.
 template <class T>
 struct ChunkWork {
   int64_t C, dk, dv;
-  std::vector<T> b, gam, r;  // [C]: b_i = Σ_{j≤i} g_{t0+j}, γ_i = e^{b_i}, r_i = e^{b_{n−1} − b_i}
+  std::vector<double> b;     // [C]: b_i = Σ_{j≤i} g_{t0+j}, in double (see decay())
+  std::vector<T> gam, r;     // [C]: γ_i = e^{b_i}, r_i = e^{b_{n−1} − b_i}
   std::vector<T> Hm, A, P;  // [C, C]: Hm_ij = e^{b_i−b_j} k_i·k_j, A_ij = β_i Hm_ij (j < i, else 0), P = (Q Kᵀ) ⊙ M
   std::vector<T> Y, R, D, RD;  // [C, dv]: Y = K S_0, R = V − diag(γ) Y, D = δ, RD = diag(r) δ
   std::vector<T> S;            // [nstates, dk, dv]: the state entering a chunk (backward: every chunk)
   // backward only
-  std::vector<T> dP, dA, Z, E, dD, dY, db, dSn, dS;
+  std::vector<T> dP, dA, Z, E, dD, dY, dSn, dS;
+  // The gate terms of one chunk (double): gone_i of one token i (∂/∂b_i of a factor e^{b_i}, entering
+  // dg_t for t ≤ i) and gpair_ij, j < i, of a pair (∂/∂b_i of a factor e^{b_i − b_j}, entering dg_t for
+  // j < t ≤ i); gsum [C] the pairs' sums per t.
+  std::vector<double> gone, gpair, gsum;
   ChunkWork(int64_t C_, int64_t dk_, int64_t dv_, int64_t nstates, bool backward)
       : C(C_),
         dk(dk_),
@@ -240,7 +253,9 @@ struct ChunkWork {
       dP.resize(C * C);
       dA.resize(C * C);
       for (auto* x : {&Z, &E, &dD, &dY}) x->resize(C * dv);
-      db.resize(C);
+      gone.resize(C);
+      gpair.resize(C * C);
+      gsum.resize(C);
       dSn.resize(dk * dv);
       dS.resize(dk * dv);
     }
@@ -257,20 +272,20 @@ void chunk_prepare(const Seq<T>& s, int64_t t0, int64_t n, const T* S0, ChunkWor
   const int64_t dk = s.dk, dv = s.dv;
   const T* K0 = s.k + t0 * s.ldk;
   const T* V0 = s.v + t0 * s.ldv;
-  T acc = 0;
+  double acc = 0;
   for (int64_t i = 0; i < n; ++i) {
     acc += s.gate(t0 + i);
     w.b[i] = acc;
-    w.gam[i] = s.g ? std::exp(acc) : T(1);
+    w.gam[i] = s.g ? decay<T>(acc) : T(1);
   }
-  for (int64_t i = 0; i < n; ++i) w.r[i] = s.g ? std::exp(w.b[n - 1] - w.b[i]) : T(1);
+  for (int64_t i = 0; i < n; ++i) w.r[i] = s.g ? decay<T>(w.b[n - 1] - w.b[i]) : T(1);
   gemm<T>(false, true, n, n, dk, 1.0, K0, s.ldk, K0, s.ldk, 0.0, w.Hm.data(), n);
   for (int64_t i = 0; i < n; ++i) {
     const T beta_i = s.beta[(t0 + i) * s.H];
     T* hi = w.Hm.data() + i * n;
     T* ai = w.A.data() + i * n;
     for (int64_t j = 0; j < i; ++j) {
-      if (s.g) hi[j] *= std::exp(w.b[i] - w.b[j]);
+      if (s.g) hi[j] *= decay<T>(w.b[i] - w.b[j]);
       ai[j] = beta_i * hi[j];
     }
     for (int64_t j = i; j < n; ++j) hi[j] = ai[j] = 0;
@@ -299,7 +314,7 @@ void chunk_scores(const Seq<T>& s, int64_t t0, int64_t n, ChunkWork<T>& w) {
   for (int64_t i = 0; i < n; ++i) {
     T* pi = w.P.data() + i * n;
     if (s.g) {
-      for (int64_t j = 0; j < i; ++j) pi[j] *= std::exp(w.b[i] - w.b[j]);
+      for (int64_t j = 0; j < i; ++j) pi[j] *= decay<T>(w.b[i] - w.b[j]);
     }
     for (int64_t j = i + 1; j < n; ++j) pi[j] = 0;
   }
@@ -390,8 +405,11 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
       T* dB0 = gr.dbeta.data<T>() + s.row(t0);
       chunk_prepare(s, t0, n, S0, w);
       chunk_scores(s, t0, n, w);
-      std::fill_n(w.db.begin(), n, T(0));
-      T* db = w.db.data();
+      double *gone = w.gone.data(), *gpair = w.gpair.data();
+      if (s.g) {
+        std::fill_n(gone, n, 0.0);
+        std::fill_n(gpair, n * n, 0.0);
+      }
 
       // The exit state S_n = γ_{n−1} S_0 + Kᵀ diag(r) δ.
       gemm<T>(false, false, n, dv, dk, 1.0, K0, s.ldk, dS.data(), dv, 0.0, w.E.data(), dv);  // E = K dS
@@ -399,11 +417,9 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
         const T* ei = w.E.data() + i * dv;
         T* ddi = w.dD.data() + i * dv;
         for (int64_t x = 0; x < dv; ++x) ddi[x] = w.r[i] * ei[x];
-        const T rho = w.r[i] * dot(ei, w.D.data() + i * dv, dv);
-        db[n - 1] += rho;
-        db[i] -= rho;
+        if (s.g && i < n - 1) gpair[(n - 1) * n + i] += w.r[i] * dot(ei, w.D.data() + i * dv, dv);
       }
-      db[n - 1] += w.gam[n - 1] * dot(dS.data(), S0, ss);
+      if (s.g) gone[n - 1] += w.gam[n - 1] * dot(dS.data(), S0, ss);
       gemm<T>(false, true, n, dk, dv, 1.0, w.RD.data(), dv, dS.data(), dv, 0.0, dK0, s.ldk);  // dK = RD dSᵀ
       for (int64_t x = 0; x < ss; ++x) w.dSn[x] = w.gam[n - 1] * dS[x];
 
@@ -415,10 +431,8 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
         const T* pi = w.P.data() + i * n;
         for (int64_t j = 0; j <= i; ++j) {
           if (s.g) {
-            const T x = dpi[j] * pi[j];
-            db[i] += x;
-            db[j] -= x;
-            dpi[j] *= std::exp(w.b[i] - w.b[j]);
+            if (j < i) gpair[i * n + j] += dpi[j] * pi[j];
+            dpi[j] *= decay<T>(w.b[i] - w.b[j]);
           }
         }
         for (int64_t j = i + 1; j < n; ++j) dpi[j] = 0;
@@ -431,7 +445,7 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
         const T* doi = dO0 + i * s.ldv;
         T* ei = w.E.data() + i * dv;
         for (int64_t x = 0; x < dv; ++x) ei[x] = f * doi[x];
-        if (s.g) db[i] += dot(ei, w.Z.data() + i * dv, dv);
+        if (s.g) gone[i] += dot(ei, w.Z.data() + i * dv, dv);
       }
       gemm<T>(false, true, n, dk, dv, 1.0, w.E.data(), dv, S0, dv, 1.0, dQ0, s.ldk);           // dQ += dZ S_0ᵀ
       gemm<T>(true, false, dk, dv, n, 1.0, Q0, s.ldk, w.E.data(), dv, 1.0, w.dSn.data(), dv);  // dS_0 += Qᵀ dZ
@@ -457,7 +471,7 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
           dvi[x] = beta_i * dfi[x];
           dyi[x] = -gam_i * beta_i * dfi[x];
         }
-        if (s.g) db[i] += dot(dyi, w.Y.data() + i * dv, dv);
+        if (s.g) gone[i] += dot(dyi, w.Y.data() + i * dv, dv);
       }
       gemm<T>(false, true, n, dk, dv, 1.0, w.dY.data(), dv, S0, dv, 1.0, dK0, s.ldk);           // dK += dY S_0ᵀ
       gemm<T>(true, false, dk, dv, n, 1.0, K0, s.ldk, w.dY.data(), dv, 1.0, w.dSn.data(), dv);  // dS_0 += Kᵀ dY
@@ -468,12 +482,8 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
         T* dai = w.dA.data() + i * n;
         const T* ai = w.A.data() + i * n;
         for (int64_t j = 0; j < i; ++j) {
-          if (s.g) {
-            const T x = dai[j] * ai[j];
-            db[i] += x;
-            db[j] -= x;
-          }
-          dai[j] *= beta_i * (s.g ? std::exp(w.b[i] - w.b[j]) : T(1));
+          if (s.g) gpair[i * n + j] += dai[j] * ai[j];
+          dai[j] *= beta_i * (s.g ? decay<T>(w.b[i] - w.b[j]) : T(1));
         }
         dai[i] = 0;
       }
@@ -482,12 +492,24 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
       }
       gemm<T>(false, false, n, dk, n, 1.0, w.dA.data(), n, K0, s.ldk, 1.0, dK0, s.ldk);
 
-      if (s.g) {  // b_i = Σ_{j ≤ i} g_j  ⇒  dg_j = Σ_{i ≥ j} db_i
+      // Gates: g_t enters b_i for every i ≥ t, so a token term counts for t ≤ i and a pair term
+      // (factor e^{b_i − b_j}) for j < t ≤ i: dg_t = Σ_{i ≥ t} gone_i + Σ_{j < t ≤ i} gpair_ij. Summed
+      // over the pairs that straddle t only, never as a difference of sums (docs/variants/delta_net.md).
+      if (s.g) {
         T* dG0 = gr.dg.data<T>() + s.row(t0);
-        T acc = 0;
+        double* gsum = w.gsum.data();
+        std::fill_n(gsum, n, 0.0);
+        for (int64_t i = 1; i < n; ++i) {  // pair (j, i) into gsum_t, j < t ≤ i: running sums over j
+          double run = 0;
+          for (int64_t j = 0; j < i; ++j) {
+            run += gpair[i * n + j];
+            gsum[j + 1] += run;
+          }
+        }
+        double tail = 0;
         for (int64_t i = n - 1; i >= 0; --i) {
-          acc += db[i];
-          dG0[i * s.H] = acc;
+          tail += gone[i];
+          dG0[i * s.H] = static_cast<T>(tail + gsum[i]);
         }
       }
       std::copy_n(w.dSn.data(), ss, dS.data());

@@ -58,11 +58,11 @@ namespace kernel {
 // Raw entry points: check shapes, make inputs contiguous, allocate outputs, call the slots.
 GlaOutput gla_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
                       const Tensor& initial_state, const GlaOptions& opts);
-// dout and dfinal may be undefined (no gradient reached that output: zeros). `o` is the forward's
-// output, read only when gv is given. `need` per input in the order q, k, v, g, gv, initial_state.
+// dout and dfinal may be undefined (no gradient reached that output: zeros). `need` per input in the
+// order q, k, v, g, gv, initial_state.
 GlaGrads gla_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
-                      const Tensor& g, const Tensor& gv, const Tensor& initial_state, const Tensor& o,
-                      const GlaOptions& opts, const std::vector<bool>& need);
+                      const Tensor& g, const Tensor& gv, const Tensor& initial_state, const GlaOptions& opts,
+                      const std::vector<bool>& need);
 
 }  // namespace kernel
 }  // namespace seqlab
