@@ -498,8 +498,7 @@ void chunk_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
 // cancellation"): acc_t += Σ_{u = t}^{n−1} x_u ⊙ y_u over rows 0 … n−1 (suffix sums, the terms whose later
 // endpoint is at or after t), rows of width w; `run` is scratch of w doubles.
 template <class T>
-void add_suffix_sums(int64_t n, int64_t w, const T* x, int64_t ldx, const T* y, int64_t ldy, double* acc,
-                     double* run) {
+void add_suffix_sums(int64_t n, int64_t w, const T* x, int64_t ldx, const T* y, int64_t ldy, double* acc, double* run) {
   std::fill_n(run, w, 0.0);
   for (int64_t u = n - 1; u >= 0; --u) {
     const T *xu = x + u * ldx, *yu = y + u * ldy;
@@ -515,8 +514,7 @@ void add_suffix_sums(int64_t n, int64_t w, const T* x, int64_t ldx, const T* y, 
 // acc_t += Σ_{u < t} x_u ⊙ y_u over rows t = 0 … n−1 (exclusive prefix sums, the terms whose earlier
 // endpoint is before t).
 template <class T>
-void add_prefix_sums(int64_t n, int64_t w, const T* x, int64_t ldx, const T* y, int64_t ldy, double* acc,
-                     double* run) {
+void add_prefix_sums(int64_t n, int64_t w, const T* x, int64_t ldx, const T* y, int64_t ldy, double* acc, double* run) {
   std::fill_n(run, w, 0.0);
   for (int64_t u = 0; u < n; ++u) {
     const T *xu = x + u * ldx, *yu = y + u * ldy;
@@ -532,10 +530,10 @@ void add_prefix_sums(int64_t n, int64_t w, const T* x, int64_t ldx, const T* y, 
 // Per-task scratch of the chunkwise gate gradients: their sums over one chunk (double) and the running
 // vectors of the sums above and of the pairwise part.
 struct GateScratch {
-  std::vector<double> dg, dgv;            // [C, dk], [C, dv]: dg_t, dgv_t of the chunk's rows
-  std::vector<double> run, pair_g, pair_v; // [max(dk, dv)], [dk], [dv]
-  std::vector<double> x_g, x_v;           // [dk], [dv]: the pairs that span the whole chunk
-  std::vector<double> e_g, e_v;           // [dk], [dv]: e^{b_last}, e^{bv_last}
+  std::vector<double> dg, dgv;              // [C, dk], [C, dv]: dg_t, dgv_t of the chunk's rows
+  std::vector<double> run, pair_g, pair_v;  // [max(dk, dv)], [dk], [dv]
+  std::vector<double> x_g, x_v;             // [dk], [dv]: the pairs that span the whole chunk
+  std::vector<double> e_g, e_v;             // [dk], [dv]: e^{b_last}, e^{bv_last}
   GateScratch(int64_t C, int64_t dk, int64_t dv)
       : dg(C * dk), dgv(C * dv), run(std::max(dk, dv)), pair_g(dk), pair_v(dv), x_g(dk), x_v(dv), e_g(dk), e_v(dv) {}
 };
@@ -556,8 +554,8 @@ struct GateScratch {
 //   dS ← e^{b_last} e^{bv_last}ᵀ ⊙ dS + (scale q ⊙ e^{b})ᵀ dõ                   (one GEMM)
 // and d initial_state = dS. The gates, chunk by chunk from bounded terms (docs/variants/gla.md): a
 // pair (s, r), s < r, of a key and a query (the entering state counting as a key before the chunk,
-// the leaving state's gradient as a query after it) adds its term P_rs = (q_r e^{b_r − b_s} k_s)⊙dA_rs
-// to dg_t for every s < t ≤ r. Grouped by where s and r lie, every group is a sum of such products,
+// the leaving state's gradient as a query after it) adds its term P_rs = scale q_r ⊙ k_s ⊙ e^{b_r − b_s}
+// · dA_rs to dg_t for every s < t ≤ r. Grouped by where s and r lie, every group is a sum of such products,
 // each ≤ its factors:
 //   dg_t = x                                  (s before the chunk, r after it)
 //        + Σ_{r ≥ t} q_r ⊙ dq_r^inter         (s before the chunk)
@@ -570,8 +568,7 @@ struct GateScratch {
 // Memory: reads dout, dfinal, q, k, v, g, gv, h0; writes dq, dk, dv, dg, dgv, dh0.
 template <class T>
 void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
-                    const Tensor& g, const Tensor& gv, const Tensor& h0, const GlaParams& p,
-                    const GlaGrads& grads) {
+                    const Tensor& g, const Tensor& gv, const Tensor& h0, const GlaParams& p, const GlaGrads& grads) {
   const Geo G = geo_of(q, v);
   const T scale = static_cast<T>(p.scale);
   const int64_t tasks = G.B * G.H, dk = G.dk, dv = G.dv, C = p.chunk, c = p.sub_chunk, SZ = dk * dv;
@@ -581,7 +578,8 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
   {
     ChunkScratch<T> w(C, c, dk, dv);
     GateScratch gw(C, dk, dv);
-    std::vector<T> states, dS(static_cast<size_t>(SZ)), to(static_cast<size_t>(need_gv ? c * dv : 0));
+    std::vector<T> states, dS(static_cast<size_t>(SZ));
+    std::vector<T> to(static_cast<size_t>(need_gv ? c * dv : 0));  // [c, dv]: Ã ṽ of a query sub-chunk
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t bi = task / G.H, h = task % G.H;
@@ -852,8 +850,7 @@ GlaOutput gla(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g
                gc = kernel::contiguous(g), gvc = kernel::contiguous_or_none(gv),
                h0c = kernel::contiguous_or_none(initial_state);
   GlaOutput out = kernel::gla_forward(qc, kc, vc, gc, gvc, h0c, opts);
-  record("gla", {q, k, v, g, gv, initial_state}, {&out.o, &out.final_state},
-         {qc, kc, vc, gc, gvc, h0c},
+  record("gla", {q, k, v, g, gv, initial_state}, {&out.o, &out.final_state}, {qc, kc, vc, gc, gvc, h0c},
          [opts](const std::vector<Tensor>& gr, const std::vector<Tensor>& s, const std::vector<bool>& need) {
            kernel::GlaGrads d = kernel::gla_backward(gr[0], gr[1], s[0], s[1], s[2], s[3], s[4], s[5], opts, need);
            return std::vector<Tensor>{d.dq, d.dk, d.dv, d.dg, d.dgv, d.dinitial_state};
