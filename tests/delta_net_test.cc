@@ -46,18 +46,24 @@ struct Result {
   std::vector<Tensor> grads;  // per input, undefined where the input is absent
 };
 
-// Both outputs with random cotangents, gradients of every given input.
-Result run(const Inputs& in, const DeltaNetOptions& opts, uint64_t seed = 99) {
+// Both outputs with the cotangents go (for o) and gf (for final_state), gradients of every given input.
+Result run(const Inputs& in, const DeltaNetOptions& opts, const Tensor& go, const Tensor& gf) {
   std::vector<Tensor> xs;
   for (const Tensor& t : in.inputs()) xs.push_back(t.defined() ? set_requires_grad(kernel::clone(t)) : Tensor());
   DeltaNetOutput out = delta_net(xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], opts);
-  Generator gen(seed);
-  Tensor go = Tensor::randn(out.o.shape(), gen, out.o.dtype());
-  Tensor gf = Tensor::randn(out.final_state.shape(), gen, out.o.dtype());
   backward({out.o, out.final_state}, {go, gf});
   Result r{out.o.detach(), out.final_state.detach(), {}};
   for (const Tensor& x : xs) r.grads.push_back(x.defined() ? grad_of(x) : Tensor());
   return r;
+}
+
+// The same with random cotangents drawn from `seed`.
+Result run(const Inputs& in, const DeltaNetOptions& opts, uint64_t seed = 99) {
+  Generator gen(seed);
+  const DType dt = in.q.dtype();
+  Tensor go = Tensor::randn({in.q.size(0), in.q.size(1), in.q.size(2), in.v.size(3)}, gen, dt);
+  Tensor gf = Tensor::randn({in.q.size(0), in.q.size(2), in.q.size(3), in.v.size(3)}, gen, dt);
+  return run(in, opts, go, gf);
 }
 
 // The largest difference between two runs over o, final_state and every gradient.
@@ -261,46 +267,134 @@ TEST(DeltaNetGradcheck, EveryInputBothForms) {
   }
 }
 
+// ---- norm-wise comparison against the f64 recurrent form ----
+const char* kOutputNames[8] = {"o", "final_state", "dq", "dk", "dv", "dbeta", "dg", "dinitial_state"};
+
+// The f64 copy of f32 inputs (the same values), so that an f64 reference differs only in arithmetic.
+Inputs widened(const Inputs& in) {
+  Inputs w;
+  w.q = testing::cast_or_none(in.q, DType::f64);
+  w.k = testing::cast_or_none(in.k, DType::f64);
+  w.v = testing::cast_or_none(in.v, DType::f64);
+  w.beta = testing::cast_or_none(in.beta, DType::f64);
+  w.g = testing::cast_or_none(in.g, DType::f64);
+  w.s0 = testing::cast_or_none(in.s0, DType::f64);
+  return w;
+}
+
+// Every output and gradient of `got` (the run `run`, at `at`) within tol of `want`, norm-wise
+// (testing::expect_normwise); each error also goes to worst[i] (8 entries, in kOutputNames' order) where given.
+void expect_normwise(const Result& got, const Result& want, double tol, const std::string& run, const std::string& at,
+                     testing::WorstError* worst = nullptr) {
+  auto all = [](const Result& r) {
+    std::vector<Tensor> t{r.o, r.fin};
+    t.insert(t.end(), r.grads.begin(), r.grads.end());
+    return t;
+  };
+  testing::expect_normwise(all(got), all(want), kOutputNames, tol, run, at, worst);
+}
+
 // Log-gates from −20 to −1e-6 (α from 2e-9 to 1 − 1e-6), and a run of −20s long enough that the
-// cumulative gate of a 64-token chunk (−1280) underflows e^b: no ∞ or NaN anywhere, forms agree.
+// cumulative gate of a 64-token chunk (−1280) underflows e^b: no ∞ or NaN anywhere, and norm-wise
+// against the f64 recurrent form on the same (f32-rounded) inputs every f32 form within 1e-5 and the f64
+// chunkwise forms within 1e-12. Before the gate gradient was summed over straddling pairs only
+// (docs/reliability.md, "Numerics at every decay") dg was off by 3.4e-3 (f32) and 8.6e-12 (f64) at the
+// gates in [−20, −10] (chunks of 64).
 TEST(DeltaNet, ExtremeGatesStayFinite) {
-  for (DType dtype : {DType::f64, DType::f32}) {
-    Inputs in = make_inputs(2, 70, 2, 4, 3, true, true, dtype, 23, -20.0, -1e-6);
-    std::vector<double> g = in.g.to_doubles();
-    for (size_t i = 0; i < g.size(); ++i) {
-      if (i % 5 == 0) g[i] = -20.0;
-      if (i % 5 == 1) g[i] = -1e-6;
+  for (bool mixed : {true, false}) {
+    Inputs in = make_inputs(2, 70, 2, 4, 3, true, true, DType::f32, 23, mixed ? -20.0 : -20.0, mixed ? -1e-6 : -10.0);
+    if (mixed) {  // every fifth gate −20, every fifth −1e-6, the first batch entry all −20
+      std::vector<double> g = in.g.to_doubles();
+      for (size_t i = 0; i < g.size(); ++i) {
+        if (i % 5 == 0) g[i] = -20.0;
+        if (i % 5 == 1) g[i] = -1e-6;
+      }
+      for (size_t i = 0; i < 2 * 70 * 2 / 2; ++i) g[i] = -20.0;
+      in.g = Tensor::from_vector(g, in.g.shape(), DType::f32);
     }
-    for (size_t i = 0; i < 2 * 70 * 2 / 2; ++i) g[i] = -20.0;  // the first batch entry: always −20
-    in.g = Tensor::from_vector(g, in.g.shape(), dtype);
-    const double tol = dtype == DType::f64 ? 1e-10 : 1e-5;
-    Result ch = run(in, chunkwise(64)), ch16 = run(in, chunkwise(16)), rec = run(in, recurrent(64));
-    for (const Result* r : {&ch, &ch16, &rec}) {
+    const std::string gates = mixed ? "gates in [-20, -1e-6]" : "gates in [-20, -10]";
+    const Inputs in64 = widened(in);
+    Generator cot(99);
+    const Tensor go = Tensor::randn({2, 70, 2, 3}, cot, DType::f32), gf = Tensor::randn({2, 2, 4, 3}, cot, DType::f32);
+    const Tensor go64 = kernel::to_dtype(go, DType::f64), gf64 = kernel::to_dtype(gf, DType::f64);
+    const Result exact = run(in64, recurrent(64), go64, gf64);
+    const Result ch = run(in, chunkwise(64), go, gf), ch16 = run(in, chunkwise(16), go, gf),
+                 rec = run(in, recurrent(64), go, gf), ch64 = run(in64, chunkwise(64), go64, gf64),
+                 ch16_64 = run(in64, chunkwise(16), go64, gf64);
+    for (const Result* r : {&ch, &ch16, &rec, &ch64, &ch16_64, &exact}) {
       EXPECT_TRUE(all_finite(r->o));
       EXPECT_TRUE(all_finite(r->fin));
       for (size_t i = 0; i < r->grads.size(); ++i) EXPECT_TRUE(all_finite(r->grads[i])) << kNames[i];
     }
-    std::string where;
-    const double e64 = compare(ch, rec, &where);
-    report(std::string(dtype_name(dtype)) + " extreme gates, chunk 64 vs recurrent (" + where + ")", e64);
-    EXPECT_LE(e64, tol) << where;
-    const double e16 = compare(ch16, rec, &where);
-    report(std::string(dtype_name(dtype)) + " extreme gates, chunk 16 vs recurrent (" + where + ")", e16);
-    EXPECT_LE(e16, tol) << where;
+    expect_normwise(ch, exact, 1e-5, "f32 chunkwise", gates + ", chunk 64");
+    expect_normwise(ch16, exact, 1e-5, "f32 chunkwise", gates + ", chunk 16");
+    expect_normwise(rec, exact, 1e-5, "f32 recurrent", gates);
+    expect_normwise(ch64, exact, 1e-12, "f64 chunkwise", gates + ", chunk 64");
+    expect_normwise(ch16_64, exact, 1e-12, "f64 chunkwise", gates + ", chunk 16");
+    for (auto [what, r] : {std::pair<const char*, const Result*>{"f32 chunkwise, chunk 64", &ch},
+                           {"f32 chunkwise, chunk 16", &ch16},
+                           {"f32 recurrent", &rec},
+                           {"f64 chunkwise, chunk 64", &ch64},
+                           {"f64 chunkwise, chunk 16", &ch16_64}}) {
+      report(gates + ", " + what + " vs f64 recurrent, dg norm-wise",
+             testing::norm_rel_error(r->grads[4], exact.grads[4]));
+    }
   }
   // Gradients at those gates against finite differences (f64, small shape).
-  Inputs in = make_inputs(1, 6, 2, 3, 2, true, true, DType::f64, 29);
-  in.g = Tensor::from_vector({-20, -1e-6, -20, -1e-6, -3, -1e-6, -1e-6, -20, -0.5, -20, -1e-6, -1e-6}, {1, 6, 2},
-                             DType::f64);
+  Inputs small = make_inputs(1, 6, 2, 3, 2, true, true, DType::f64, 29);
+  small.g = Tensor::from_vector({-20, -1e-6, -20, -1e-6, -3, -1e-6, -1e-6, -20, -0.5, -20, -1e-6, -1e-6}, {1, 6, 2},
+                                DType::f64);
   for (DeltaNetOptions opts : {chunkwise(4), recurrent(4)}) {
     GradcheckResult r = gradcheck(
         [&](const std::vector<Tensor>& x) {
           DeltaNetOutput out = delta_net(x[0], x[1], x[2], x[3], x[4], x[5], opts);
           return std::vector<Tensor>{out.o, out.final_state};
         },
-        in.inputs());
+        small.inputs());
     report(std::string("gradcheck at extreme gates, ") + delta_net_form_name(opts.form), r.max_error);
     EXPECT_LE(r.max_error, 1e-6) << delta_net_form_name(opts.form) << ": " << r.worst;
+  }
+}
+
+// ---- numerics at every decay (docs/reliability.md, "Numerics at every decay") ----
+// Gated DeltaNet over the sampled grid of testing::numerics_sweep() — per-step log-gates from −1e-7 to −30
+// (constant −20 and −30, uniform, log-uniform and bimodal mixtures), chunks 1 to 128, T from 1 to 300,
+// with and without the initial state, dk ≠ dv: every output and gradient of the f32 chunkwise and f32
+// recurrent forms within 1e-5 (norm-wise) of the f64 recurrent form, the f64 chunkwise form within 1e-12.
+// All forms run on the same f32-rounded inputs and cotangents (widened for f64). The worst errors are
+// printed.
+TEST(DeltaNetNumerics, EveryDecayChunkAndLength) {
+  const char* kRuns[3] = {"f32 chunkwise", "f32 recurrent", "f64 chunkwise"};
+  testing::WorstError worst[3][8];
+  for (int r = 0; r < 3; ++r) {
+    for (int i = 0; i < 8; ++i) worst[r][i].what = std::string(kRuns[r]) + " " + kOutputNames[i];
+  }
+  const std::vector<testing::SweepPoint> points = testing::numerics_sweep();
+  for (size_t n = 0; n < points.size(); ++n) {
+    testing::SweepPoint pt = points[n];
+    pt.with_gv = false;  // no value gate here
+    const int64_t B = 1, H = 2, dk = 4, dv = 3;
+    Generator gen(2000 + n);
+    Inputs in32;
+    in32.q = Tensor::randn({B, pt.T, H, dk}, gen, DType::f32);
+    in32.k = testing::unit_rows({B, pt.T, H, dk}, gen, DType::f32);
+    in32.v = Tensor::randn({B, pt.T, H, dv}, gen, DType::f32);
+    in32.beta = Tensor::rand({B, pt.T, H}, gen, DType::f32, 0.05, 0.95);
+    in32.g = testing::draw_log_decays(pt.decay, {B, pt.T, H}, gen, DType::f32);
+    if (pt.with_h0) in32.s0 = Tensor::randn({B, H, dk, dv}, gen, DType::f32, 0.5);
+    const Tensor go32 = Tensor::randn({B, pt.T, H, dv}, gen, DType::f32);
+    const Tensor gf32 = Tensor::randn({B, H, dk, dv}, gen, DType::f32);
+    const Inputs in64 = widened(in32);
+    const Tensor go64 = kernel::to_dtype(go32, DType::f64), gf64 = kernel::to_dtype(gf32, DType::f64);
+    const Result exact = run(in64, recurrent(pt.chunk), go64, gf64);
+    const std::string at = pt.name();
+    expect_normwise(run(in32, chunkwise(pt.chunk), go32, gf32), exact, 1e-5, kRuns[0], at, worst[0]);
+    expect_normwise(run(in32, recurrent(pt.chunk), go32, gf32), exact, 1e-5, kRuns[1], at, worst[1]);
+    expect_normwise(run(in64, chunkwise(pt.chunk), go64, gf64), exact, 1e-12, kRuns[2], at, worst[2]);
+  }
+  std::printf("  worst norm-wise errors against the f64 recurrent form over %zu points:\n", points.size());
+  for (const auto& r : worst) {
+    for (const testing::WorstError& w : r) w.print();
   }
 }
 

@@ -93,7 +93,7 @@ Reference cpu_reference(const Inputs& in64, GlaForm form, double scale, DType d 
   r.grads.dg = Tensor::empty(in.g.shape(), d);
   if (in.gv.defined()) r.grads.dgv = Tensor::empty(in.gv.shape(), d);
   if (in.h0.defined()) r.grads.dinitial_state = Tensor::empty(in.h0.shape(), d);
-  kernel::gla_backward_kernel(kCpu, in.dout, in.dfinal, in.q, in.k, in.v, in.g, in.gv, in.h0, r.o, p, r.grads);
+  kernel::gla_backward_kernel(kCpu, in.dout, in.dfinal, in.q, in.k, in.v, in.g, in.gv, in.h0, p, r.grads);
   return r;
 }
 
@@ -179,6 +179,47 @@ TEST(GlaCudaSchedule, MatchesCpuKernelsF32) {
       // What the GPU test compares: f32 against the CPU's f32 kernels of either form.
       compare(e, cpu_reference(in, GlaForm::recurrent, scale, DType::f32), in, 1e-4, what + " vs f32 recurrent");
       compare(e, cpu_reference(in, GlaForm::chunkwise, scale, DType::f32), in, 1e-4, what + " vs f32 chunkwise");
+    }
+  }
+}
+
+// Strong decays — every log-gate (g and gv) −20, every one −30, and the bimodal mixture of ≈ −1e-5 and
+// [−30, −10] — where the CPU's chunkwise gate gradients once cancelled (docs/reliability.md, "Numerics
+// at every decay"): the schedule against the f64 CPU kernels of both forms at this file's tolerances
+// (f64 1e-10, f32 1e-4), and its dg, dgv norm-wise within 1e-12 (f64) and 1e-5 (f32) of the f64 CPU
+// recurrent form (elementwise, |x| ≤ tol·max(1, |x|) says nothing about a gradient of size e^−60).
+TEST(GlaCudaSchedule, StrongDecaysMatchCpuKernels) {
+  const Case shapes[] = {{2, 37, 3, 16, 16, 0, 0}, {1, 50, 2, 20, 40, 0, 0}};
+  uint64_t seed = 300;
+  for (Decay d : {Decay::all20, Decay::all30, Decay::bimodal}) {
+    for (const Case& c : shapes) {
+      for (bool with_gv : {false, true}) {
+        Inputs in = make_inputs(c, with_gv, true, ++seed);
+        Generator gen(seed);
+        in.g = draw_log_decays(d, in.g.shape(), gen, DType::f64);
+        if (with_gv) in.gv = draw_log_decays(d, in.gv.shape(), gen, DType::f64);
+        const double scale = 1.0 / std::sqrt(static_cast<double>(c.dk));
+        const Reference rec = cpu_reference(in, GlaForm::recurrent, scale);
+        const Reference chk = cpu_reference(in, GlaForm::chunkwise, scale);
+        const std::string what =
+            heads_name(c.B, c.T, c.H, c.dk, c.dv) + " decay " + decay_name(d) + (with_gv ? " gv" : "");
+        const Emulated e64 = emulate<double>(in, scale, launcher_batch<double>(in), true, true, true);
+        compare(e64, rec, in, 1e-10, what + " f64 vs recurrent");
+        compare(e64, chk, in, 1e-10, what + " f64 vs chunkwise");
+        // f32 on the f32-rounded inputs; the reference is the f64 CPU kernel on those same values.
+        const Inputs in32 = converted(converted(in, DType::f32), DType::f64);
+        const Reference rec32 = cpu_reference(in32, GlaForm::recurrent, scale);
+        const Emulated e32 = emulate<float>(in32, scale, launcher_batch<float>(in32), true, true, true);
+        compare(e32, rec32, in32, 1e-4, what + " f32 vs f64 recurrent");
+        EXPECT_LE(norm_rel_error(e64.dg, rec.grads.dg), 1e-12) << what << " f64 dg";
+        EXPECT_LE(norm_rel_error(e64.dg, chk.grads.dg), 1e-12) << what << " f64 dg vs chunkwise";
+        EXPECT_LE(norm_rel_error(e32.dg, rec32.grads.dg), 1e-5) << what << " f32 dg";
+        if (with_gv) {
+          EXPECT_LE(norm_rel_error(e64.dgv, rec.grads.dgv), 1e-12) << what << " f64 dgv";
+          EXPECT_LE(norm_rel_error(e64.dgv, chk.grads.dgv), 1e-12) << what << " f64 dgv vs chunkwise";
+          EXPECT_LE(norm_rel_error(e32.dgv, rec32.grads.dgv), 1e-5) << what << " f32 dgv";
+        }
+      }
     }
   }
 }

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <iterator>
 #include <limits>
@@ -144,6 +145,130 @@ class VariantGpuTest : public ::testing::Test {
   void SetUp() override { SEQLAB_SKIP_WITHOUT_GPU(); }
   Generator gen_{test_seed(kSalt)};
 };
+
+// ---------------------------------------------------------------- numerics at every decay
+// The shared grid of the numerics sweeps (docs/reliability.md, "Numerics at every decay"): every gated op,
+// every form, f32 and f64, against its f64 recurrent form, at per-step log-decays from −1e-7 to −30.
+
+// ‖a − b‖₂ / ‖b‖₂ over all elements: the norm-wise relative error of a against the reference b. A zero b
+// asks for a zero a (0 when it is, ∞ otherwise), so an exactly vanishing gradient must come out exactly 0.
+inline double norm_rel_error(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  const std::vector<double> x = a.to_doubles(), y = b.to_doubles();
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    diff += (x[i] - y[i]) * (x[i] - y[i]);
+    ref += y[i] * y[i];
+  }
+  if (ref == 0) return diff == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(diff / ref);
+}
+
+// How the per-step log-decays of a sweep point are drawn (each element independently):
+enum class Decay {
+  weak,      // −|x|, |x| log-uniform in [1e-7, 1e-3]: decays within 1e-3 of 1
+  moderate,  // U(−1.5, −0.02), what the other tests use
+  all20,     // exactly −20 everywhere (α = 2e-9)
+  all30,     // exactly −30 everywhere (α = 9e-14)
+  uniform,   // U(−30, −1e-7)
+  logmix,    // −|x|, |x| log-uniform in [1e-7, 30]: every scale at once
+  bimodal,   // half weak (as `weak`), half in U(−30, −10), at random: the worst mixture for cancellation
+};
+inline constexpr Decay kDecays[] = {Decay::weak,    Decay::moderate, Decay::all20,  Decay::all30,
+                                    Decay::uniform, Decay::logmix,   Decay::bimodal};
+
+inline const char* decay_name(Decay d) {
+  static const char* const kNames[] = {"weak", "moderate", "all -20", "all -30", "uniform", "log-mix", "bimodal"};
+  return kNames[static_cast<int>(d)];
+}
+
+// Log-decays of the given shape drawn as `d` says, in dtype (f32 rounds them, so that an f64 reference on the
+// same values can be formed by widening).
+inline Tensor draw_log_decays(Decay d, const Shape& shape, Generator& gen, DType dtype) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  auto log_uniform = [&](double lo, double hi) { return -std::exp(std::log(lo) + gen.uniform() * std::log(hi / lo)); };
+  auto draw = [&]() {
+    if (d == Decay::weak) return log_uniform(1e-7, 1e-3);
+    if (d == Decay::moderate) return -1.5 + 1.48 * gen.uniform();
+    if (d == Decay::all20) return -20.0;
+    if (d == Decay::all30) return -30.0;
+    if (d == Decay::uniform) return -1e-7 - (30.0 - 1e-7) * gen.uniform();
+    if (d == Decay::logmix) return log_uniform(1e-7, 30.0);
+    return gen.uniform() < 0.5 ? log_uniform(1e-7, 1e-3) : -10.0 - 20.0 * gen.uniform();  // bimodal
+  };
+  std::vector<double> x(static_cast<size_t>(n));
+  for (double& e : x) e = draw();
+  return Tensor::from_vector(x, shape, dtype);
+}
+
+// The worst error of one quantity over a sweep, with where it happened, printed at the end so that a run
+// documents the margins (docs/reliability.md quotes these lines).
+struct WorstError {
+  explicit WorstError(std::string quantity = "") : what(std::move(quantity)) {}
+  std::string what;
+  double error = 0;
+  std::string where;
+  void take(double e, const std::string& at) {
+    if (!(e <= error)) {  // NaN is taken too
+      error = e;
+      where = at;
+    }
+  }
+  void print() const { std::printf("    %-34s %.3g  (%s)\n", what.c_str(), error, where.c_str()); }
+};
+
+// Each tensor of `got` (the run `run`, at `at`) within tol of the one of `want` in the same place (named by
+// names[i]), norm-wise; an absent reference asks for an absent result. Each error also goes to worst[i]
+// where given.
+inline void expect_normwise(const std::vector<Tensor>& got, const std::vector<Tensor>& want, const char* const* names,
+                            double tol, const std::string& run, const std::string& at, WorstError* worst = nullptr) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i].defined(), want[i].defined()) << names[i] << " " << run << " at " << at;
+    if (!want[i].defined()) continue;
+    const double e = norm_rel_error(got[i], want[i]);
+    if (worst) worst[i].take(e, at);
+    EXPECT_LE(e, tol) << names[i] << " " << run << " at " << at;
+  }
+}
+
+// One point of a sweep: chunk size, sequence length, how the decays are drawn, and whether the optional
+// inputs (a value gate where the op has one, the initial state) are given.
+struct SweepPoint {
+  int64_t chunk, T;
+  Decay decay;
+  bool with_gv, with_h0;
+  std::string name() const {
+    return "chunk " + std::to_string(chunk) + " T " + std::to_string(T) + " decay " + decay_name(decay) +
+           (with_gv ? " gv" : "") + (with_h0 ? " h0" : "");
+  }
+};
+
+// The sampled grid: chunk ∈ {1, 3, 16, 64, 128} × T ∈ {1, 2, chunk − 1, chunk, chunk + 1, 300} (positive,
+// each once). At T = 300 every decay profile runs; at the shorter lengths two points per (chunk, T) whose
+// profiles cycle through kDecays, and the optional inputs (value gate, initial state) cycle through their
+// four combinations from one round of profiles to the next, so that every profile meets every chunk size
+// and every combination: 77 of the 840 points of the full product.
+inline std::vector<SweepPoint> numerics_sweep() {
+  std::vector<SweepPoint> points;
+  size_t k = 0;
+  auto add = [&](int64_t chunk, int64_t T, Decay d) {
+    const size_t opt = (k++ / std::size(kDecays)) % 4;
+    points.push_back({chunk, T, d, (opt & 1) != 0, (opt & 2) != 0});
+  };
+  for (int64_t chunk : {1, 3, 16, 64, 128}) {
+    std::vector<int64_t> lengths;
+    for (int64_t T : {int64_t{1}, int64_t{2}, chunk - 1, chunk, chunk + 1}) {
+      if (T >= 1 && std::find(lengths.begin(), lengths.end(), T) == lengths.end()) lengths.push_back(T);
+    }
+    for (int64_t T : lengths) {
+      for (int i = 0; i < 2; ++i) add(chunk, T, kDecays[k % std::size(kDecays)]);
+    }
+    for (Decay d : kDecays) add(chunk, 300, d);
+  }
+  return points;
+}
 
 // ---------------------------------------------------------------- DeltaNet / Gated DeltaNet
 

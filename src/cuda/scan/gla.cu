@@ -9,8 +9,9 @@
 // forms to each other): one block per (tile of 32 value columns, head, batch entry), each thread a
 // column and 8 state rows in registers. The backward is the recurrent form's reverse-time recurrence with
 // the states recomputed from checkpoints every 16 steps; dg_t and dgv_t come out directly as the row and
-// column sums of dS ⊙ αβᵀ ⊙ S_{t−1} (so the saved o, which the CPU's chunkwise backward reads, is not
-// needed here). p.chunk and p.sub_chunk tile the CPU kernels' work and do not change what this computes.
+// column sums of dS ⊙ αβᵀ ⊙ S_{t−1}, each a sum of bounded terms at any gate strength (the CPU's chunkwise
+// backward gets them from bounded pair sums, docs/variants/gla.md). p.chunk and p.sub_chunk tile the CPU
+// kernels' work and do not change what this computes.
 // f32 and bf16 compute in f32 (bf16 rounded on store), f64 in f64; head dims up to 128 (a clear error
 // beyond). Deterministic: no atomics, every sum in a fixed order. Compiled for sm_80/sm_90; not yet run on
 // a GPU (tests/gla_gpu_test.cc compares it with the CPU kernels; tests/gla_emulation_test.cc runs
@@ -72,9 +73,8 @@ void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   });
 }
 
-// `o` (the forward's output) is not read: dgv comes from the reverse recurrence.
 void backward_cuda(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor& g, const Tensor& gv, const Tensor& h0, const Tensor& /*o*/, const kernel::GlaParams& p,
+                   const Tensor& g, const Tensor& gv, const Tensor& h0, const kernel::GlaParams& p,
                    const kernel::GlaGrads& grads) {
   const int device = q.device().index;
   check_inputs("gla backward", device, q, k, v, g, gv, h0);

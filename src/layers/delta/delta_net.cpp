@@ -15,7 +15,8 @@
 // - Recurrent forward: rank-1 updates of the dk × dv state per token. Recurrent backward: states are
 //   checkpointed every `chunk` steps in a forward pass, then each segment is replayed (its states
 //   kept) and walked in reverse.
-// - Sums accumulate in the input type.
+// - Sums accumulate in the input type, except the cumulative log-gates and the gate-gradient sums
+//   (double: docs/variants/delta_net.md, "The gate gradient without cancellation").
 #include "layers/delta/delta_net.h"
 
 #include <algorithm>
@@ -210,17 +211,30 @@ void store_state(const T* S, int64_t task, int64_t ss, const Tensor& states) {
 }
 
 // ---------------------------------------------------------------- chunkwise form
+// e^x for x a difference of cumulative log-gates (≤ 0). The cumulative gates are kept in double: in
+// f32 a sum near −3000 (a chunk of 128 tokens at −25) is only known to 2e-4, and so would be every
+// factor e^{b_i − b_j} taken from it; the difference itself is exact to rounding in double.
+template <class T>
+T decay(double x) {
+  return std::exp(static_cast<T>(x));
+}
+
 // One thread's scratch for the chunkwise form: the quantities of one chunk of n ≤ C tokens starting
 // at t0 (n × n matrices with leading dimension n) and the dk × dv states of the sequence.
 template <class T>
 struct ChunkWork {
   int64_t C, dk, dv;
-  std::vector<T> b, gam, r;  // [C]: b_i = Σ_{j≤i} g_{t0+j}, γ_i = e^{b_i}, r_i = e^{b_{n−1} − b_i}
+  std::vector<double> b;    // [C]: b_i = Σ_{j≤i} g_{t0+j}, in double (see decay())
+  std::vector<T> gam, r;    // [C]: γ_i = e^{b_i}, r_i = e^{b_{n−1} − b_i}
   std::vector<T> Hm, A, P;  // [C, C]: Hm_ij = e^{b_i−b_j} k_i·k_j, A_ij = β_i Hm_ij (j < i, else 0), P = (Q Kᵀ) ⊙ M
   std::vector<T> Y, R, D, RD;  // [C, dv]: Y = K S_0, R = V − diag(γ) Y, D = δ, RD = diag(r) δ
   std::vector<T> S;            // [nstates, dk, dv]: the state entering a chunk (backward: every chunk)
   // backward only
-  std::vector<T> dP, dA, Z, E, dD, dY, db, dSn, dS;
+  std::vector<T> dP, dA, Z, E, dD, dY, dSn, dS;
+  // The gate terms of one chunk (double): gu [C], u_i of token i (the loss through the factors e^{b_i},
+  // times them: it enters dg_t for t ≤ i); gx [C, C], X_ij of a pair j < i (through the factors
+  // e^{b_i − b_j}: it enters dg_t for j < t ≤ i); gsum [C], the pair terms' sums per t.
+  std::vector<double> gu, gx, gsum;
   ChunkWork(int64_t C_, int64_t dk_, int64_t dv_, int64_t nstates, bool backward)
       : C(C_),
         dk(dk_),
@@ -240,7 +254,9 @@ struct ChunkWork {
       dP.resize(C * C);
       dA.resize(C * C);
       for (auto* x : {&Z, &E, &dD, &dY}) x->resize(C * dv);
-      db.resize(C);
+      gu.resize(C);
+      gx.resize(C * C);
+      gsum.resize(C);
       dSn.resize(dk * dv);
       dS.resize(dk * dv);
     }
@@ -257,20 +273,20 @@ void chunk_prepare(const Seq<T>& s, int64_t t0, int64_t n, const T* S0, ChunkWor
   const int64_t dk = s.dk, dv = s.dv;
   const T* K0 = s.k + t0 * s.ldk;
   const T* V0 = s.v + t0 * s.ldv;
-  T acc = 0;
+  double acc = 0;
   for (int64_t i = 0; i < n; ++i) {
     acc += s.gate(t0 + i);
     w.b[i] = acc;
-    w.gam[i] = s.g ? std::exp(acc) : T(1);
+    w.gam[i] = s.g ? decay<T>(acc) : T(1);
   }
-  for (int64_t i = 0; i < n; ++i) w.r[i] = s.g ? std::exp(w.b[n - 1] - w.b[i]) : T(1);
+  for (int64_t i = 0; i < n; ++i) w.r[i] = s.g ? decay<T>(w.b[n - 1] - w.b[i]) : T(1);
   gemm<T>(false, true, n, n, dk, 1.0, K0, s.ldk, K0, s.ldk, 0.0, w.Hm.data(), n);
   for (int64_t i = 0; i < n; ++i) {
     const T beta_i = s.beta[(t0 + i) * s.H];
     T* hi = w.Hm.data() + i * n;
     T* ai = w.A.data() + i * n;
     for (int64_t j = 0; j < i; ++j) {
-      if (s.g) hi[j] *= std::exp(w.b[i] - w.b[j]);
+      if (s.g) hi[j] *= decay<T>(w.b[i] - w.b[j]);
       ai[j] = beta_i * hi[j];
     }
     for (int64_t j = i; j < n; ++j) hi[j] = ai[j] = 0;
@@ -299,7 +315,7 @@ void chunk_scores(const Seq<T>& s, int64_t t0, int64_t n, ChunkWork<T>& w) {
   for (int64_t i = 0; i < n; ++i) {
     T* pi = w.P.data() + i * n;
     if (s.g) {
-      for (int64_t j = 0; j < i; ++j) pi[j] *= std::exp(w.b[i] - w.b[j]);
+      for (int64_t j = 0; j < i; ++j) pi[j] *= decay<T>(w.b[i] - w.b[j]);
     }
     for (int64_t j = i + 1; j < n; ++j) pi[j] = 0;
   }
@@ -341,19 +357,19 @@ void chunkwise_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 }
 
 // Reverse pass over chunks. With S_0 the state entering the chunk (recomputed by a first forward pass
-// over the chunks, states only) and dS the gradient of the state leaving it:
+// over the chunks, states only) and dS the gradient of the state leaving it; the gate terms are token
+// terms u_i (through a factor e^{b_i}) and pair terms X_ij, j < i (through e^{b_i − b_j}):
 //   E = K dS,  dδ = c Pᵀ dO + diag(r) E
-//   state:  dS_0 = γ_{n−1} dS + …,  db_{n−1} += γ_{n−1}⟨dS, S_0⟩ + Σ_j ρ_j,  db_j −= ρ_j,  ρ_j = r_j E_j·δ_j,
+//   state:  dS_0 = γ_{n−1} dS + …,  u_{n−1} += γ_{n−1}⟨dS, S_0⟩,  X_{n−1,j} += ρ_j = r_j E_j·δ_j (j < n−1),
 //           dK = diag(r) δ dSᵀ
-//   output: dP = c dO δᵀ (j ≤ i);  db_i += Σ_j dP_ij P_ij,  db_j −= Σ_i dP_ij P_ij;  dQK = dP ⊙ M,
+//   output: dP = c dO δᵀ (j ≤ i);  X_ij += dP_ij P_ij (j < i);  dQK = dP ⊙ M,
 //           dQ = dQK K,  dK += dQKᵀ Q;  dZ = c diag(γ) dO:  dQ += dZ S_0ᵀ,  dS_0 += Qᵀ dZ,
-//           db_i += c γ_i dO_i·(Q S_0)_i
+//           u_i += c γ_i dO_i·(Q S_0)_i
 //   solve:  dF = (I + A)⁻ᵀ dδ (back substitution),  dA = −dF δᵀ (j < i)
-//           dβ_i = dF_i·R_i + Σ_{j<i} dA_ij Hm_ij,  dV = diag(β) dF,  dY = −diag(γ β) dF,  db_i += dY_i·Y_i
+//           dβ_i = dF_i·R_i + Σ_{j<i} dA_ij Hm_ij,  dV = diag(β) dF,  dY = −diag(γ β) dF,  u_i += dY_i·Y_i
 //           dK += dY S_0ᵀ,  dS_0 += Kᵀ dY
-//   A:      db_i += Σ_j dA_ij A_ij,  db_j −= Σ_i dA_ij A_ij,  dG_ij = dA_ij β_i e^{b_i − b_j} (j < i),
-//           dK += (dG + dGᵀ) K
-//   gates:  dg_{t0+j} = Σ_{i ≥ j} db_i
+//   A:      X_ij += dA_ij A_ij,  dG_ij = dA_ij β_i e^{b_i − b_j} (j < i),  dK += (dG + dGᵀ) K
+//   gates:  dg_{t0+t} = Σ_{i ≥ t} u_i + Σ_{j < t ≤ i} X_ij
 // Memory: reads dO, dfinal, q, k, v, β, g, initial_state; writes dq, dk, dv, dβ, dg, dinitial_state;
 // scratch per thread: the entering state of every chunk of one sequence (⌈T/C⌉ · dk · dv) and one
 // ChunkWork.
@@ -390,8 +406,11 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
       T* dB0 = gr.dbeta.data<T>() + s.row(t0);
       chunk_prepare(s, t0, n, S0, w);
       chunk_scores(s, t0, n, w);
-      std::fill_n(w.db.begin(), n, T(0));
-      T* db = w.db.data();
+      double *gu = w.gu.data(), *gx = w.gx.data();
+      if (s.g) {
+        std::fill_n(gu, n, 0.0);
+        std::fill_n(gx, n * n, 0.0);
+      }
 
       // The exit state S_n = γ_{n−1} S_0 + Kᵀ diag(r) δ.
       gemm<T>(false, false, n, dv, dk, 1.0, K0, s.ldk, dS.data(), dv, 0.0, w.E.data(), dv);  // E = K dS
@@ -399,11 +418,9 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
         const T* ei = w.E.data() + i * dv;
         T* ddi = w.dD.data() + i * dv;
         for (int64_t x = 0; x < dv; ++x) ddi[x] = w.r[i] * ei[x];
-        const T rho = w.r[i] * dot(ei, w.D.data() + i * dv, dv);
-        db[n - 1] += rho;
-        db[i] -= rho;
+        if (s.g && i < n - 1) gx[(n - 1) * n + i] += w.r[i] * dot(ei, w.D.data() + i * dv, dv);
       }
-      db[n - 1] += w.gam[n - 1] * dot(dS.data(), S0, ss);
+      if (s.g) gu[n - 1] += w.gam[n - 1] * dot(dS.data(), S0, ss);
       gemm<T>(false, true, n, dk, dv, 1.0, w.RD.data(), dv, dS.data(), dv, 0.0, dK0, s.ldk);  // dK = RD dSᵀ
       for (int64_t x = 0; x < ss; ++x) w.dSn[x] = w.gam[n - 1] * dS[x];
 
@@ -415,10 +432,8 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
         const T* pi = w.P.data() + i * n;
         for (int64_t j = 0; j <= i; ++j) {
           if (s.g) {
-            const T x = dpi[j] * pi[j];
-            db[i] += x;
-            db[j] -= x;
-            dpi[j] *= std::exp(w.b[i] - w.b[j]);
+            if (j < i) gx[i * n + j] += dpi[j] * pi[j];
+            dpi[j] *= decay<T>(w.b[i] - w.b[j]);
           }
         }
         for (int64_t j = i + 1; j < n; ++j) dpi[j] = 0;
@@ -431,7 +446,7 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
         const T* doi = dO0 + i * s.ldv;
         T* ei = w.E.data() + i * dv;
         for (int64_t x = 0; x < dv; ++x) ei[x] = f * doi[x];
-        if (s.g) db[i] += dot(ei, w.Z.data() + i * dv, dv);
+        if (s.g) gu[i] += dot(ei, w.Z.data() + i * dv, dv);
       }
       gemm<T>(false, true, n, dk, dv, 1.0, w.E.data(), dv, S0, dv, 1.0, dQ0, s.ldk);           // dQ += dZ S_0ᵀ
       gemm<T>(true, false, dk, dv, n, 1.0, Q0, s.ldk, w.E.data(), dv, 1.0, w.dSn.data(), dv);  // dS_0 += Qᵀ dZ
@@ -457,7 +472,7 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
           dvi[x] = beta_i * dfi[x];
           dyi[x] = -gam_i * beta_i * dfi[x];
         }
-        if (s.g) db[i] += dot(dyi, w.Y.data() + i * dv, dv);
+        if (s.g) gu[i] += dot(dyi, w.Y.data() + i * dv, dv);
       }
       gemm<T>(false, true, n, dk, dv, 1.0, w.dY.data(), dv, S0, dv, 1.0, dK0, s.ldk);           // dK += dY S_0ᵀ
       gemm<T>(true, false, dk, dv, n, 1.0, K0, s.ldk, w.dY.data(), dv, 1.0, w.dSn.data(), dv);  // dS_0 += Kᵀ dY
@@ -468,12 +483,8 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
         T* dai = w.dA.data() + i * n;
         const T* ai = w.A.data() + i * n;
         for (int64_t j = 0; j < i; ++j) {
-          if (s.g) {
-            const T x = dai[j] * ai[j];
-            db[i] += x;
-            db[j] -= x;
-          }
-          dai[j] *= beta_i * (s.g ? std::exp(w.b[i] - w.b[j]) : T(1));
+          if (s.g) gx[i * n + j] += dai[j] * ai[j];
+          dai[j] *= beta_i * (s.g ? decay<T>(w.b[i] - w.b[j]) : T(1));
         }
         dai[i] = 0;
       }
@@ -482,12 +493,24 @@ void chunkwise_backward(const Tensor& dout, const Tensor& dfin, const Tensor& q,
       }
       gemm<T>(false, false, n, dk, n, 1.0, w.dA.data(), n, K0, s.ldk, 1.0, dK0, s.ldk);
 
-      if (s.g) {  // b_i = Σ_{j ≤ i} g_j  ⇒  dg_j = Σ_{i ≥ j} db_i
+      // Gates: g_t enters b_i for every i ≥ t, so a token term counts for t ≤ i and a pair term
+      // (factor e^{b_i − b_j}) for j < t ≤ i: dg_t = Σ_{i ≥ t} u_i + Σ_{j < t ≤ i} X_ij (gu, gx).
+      // Summed over the pairs that straddle t only, never as a difference of sums (docs/variants/delta_net.md).
+      if (s.g) {
         T* dG0 = gr.dg.data<T>() + s.row(t0);
-        T acc = 0;
+        double* gsum = w.gsum.data();
+        std::fill_n(gsum, n, 0.0);
+        for (int64_t i = 1; i < n; ++i) {  // pair (j, i) into gsum_t, j < t ≤ i: running sums over j
+          double run = 0;
+          for (int64_t j = 0; j < i; ++j) {
+            run += gx[i * n + j];
+            gsum[j + 1] += run;
+          }
+        }
+        double tail = 0;
         for (int64_t i = n - 1; i >= 0; --i) {
-          acc += db[i];
-          dG0[i * s.H] = acc;
+          tail += gu[i];
+          dG0[i * s.H] = static_cast<T>(tail + gsum[i]);
         }
       }
       std::copy_n(w.dSn.data(), ss, dS.data());

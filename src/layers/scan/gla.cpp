@@ -100,8 +100,8 @@ GlaOutput gla_forward(const Tensor& q, const Tensor& k, const Tensor& v, const T
 }
 
 GlaGrads gla_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
-                      const Tensor& g, const Tensor& gv, const Tensor& initial_state, const Tensor& o,
-                      const GlaOptions& opts, const std::vector<bool>& need) {
+                      const Tensor& g, const Tensor& gv, const Tensor& initial_state, const GlaOptions& opts,
+                      const std::vector<bool>& need) {
   const Dims d = check_inputs(q, k, v, g, gv, initial_state);
   const GlaParams p = resolve(opts, d);
   if (need.size() != 6) throw std::invalid_argument("gla backward: need one flag per input (6)");
@@ -109,11 +109,8 @@ GlaGrads gla_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q,
   const DType dt = q.dtype();
   check_like(dout, o_shape, dt, "dout");
   check_like(dfinal, s_shape, dt, "dfinal");
-  if (gv.defined()) {
-    if (!o.defined()) throw std::invalid_argument("gla backward: the forward's output o is needed when gv is given");
-    check_like(o, o_shape, dt, "o");
-  }
-  // dq and dk feed dg in the chunkwise form; the kernel always computes dq, dk, dv (one pass).
+  // The kernels compute dq, dk, dv in every case (one pass; the chunkwise gate gradients are formed
+  // from their parts on the way).
   GlaGrads all;
   all.dq = Tensor::empty(q.shape(), dt, q.device());
   all.dk = Tensor::empty(k.shape(), dt, q.device());
@@ -124,8 +121,7 @@ GlaGrads gla_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q,
   const Tensor dO = dout.defined() ? kernel::contiguous(dout) : Tensor::zeros(o_shape, dt, q.device());
   const Tensor dS = dfinal.defined() ? kernel::contiguous(dfinal) : Tensor::zeros(s_shape, dt, q.device());
   gla_backward_kernel(q.device(), dO, dS, kernel::contiguous(q), kernel::contiguous(k), kernel::contiguous(v),
-                      kernel::contiguous(g), contiguous_or_none(gv), contiguous_or_none(initial_state),
-                      gv.defined() ? kernel::contiguous(o) : Tensor(), p, all);
+                      kernel::contiguous(g), contiguous_or_none(gv), contiguous_or_none(initial_state), p, all);
   if (!need[0]) all.dq = Tensor();
   if (!need[1]) all.dk = Tensor();
   if (!need[2]) all.dv = Tensor();
@@ -501,6 +497,50 @@ void chunk_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   }
 }
 
+// Gate-gradient sums of the chunkwise backward, in double (docs/variants/gla.md, "Gate gradients without
+// cancellation"): acc_t += Σ_{u = t}^{n−1} x_u ⊙ y_u over rows 0 … n−1 (suffix sums, the terms whose later
+// endpoint is at or after t), rows of width w; `run` is scratch of w doubles.
+template <class T>
+void add_suffix_sums(int64_t n, int64_t w, const T* x, int64_t ldx, const T* y, int64_t ldy, double* acc, double* run) {
+  std::fill_n(run, w, 0.0);
+  for (int64_t u = n - 1; u >= 0; --u) {
+    const T *xu = x + u * ldx, *yu = y + u * ldy;
+    double* au = acc + u * w;
+#pragma omp simd
+    for (int64_t i = 0; i < w; ++i) {
+      run[i] += static_cast<double>(xu[i]) * yu[i];
+      au[i] += run[i];
+    }
+  }
+}
+
+// acc_t += Σ_{u < t} x_u ⊙ y_u over rows t = 0 … n−1 (exclusive prefix sums, the terms whose earlier
+// endpoint is before t).
+template <class T>
+void add_prefix_sums(int64_t n, int64_t w, const T* x, int64_t ldx, const T* y, int64_t ldy, double* acc, double* run) {
+  std::fill_n(run, w, 0.0);
+  for (int64_t u = 0; u < n; ++u) {
+    const T *xu = x + u * ldx, *yu = y + u * ldy;
+    double* au = acc + u * w;
+#pragma omp simd
+    for (int64_t i = 0; i < w; ++i) {
+      au[i] += run[i];
+      run[i] += static_cast<double>(xu[i]) * yu[i];
+    }
+  }
+}
+
+// Per-task scratch of the chunkwise gate gradients: their sums over one chunk (double) and the running
+// vectors of the sums above and of the pairwise part.
+struct GateScratch {
+  std::vector<double> dg, dgv;              // [C, dk], [C, dv]: dg_t, dgv_t of the chunk's rows
+  std::vector<double> run, pair_g, pair_v;  // [max(dk, dv)], [dk], [dv]
+  std::vector<double> x_g, x_v;             // [dk], [dv]: the pairs that span the whole chunk
+  std::vector<double> e_g, e_v;             // [dk], [dv]: e^{b_last}, e^{bv_last}
+  GateScratch(int64_t C, int64_t dk, int64_t dv)
+      : dg(C * dk), dgv(C * dv), run(std::max(dk, dv)), pair_g(dk), pair_v(dv), x_g(dk), x_v(dv), e_g(dk), e_v(dv) {}
+};
+
 // Backward of the chunkwise form. First the state entering every chunk is recomputed (the
 // forward's state recurrence, one GEMM per chunk; [chunks + 1, dk, dv] per task). Then chunks in
 // reverse, with dS the gradient w.r.t. the state leaving the chunk (d final_state at first), S the
@@ -515,24 +555,34 @@ void chunk_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
 //     dq_r += scale Σ_s dA_rs k_s ⊙ e^{b_r − b_s},  dk_s += scale Σ_r dA_rs q_r ⊙ e^{b_r − b_s},
 //     dv_s += Σ_r A_rs do_r ⊙ e^{bv_r − bv_s}
 //   dS ← e^{b_last} e^{bv_last}ᵀ ⊙ dS + (scale q ⊙ e^{b})ᵀ dõ                   (one GEMM)
-// and d initial_state = dS. Finally the gates: with B_t the log-gate sums from the sequence start,
-// o depends on B only through q_t e^{B_t}, k_s e^{−B_s} and S_T through e^{B_T}, so
-//   dB_t = q_t ⊙ dq_t − k_t ⊙ dk_t (+ Σ_j (dS_T ⊙ S_T)_ij at t = T),   dg_t = Σ_{u ≥ t} dB_u,
-// and likewise dgv_t = Σ_{u ≥ t} (o_u ⊙ do_u − v_u ⊙ dv_u) + Σ_i (dS_T ⊙ S_T)_ij (sums in double).
-// Memory: reads dout, dfinal, q, k, v, g, gv, h0, o; writes dq, dk, dv, dg, dgv, dh0.
+// and d initial_state = dS. The gates, chunk by chunk from bounded terms (docs/variants/gla.md): a
+// pair (s, r), s < r, of a key and a query (the entering state counting as a key before the chunk,
+// the leaving state's gradient as a query after it) adds its term P_rs = scale q_r ⊙ k_s ⊙ e^{b_r − b_s}
+// · dA_rs to dg_t for every s < t ≤ r. Grouped by where s and r lie, every group is a sum of such products,
+// each ≤ its factors:
+//   dg_t = x                                  (s before the chunk, r after it)
+//        + Σ_{r ≥ t} q_r ⊙ dq_r^inter         (s before the chunk)
+//        + Σ_{s < t} k_s ⊙ dk_s^state         (r after the chunk)
+//        + Σ_{r ≥ t in t's sub-chunk} q̃_r ⊙ (dÃ k̃)_r       (s in an earlier sub-chunk)
+//        + Σ_{later sub-chunks} Σ_{s < t} k̃_s ⊙ (dÃᵀ q̃)_s    (r in a later sub-chunk)
+//        + Σ_{s < t ≤ r, both in t's sub-chunk} P_rs         (pairwise)
+// with x = Σ_j (dS ⊙ e^{b_last} e^{bv_last}ᵀ ⊙ S)_ij, and dgv_t likewise from the value side (dõ for
+// q, v for k, Ã for dÃ; x summed over i). Sums in double.
+// Memory: reads dout, dfinal, q, k, v, g, gv, h0; writes dq, dk, dv, dg, dgv, dh0.
 template <class T>
 void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
-                    const Tensor& g, const Tensor& gv, const Tensor& h0, const Tensor& o, const GlaParams& p,
-                    const GlaGrads& grads) {
+                    const Tensor& g, const Tensor& gv, const Tensor& h0, const GlaParams& p, const GlaGrads& grads) {
   const Geo G = geo_of(q, v);
   const T scale = static_cast<T>(p.scale);
   const int64_t tasks = G.B * G.H, dk = G.dk, dv = G.dv, C = p.chunk, c = p.sub_chunk, SZ = dk * dv;
   const int64_t nc = (G.T + C - 1) / C;
+  const bool need_g = grads.dg.defined(), need_gv = grads.dgv.defined() && gv.defined();
 #pragma omp parallel if (G.parallel(tasks))
   {
     ChunkScratch<T> w(C, c, dk, dv);
+    GateScratch gw(C, dk, dv);
     std::vector<T> states, dS(static_cast<size_t>(SZ));
-    std::vector<double> acc;
+    std::vector<T> to(static_cast<size_t>(need_gv ? c * dv : 0));  // [c, dv]: Ã ṽ of a query sub-chunk
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t bi = task / G.H, h = task % G.H;
@@ -542,6 +592,8 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
       T* dQ = grads.dq.data<T>() + G.row_k(bi, h);
       T* dK = grads.dk.data<T>() + G.row_k(bi, h);
       T* dV = grads.dv.data<T>() + G.row_v(bi, h);
+      T* dG = need_g ? grads.dg.data<T>() + G.row_k(bi, h) : nullptr;
+      T* dGV = need_gv ? grads.dgv.data<T>() + G.row_v(bi, h) : nullptr;
       const T* dF = dfinal.data<T>() + G.state(bi, h);
       // States entering each chunk; states[nc] = S_T.
       states.assign(static_cast<size_t>((nc + 1) * SZ), T(0));
@@ -572,6 +624,9 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
         const T* S = states.data() + n * SZ;
         const T *Qc = X.q + t0 * X.ldk, *Kc = X.k + t0 * X.ldk, *Vc = X.v + t0 * X.ldv, *dOc = dO + t0 * X.ldv;
         T *dQc = dQ + t0 * X.ldk, *dKc = dK + t0 * X.ldk, *dVc = dV + t0 * X.ldv;
+        double *dgc = gw.dg.data(), *dgvc = gw.dgv.data();
+        if (need_g) std::fill_n(dgc, L * dk, 0.0);
+        if (need_gv) std::fill_n(dgvc, L * dv, 0.0);
         cumulative_gates(X, t0, L, dk, dv, w);
         const double *bb = w.b.data(), *bvv = w.bv.data();
         const double *blast = bb + (L - 1) * dk, *bvlast = bvv + (L - 1) * dv;
@@ -587,6 +642,13 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
         // Inter: dq = scale e^{b} ⊙ (dõ Sᵀ).
         gemm<T>(false, true, L, dk, dv, 1.0, dos, lddos, S, dv, 0.0, dQc, X.ldk);
         scale_rows<T>(L, dk, dQc, X.ldk, bb, w.zero.data(), 1.0, scale, dQc, X.ldk);
+        // Gates, pairs with s before the chunk and r in it: q ⊙ dq^inter, and on the value side
+        // dõ ⊙ (q̂ S) (= do ⊙ o^inter).
+        if (need_g) add_suffix_sums<T>(L, dk, Qc, X.ldk, dQc, X.ldk, dgc, gw.run.data());
+        if (need_gv) {
+          gemm<T>(false, false, L, dv, dk, 1.0, w.qs.data(), dk, S, dv, 0.0, w.tv.data(), dv);
+          add_suffix_sums<T>(L, dv, dos, lddos, w.tv.data(), dv, dgvc, gw.run.data());
+        }
         // Through the leaving state: dk = e^{b_last − b} ⊙ (v̂ dSᵀ), dv = e^{bv_last − bv} ⊙ (k̂ dS).
         scale_rows<T>(L, dk, Kc, X.ldk, bb, blast, -1.0, T(1), w.ks.data(), dk);
         const T* vhat = Vc;
@@ -600,6 +662,36 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
         gemm<T>(false, false, L, dv, dk, 1.0, w.ks.data(), dk, dS.data(), dv, 0.0, dVc, X.ldv);
         scale_rows<T>(L, dk, dKc, X.ldk, bb, blast, -1.0, T(1), dKc, X.ldk);
         if (has_gv) scale_rows<T>(L, dv, dVc, X.ldv, bvv, bvlast, -1.0, T(1), dVc, X.ldv);
+        // Gates, pairs with s in the chunk and r after it: k ⊙ dk^state, v ⊙ dv^state; and the pairs
+        // spanning the chunk: x = row (column) sums of dS ⊙ e^{b_last} e^{bv_last}ᵀ ⊙ S, for every t.
+        if (need_g) add_prefix_sums<T>(L, dk, Kc, X.ldk, dKc, X.ldk, dgc, gw.run.data());
+        if (need_gv) add_prefix_sums<T>(L, dv, Vc, X.ldv, dVc, X.ldv, dgvc, gw.run.data());
+        if (need_g || need_gv) {
+          double *x_g = gw.x_g.data(), *x_v = gw.x_v.data(), *e_g = gw.e_g.data(), *e_v = gw.e_v.data();
+          for (int64_t i = 0; i < dk; ++i) e_g[i] = std::exp(blast[i]);
+          for (int64_t j = 0; j < dv; ++j) {
+            e_v[j] = has_gv ? std::exp(bvlast[j]) : 1.0;
+            x_v[j] = 0.0;
+          }
+          for (int64_t i = 0; i < dk; ++i) {
+            const T *dsi = dS.data() + i * dv, *si = S + i * dv;
+            double row = 0;
+            for (int64_t j = 0; j < dv; ++j) {
+              const double x = static_cast<double>(dsi[j]) * si[j] * e_v[j];
+              row += x;
+              x_v[j] += x * e_g[i];
+            }
+            x_g[i] = row * e_g[i];
+          }
+          for (int64_t t = 0; t < L; ++t) {
+            if (need_g) {
+              for (int64_t i = 0; i < dk; ++i) dgc[t * dk + i] += x_g[i];
+            }
+            if (need_gv) {
+              for (int64_t j = 0; j < dv; ++j) dgvc[t * dv + j] += x_v[j];
+            }
+          }
+        }
         // dS ← e^{b_last} e^{bv_last}ᵀ ⊙ dS + q̂ᵀ dõ (q̂ still in w.qs).
         for (int64_t i = 0; i < dk; ++i) {
           const T a = eg<T>(blast[i]);
@@ -623,17 +715,32 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
               gemm<T>(false, true, n, i0, dv, 1.0, w.dos.data(), dv, w.vs.data(), dv, 0.0, w.dA.data(), i0);
               gemm<T>(true, false, i0, dv, n, 1.0, w.A.data(), i0, w.dos.data(), dv, 0.0, w.tv.data(), dv);
               accumulate_rows<T>(i0, dv, w.tv.data(), dv, bvv, bvref, -1.0, T(1), dVc, X.ldv);
+              if (need_gv) {
+                // Value gate: r here, s earlier: dõ' ⊙ (Ã ṽ)_r; r in this sub-chunk, s < t earlier in
+                // any sub-chunk before it: ṽ_s ⊙ (Ãᵀ dõ')_s.
+                gemm<T>(false, false, n, dv, i0, 1.0, w.A.data(), i0, w.vs.data(), dv, 0.0, to.data(), dv);
+                add_suffix_sums<T>(n, dv, w.dos.data(), dv, to.data(), dv, dgvc + i0 * dv, gw.run.data());
+                add_prefix_sums<T>(i0, dv, w.vs.data(), dv, w.tv.data(), dv, dgvc, gw.run.data());
+              }
             }
             gemm<T>(false, false, n, dk, i0, 1.0, w.dA.data(), i0, w.ks.data(), dk, 0.0, w.tq.data(), dk);
             gemm<T>(true, false, i0, dk, n, 1.0, w.dA.data(), i0, w.qs.data(), dk, 0.0, w.tk.data(), dk);
             accumulate_rows<T>(n, dk, w.tq.data(), dk, bb + i0 * dk, bref, 1.0, scale, dQc + i0 * X.ldk, X.ldk);
             accumulate_rows<T>(i0, dk, w.tk.data(), dk, bb, bref, -1.0, T(1), dKc, X.ldk);
+            if (need_g) {  // the same two groups for the key gate: q̃ ⊙ (dÃ k̃), k̃ ⊙ (dÃᵀ q̃)
+              add_suffix_sums<T>(n, dk, w.qs.data(), dk, w.tq.data(), dk, dgc + i0 * dk, gw.run.data());
+              add_prefix_sums<T>(i0, dk, w.ks.data(), dk, w.tk.data(), dk, dgc, gw.run.data());
+            }
           }
-          // Own sub-chunk, exact pairwise factors.
+          // Own sub-chunk, exact pairwise factors; the gates take each pair s < r at every s < t ≤ r
+          // through running sums over s (pair_g, pair_v).
           for (int64_t r = i0; r < i1; ++r) {
             const T *qr = Qc + r * X.ldk, *dor = dOc + r * X.ldv;
             const double* br = bb + r * dk;
             T* dqr = dQc + r * X.ldk;
+            double *pair_g = gw.pair_g.data(), *pair_v = gw.pair_v.data();
+            if (need_g) std::fill_n(pair_g, dk, 0.0);
+            if (need_gv) std::fill_n(pair_v, dv, 0.0);
             for (int64_t s = i0; s <= r; ++s) {
               const T *ksr = Kc + s * X.ldk, *vsr = Vc + s * X.ldv;
               const double* bs = bb + s * dk;
@@ -641,6 +748,7 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
               T* dvs = dVc + s * X.ldv;
               T a = 0, da = 0;
               T* e = w.e.data();
+              T* ev = w.ev.data();
               pair_factors(br, bs, dk, e);
 #pragma omp simd reduction(+ : a)
               for (int64_t i = 0; i < dk; ++i) a += qr[i] * ksr[i] * e[i];
@@ -652,7 +760,6 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
                   dvs[j] += a * dor[j];
                 }
               } else {
-                T* ev = w.ev.data();
                 pair_factors(bvv + r * dv, bvv + s * dv, dv, ev);
 #pragma omp simd reduction(+ : da)
                 for (int64_t j = 0; j < dv; ++j) {
@@ -666,43 +773,39 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
                 dqr[i] += sda * ksr[i] * e[i];
                 dks[i] += sda * qr[i] * e[i];
               }
+              if (s == r) continue;  // e^{b_r − b_r}: no gate between the pair
+              if (need_g) {
+                double* acc = dgc + (s + 1) * dk;
+#pragma omp simd
+                for (int64_t i = 0; i < dk; ++i) {
+                  pair_g[i] += static_cast<double>(sda * qr[i]) * (ksr[i] * e[i]);
+                  acc[i] += pair_g[i];
+                }
+              }
+              if (need_gv) {
+                double* acc = dgvc + (s + 1) * dv;
+#pragma omp simd
+                for (int64_t j = 0; j < dv; ++j) {
+                  pair_v[j] += static_cast<double>(a * dor[j]) * (vsr[j] * ev[j]);
+                  acc[j] += pair_v[j];
+                }
+              }
             }
+          }
+        }
+        if (need_g) {
+          for (int64_t t = 0; t < L; ++t) {
+            for (int64_t i = 0; i < dk; ++i) dG[(t0 + t) * X.ldk + i] = static_cast<T>(dgc[t * dk + i]);
+          }
+        }
+        if (need_gv) {
+          for (int64_t t = 0; t < L; ++t) {
+            for (int64_t j = 0; j < dv; ++j) dGV[(t0 + t) * X.ldv + j] = static_cast<T>(dgvc[t * dv + j]);
           }
         }
       }
       if (grads.dinitial_state.defined()) {
         std::copy(dS.begin(), dS.end(), grads.dinitial_state.data<T>() + G.state(bi, h));
-      }
-      // Gates: reverse cumulative sums over the whole sequence, seeded by dS_T ⊙ S_T.
-      const T* ST = states.data() + nc * SZ;
-      if (grads.dg.defined()) {
-        T* dG = grads.dg.data<T>() + G.row_k(bi, h);
-        acc.assign(static_cast<size_t>(dk), 0.0);
-        for (int64_t i = 0; i < dk; ++i) {
-          for (int64_t j = 0; j < dv; ++j) acc[i] += static_cast<double>(dF[i * dv + j]) * ST[i * dv + j];
-        }
-        for (int64_t t = G.T - 1; t >= 0; --t) {
-          const T *qt = X.q + t * X.ldk, *kt = X.k + t * X.ldk, *dqt = dQ + t * X.ldk, *dkt = dK + t * X.ldk;
-          for (int64_t i = 0; i < dk; ++i) {
-            acc[i] += static_cast<double>(qt[i]) * dqt[i] - static_cast<double>(kt[i]) * dkt[i];
-            dG[t * X.ldk + i] = static_cast<T>(acc[i]);
-          }
-        }
-      }
-      if (grads.dgv.defined()) {
-        T* dGV = grads.dgv.data<T>() + G.row_v(bi, h);
-        const T* Oh = o.data<T>() + G.row_v(bi, h);
-        acc.assign(static_cast<size_t>(dv), 0.0);
-        for (int64_t i = 0; i < dk; ++i) {
-          for (int64_t j = 0; j < dv; ++j) acc[j] += static_cast<double>(dF[i * dv + j]) * ST[i * dv + j];
-        }
-        for (int64_t t = G.T - 1; t >= 0; --t) {
-          const T *ot = Oh + t * X.ldv, *dot_ = dO + t * X.ldv, *vt = X.v + t * X.ldv, *dvt = dV + t * X.ldv;
-          for (int64_t j = 0; j < dv; ++j) {
-            acc[j] += static_cast<double>(ot[j]) * dot_[j] - static_cast<double>(vt[j]) * dvt[j];
-            dGV[t * X.ldv + j] = static_cast<T>(acc[j]);
-          }
-        }
       }
     }
   }
@@ -721,14 +824,13 @@ void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 }
 
 void backward_cpu(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
-                  const Tensor& g, const Tensor& gv, const Tensor& h0, const Tensor& o, const GlaParams& p,
-                  const GlaGrads& grads) {
+                  const Tensor& g, const Tensor& gv, const Tensor& h0, const GlaParams& p, const GlaGrads& grads) {
   dispatch_float(q.dtype(), "gla backward", [&](auto tag) {
     using T = decltype(tag);
     if (p.form == GlaForm::recurrent) {
       recurrent_backward<T>(dout, dfinal, q, k, v, g, gv, h0, p, grads);
     } else {
-      chunk_backward<T>(dout, dfinal, q, k, v, g, gv, h0, o, p, grads);
+      chunk_backward<T>(dout, dfinal, q, k, v, g, gv, h0, p, grads);
     }
   });
 }
@@ -742,8 +844,7 @@ SEQLAB_REGISTER_KERNEL(gla_backward_kernel, DeviceType::CPU, &cpu::backward_cpu)
 }  // namespace kernel
 
 // ------------------------------------------------------------------------------------------------
-// The differentiable op: saves the inputs (contiguous) and, when gv is given, o (the chunkwise
-// backward's dgv reads o ⊙ do); the backward is the kernel of the same form.
+// The differentiable op: saves the inputs (contiguous); the backward is the kernel of the same form.
 GlaOutput gla(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
               const Tensor& initial_state, const GlaOptions& opts) {
   kernel::resolve(opts, kernel::check_inputs(q, k, v, g, gv, initial_state));
@@ -751,10 +852,9 @@ GlaOutput gla(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g
                gc = kernel::contiguous(g), gvc = kernel::contiguous_or_none(gv),
                h0c = kernel::contiguous_or_none(initial_state);
   GlaOutput out = kernel::gla_forward(qc, kc, vc, gc, gvc, h0c, opts);
-  record("gla", {q, k, v, g, gv, initial_state}, {&out.o, &out.final_state},
-         {qc, kc, vc, gc, gvc, h0c, gv.defined() ? out.o : Tensor()},
+  record("gla", {q, k, v, g, gv, initial_state}, {&out.o, &out.final_state}, {qc, kc, vc, gc, gvc, h0c},
          [opts](const std::vector<Tensor>& gr, const std::vector<Tensor>& s, const std::vector<bool>& need) {
-           kernel::GlaGrads d = kernel::gla_backward(gr[0], gr[1], s[0], s[1], s[2], s[3], s[4], s[5], s[6], opts, need);
+           kernel::GlaGrads d = kernel::gla_backward(gr[0], gr[1], s[0], s[1], s[2], s[3], s[4], s[5], opts, need);
            return std::vector<Tensor>{d.dq, d.dk, d.dv, d.dg, d.dgv, d.dinitial_state};
          });
   return out;

@@ -16,8 +16,9 @@
 //   sub-chunks through q ⊙ exp(b_t − b_ref) and k ⊙ exp(b_ref − b_s) with b_ref the gate sum just
 //   before the query sub-chunk (both factors ≤ 1), and their own sub-chunk through the exact
 //   pairwise exp(b_t − b_s), t ≥ s. No factor exceeds 1, so strong gates never overflow. Its
-//   backward gets dg as the reverse cumulative sum over time of q ⊙ dq − k ⊙ dk (plus the row
-//   sums of dS_T ⊙ S_T), and dgv likewise from o ⊙ do − v ⊙ dv.
+//   backward gets dg_t (dgv_t) as the sum of the terms of the pairs of a key s and a query r with
+//   s < t ≤ r — grouped by chunk and sub-chunk into sums of products of factors ≤ 1, so that no
+//   sum cancels at any gate strength (never as a difference of cumulative sums).
 // The derivations are in docs/variants/gla.md.
 #pragma once
 
@@ -58,11 +59,11 @@ namespace kernel {
 // Raw entry points: check shapes, make inputs contiguous, allocate outputs, call the slots.
 GlaOutput gla_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
                       const Tensor& initial_state, const GlaOptions& opts);
-// dout and dfinal may be undefined (no gradient reached that output: zeros). `o` is the forward's
-// output, read only when gv is given. `need` per input in the order q, k, v, g, gv, initial_state.
+// dout and dfinal may be undefined (no gradient reached that output: zeros). `need` per input in the
+// order q, k, v, g, gv, initial_state.
 GlaGrads gla_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
-                      const Tensor& g, const Tensor& gv, const Tensor& initial_state, const Tensor& o,
-                      const GlaOptions& opts, const std::vector<bool>& need);
+                      const Tensor& g, const Tensor& gv, const Tensor& initial_state, const GlaOptions& opts,
+                      const std::vector<bool>& need);
 
 }  // namespace kernel
 }  // namespace seqlab

@@ -32,8 +32,8 @@ inline auto tensor_fields(GlaGrads& g) {  // see tensor/dispatch.h
 
 // All tensors contiguous, one dtype, shapes as above; gv, initial_state may be undefined.
 // The forward writes every element of o and final_state. The backward reads dout and dfinal
-// (zero-filled when unused) and o (defined when gv is), and writes every element of dq, dk, dv
-// (always defined), and of dg, dgv, dinitial_state where defined.
+// (zero-filled when unused) besides the inputs, and writes every element of dq, dk, dv (always
+// defined), and of dg, dgv, dinitial_state where defined.
 SEQLAB_DECLARE_KERNEL(gla_forward_kernel,
                       void (*)(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
                                const Tensor& initial_state, const GlaParams& p, const Tensor& o,
@@ -41,7 +41,7 @@ SEQLAB_DECLARE_KERNEL(gla_forward_kernel,
 SEQLAB_DECLARE_KERNEL(gla_backward_kernel,
                       void (*)(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k,
                                const Tensor& v, const Tensor& g, const Tensor& gv, const Tensor& initial_state,
-                               const Tensor& o, const GlaParams& p, const GlaGrads& grads));
+                               const GlaParams& p, const GlaGrads& grads));
 
 }  // namespace kernel
 }  // namespace seqlab
