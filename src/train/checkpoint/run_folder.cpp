@@ -13,6 +13,8 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "train/cli/commands.h"
@@ -35,8 +37,15 @@ std::string read_holder(int fd) {
   return n > 0 ? std::string(absl::StripTrailingAsciiWhitespace(std::string(buf, static_cast<size_t>(n)))) : "";
 }
 
-// True when a process with this pid exists (one we may not signal exists too).
-bool process_alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+// True when a process with this pid runs (one we may not signal too). A zombie — killed, not yet
+// reaped by its parent — writes nothing more: its state in /proc/PID/stat (after "pid (comm) ") is Z.
+bool process_alive(pid_t pid) {
+  if (pid <= 0 || (::kill(pid, 0) != 0 && errno != EPERM)) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() || (text[paren + 2] != 'Z' && text[paren + 2] != 'X');
+}
 
 }  // namespace
 
