@@ -183,6 +183,34 @@ TEST(Decoder, RecurrentAndHybridParameterNames) {
   EXPECT_EQ(recurrent.max_context(), 0);  // unbounded
 }
 
+// decoder_parameter_count, what recipes are checked with before anything is allocated, equals the
+// built model's count: GPTs (learned, rotary, GQA, SwiGLU), every mixer's stack and the hybrids, with
+// d_ff given, biases, LayerNorm and blocks without an FFN.
+TEST(Decoder, ParameterCountWithoutBuilding) {
+  std::vector<std::pair<std::string, DecoderConfig>> configs = stacks();
+  configs.emplace_back("gpt", gpt_config(3, false));
+  configs.emplace_back("gpt gqa swiglu", gpt_config(1, true));
+  configs.emplace_back("gpt rope", gpt_config(3, false, PositionKind::rope));
+  DecoderConfig mixed = stack_config({{"gla", FfnKind::none}, {"attention", FfnKind::gelu}, {"delta_net", FfnKind::swiglu}});
+  mixed.d_ff = 20;
+  mixed.bias = true;
+  mixed.norm = NormKind::layer_norm;
+  mixed.positions = PositionKind::learned;
+  configs.emplace_back("mixed", mixed);
+  for (const auto& [name, cfg] : configs) {
+    Generator gen(1);
+    Decoder model(cfg, gen);
+    EXPECT_EQ(decoder_parameter_count(cfg), static_cast<double>(model.num_parameters())) << name;
+  }
+  // Sizes no memory holds are counted, not built: 12·L·d² for a GPT of d = 10⁶ and 10⁵ layers.
+  DecoderConfig huge = gpt_config(3, false);
+  huge.d_model = 999999;
+  huge.blocks.assign(100000, BlockSpec{"attention", FfnKind::gelu});
+  EXPECT_NEAR(decoder_parameter_count(huge), 12.0 * 1e5 * 999999.0 * 999999.0, 1e-3 * 12.0 * 1e5 * 1e12);
+  huge.n_heads = 2;  // does not divide d_model (odd): refused as the constructor refuses it
+  EXPECT_THROW(decoder_parameter_count(huge), std::invalid_argument);
+}
+
 TEST(Decoder, ConfigErrorsNameWhatIsWrong) {
   auto error_of = [](const DecoderConfig& cfg) -> std::string {
     Generator gen(1);

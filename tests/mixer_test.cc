@@ -1,7 +1,8 @@
 // The mixer registry (layers/mixer.h): every mixer registered under its name with a doc page, a
 // fused op room, tests and a recipe value that agree; older names resolve to the current ones; a
 // name registered twice, an unknown name and an option of the wrong type are refused with messages
-// that say what is wrong; MixerOptions hold a spec's defaults and take its typed values.
+// that say what is wrong; MixerOptions hold a spec's defaults and take its typed values; every
+// mixer's parameter_count equals the weights its built mixer has, at any sizes and options.
 #include "layers/mixer.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,8 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <variant>
+#include <vector>
 
 #include "autograd/op_registry.h"
 
@@ -129,6 +132,37 @@ TEST(MixerRegistry, EveryMixerMapsTheStreamToItsOwnShape) {
   for (const MixerSpec* m : registered_mixers()) {
     Generator gen(1);
     EXPECT_THROW(m->make(ctx, MixerOptions(m->options), gen), std::invalid_argument) << m->name;
+  }
+}
+
+// The count that lets a recipe's sizes be checked before anything is allocated is the built mixer's,
+// across sizes, heads (grouped-query attention too), biases and every integer option changed.
+TEST(MixerRegistry, ParameterCountEqualsTheBuiltMixers) {
+  struct Sizes {
+    int64_t d, heads, kv_heads;
+    bool bias;
+  };
+  for (const Sizes& z : {Sizes{8, 2, 2, false}, Sizes{12, 3, 1, true}, Sizes{16, 4, 2, true}, Sizes{24, 2, 2, false}}) {
+    MixerContext ctx;
+    ctx.d_model = z.d;
+    ctx.n_heads = z.heads;
+    ctx.n_kv_heads = z.kv_heads;
+    ctx.bias = z.bias;
+    for (const MixerSpec* m : registered_mixers()) {
+      std::vector<MixerOptions> variants = {MixerOptions(m->options)};
+      for (const OptionSpec& o : m->options) {
+        if (o.type != OptionType::integer) continue;
+        MixerOptions changed(m->options);
+        changed.set(o.key, std::get<int64_t>(o.default_value) + 3);
+        variants.push_back(changed);
+      }
+      for (const MixerOptions& opts : variants) {
+        Generator gen(1);
+        std::unique_ptr<Mixer> mixer = m->make(ctx, opts, gen);
+        EXPECT_EQ(m->parameter_count(ctx, opts), static_cast<double>(mixer->num_parameters()))
+            << m->name << " d " << z.d << " heads " << z.heads << "/" << z.kv_heads << " bias " << z.bias;
+      }
+    }
   }
 }
 

@@ -105,6 +105,8 @@ TEST_F(RecipeTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(r.train.grad_accum, 1);
   EXPECT_EQ(r.train.device, "auto");
   EXPECT_EQ(r.train.dtype, "f32");
+  EXPECT_EQ(r.train.on_nonfinite, "stop");
+  EXPECT_EQ(r.train.max_skipped, 10);
 
   EXPECT_EQ(r.optim.name, "adamw");
   EXPECT_EQ(r.optim.lr, 1e-3);
@@ -258,7 +260,8 @@ TEST_F(RecipeTest, UnknownKeysSuggestNearMisses) {
   // Nothing near: the section's keys.
   EXPECT_EQ(error_of("[parallel]\nfrobnicate = 1\n"), "FILE:2: unknown key parallel.frobnicate ([parallel] has threads)");
   EXPECT_EQ(error_of("[train]\n[train.sub]\nx = 1\n"),
-            "FILE:2: unknown key train.sub ([train] has steps, batch_size, seq_len, seed, grad_accum, device, dtype)");
+            "FILE:2: unknown key train.sub ([train] has steps, batch_size, seq_len, seed, grad_accum, device, dtype, "
+            "on_nonfinite, max_skipped)");
 }
 
 TEST_F(RecipeTest, UnknownSectionsAndKeysOutsideSections) {
@@ -273,7 +276,8 @@ TEST_F(RecipeTest, UnknownSectionsAndKeysOutsideSections) {
 TEST_F(RecipeTest, TheFirstErrorInTheFileIsReported) {
   // toml++ keeps keys sorted; the report must still follow the file's order.
   EXPECT_EQ(error_of("[train]\nzzz = 1\nsteps = 0\n"), "FILE:2: unknown key train.zzz ([train] has steps, batch_size, "
-                                                      "seq_len, seed, grad_accum, device, dtype)");
+                                                      "seq_len, seed, grad_accum, device, dtype, on_nonfinite, "
+                                                      "max_skipped)");
   EXPECT_EQ(error_of("[train]\nsteps = 0\nbatch_size = 0\n[model]\nd_model = 0\n"),
             "FILE:2: train.steps must be an integer ≥ 1, got 0");
 }

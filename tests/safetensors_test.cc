@@ -1,6 +1,7 @@
 // safetensors: round trips of every dtype (0-d and empty tensors too) with metadata, byte-exact
 // agreement with the format as another implementation writes it (files built here byte by byte),
-// and one test per way a file can be wrong, each a clear error naming the file.
+// and one test per way a file can be wrong, each a clear error naming the file; the checksums read in
+// pieces equal CRC32C of each tensor's bytes, and a damaged header is refused as the reader refuses it.
 #include "train/checkpoint/safetensors.h"
 
 #include <gtest/gtest.h>
@@ -11,10 +12,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 
 #include "tensor/kernels.h"
 #include "test_util.h"
+#include "train/checkpoint/crc32c.h"
 
 namespace seqlab {
 namespace {
@@ -293,6 +296,28 @@ TEST_F(Safetensors, WriterRejectsBadNames) {
   s = write_safetensors(p, {{"a", t}});
   EXPECT_FALSE(s.ok());
   EXPECT_TRUE(contains(std::string(s.message()), p)) << s;
+}
+
+TEST_F(Safetensors, ChecksumsOfEveryTensorReadInPieces) {
+  // A tensor of 3 MiB and a bit (read in four pieces of at most 1 MiB), a small one and an empty one.
+  Generator gen(3);
+  Tensor big = Tensor::randn({786433}, gen), small = Tensor::from_vector({1.5, -2.0}, {2}), empty = Tensor::zeros({0, 4});
+  const std::string p = path("c.safetensors");
+  ASSERT_TRUE(write_safetensors(p, {{"big", big}, {"small", small}, {"empty", empty}}, {{"k", "v"}}).ok());
+  absl::StatusOr<SafetensorsChecksums> c = read_safetensors_checksums(p);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->metadata, (std::map<std::string, std::string>{{"k", "v"}}));
+  ASSERT_EQ(c->crc32c.size(), 3u);
+  EXPECT_EQ(c->crc32c.at("big"), crc32c(big.raw_data(), big.nbytes()));
+  EXPECT_EQ(c->crc32c.at("small"), crc32c(small.raw_data(), small.nbytes()));
+  EXPECT_EQ(c->crc32c.at("empty"), 0u);
+  // The same header checks as read_safetensors: a file cut short is refused, naming it.
+  const std::string bytes = slurp("c.safetensors");
+  const std::string cut = put("cut.safetensors", bytes.substr(0, bytes.size() - 4));
+  absl::StatusOr<SafetensorsChecksums> bad = read_safetensors_checksums(cut);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(contains(std::string(bad.status().message()), cut + ": corrupt header: tensor \"small\"")) << bad.status();
+  EXPECT_EQ(read_safetensors_checksums(path("absent.safetensors")).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

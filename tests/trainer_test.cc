@@ -2,12 +2,15 @@
 // the same steps written out by hand (mean loss, mean gradient, clipping, the optimizer at the
 // schedule's lr), bit for bit; the gradient hook runs once per step, after the mean and before
 // clipping, and what it does to the gradients is what the optimizer applies; bf16 weights with
-// accumulation sum their micro-batch gradients in f32; the gradients are cleared after every step.
+// accumulation sum their micro-batch gradients in f32; the gradients are cleared after every step; a
+// step whose gradient holds a NaN or an inf changes neither the weights nor the optimizer state, and
+// names the first parameter whose gradient is not finite.
 #include "train/loop/trainer.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "autograd/variable.h"
@@ -75,7 +78,7 @@ TEST(Trainer, AStepIsTheStepsWrittenOut) {
         }
         std::vector<Parameter> params = b.parameters();
         if (accum > 1) scale_grads(params, 1.0 / static_cast<double>(accum));
-        const double norm = clip > 0 ? clip_grad_norm(params, clip) : 0.0;
+        const double norm = clip_grad_norm(params, clip);  // the norm always; the clip when clip > 0
         opt_b.step(kSchedule.lr_at(step));
         opt_b.zero_grad();
         EXPECT_EQ(r.loss, loss_sum / static_cast<double>(accum)) << "accum " << accum << " step " << step;
@@ -144,6 +147,56 @@ TEST(Trainer, Bf16AccumulationSumsInF32) {
   opt_b.step(kSchedule.lr_at(0));
   opt_b.zero_grad();
   EXPECT_EQ(weights_of(a), weights_of(b));
+}
+
+// The hook puts a value that is not finite into chosen gradients (after the mean, before the norm).
+void poison(const std::vector<Parameter>& params, const std::vector<std::string>& names, float value) {
+  for (const Parameter& p : params) {
+    for (const std::string& name : names) {
+      if (p.name == name) grad_of(*p.tensor).data<float>()[1] = value;
+    }
+  }
+}
+
+std::vector<std::vector<double>> state_of(const Optimizer& opt) {
+  std::vector<std::vector<double>> out;
+  for (const auto& [name, t] : opt.state_tensors()) out.push_back(t.to_doubles());
+  return out;
+}
+
+TEST(Trainer, ANonFiniteStepChangesNothingAndNamesTheFirstTensor) {
+  Generator ga(6), gb(6);
+  Decoder a(hybrid_config(), ga), b(hybrid_config(), gb);
+  Optimizer opt_a(adamw(), a.parameters()), opt_b(adamw(), b.parameters());
+  Trainer trainer(a, opt_a, kSchedule, {1, 1.0}), reference(b, opt_b, kSchedule, {1, 1.0});
+  // One good step each, so the optimizer has state to keep.
+  trainer.step(0, [] { return micro_batch(0); });
+  reference.step(0, [] { return micro_batch(0); });
+  const std::vector<std::vector<double>> weights = weights_of(a), state = state_of(opt_a);
+
+  for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    // Two poisoned tensors: the first in the model's order is named.
+    trainer.set_gradient_hook([&](const std::vector<Parameter>& params) {
+      poison(params, {"blocks.1.mlp.fc.weight", "blocks.0.mixer.q.weight"}, bad);
+    });
+    const StepResult r = trainer.step(1, [] { return micro_batch(1); });
+    EXPECT_FALSE(r.applied);
+    EXPECT_EQ(r.nonfinite_gradient, "blocks.0.mixer.q.weight");
+    EXPECT_FALSE(std::isfinite(r.grad_norm));
+    EXPECT_TRUE(std::isfinite(r.loss));
+    EXPECT_EQ(weights_of(a), weights);
+    EXPECT_EQ(state_of(opt_a), state);
+    for (const Parameter& p : a.parameters()) EXPECT_FALSE(grad_of(*p.tensor).defined()) << p.name;
+  }
+  // The next good step is the step the reference takes: nothing of the skipped ones remained.
+  trainer.set_gradient_hook(nullptr);
+  const StepResult ra = trainer.step(1, [] { return micro_batch(1); });
+  const StepResult rb = reference.step(1, [] { return micro_batch(1); });
+  EXPECT_TRUE(ra.applied);
+  EXPECT_TRUE(ra.nonfinite_gradient.empty());
+  EXPECT_EQ(ra.grad_norm, rb.grad_norm);
+  EXPECT_EQ(weights_of(a), weights_of(b));
+  EXPECT_EQ(state_of(opt_a), state_of(opt_b));
 }
 
 TEST(Trainer, RefusesNonsense) {

@@ -7,6 +7,23 @@
 
 namespace seqlab {
 
+Node::~Node() {
+  // Each node whose last owner is being destroyed gives up its own edges to the list before it goes,
+  // so at most one node's destruction is under way at any time.
+  std::vector<std::shared_ptr<Node>> orphans;
+  auto adopt = [&orphans](std::vector<Edge>& edges) {
+    for (Edge& e : edges) {
+      if (e.node && e.node.use_count() == 1) orphans.push_back(std::move(e.node));
+    }
+  };
+  adopt(next);
+  while (!orphans.empty()) {
+    std::shared_ptr<Node> n = std::move(orphans.back());
+    orphans.pop_back();
+    adopt(n->next);
+  }  // n, its edges taken, is destroyed here without descending further
+}
+
 bool requires_grad(const Tensor& t) { return t.autograd_meta() && t.autograd_meta()->requires_grad; }
 
 Tensor& set_requires_grad(Tensor& t, bool on) {

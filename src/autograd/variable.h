@@ -54,6 +54,11 @@ struct Node {
   bool is_accumulator = false;       // adds its gradient into `leaf` instead of running a backward
   std::weak_ptr<AutogradMeta> leaf;
   bool released = false;             // saved tensors freed after a backward without retain_graph
+
+  // Frees the nodes only this one keeps alive one after the other, not by recursion: a graph is as
+  // deep as the model (a chain of ops per layer), and destroying it node inside node would overflow
+  // the stack for deep models (10⁴ layers of a small model did).
+  ~Node();
 };
 
 // Grad mode: whether ops record the graph. Thread-local.

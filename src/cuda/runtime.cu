@@ -3,6 +3,7 @@
 // first use, so loading seqlab on a machine without a GPU costs nothing and prints nothing.
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -159,6 +160,16 @@ class CudaBackend final : public DeviceBackend {
            std::to_string(prop.minor) + ", " + std::to_string(prop.totalGlobalMem >> 20) + " MiB";
     }
     return s + ")";
+  }
+
+  int64_t available_bytes(int index) override {
+    PerDevice& d = device(index);
+    DeviceGuard guard(index);
+    size_t free_bytes = 0, total_bytes = 0;
+    SEQLAB_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    // Blocks the pool holds but no tensor uses serve new tensors before cudaMalloc runs again.
+    const MemoryStats st = d.allocator.stats();
+    return static_cast<int64_t>(free_bytes) + std::max<int64_t>(0, st.reserved_bytes - st.live_bytes);
   }
 
   PerDevice& device(int index) {

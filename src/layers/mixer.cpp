@@ -99,8 +99,8 @@ Registry& registry() {
 
 void register_mixer(MixerSpec spec) {
   Registry& r = registry();
-  if (!spec.make || !spec.mixing_flops_per_token) {
-    throw std::logic_error("mixer '" + spec.name + "' is registered without a factory or a FLOP count");
+  if (!spec.make || !spec.mixing_flops_per_token || !spec.parameter_count) {
+    throw std::logic_error("mixer '" + spec.name + "' is registered without a factory, a FLOP count or a parameter count");
   }
   for (const std::string& name : [&] {
          std::vector<std::string> all = spec.aliases;

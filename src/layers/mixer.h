@@ -119,6 +119,10 @@ struct MixerSpec {
   // FLOPs per token of one layer's token mixing that 6·N (forward and backward through every weight)
   // does not count, for sequences of seq_len tokens: the MFU estimate's second term.
   std::function<double(const MixerContext&, const MixerOptions&, int64_t seq_len)> mixing_flops_per_token;
+  // The number of weights `make` creates for these settings, counted without creating them (a double:
+  // a recipe's sizes may be absurd, and the count is what lets the loader refuse them before anything
+  // is allocated). tests/mixer_test.cc checks it against the built mixer of every registered mixer.
+  std::function<double(const MixerContext&, const MixerOptions&)> parameter_count;
 };
 
 // Adds a mixer; throws std::logic_error when its name or an alias is taken.

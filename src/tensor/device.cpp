@@ -1,6 +1,11 @@
 #include "tensor/device.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 
 #include "tensor/caching_pool.h"
@@ -61,6 +66,53 @@ void cpu_empty_cache() { cpu_allocator_instance().pool.empty_cache(); }
 void register_cuda_backend(DeviceBackend* backend) { cuda_slot() = backend; }
 DeviceBackend* cuda_backend() { return cuda_slot(); }
 bool cuda_available() { return cuda_slot() != nullptr && cuda_slot()->available(); }
+
+namespace {
+
+// The first number in `path` (bytes), or -1 when the file is missing or holds no number ("max").
+int64_t number_in_file(const char* path) {
+  std::FILE* f = std::fopen(path, "r");
+  if (!f) return -1;
+  long long v = -1;
+  if (std::fscanf(f, "%lld", &v) != 1) v = -1;
+  std::fclose(f);
+  return v;
+}
+
+int64_t host_available_bytes() {
+  int64_t available = -1;
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char key[64];
+    long long kib = 0;
+    while (std::fscanf(f, "%63s %lld kB", key, &kib) == 2) {
+      if (std::strcmp(key, "MemAvailable:") == 0) {
+        available = static_cast<int64_t>(kib) * 1024;
+        break;
+      }
+    }
+    std::fclose(f);
+  }
+  if (available < 0) {
+    const long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) available = static_cast<int64_t>(pages) * page;
+  }
+  // A container's limit (cgroup v2) can be far below what the machine has free.
+  const int64_t limit = number_in_file("/sys/fs/cgroup/memory.max");
+  const int64_t used = number_in_file("/sys/fs/cgroup/memory.current");
+  if (limit > 0 && used >= 0) {
+    const int64_t room = limit > used ? limit - used : 0;
+    available = available < 0 ? room : std::min(available, room);
+  }
+  return available;
+}
+
+}  // namespace
+
+int64_t available_memory(Device d) {
+  if (d.is_cpu()) return host_available_bytes();
+  if (!cuda_slot() || !cuda_slot()->available()) return -1;
+  return cuda_slot()->available_bytes(d.index);
+}
 
 Allocator& allocator_for(Device d) {
   if (d.is_cpu()) return cpu_allocator();

@@ -68,6 +68,9 @@ class DeviceBackend {
   virtual void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) = 0;
   virtual void synchronize(int index) = 0;
   virtual std::string describe() const = 0;  // toolkit version, architectures, library versions
+  // Bytes that allocations on device `index` can still obtain: free device memory plus what the
+  // allocator caches unused.
+  virtual int64_t available_bytes(int index) = 0;
 };
 
 void register_cuda_backend(DeviceBackend* backend);
@@ -76,5 +79,11 @@ DeviceBackend* cuda_backend();
 // True when this build has CUDA and a GPU is present and usable.
 bool cuda_available();
 Allocator& allocator_for(Device d);
+
+// Bytes that new tensors on `d` can still obtain, as far as the system tells: for the host,
+// MemAvailable of /proc/meminfo, capped by the room left under the process's cgroup memory limit
+// (memory.max − memory.current) where one is set; for a GPU, the backend's available_bytes. -1 when
+// it cannot be told. What the size checks before allocation compare an estimate with.
+int64_t available_memory(Device d);
 
 }  // namespace seqlab

@@ -112,6 +112,12 @@ const MixerRegistration kAttention{MixerSpec{
     // three times for forward and backward: 6·T·d per layer.
     [](const MixerContext& ctx, const MixerOptions&, int64_t seq_len) {
       return 6.0 * static_cast<double>(seq_len * ctx.d_model);
+    },
+    // qkv: d → (H + 2·Hk)·D, proj: H·D → d (D = d / H), each with a bias when ctx.bias.
+    [](const MixerContext& ctx, const MixerOptions&) {
+      const double d = static_cast<double>(ctx.d_model), D = static_cast<double>(ctx.d_model / ctx.n_heads);
+      const double qkv = static_cast<double>(ctx.n_heads + 2 * ctx.n_kv_heads) * D, heads = static_cast<double>(ctx.n_heads) * D;
+      return d * qkv + heads * d + (ctx.bias ? qkv + d : 0.0);
     }}};
 
 }  // namespace

@@ -73,6 +73,14 @@ double delta_net_flops(const MixerContext& ctx, const MixerOptions& opts, int64_
   return chunkwise_recurrence_flops(ctx, opts.integer("chunk_size"), seq_len);
 }
 
+// qkv d×3d; the convolution's K taps over 3d channels; β (and Gated DeltaNet's decay) d×H with a
+// bias; out_gate and out d×d; the head norm's gain (D).
+double delta_net_parameters(const MixerContext& ctx, const MixerOptions& opts, bool gated) {
+  const double d = static_cast<double>(ctx.d_model), h = static_cast<double>(ctx.n_heads);
+  const double k = static_cast<double>(opts.integer("conv_size"));
+  return 5 * d * d + 3 * d * k + (gated ? 2.0 : 1.0) * (d * h + h) + static_cast<double>(ctx.d_model / ctx.n_heads);
+}
+
 const MixerRegistration kDeltaNet{MixerSpec{
     "delta_net",
     {"deltanet"},
@@ -83,7 +91,8 @@ const MixerRegistration kDeltaNet{MixerSpec{
     [](const MixerContext& ctx, const MixerOptions& opts, Generator& gen) -> std::unique_ptr<Mixer> {
       return std::make_unique<DeltaNetMixer>(ctx, opts, /*gated=*/false, gen);
     },
-    delta_net_flops}};
+    delta_net_flops,
+    [](const MixerContext& ctx, const MixerOptions& opts) { return delta_net_parameters(ctx, opts, false); }}};
 
 const MixerRegistration kGatedDeltaNet{MixerSpec{
     "gated_delta_net",
@@ -97,7 +106,8 @@ const MixerRegistration kGatedDeltaNet{MixerSpec{
     [](const MixerContext& ctx, const MixerOptions& opts, Generator& gen) -> std::unique_ptr<Mixer> {
       return std::make_unique<DeltaNetMixer>(ctx, opts, /*gated=*/true, gen);
     },
-    delta_net_flops}};
+    delta_net_flops,
+    [](const MixerContext& ctx, const MixerOptions& opts) { return delta_net_parameters(ctx, opts, true); }}};
 
 }  // namespace
 }  // namespace seqlab

@@ -98,6 +98,11 @@ const MixerRegistration kLinearAttention{MixerSpec{
     },
     [](const MixerContext& ctx, const MixerOptions& opts, int64_t seq_len) {
       return chunkwise_recurrence_flops(ctx, opts.integer("chunk_size"), seq_len);
+    },
+    // q, k, v, out: d×d each (Performer's random features are drawn, not trained).
+    [](const MixerContext& ctx, const MixerOptions&) {
+      const double d = static_cast<double>(ctx.d_model);
+      return 4 * d * d;
     }}};
 
 }  // namespace

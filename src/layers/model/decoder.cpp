@@ -29,6 +29,26 @@ DecoderConfig resolved(DecoderConfig cfg) {
   return cfg;
 }
 
+// What every mixer of the model shares, from a resolved configuration.
+MixerContext mixer_context_of(const DecoderConfig& cfg) {
+  MixerContext ctx;
+  ctx.d_model = cfg.d_model;
+  ctx.n_heads = cfg.n_heads;
+  ctx.n_kv_heads = cfg.n_kv_heads;
+  ctx.positions = cfg.positions;
+  ctx.rope_base = cfg.rope_base;
+  ctx.bias = cfg.bias;
+  ctx.norm_eps = cfg.norm_eps;
+  ctx.init_std = cfg.init_std;
+  return ctx;
+}
+
+// The options of `spec` in the configuration (its defaults where the configuration has none).
+MixerOptions options_of(const DecoderConfig& cfg, const MixerSpec& spec) {
+  auto options = cfg.mixer_options.find(spec.name);
+  return options != cfg.mixer_options.end() ? options->second : MixerOptions(spec.options);
+}
+
 }  // namespace
 
 const char* ffn_kind_name(FfnKind kind) {
@@ -88,9 +108,7 @@ DecoderBlock::DecoderBlock(const DecoderConfig& cfg, const BlockSpec& spec, cons
       norm1_(add_module("norm1", std::make_unique<Norm>(cfg.norm, cfg.d_model, cfg.norm_eps))),
       mixer_(add_module("mixer", [&] {
         const MixerSpec& mixer = mixer_spec(spec.mixer);
-        auto options = cfg.mixer_options.find(mixer.name);
-        return mixer.make(ctx, options != cfg.mixer_options.end() ? options->second : MixerOptions(mixer.options),
-                          init_gen);
+        return mixer.make(ctx, options_of(cfg, mixer), init_gen);
       }())) {
   if (spec.ffn == FfnKind::none) return;
   norm2_ = &add_module("norm2", std::make_unique<Norm>(cfg.norm, cfg.d_model, cfg.norm_eps));
@@ -132,18 +150,7 @@ Decoder::Decoder(const DecoderConfig& cfg, Generator& gen)
   norm_f_ = &add_module("norm_f", std::make_unique<Norm>(cfg_.norm, cfg_.d_model, cfg_.norm_eps));
 }
 
-MixerContext Decoder::mixer_context() const {
-  MixerContext ctx;
-  ctx.d_model = cfg_.d_model;
-  ctx.n_heads = cfg_.n_heads;
-  ctx.n_kv_heads = cfg_.n_kv_heads;
-  ctx.positions = cfg_.positions;
-  ctx.rope_base = cfg_.rope_base;
-  ctx.bias = cfg_.bias;
-  ctx.norm_eps = cfg_.norm_eps;
-  ctx.init_std = cfg_.init_std;
-  return ctx;
-}
+MixerContext Decoder::mixer_context() const { return mixer_context_of(cfg_); }
 
 bool Decoder::bounded_context() const {
   return cfg_.positions == PositionKind::learned ||
@@ -158,11 +165,32 @@ double Decoder::mixing_flops_per_token(int64_t seq_len) const {
   double flops = 0;
   for (const BlockSpec& b : cfg_.blocks) {
     const MixerSpec& spec = mixer_spec(b.mixer);
-    auto options = cfg_.mixer_options.find(spec.name);
-    flops += spec.mixing_flops_per_token(
-        ctx, options != cfg_.mixer_options.end() ? options->second : MixerOptions(spec.options), seq_len);
+    flops += spec.mixing_flops_per_token(ctx, options_of(cfg_, spec), seq_len);
   }
   return flops;
+}
+
+double decoder_parameter_count(const DecoderConfig& config) {
+  const DecoderConfig cfg = resolved(config);
+  const MixerContext ctx = mixer_context_of(cfg);
+  const double d = static_cast<double>(cfg.d_model);
+  const double norm = cfg.norm == NormKind::layer_norm ? 2 * d : d;  // gain (and bias)
+  double n = static_cast<double>(cfg.vocab_size) * d + norm;           // wte, norm_f
+  if (cfg.positions == PositionKind::learned) n += static_cast<double>(cfg.max_seq_len) * d;
+  // Blocks come in few kinds: count each kind once.
+  std::map<std::pair<std::string, FfnKind>, double> kinds;
+  for (const BlockSpec& b : cfg.blocks) kinds[{b.mixer, b.ffn}] += 1;
+  for (const auto& [kind, count] : kinds) {
+    const MixerSpec& spec = mixer_spec(kind.first);
+    double block = norm + spec.parameter_count(ctx, options_of(cfg, spec));
+    if (kind.second != FfnKind::none) {
+      const double ff = static_cast<double>(cfg.d_ff > 0 ? cfg.d_ff : decoder_d_ff(kind.second, cfg.d_model));
+      const double matrices = kind.second == FfnKind::swiglu ? 3 : 2;  // fc (gate) proj
+      block += norm + matrices * d * ff + (cfg.bias ? (matrices - 1) * ff + d : 0.0);
+    }
+    n += count * block;
+  }
+  return n;
 }
 
 Tensor Decoder::run(const Tensor& tokens, DecoderState* state) {

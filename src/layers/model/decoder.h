@@ -74,6 +74,13 @@ DecoderConfig gpt2_config(int64_t vocab_size, int64_t d_model, int64_t n_layers,
 // the parameter count of a 4·d_model GELU MLP with three matrices instead of two.
 int64_t decoder_d_ff(FfnKind kind, int64_t d_model);
 
+// The number of weights the Decoder of `cfg` has, counted from the configuration alone (nothing is
+// allocated; a double, since a configuration may ask for more than any memory holds): the embeddings,
+// every block's norms, mixer (MixerSpec::parameter_count) and FFN, the final norm. Equals
+// Decoder(cfg).num_parameters(); throws std::invalid_argument as the Decoder's constructor does for
+// sizes it cannot take.
+double decoder_parameter_count(const DecoderConfig& cfg);
+
 // The conventions "auto" stands for in a recipe's model.norm, model.mlp, model.bias and
 // model.positions: GPT-2's when every block is softmax attention (LayerNorm, GELU MLP, biases,
 // learned positions); otherwise those of the recurrent language models' papers (RMSNorm, SwiGLU, no

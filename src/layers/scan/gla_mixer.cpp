@@ -79,6 +79,11 @@ const MixerRegistration kGla{MixerSpec{
     },
     [](const MixerContext& ctx, const MixerOptions& opts, int64_t seq_len) {
       return chunkwise_recurrence_flops(ctx, opts.integer("chunk_size"), seq_len);
+    },
+    // q, k, v, out_gate, out: d×d each; gate_down d×r, gate_up r×d with a bias; the head norm's gain (D).
+    [](const MixerContext& ctx, const MixerOptions& opts) {
+      const double d = static_cast<double>(ctx.d_model), r = static_cast<double>(opts.integer("gate_rank"));
+      return 5 * d * d + 2 * d * r + d + static_cast<double>(ctx.d_model / ctx.n_heads);
     }}};
 
 }  // namespace

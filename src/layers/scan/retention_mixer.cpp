@@ -72,6 +72,11 @@ const MixerRegistration kRetention{MixerSpec{
     },
     [](const MixerContext& ctx, const MixerOptions& opts, int64_t seq_len) {
       return chunkwise_recurrence_flops(ctx, opts.integer("chunk_size"), seq_len);
+    },
+    // q, k, v, out_gate, out: d×d each; the head norm's gain (D).
+    [](const MixerContext& ctx, const MixerOptions&) {
+      const double d = static_cast<double>(ctx.d_model);
+      return 5 * d * d + static_cast<double>(ctx.d_model / ctx.n_heads);
     }}};
 
 }  // namespace

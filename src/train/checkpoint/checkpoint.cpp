@@ -7,11 +7,16 @@
 #include <absl/strings/str_split.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include "tensor/kernels.h"
+#include "tensor/slots/optim.h"
+#include "train/checkpoint/crc32c.h"
+#include "train/checkpoint/run_folder.h"
 #include "train/cli/util.h"
 
 namespace seqlab::cli {
@@ -26,7 +31,10 @@ std::vector<fs::path> checkpoints(const fs::path& dir) {
   if (!fs::is_directory(dir, ec)) return out;
   for (const auto& e : fs::directory_iterator(dir)) {
     std::string n = e.path().filename().string();
-    if (absl::StartsWith(n, "ckpt_") && absl::EndsWith(n, ".safetensors")) out.push_back(e.path());
+    std::error_code not_file;
+    if (absl::StartsWith(n, "ckpt_") && absl::EndsWith(n, ".safetensors") && e.is_regular_file(not_file)) {
+      out.push_back(e.path());
+    }
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -46,7 +54,7 @@ std::string meta_text(const std::map<std::string, std::string>& meta, const std:
   return it == meta.end() ? std::string() : it->second;
 }
 
-// Rewrites `file` keeping the lines `keep(line)` accepts; temporary name, then rename.
+// Rewrites `file` keeping the lines `keep(line)` accepts (write_file_atomically).
 template <class Keep>
 void filter_lines(const fs::path& file, Keep keep) {
   std::ifstream in(file);
@@ -56,13 +64,124 @@ void filter_lines(const fs::path& file, Keep keep) {
     if (in.eof()) break;  // no newline: a line cut short by a kill
     if (keep(line)) kept += line + "\n";
   }
-  fs::path tmp = file;
-  tmp += ".tmp";
-  std::ofstream(tmp, std::ios::trunc) << kept;
-  fs::rename(tmp, file);
+  ok_or_throw(write_file_atomically(file.string(), kept));
+}
+
+// The step of a checkpoint's file name, or -1 for another name.
+int64_t checkpoint_step(const fs::path& file) {
+  const std::string n = file.filename().string();
+  int64_t step = -1;
+  if (!absl::StartsWith(n, "ckpt_") || !absl::EndsWith(n, ".safetensors") ||
+      !absl::SimpleAtoi(n.substr(5, n.size() - 5 - 12), &step)) {
+    return -1;
+  }
+  return step;
+}
+
+// ---- checksums ----
+
+constexpr const char* kMetadataCrcKey = "crc32c";     // over every other metadata entry
+constexpr const char* kTensorCrcPrefix = "crc32c.";  // + a tensor's name
+
+bool is_checksum_key(const std::string& key) { return key == kMetadataCrcKey || absl::StartsWith(key, kTensorCrcPrefix); }
+
+// CRC32C of the metadata entries that are not checksums, in key order, each as KEY NUL VALUE NUL.
+uint32_t metadata_crc(const std::map<std::string, std::string>& meta) {
+  uint32_t crc = 0;
+  const char nul = '\0';
+  for (const auto& [key, value] : meta) {
+    if (is_checksum_key(key)) continue;
+    crc = crc32c(key.data(), key.size(), crc);
+    crc = crc32c(&nul, 1, crc);
+    crc = crc32c(value.data(), value.size(), crc);
+    crc = crc32c(&nul, 1, crc);
+  }
+  return crc;
+}
+
+std::string hex32(uint32_t v) { return absl::StrFormat("%08x", v); }
+
+// "" when the checksums stored in `meta` agree with the metadata and with `crcs` (every tensor of
+// the file by name), else what does not.
+std::string checksum_problem(const std::map<std::string, std::string>& meta,
+                             const std::map<std::string, uint32_t>& crcs) {
+  auto stored = [&](const std::string& key, uint32_t* out) {
+    auto it = meta.find(key);
+    return it != meta.end() && it->second.size() == 8 && absl::SimpleHexAtoi(it->second, out);
+  };
+  uint32_t want = 0;
+  if (!stored(kMetadataCrcKey, &want)) return "its metadata lacks the checksum 'crc32c' that format 3 requires";
+  if (const uint32_t got = metadata_crc(meta); got != want) {
+    return absl::StrFormat("its metadata fails its CRC32C check (stored %08x, computed %08x)", want, got);
+  }
+  for (const auto& [name, got] : crcs) {
+    if (!stored(kTensorCrcPrefix + name, &want)) return "tensor \"" + name + "\" has no checksum";
+    if (got != want) {
+      return absl::StrFormat("tensor \"%s\" fails its CRC32C check (stored %08x, computed %08x)", name, want, got);
+    }
+  }
+  for (const auto& [key, value] : meta) {
+    if (!absl::StartsWith(key, kTensorCrcPrefix)) continue;
+    const std::string name = key.substr(std::string(kTensorCrcPrefix).size());
+    if (!crcs.count(name)) return "tensor \"" + name + "\" is missing (the metadata holds its checksum)";
+  }
+  return "";
+}
+
+// The formats read, as the message of a file of another format lists them.
+bool known_format(const std::string& format) {
+  return format == kCheckpointFormat || format == kCheckpointFormatBeforeChecksums ||
+         format == kCheckpointFormatBeforeBlocks;
+}
+
+std::string unknown_format_message(const std::string& file, const std::string& format) {
+  return file + ": not a seqlab checkpoint (metadata 'format' is \"" + format + "\", not \"" + kCheckpointFormat +
+         "\", \"" + kCheckpointFormatBeforeChecksums + "\" or \"" + kCheckpointFormatBeforeBlocks + "\")";
+}
+
+// What to do about a damaged checkpoint: the newest older one beside it that passes its checks.
+std::string older_intact_hint(const std::string& file) {
+  const fs::path path(file);
+  const int64_t step = checkpoint_step(path);
+  if (step < 0) return "";
+  std::vector<fs::path> all = checkpoints(path.parent_path().empty() ? fs::path(".") : path.parent_path());
+  bool any_older = false;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (checkpoint_step(*it) >= step) continue;
+    any_older = true;
+    if (checkpoint_damage(it->string()).empty()) {
+      return absl::StrCat("; the newest older checkpoint that passes its checks is ", it->string(),
+                          " (use it with --checkpoint ", it->string(), ")");
+    }
+  }
+  return any_older ? "; no older checkpoint beside it passes its checks" : "; there is no older checkpoint beside it";
 }
 
 }  // namespace
+
+std::string checkpoint_damage(const std::string& file) {
+  absl::StatusOr<SafetensorsChecksums> c = read_safetensors_checksums(file);
+  if (!c.ok()) return std::string(c.status().message());
+  const std::string format = meta_text(c->metadata, "format");
+  if (!known_format(format)) return unknown_format_message(file, format);
+  if (format != kCheckpointFormat) return "";  // no checksums to check
+  const std::string problem = checksum_problem(c->metadata, c->crc32c);
+  return problem.empty() ? "" : file + ": damaged: " + problem;
+}
+
+std::vector<std::string> set_aside_checkpoints_after(const std::string& run_dir, int64_t step) {
+  std::vector<std::string> moved;
+  for (const fs::path& p : checkpoints(run_dir)) {
+    if (checkpoint_step(p) <= step) continue;
+    fs::path to = p;
+    to += ".abandoned";
+    std::error_code ec;
+    fs::rename(p, to, ec);
+    if (ec) throw UserError(absl::StrCat(p.string(), ": cannot rename it to ", to.string(), " (", ec.message(), ")"));
+    moved.push_back(to.string());
+  }
+  return moved;
+}
 
 std::string checkpoint_name(int64_t step) { return absl::StrFormat("ckpt_%07d.safetensors", step); }
 
@@ -75,7 +194,7 @@ std::string newest_checkpoint(const std::string& run_dir) {
 }
 
 void save_checkpoint(const std::string& run_dir, int64_t step, LanguageModel& model, const Optimizer& optimizer,
-                     const LoaderState& loader, const Recipe& recipe, int64_t keep) {
+                     const LoaderState& loader, const Recipe& recipe, int64_t keep, const SkippedUpdates& skipped) {
   // Weights are saved in f32 whatever train.dtype is: a bf16 parameter's f32 master stands for it.
   std::vector<std::pair<std::string, Tensor>> tensors;
   const std::map<std::string, Tensor> masters = optimizer.master_weights();
@@ -90,8 +209,42 @@ void save_checkpoint(const std::string& run_dir, int64_t step, LanguageModel& mo
                                              {"loader_epoch", std::to_string(loader.epoch)},
                                              {"loader_position", std::to_string(loader.position)},
                                              {"dropout_rng", model.dropout_generator().state()},
-                                             {"recipe", resolved_recipe_toml(recipe)}};
-  ok_or_throw(write_safetensors((fs::path(run_dir) / checkpoint_name(step)).string(), tensors, meta));
+                                             {"recipe", resolved_recipe_toml(recipe)},
+                                             {"skipped_updates", std::to_string(skipped.total)},
+                                             {"skipped_in_a_row", std::to_string(skipped.in_a_row)}};
+  const std::vector<fs::path> before = checkpoints(run_dir);
+  const std::string file = (fs::path(run_dir) / checkpoint_name(step)).string();
+  const std::string kept = before.empty() ? std::string("")
+                                          : absl::StrCat("; the checkpoints saved before are kept (the newest: ",
+                                                         before.back().string(), ")");
+  std::map<std::string, uint32_t> crcs;
+  const size_t weights = model.parameters().size();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, t] = tensors[i];
+    const Tensor host = kernel::contiguous(kernel::to_device(t, cpu_device()));
+    // A checkpoint never holds weights that are not finite: nothing could continue from them.
+    if (i < weights && !std::isfinite(kernel::squared_norm(host))) {
+      throw UserError(absl::StrCat("the checkpoint of step ", step, " was not saved: the weight ", name,
+                                   " holds values that are not finite (NaN or inf)", kept));
+    }
+    crcs[name] = crc32c(host.raw_data(), host.nbytes());
+    meta[kTensorCrcPrefix + name] = hex32(crcs[name]);
+  }
+  meta[kMetadataCrcKey] = hex32(metadata_crc(meta));
+
+  if (absl::Status s = write_safetensors(file, tensors, meta); !s.ok()) {
+    throw UserError(absl::StrCat("the checkpoint of step ", step, " was not saved: ", s.message(), kept));
+  }
+  // Read back from the file system, so that rotation never deletes the last checkpoint that passed
+  // its checks for one that does not.
+  absl::StatusOr<SafetensorsChecksums> back = read_safetensors_checksums(file);
+  if (!back.ok() || back->metadata != meta || back->crc32c != crcs) {
+    std::error_code ec;
+    fs::remove(file, ec);
+    throw UserError(absl::StrCat(file, ": the checkpoint reads back differently from what was written (",
+                                 back.ok() ? checksum_problem(back->metadata, back->crc32c) : back.status().message(),
+                                 "), so it was deleted", kept));
+  }
   std::vector<fs::path> all = checkpoints(run_dir);
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove(all[i]);
 }
@@ -99,12 +252,28 @@ void save_checkpoint(const std::string& run_dir, int64_t step, LanguageModel& mo
 Checkpoint read_checkpoint(const std::string& file) {
   Checkpoint c;
   c.file = file;
-  c.contents = value_or_throw(read_safetensors(file));
+  absl::StatusOr<SafetensorsContents> contents = read_safetensors(file);
+  if (!contents.ok()) {
+    // A file that is there but does not parse is damaged (truncated, overwritten).
+    const bool damaged = absl::IsInvalidArgument(contents.status());
+    throw UserError(absl::StrCat(contents.status().message(), damaged ? older_intact_hint(file) : ""));
+  }
+  c.contents = *std::move(contents);
   const auto& meta = c.contents.metadata;
   const std::string format = meta_text(meta, "format");
-  if (format != kCheckpointFormat && format != kCheckpointFormatBeforeBlocks) {
-    throw UserError(file + ": not a seqlab checkpoint (metadata 'format' is \"" + format + "\", not \"" +
-                    kCheckpointFormat + "\" or \"" + kCheckpointFormatBeforeBlocks + "\")");
+  if (!known_format(format)) throw UserError(unknown_format_message(file, format));
+  if (format == kCheckpointFormat) {
+    std::map<std::string, uint32_t> crcs;
+    for (const auto& [name, t] : c.contents.tensors) crcs[name] = crc32c(t.raw_data(), t.nbytes());
+    const std::string problem = checksum_problem(meta, crcs);
+    if (!problem.empty()) throw UserError(file + ": damaged: " + problem + older_intact_hint(file));
+  } else {
+    static bool said = false;  // once per process
+    if (!said) {
+      std::cerr << "seqlab: " << file << ": a checkpoint of format \"" << format
+                << "\" holds no checksums; read without verification\n";
+      said = true;
+    }
   }
   if (format == kCheckpointFormatBeforeBlocks) {
     std::map<std::string, Tensor> renamed;
@@ -116,6 +285,9 @@ Checkpoint read_checkpoint(const std::string& file) {
   c.loader = {meta_int(meta, "loader_epoch", file), meta_int(meta, "loader_position", file)};
   c.dropout_rng = meta_text(meta, "dropout_rng");
   c.recipe_toml = meta_text(meta, "recipe");
+  if (meta.count("skipped_updates")) {
+    c.skipped = {meta_int(meta, "skipped_updates", file), meta_int(meta, "skipped_in_a_row", file)};
+  }
   return c;
 }
 
@@ -143,6 +315,9 @@ void restore_weights(const Checkpoint& checkpoint, LanguageModel& model) {
       throw UserError(checkpoint.file + ": " + p.name + " is " + shape_str(it->second.shape()) + " " +
                       dtype_name(it->second.dtype()) + ", the recipe's model has " + shape_str(p.tensor->shape()) +
                       " " + dtype_name(p.tensor->dtype()));
+    }
+    if (!std::isfinite(kernel::squared_norm(it->second))) {
+      throw UserError(checkpoint.file + ": the weight " + p.name + " holds values that are not finite (NaN or inf)");
     }
     kernel::copy_(*p.tensor, it->second);
   }

@@ -1,18 +1,29 @@
 // A run directory and what it holds between processes:
+//   .lock                       held by the process that trains into the folder (run_folder.h)
 //   recipe.toml                 the resolved recipe (every key, final values)
 //   metrics.jsonl               one JSON object per logged step
 //   samples.txt                 text generated during training, one block per sampling step
 //   ckpt_NNNNNNN.safetensors    checkpoints: the weights under their dotted names, the optimiser state
 //                               under optim.*, and in the metadata the step, the loader position, the
-//                               dropout generator, the vocabulary size and the resolved recipe
+//                               dropout generator, the vocabulary size, the resolved recipe, the
+//                               skipped-update counts and the checksums
 //   loss.png                    `seqlab plot RUN`
-// A checkpoint is written under a temporary name, flushed and renamed, so a run killed at any moment
-// leaves only whole checkpoints; the last `checkpoint.keep` are kept.
+// A checkpoint is written under a temporary name, flushed, fsynced and renamed, so a run killed at any
+// moment leaves only whole checkpoints; the last `checkpoint.keep` are kept.
+//
+// Checksums (format 3): the metadata holds "crc32c.NAME" for every tensor NAME — the CRC32C (crc32c.h)
+// of its bytes as stored, 8 hex digits — and "crc32c", the CRC32C of every other metadata entry in key
+// order, each as KEY NUL VALUE NUL. Reading checks them all (and that every tensor has one), so a
+// flipped bit anywhere in the data or in the metadata refuses the checkpoint, naming the tensor; a new
+// checkpoint is read back from disk and checked before older ones are rotated away, so rotation never
+// deletes the newest checkpoint that passed its checks. Formats 1 and 2 predate checksums: they are
+// read without verification, which is said once on stderr.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "layers/model/language_model.h"
 #include "train/data/loader.h"
@@ -22,9 +33,11 @@
 
 namespace seqlab::cli {
 
-// The metadata 'format' of the checkpoints written now, and of those written before the models were
-// built from blocks (read too: their GPT weights are renamed by current_tensor_name).
-constexpr const char* kCheckpointFormat = "seqlab-checkpoint 2";
+// The metadata 'format' of the checkpoints written now; of those written before checksums (read
+// unverified); and of those written before the models were built from blocks (read unverified, their
+// GPT weights renamed by current_tensor_name).
+constexpr const char* kCheckpointFormat = "seqlab-checkpoint 3";
+constexpr const char* kCheckpointFormatBeforeChecksums = "seqlab-checkpoint 2";
 constexpr const char* kCheckpointFormatBeforeBlocks = "seqlab-checkpoint 1";
 // The name a tensor of a format-1 checkpoint has now: blocks.{i}.ln1 → blocks.{i}.norm1, .attn →
 // .mixer, .ln2 → .norm2, ln_f → norm_f (also inside optimizer state names); others unchanged.
@@ -35,8 +48,19 @@ std::string checkpoint_name(int64_t step);
 // The newest checkpoint of `run_dir`; UserError when there is none.
 std::string newest_checkpoint(const std::string& run_dir);
 
+// The run's count of updates skipped for non-finite values (train.on_nonfinite = "skip"): all of
+// them, and those in a row up to the checkpoint's step (the run stops at train.max_skipped in a row).
+struct SkippedUpdates {
+  int64_t total = 0;
+  int64_t in_a_row = 0;
+};
+
+// Writes RUN/ckpt_<step>.safetensors (atomically), reads it back and checks its checksums, then
+// deletes all but the newest `keep` checkpoints. UserError when it cannot be written or reads back
+// differently: the message names the file and the reason, nothing is rotated away, and no temporary
+// or partial file is left.
 void save_checkpoint(const std::string& run_dir, int64_t step, LanguageModel& model, const Optimizer& optimizer,
-                     const LoaderState& loader, const Recipe& recipe, int64_t keep);
+                     const LoaderState& loader, const Recipe& recipe, int64_t keep, const SkippedUpdates& skipped = {});
 
 // A checkpoint read and checked: its metadata parsed; weights and optimiser state still in `contents`.
 struct Checkpoint {
@@ -47,10 +71,20 @@ struct Checkpoint {
   LoaderState loader;
   std::string dropout_rng;  // Generator::state() of the model's dropout generator
   std::string recipe_toml;
+  SkippedUpdates skipped;
 };
-// UserError for a missing, truncated or corrupted file, or metadata that is not seqlab's. A format-1
+// UserError for a missing, truncated or corrupted file, a failed checksum, or metadata that is not
+// seqlab's. A damaged checkpoint's message names the file and what failed, and the newest older
+// checkpoint beside it that passes its checks (which --checkpoint FILE can use). A format-1
 // checkpoint's tensors are renamed to the current names.
 Checkpoint read_checkpoint(const std::string& file);
+// "" when the checkpoint on disk passes every check (read in pieces, without loading its tensors),
+// else what is wrong with it.
+std::string checkpoint_damage(const std::string& file);
+// Checkpoints of `run_dir` for steps after `step` (of a future that a resume from an older checkpoint
+// abandons) are renamed to NAME.abandoned, so that neither resume nor rotation takes them for the
+// run's newest; returns their new names.
+std::vector<std::string> set_aside_checkpoints_after(const std::string& run_dir, int64_t step);
 // Copies the checkpoint's weights and dropout generator into `model`; UserError naming a missing or
 // misshapen weight.
 void restore_weights(const Checkpoint& checkpoint, LanguageModel& model);
@@ -59,7 +93,8 @@ void restore_weights(const Checkpoint& checkpoint, LanguageModel& model);
 Recipe load_run_recipe(const std::string& run_dir, const std::vector<std::string>& overrides = {});
 
 // On resume: drops the lines of metrics.jsonl (and samples.txt) logged after `step`, which the resumed
-// run logs again; a half-written last line of a killed run goes too. Rewritten atomically.
+// run logs again; a half-written last line of a killed run goes too. Rewritten atomically
+// (write_file_atomically); UserError when that fails, the old files left as they were.
 void truncate_logs_after(const std::string& run_dir, int64_t step);
 
 }  // namespace seqlab::cli

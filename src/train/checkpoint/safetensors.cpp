@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "tensor/kernels.h"
+#include "train/checkpoint/crc32c.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.cpp copies little-endian file data straight into memory"
@@ -396,7 +397,19 @@ absl::Status write_safetensors(const std::string& path, const std::vector<std::p
   return absl::OkStatus();
 }
 
-absl::StatusOr<SafetensorsContents> read_safetensors(const std::string& path) {
+namespace {
+
+// A file's header, checked: its metadata and its tensors' entries, sorted by offset, which tile the
+// data section that starts at byte data_start.
+struct Header {
+  std::map<std::string, std::string> metadata;
+  std::vector<Entry> entries;
+  uint64_t data_start = 0;
+};
+
+// Opens `path` and reads and checks its header; every structural rule is checked before anything
+// is allocated.
+absl::StatusOr<File> open_and_read_header(const std::string& path, Header* out) {
   auto fail = [&](const std::string& what) { return absl::InvalidArgumentError(path + ": " + what); };
   File f(std::fopen(path.c_str(), "rb"));
   if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open (", std::strerror(errno), ")"));
@@ -425,9 +438,9 @@ absl::StatusOr<SafetensorsContents> read_safetensors(const std::string& path) {
   if (!error.empty()) return fail("corrupt header: " + error);
   if (root.kind != Json::Kind::object) return fail("corrupt header: not a JSON object");
 
-  const uint64_t data_start = 8 + header_len, data_size = size - data_start;
-  SafetensorsContents out;
-  std::vector<Entry> entries;
+  out->data_start = 8 + header_len;
+  const uint64_t data_size = size - out->data_start;
+  std::vector<Entry>& entries = out->entries;
   for (const auto& [name, value] : root.members) {
     if (name == "__metadata__") {
       if (value.kind != Json::Kind::object) return fail("corrupt header: \"__metadata__\" is not a JSON object");
@@ -435,7 +448,7 @@ absl::StatusOr<SafetensorsContents> read_safetensors(const std::string& path) {
         if (v.kind != Json::Kind::string) {
           return fail("corrupt header: \"__metadata__\" value of \"" + key + "\" is not a string");
         }
-        out.metadata[key] = v.string;
+        out->metadata[key] = v.string;
       }
       continue;
     }
@@ -464,15 +477,51 @@ absl::StatusOr<SafetensorsContents> read_safetensors(const std::string& path) {
     return fail(absl::StrCat("corrupt header: bytes [", covered, ", ", data_size,
                              ") of the data section belong to no tensor"));
   }
+  return f;
+}
 
-  for (const Entry& e : entries) {
+}  // namespace
+
+absl::StatusOr<SafetensorsContents> read_safetensors(const std::string& path) {
+  Header h;
+  absl::StatusOr<File> f = open_and_read_header(path, &h);
+  if (!f.ok()) return f.status();
+  SafetensorsContents out;
+  out.metadata = std::move(h.metadata);
+  for (const Entry& e : h.entries) {
     Tensor t = Tensor::empty(e.shape, e.dtype);
     const uint64_t n = e.end - e.begin;
-    if (n && (::fseeko(f.get(), static_cast<off_t>(data_start + e.begin), SEEK_SET) != 0 ||
-              std::fread(t.raw_data(), 1, n, f.get()) != n)) {
-      return fail("read failed for tensor \"" + e.name + "\"");
+    if (n && (::fseeko(f->get(), static_cast<off_t>(h.data_start + e.begin), SEEK_SET) != 0 ||
+              std::fread(t.raw_data(), 1, n, f->get()) != n)) {
+      return absl::InvalidArgumentError(path + ": read failed for tensor \"" + e.name + "\"");
     }
     out.tensors.emplace(e.name, std::move(t));
+  }
+  return out;
+}
+
+absl::StatusOr<SafetensorsChecksums> read_safetensors_checksums(const std::string& path) {
+  Header h;
+  absl::StatusOr<File> f = open_and_read_header(path, &h);
+  if (!f.ok()) return f.status();
+  SafetensorsChecksums out;
+  out.metadata = std::move(h.metadata);
+  std::vector<unsigned char> buf(size_t{1} << 20);
+  // The entries tile the data section in order: one sequential pass.
+  if (::fseeko(f->get(), static_cast<off_t>(h.data_start), SEEK_SET) != 0) {
+    return absl::InvalidArgumentError(path + ": cannot seek in the file");
+  }
+  for (const Entry& e : h.entries) {
+    uint32_t crc = 0;
+    for (uint64_t left = e.end - e.begin; left > 0;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(left, buf.size()));
+      if (std::fread(buf.data(), 1, n, f->get()) != n) {
+        return absl::InvalidArgumentError(path + ": read failed for tensor \"" + e.name + "\"");
+      }
+      crc = crc32c(buf.data(), n, crc);
+      left -= n;
+    }
+    out.crc32c.emplace(e.name, crc);
   }
   return out;
 }

@@ -15,6 +15,7 @@
 // section, covering it without gaps or overlaps); a violation is an InvalidArgument naming the file.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -38,5 +39,14 @@ absl::Status write_safetensors(const std::string& path, const std::vector<std::p
                                const std::map<std::string, std::string>& metadata = {});
 
 absl::StatusOr<SafetensorsContents> read_safetensors(const std::string& path);
+
+// The metadata of a file and the CRC32C (crc32c.h) of every tensor's bytes as the file stores them,
+// by name: the header checked as read_safetensors checks it, the data read in pieces of 1 MiB, so no
+// tensor is held in memory (checking a checkpoint on disk costs no more memory than that).
+struct SafetensorsChecksums {
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, uint32_t> crc32c;
+};
+absl::StatusOr<SafetensorsChecksums> read_safetensors_checksums(const std::string& path);
 
 }  // namespace seqlab

@@ -25,6 +25,15 @@ Flags::Flags(const std::vector<std::string>& args, const std::string& command, c
       values_[flag] = {""};
     } else if (valued.count(flag)) {
       if (eq == std::string::npos && i + 1 >= args.size()) throw UserError(flag + " needs a value");
+      // A flag of this command is never taken for the value before it: `--resume --set k=v` lacks the
+      // run directory; it does not name a run "--set". (A value that starts like a flag: --flag=VALUE.)
+      if (eq == std::string::npos) {
+        const std::string next = args[i + 1].substr(0, args[i + 1].find('='));
+        if (valued.count(next) || switches.count(next)) {
+          throw UserError(absl::StrCat(flag, " needs a value before ", next, " (see seqlab ",
+                                       command.empty() ? "" : command + " ", "--help)"));
+        }
+      }
       if (values_.count(flag) && !repeatable.count(flag)) throw UserError(flag + " given twice");
       values_[flag].push_back(eq != std::string::npos ? arg.substr(eq + 1) : args[++i]);
     } else if (!absl::StartsWith(arg, "-") && positional_.size() < max_positional) {

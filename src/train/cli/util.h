@@ -21,7 +21,9 @@ namespace seqlab::cli {
 // The arguments of one subcommand: `--flag value` or `--flag=value` for the flags in `valued`
 // (given at most once, except those also in `repeatable`, which collect every value in order), bare
 // `--flag` for the `switches`, and up to `max_positional` arguments that are not flags. Anything else
-// is a UserError naming the argument and `seqlab COMMAND --help` (`seqlab --help` for an empty COMMAND).
+// is a UserError naming the argument and `seqlab COMMAND --help` (`seqlab --help` for an empty COMMAND),
+// as is a valued flag followed by another flag of the command instead of its value (`--resume --set
+// k=v`); a value that itself starts with a flag's name is given as --flag=VALUE.
 class Flags {
  public:
   Flags(const std::vector<std::string>& args, const std::string& command, const std::set<std::string>& valued,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <utility>
 
 #include "tensor/kernels.h"
 
@@ -35,14 +36,35 @@ std::string format_duration(double seconds) {
   return absl::StrFormat("%ds", s);
 }
 
-Progress::Progress(bool bar, int64_t every, int64_t total_steps, double flops_per_token, double peak_flops)
+Progress::Progress(bool bar, int64_t every, int64_t total_steps, double flops_per_token, double peak_flops,
+                   std::function<double()> measure_peak)
     : bar_(bar),
       every_(every),
       total_(total_steps),
       flops_per_token_(flops_per_token),
       peak_flops_(peak_flops),
       start_(std::chrono::steady_clock::now()),
-      last_(start_) {}
+      last_(start_),
+      measure_peak_(std::move(measure_peak)) {}
+
+void Progress::check_peak() {
+  constexpr int kMaxRemeasures = 2;
+  if (mfu() <= 1.0) return;
+  const double rate = tokens_per_s_ * flops_per_token_;
+  if (measure_peak_ && remeasured_ < kMaxRemeasures) {
+    ++remeasured_;
+    const double before = peak_flops_;
+    raise_peak(measure_peak_());
+    line(absl::StrFormat("MFU: the steps ran at %.3g FLOP/s, above the measured peak of %.3g FLOP/s; measured again: "
+                         "%.3g FLOP/s",
+                         rate, before, peak_flops_));
+    if (mfu() <= 1.0) return;
+  }
+  line(absl::StrFormat("MFU: the steps ran at %.3g FLOP/s, above the peak of %.3g FLOP/s: that rate is the peak now "
+                       "(the fastest this machine was seen to compute)",
+                       rate, peak_flops_));
+  peak_flops_ = rate;
+}
 
 double Progress::elapsed_s() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
@@ -57,6 +79,7 @@ void Progress::step(int64_t step, double loss, double lr, int64_t tokens) {
   step_seconds_ += alpha * (dt - step_seconds_);
   tokens_per_s_ += alpha * (static_cast<double>(tokens) / dt - tokens_per_s_);
   ++steps_seen_;
+  check_peak();
   if (bar_) {
     std::cout << "\r\033[K" << status(step, loss, lr) << std::flush;
     bar_drawn_ = true;

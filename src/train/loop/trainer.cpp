@@ -1,11 +1,26 @@
 #include "train/loop/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include "autograd/variable.h"
+#include "tensor/slots/optim.h"
 
 namespace seqlab {
+namespace {
+
+// The name of the first parameter whose gradient's squared norm (accumulated in double, so finite
+// values cannot overflow it) is not finite: one that holds an inf or a NaN. "" when there is none.
+std::string first_nonfinite_gradient(const std::vector<Parameter>& params) {
+  for (const Parameter& p : params) {
+    const Tensor g = grad_of(*p.tensor);
+    if (g.defined() && !std::isfinite(kernel::squared_norm(g))) return p.name;
+  }
+  return "";
+}
+
+}  // namespace
 
 Trainer::Trainer(LanguageModel& model, Optimizer& optimizer, const LrSchedule& schedule, const TrainerOptions& options)
     : model_(model), optimizer_(optimizer), schedule_(schedule), options_(options) {
@@ -31,11 +46,18 @@ StepResult Trainer::step(int64_t step, const std::function<Batch()>& next_batch)
   if (options_.grad_accum > 1) scale_grads(params, 1.0 / static_cast<double>(options_.grad_accum));
   if (hook_) hook_(params);
   StepResult r;
-  r.grad_norm = options_.grad_clip > 0 ? clip_grad_norm(params, options_.grad_clip) : 0.0;
+  r.loss = loss_sum / static_cast<double>(options_.grad_accum);
   r.lr = schedule_.lr_at(step);
+  // The norm, and the clip when grad_clip > 0 (a non-finite norm leaves the gradients as they are).
+  r.grad_norm = clip_grad_norm(params, options_.grad_clip);
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+    r.applied = false;
+    r.nonfinite_gradient = first_nonfinite_gradient(params);
+    optimizer_.zero_grad();
+    return r;
+  }
   optimizer_.step(r.lr);
   optimizer_.zero_grad();
-  r.loss = loss_sum / static_cast<double>(options_.grad_accum);
   return r;
 }
 

@@ -4,8 +4,13 @@
 //   for each of grad_accum micro-batches:  loss = model.loss(batch);  backward(loss)
 //   g ← g / grad_accum                      (the mean over micro-batches)
 //   gradient hook                           (where data-parallel training averages g across ranks)
-//   g ← g · min(1, clip / ‖g‖)              (global norm, when grad_clip > 0)
+//   ‖g‖ = √Σ g², the global norm            (accumulated in double)
+//   if loss or ‖g‖ is not finite:  g ← 0    (the update is dropped: weights and optimizer state stay)
+//   g ← g · min(1, clip / ‖g‖)              (when grad_clip > 0)
 //   optimizer.step(lr = schedule(step));  g ← 0
+//
+// A non-finite value is never applied, so a diverging step cannot spoil the weights; what the run does
+// next (stop, or skip and go on) is train.on_nonfinite, in the loop (training_run.cpp).
 //
 // Micro-batch gradients of bf16 weights are summed in f32 (an F32GradAccumulator), where the autograd
 // engine would add them in bf16. A sweep point or a test runs the same steps through this class.
@@ -14,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "layers/model/batch.h"
@@ -30,8 +36,13 @@ struct TrainerOptions {
 
 struct StepResult {
   double loss = 0;       // mean of the micro-batches' losses
-  double grad_norm = 0;  // the global gradient norm before clipping (0 when clipping is off)
-  double lr = 0;         // the learning rate the update used
+  double grad_norm = 0;  // the global gradient norm before clipping
+  double lr = 0;         // the learning rate of the update
+  // False when the loss or the gradient norm was not finite: nothing was updated.
+  bool applied = true;
+  // When not applied: the first parameter (in the model's order) whose gradient holds a value that is
+  // not finite; "" when every gradient was finite (the loss alone was not).
+  std::string nonfinite_gradient;
 };
 
 class Trainer {
@@ -46,6 +57,8 @@ class Trainer {
 
   // Update number `step` (0-based: lr = schedule.lr_at(step)) over grad_accum micro-batches drawn
   // from `next_batch` (moved to the model's device here). The gradients are zero again afterwards.
+  // A step whose loss or gradient norm is not finite changes nothing but the batches drawn (and the
+  // dropout generator): StepResult::applied is false.
   StepResult step(int64_t step, const std::function<Batch()>& next_batch);
 
  private:

@@ -6,15 +6,18 @@
 
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
 #include <absl/strings/str_replace.h>
 #include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -24,6 +27,7 @@
 #include "tensor/kernels.h"
 #include "train/cli/util.h"
 #include "train/checkpoint/checkpoint.h"
+#include "train/checkpoint/run_folder.h"
 #include "train/data/loader.h"
 #include "train/data/prepare.h"
 #include "train/data/synthetic.h"
@@ -220,47 +224,116 @@ std::string one_line(const std::string& text, size_t max_chars) {
   return flat.size() > max_chars ? flat.substr(0, max_chars) + " …" : flat;
 }
 
+// ---- the run folder's logs ----
+
+// An append-only log of the run folder (metrics.jsonl, samples.txt): every write flushed, and a write
+// that fails (the disk full, the folder gone) an error naming the file and the reason. A kill leaves
+// at most a last line without its newline, which a resume drops (truncate_logs_after).
+class LogFile {
+ public:
+  LogFile() = default;
+  LogFile(const fs::path& path, bool append) : path_(path.string()), f_(std::fopen(path_.c_str(), append ? "ab" : "wb")) {
+    if (!f_) throw UserError(absl::StrCat(path_, ": cannot open for writing (", std::strerror(errno), ")"));
+  }
+  void write(const std::string& text) {
+    if (std::fwrite(text.data(), 1, text.size(), f_.get()) != text.size() || std::fflush(f_.get()) != 0) {
+      throw UserError(absl::StrCat(path_, ": write failed (", std::strerror(errno), ")"));
+    }
+  }
+
+ private:
+  struct Closer {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
+  std::string path_;
+  std::unique_ptr<std::FILE, Closer> f_;
+};
+
 // ---- the command ----
 
 struct Invocation {
   Recipe recipe;
   fs::path run_dir;
   bool resume = false;
+  std::string checkpoint;  // --checkpoint FILE (with --resume): instead of the newest
+  std::optional<RunLock> lock;
 };
 
+// Reads the command line and takes the run folder's lock: for a fresh run once the recipe names the
+// folder, for --resume before the folder's recipe is read (another process may be writing it).
 Invocation parse_invocation(const std::vector<std::string>& args) {
-  Flags f(args, "", {"--set", "--out", "--resume"}, {}, {"--set"}, 1);
+  Flags f(args, "", {"--set", "--out", "--resume", "--checkpoint"}, {}, {"--set"}, 1);
   const std::vector<std::string> sets = f.all("--set");
   Invocation inv;
   inv.resume = f.has("--resume");
   if (f.positional().empty() && !inv.resume) throw UserError("expected a recipe (RECIPE.toml) or --resume RUN_DIR");
   if (inv.resume && f.has("--out")) throw UserError("--out and --resume both name the run directory: give one");
+  if (f.has("--checkpoint") && !inv.resume) {
+    throw UserError("--checkpoint FILE goes with --resume RUN_DIR: the checkpoint of RUN_DIR to continue from");
+  }
+  inv.checkpoint = f.get("--checkpoint");
+  if (inv.resume) {
+    inv.run_dir = f.get("--resume");
+    std::error_code ec;
+    if (!fs::is_directory(inv.run_dir, ec)) throw UserError(inv.run_dir.string() + ": no such run directory");
+    inv.lock.emplace(RunLock::acquire(inv.run_dir.string()));
+  }
   if (!f.positional().empty()) {
     inv.recipe = value_or_throw(load_recipe(f.positional()[0], sets));
   } else {
     inv.recipe = load_run_recipe(f.get("--resume"), sets);
   }
-  inv.run_dir = inv.resume ? fs::path(f.get("--resume")) : fs::path(f.get("--out", inv.recipe.run_dir()));
   if (!inv.resume) {
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(inv.run_dir, ec)) {
-      if (e.path().extension() == ".safetensors") {
-        throw UserError(absl::StrCat(inv.run_dir.string(), " already holds checkpoints of an earlier run: continue it with --resume ",
-                                     inv.run_dir.string(), ", or train into another folder with --out DIR"));
-      }
-    }
+    inv.run_dir = f.get("--out", inv.recipe.run_dir());
+    inv.lock.emplace(RunLock::acquire(inv.run_dir.string()));
   }
   return inv;
+}
+
+// A fresh run never writes over an earlier run's checkpoints (checked under the folder's lock).
+void refuse_earlier_run(const fs::path& run_dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run_dir, ec)) {
+    if (e.path().extension() == ".safetensors") {
+      throw UserError(absl::StrCat(run_dir.string(), " already holds checkpoints of an earlier run: continue it with --resume ",
+                                   run_dir.string(), ", or train into another folder with --out DIR"));
+    }
+  }
+}
+
+// "the loss is nan", "the gradient of blocks.0.mlp.fc.weight is not finite (the first such tensor)".
+std::string nonfinite_text(const StepResult& result) {
+  // NaN prints as "nan" whatever its sign bit ("-nan" says nothing more).
+  auto value = [](double x) { return std::isnan(x) ? std::string("nan") : absl::StrFormat("%g", x); };
+  std::vector<std::string> parts;
+  if (!std::isfinite(result.loss)) parts.push_back("the loss is " + value(result.loss));
+  if (!result.nonfinite_gradient.empty()) {
+    parts.push_back("the gradient of " + result.nonfinite_gradient + " is not finite (the first such tensor)");
+  }
+  if (parts.empty()) parts.push_back("the gradient norm is " + value(result.grad_norm));
+  return absl::StrJoin(parts, " and ");
 }
 
 int train(const std::vector<std::string>& args) {
   Invocation inv = parse_invocation(args);
   const Recipe& r = inv.recipe;
+  const std::string run = inv.run_dir.string();
+  // One writer per run folder: parse_invocation took the lock before anything is written into the
+  // folder and before the slow work, so a second process on it is refused at once; inv holds it
+  // until this function returns.
+  for (const std::string& name : remove_leftover_temporaries(run)) {
+    std::cerr << "seqlab: removed " << (inv.run_dir / name).string()
+              << ", left behind by a process that ended while writing it\n";
+  }
+  if (!inv.resume) refuse_earlier_run(inv.run_dir);
   const Device wanted_device = training_device(r);
   if (r.parallel.threads > 0) omp_set_num_threads(static_cast<int>(r.parallel.threads));
-  const std::string run = inv.run_dir.string();
 
   Data data = open_data(r);
+  // Sizes before allocation: everything a step holds, on the device it will run on (build_model
+  // checks the host, where the weights are drawn).
+  ok_or_throw(check_memory(r, data.vocab_size, available_memory(wanted_device), true,
+                           wanted_device.is_cpu() ? "the host" : wanted_device.str()));
   std::unique_ptr<LanguageModel> model = value_or_throw(build_model(r, data.vocab_size));
   const Device device = place_model(*model, r, wanted_device);  // before the optimiser
   if (device.is_cpu() && training_dtype(r) == DType::bf16) {
@@ -273,29 +346,37 @@ int train(const std::vector<std::string>& args) {
   Trainer trainer(*model, opt, lr_schedule(r), trainer_options(r));
 
   int64_t start = 0;
+  SkippedUpdates skipped;
   if (inv.resume) {
-    Checkpoint c = read_checkpoint(newest_checkpoint(run));
+    Checkpoint c = read_checkpoint(inv.checkpoint.empty() ? newest_checkpoint(run) : inv.checkpoint);
     restore_weights(c, *model);
     ok_or_throw(opt.load_state(c.contents.tensors));
     ok_or_throw(data.train->restore(c.loader));
     start = c.step;
+    skipped = c.skipped;
     if (start > r.train.steps) {
       throw UserError(absl::StrFormat("%s: its checkpoint is at step %d, past train.steps = %d", c.file, start,
                                       r.train.steps));
     }
+    if (!inv.checkpoint.empty()) {
+      for (const std::string& moved : set_aside_checkpoints_after(run, start)) {
+        std::cerr << "seqlab: set aside " << moved << ": a later step than the checkpoint resumed from\n";
+      }
+    }
   }
-  fs::create_directories(inv.run_dir);
   ok_or_throw(write_resolved_recipe(r, run));
   if (start > 0) truncate_logs_after(run, start);
-  std::ofstream metrics(inv.run_dir / "metrics.jsonl", start > 0 ? std::ios::app : std::ios::trunc);
-  std::ofstream samples;
+  LogFile metrics(inv.run_dir / "metrics.jsonl", start > 0);
+  LogFile samples;
   const bool sampling = r.log.sample_every > 0 && data.tokenizer != nullptr;
-  if (sampling) samples.open(inv.run_dir / "samples.txt", start > 0 ? std::ios::app : std::ios::trunc);
+  if (sampling) samples = LogFile(inv.run_dir / "samples.txt", start > 0);
 
   const bool bar = r.log.progress == "bar" || (r.log.progress == "auto" && ::isatty(STDOUT_FILENO));
   const double flops_per_token = 6.0 * static_cast<double>(model->num_parameters()) +
                                  model->mixing_flops_per_token(r.train.seq_len);
-  Progress progress(bar, r.log.every, r.train.steps, flops_per_token, measured_peak_flops(device, training_dtype(r)));
+  const DType dtype = training_dtype(r);
+  Progress progress(bar, r.log.every, r.train.steps, flops_per_token, measured_peak_flops(device, dtype),
+                    [device, dtype] { return measured_peak_flops(device, dtype); });
   progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s", r.name,
                                 model->num_parameters(), data.description, run,
                                 start > 0 ? absl::StrFormat(" (resumed at step %d)", start) : ""));
@@ -304,6 +385,15 @@ int train(const std::vector<std::string>& args) {
     return 0;
   }
 
+  // The metrics of a skipped update: the run's count of them, and what was not finite.
+  auto skipped_line = [&](int64_t done, const StepResult& result) {
+    return absl::StrFormat("{\"step\": %d, \"skipped\": %d, \"nonfinite\": \"%s\", \"lr\": %.6g, \"elapsed_s\": %.1f",
+                           done, skipped.total, result.nonfinite_gradient.empty() ? "loss" : result.nonfinite_gradient,
+                           result.lr, progress.elapsed_s());
+  };
+  auto save = [&](int64_t step) {
+    save_checkpoint(run, step, *model, opt, data.train->state(), r, r.checkpoint.keep, skipped);
+  };
   StopSignals signals(r.checkpoint.save_on_signal);
   model->set_training(true);
   const int64_t tokens_per_step = r.train.grad_accum * r.train.batch_size * r.train.seq_len;
@@ -312,26 +402,73 @@ int train(const std::vector<std::string>& args) {
   Evaluation last_eval;
   for (int64_t step = start; step < r.train.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    const LoaderState loader_before = data.train->state();
+    const std::string dropout_before = model->dropout_generator().state();
     const StepResult result = trainer.step(step, [&] { return data.train->next_batch(r.train.batch_size); });
     const double loss = result.loss, lr = result.lr, norm = result.grad_norm;
-    if (!std::isfinite(loss)) throw UserError(absl::StrFormat("training diverged: loss %g at step %d", loss, step + 1));
-
     const int64_t done = step + 1;
     tokens_since_log += tokens_per_step;
     seconds_since_log += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    progress.step(done, loss, lr, tokens_per_step);
-    if (step == start) progress.raise_peak(measured_peak_flops(device, training_dtype(r)));  // once more, now warm
+
+    if (!result.applied) {
+      // Not applied: the weights and the optimizer are those of step `step`.
+      ++skipped.total;
+      ++skipped.in_a_row;
+      const bool skip = r.train.on_nonfinite == "skip" && skipped.in_a_row < r.train.max_skipped;
+      if (!skip) {
+        int64_t at = done;  // skip: the skipped updates changed nothing, the weights are the last good ones
+        if (r.train.on_nonfinite == "skip") metrics.write(skipped_line(done, result) + "}\n");
+        if (r.train.on_nonfinite == "stop") {
+          // The state before this step, exactly: a checkpoint of step `step` that resumes bit for bit.
+          ok_or_throw(data.train->restore(loader_before));
+          model->dropout_generator().set_state(dropout_before);
+          --skipped.total;
+          --skipped.in_a_row;
+          at = step;
+        }
+        std::string kept = (inv.run_dir / checkpoint_name(at)).string() + " holds the weights from before " +
+                           (at == step ? "this step" : "the skipped steps");
+        try {
+          if (!fs::exists(inv.run_dir / checkpoint_name(at))) save(at);
+        } catch (const UserError& e) {
+          kept = e.what();  // weights already not finite, or the disk: said, and the older checkpoints kept
+        }
+        progress.finish();
+        std::cerr << absl::StrFormat(
+            "seqlab train: step %d: %s; stopped without applying it (train.on_nonfinite = \"%s\"%s): %s; "
+            "continue with --resume %s (a smaller optim.lr, or optim.grad_clip, may help)\n",
+            done, nonfinite_text(result), r.train.on_nonfinite,
+            r.train.on_nonfinite == "skip" ? absl::StrFormat(", %d skipped in a row", skipped.in_a_row) : "", kept,
+            run);
+        return kNonFiniteExit;
+      }
+      progress.line(absl::StrFormat("step %d: %s; update skipped (%d in a row, %d in all)", done,
+                                    nonfinite_text(result), skipped.in_a_row, skipped.total));
+    } else {
+      skipped.in_a_row = 0;
+      progress.step(done, loss, lr, tokens_per_step);
+      if (step == start) progress.raise_peak(measured_peak_flops(device, dtype));  // once more, now warm
+    }
     const bool last = done == r.train.steps;
     const bool eval_now = done % r.log.eval_every == 0 || last;
-    if (done % r.log.every == 0 || eval_now) {
-      std::string line = absl::StrFormat(
-          "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.4f, \"tokens_per_s\": %.1f, \"mfu\": %.4f, "
-          "\"elapsed_s\": %.1f",
-          done, loss, lr, norm, static_cast<double>(tokens_since_log) / seconds_since_log, progress.mfu(),
-          progress.elapsed_s());
-      tokens_since_log = 0;
-      seconds_since_log = 0;
+    // What the step logs. An error here (evaluation, sampling, the disk) must not lose the trained
+    // step: a checkpoint of it is saved before the error ends the run.
+    std::string line;
+    bool line_written = false;
+    try {
+      if (!result.applied) {
+        line = skipped_line(done, result);
+      } else if (done % r.log.every == 0 || eval_now) {
+        line = absl::StrFormat(
+            "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.4f, \"tokens_per_s\": %.1f, \"mfu\": %.4f, "
+            "\"elapsed_s\": %.1f",
+            done, loss, lr, norm, static_cast<double>(tokens_since_log) / seconds_since_log, progress.mfu(),
+            progress.elapsed_s());
+        tokens_since_log = 0;
+        seconds_since_log = 0;
+      }
       if (eval_now) {
+        if (line.empty()) line = absl::StrFormat("{\"step\": %d", done);
         last_eval = evaluate(*model, data, r.train.batch_size, device);
         const double v = last_eval.loss;
         line += absl::StrFormat(", \"val_loss\": %.6f, \"val_ppl\": %.4f", v, std::exp(v));
@@ -346,18 +483,29 @@ int train(const std::vector<std::string>& args) {
         }
         progress.line(shown);
       }
-      metrics << line << "}\n" << std::flush;
-    }
-    if (sampling && (done % r.log.sample_every == 0 || last)) {
-      const std::string text = sample_text(*model, data, r.log, static_cast<uint64_t>(r.train.seed) + done);
-      samples << absl::StrFormat("### step %d (temperature %g)\n%s\n\n", done, r.log.sample_temperature, text)
-              << std::flush;
-      progress.line(absl::StrFormat("step %d sample: %s", done, one_line(text, 160)));
+      if (!line.empty()) {
+        line_written = true;
+        metrics.write(line + "}\n");
+      }
+      if (sampling && (done % r.log.sample_every == 0 || last)) {
+        const std::string text = sample_text(*model, data, r.log, static_cast<uint64_t>(r.train.seed) + done);
+        samples.write(absl::StrFormat("### step %d (temperature %g)\n%s\n\n", done, r.log.sample_temperature, text));
+        progress.line(absl::StrFormat("step %d sample: %s", done, one_line(text, 160)));
+      }
+    } catch (const std::exception& e) {
+      progress.finish();
+      try {
+        if (!line.empty() && !line_written) metrics.write(line + "}\n");  // the step's training fields
+        save(done);
+        std::cerr << "seqlab: step " << done << " was trained: " << (inv.run_dir / checkpoint_name(done)).string()
+                  << " saved before the error below\n";
+      } catch (const std::exception& also) {
+        std::cerr << "seqlab: after step " << done << ", no checkpoint could be saved either (" << also.what() << ")\n";
+      }
+      throw;
     }
     const bool stopping = signals.received() != 0;
-    if ((r.checkpoint.every > 0 && done % r.checkpoint.every == 0) || last || stopping) {
-      save_checkpoint(run, done, *model, opt, data.train->state(), r, r.checkpoint.keep);
-    }
+    if ((r.checkpoint.every > 0 && done % r.checkpoint.every == 0) || last || stopping) save(done);
     if (stopping) {
       progress.line(absl::StrFormat("%s: stopped after step %d, checkpoint %s saved; continue with --resume %s",
                                     strsignal(signals.received()), done, checkpoint_name(done), run));
@@ -368,6 +516,7 @@ int train(const std::vector<std::string>& args) {
   std::string summary = absl::StrFormat("done: %d steps in %s; val_loss %.4f", r.train.steps,
                                         format_duration(progress.elapsed_s()), last_eval.loss);
   if (last_eval.accuracy) summary += absl::StrFormat(", accuracy %.2f%%", 100.0 * *last_eval.accuracy);
+  if (skipped.total > 0) summary += absl::StrFormat(", %d updates skipped (not finite)", skipped.total);
   progress.line(summary + absl::StrFormat("; metrics, samples and checkpoints in %s", run));
   return 0;
 }

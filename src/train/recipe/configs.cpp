@@ -1,9 +1,13 @@
 #include "train/recipe/configs.h"
 
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
 
+#include <functional>
 #include <stdexcept>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "train/recipe/blocks.h"
 
@@ -60,12 +64,120 @@ absl::StatusOr<DecoderConfig> decoder_config(const Recipe& r, int64_t data_vocab
 absl::StatusOr<std::unique_ptr<LanguageModel>> build_model(const Recipe& r, int64_t data_vocab) {
   absl::StatusOr<DecoderConfig> c = decoder_config(r, data_vocab);
   if (!c.ok()) return c.status();
+  if (absl::Status s = check_memory(r, data_vocab, available_memory(cpu_device()), false, "the host"); !s.ok()) {
+    return s;
+  }
   Generator init(static_cast<uint64_t>(r.train.seed));
   try {
     return std::unique_ptr<LanguageModel>(std::make_unique<Decoder>(*c, init));
   } catch (const std::invalid_argument& e) {
     return absl::InvalidArgumentError(r.source_path + ": " + e.what());
   }
+}
+
+absl::StatusOr<MemoryEstimate> estimate_memory(const Recipe& r, int64_t data_vocab) {
+  absl::StatusOr<DecoderConfig> c = decoder_config(r, data_vocab);
+  if (!c.ok()) return c.status();
+  MemoryEstimate e;
+  try {
+    e.parameters = decoder_parameter_count(*c);
+  } catch (const std::invalid_argument& err) {
+    return absl::InvalidArgumentError(r.source_path + ": " + err.what());
+  }
+  const bool bf16 = training_dtype(r) == DType::bf16;
+  const double n = e.parameters, size = bf16 ? 2 : 4;
+  e.weights = n * size + (bf16 ? 4 * n : 0);
+  e.gradients = n * size;
+  e.optimizer = r.optim.name == "adamw" ? 8 * n : (r.optim.momentum > 0 ? 4 * n : 0);
+  // Activations kept for the backward pass of one micro-batch of N = B·T tokens, counted low: per
+  // block the residual stream and the two norms' outputs and sums (4·d), the mixer's queries, keys,
+  // values and output (4·d; gates and states come on top), the FFN's output (d) and hidden layer (fc
+  // and its activation, and SwiGLU's gate: 2 or 3 · d_ff); then the final norm (2·d) and the logits
+  // with their softmax (2·V). tests/configs_test.cc measures it at 0.4 to 1 times what a CPU step
+  // allocates.
+  const double tokens = static_cast<double>(r.train.batch_size) * static_cast<double>(r.train.seq_len);
+  const double d = static_cast<double>(c->d_model), vocab = static_cast<double>(c->vocab_size);
+  double per_token = 2 * d + 2 * vocab;
+  for (const BlockSpec& b : c->blocks) {
+    per_token += 8 * d;
+    if (b.ffn == FfnKind::none) continue;
+    const double ff = static_cast<double>(c->d_ff > 0 ? c->d_ff : decoder_d_ff(b.ffn, c->d_model));
+    per_token += d + (b.ffn == FfnKind::swiglu ? 3 : 2) * ff;
+  }
+  e.activations = tokens * per_token * size;
+  return e;
+}
+
+namespace {
+
+// "1.5 GiB", "3.2e+06 GiB".
+std::string gib(double bytes) { return absl::StrFormat("%.3g GiB", bytes / (1024.0 * 1024.0 * 1024.0)); }
+
+// The sizes that make a model big, each with a way to put it back to its default.
+struct SizeKey {
+  const char* name;
+  std::function<int64_t(const Recipe&)> value;
+  std::function<void(Recipe&, const Recipe& defaults)> reset;
+};
+
+std::vector<SizeKey> size_keys() {
+  return {
+      {"model.d_model", [](const Recipe& r) { return r.model.d_model; },
+       [](Recipe& r, const Recipe& d) { r.model.d_model = d.model.d_model; }},
+      {"model.n_layers", [](const Recipe& r) { return r.model.n_layers; },
+       [](Recipe& r, const Recipe& d) {
+         r.model.n_layers = d.model.n_layers;
+         r.model.pattern = "";
+       }},
+      {"model.d_ff", [](const Recipe& r) { return r.model.d_ff; },
+       [](Recipe& r, const Recipe& d) { r.model.d_ff = d.model.d_ff; }},
+      {"model.vocab_size", [](const Recipe& r) { return r.model.vocab_size; },
+       [](Recipe& r, const Recipe& d) { r.model.vocab_size = d.model.vocab_size; }},
+      {"train.batch_size", [](const Recipe& r) { return r.train.batch_size; },
+       [](Recipe& r, const Recipe& d) { r.train.batch_size = d.train.batch_size; }},
+      {"train.seq_len", [](const Recipe& r) { return r.train.seq_len; },
+       [](Recipe& r, const Recipe& d) { r.train.seq_len = d.train.seq_len; }},
+  };
+}
+
+}  // namespace
+
+absl::Status check_memory(const Recipe& r, int64_t data_vocab, int64_t available_bytes, bool training,
+                          const std::string& where) {
+  auto need = [&](const Recipe& recipe) -> absl::StatusOr<double> {
+    absl::StatusOr<MemoryEstimate> e = estimate_memory(recipe, data_vocab);
+    if (!e.ok()) return e.status();
+    return training ? e->training() : 4 * e->parameters;
+  };
+  absl::StatusOr<MemoryEstimate> estimate = estimate_memory(r, data_vocab);
+  if (!estimate.ok()) return estimate.status();
+  const double needed = training ? estimate->training() : 4 * estimate->parameters;
+  if (available_bytes < 0 || needed <= static_cast<double>(available_bytes)) return absl::OkStatus();
+
+  // The key whose default shrinks the estimate most is the one that makes the model too big.
+  const Recipe defaults;
+  const std::vector<SizeKey> keys = size_keys();
+  const SizeKey* culprit = nullptr;
+  double smallest = needed;
+  for (const SizeKey& k : keys) {
+    if (k.value(r) == k.value(defaults)) continue;
+    Recipe trial = r;
+    k.reset(trial, defaults);
+    absl::StatusOr<double> n = need(trial);
+    if (n.ok() && *n < smallest) {
+      smallest = *n;
+      culprit = &k;
+    }
+  }
+  const std::string what = training ? "its weights, gradients, optimizer state and one micro-batch's activations"
+                                    : "its f32 weights, built on the host";
+  const std::string which =
+      culprit ? absl::StrCat(culprit->name, " = ", culprit->value(r), " makes the model too big: ")
+              : std::string("the model is too big: ");
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s: %s%.3g parameters; %s need at least %s, more than the %s available on %s (sizes are checked before "
+      "anything is allocated)",
+      r.source_path, which, estimate->parameters, what, gib(needed), gib(static_cast<double>(available_bytes)), where));
 }
 
 OptimConfig optim_config(const Recipe& r) {

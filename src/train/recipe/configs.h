@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include <absl/status/statusor.h>
 
@@ -24,8 +25,35 @@ namespace seqlab {
 // set, must hold them); max_seq_len is train.seq_len. InvalidArgument naming the recipe key.
 absl::StatusOr<DecoderConfig> decoder_config(const Recipe& recipe, int64_t data_vocab);
 // The model built from decoder_config, its weights drawn from train.seed and its dropout masks from a
-// stream of its own. InvalidArgument, prefixed with the recipe's file, for a model that does not fit.
+// stream of its own. InvalidArgument, prefixed with the recipe's file, for a model that does not fit
+// its settings, or whose f32 weights alone exceed the host's available memory (check_memory, before
+// anything is allocated: the model is built on the host).
 absl::StatusOr<std::unique_ptr<LanguageModel>> build_model(const Recipe& recipe, int64_t data_vocab);
+
+// The memory a run of the recipe takes, in bytes, estimated from the recipe alone (nothing is
+// allocated; doubles, since a recipe's sizes may be absurd). Weights, gradients and optimizer state
+// are exact for the parameter count (decoder_parameter_count); the activations are those one
+// micro-batch keeps for its backward pass, counted low per block from the shapes the ops save (see
+// configs.cpp): the estimate is a lower bound of what a step needs, so a refusal is never wrong, and a
+// run that passes may still need up to about twice the activations counted.
+struct MemoryEstimate {
+  double parameters = 0;
+  double weights = 0;      // in train.dtype; bf16 adds the optimizer's f32 masters
+  double gradients = 0;    // one per weight, in train.dtype
+  double optimizer = 0;    // AdamW: two f32 moments; SGD: one f32 buffer when momentum > 0
+  double activations = 0;  // one micro-batch of train.batch_size × train.seq_len tokens
+  double training() const { return weights + gradients + optimizer + activations; }
+};
+absl::StatusOr<MemoryEstimate> estimate_memory(const Recipe& recipe, int64_t data_vocab);
+
+// OK when the model fits in `available_bytes` (< 0: unknown, always OK): with `training`, everything a
+// training step holds (MemoryEstimate::training); without, the f32 weights of the model being built.
+// Otherwise InvalidArgument naming the recipe file and the key whose value makes the model too big
+// — of model.d_model, model.n_layers, model.d_ff, model.vocab_size, train.batch_size and
+// train.seq_len, the one whose reset to its default shrinks the estimate most — with the estimate and
+// what `where` ("cpu", "cuda:0") has available.
+absl::Status check_memory(const Recipe& recipe, int64_t data_vocab, int64_t available_bytes, bool training,
+                          const std::string& where);
 
 OptimConfig optim_config(const Recipe& recipe);  // [optim]
 TrainerOptions trainer_options(const Recipe& recipe);  // train.grad_accum, optim.grad_clip

@@ -4,6 +4,7 @@
 #include "train/recipe/recipe.h"
 #include "train/recipe/blocks.h"
 #include "train/recipe/edit_distance.h"
+#include "train/checkpoint/run_folder.h"
 
 #include <absl/strings/ascii.h>
 #include <absl/strings/numbers.h>
@@ -302,7 +303,13 @@ Schema build_schema() {
       .choice("device", &RecipeTrain::device, {"auto", "cpu", "cuda"}, "auto: CUDA when a GPU is usable, else the CPU")
       .choice("dtype", &RecipeTrain::dtype, {"f32", "bf16"},
               "bf16: mixed precision (bf16 weights and activations; f32 master weights, optimizer state, "
-              "statistics and loss); on the CPU it is emulated in f32, a slow reference");
+              "statistics and loss); on the CPU it is emulated in f32, a slow reference")
+      .choice("on_nonfinite", &RecipeTrain::on_nonfinite, {"stop", "skip"},
+              "a step whose loss or gradient norm is not finite is never applied; stop: save the state before "
+              "it and exit with code 3, naming the step and the first tensor whose gradient is not finite; "
+              "skip: drop that update, count it in metrics.jsonl (skipped) and go on")
+      .integer("max_skipped", &RecipeTrain::max_skipped, 10, at_least(1),
+               "on_nonfinite = \"skip\": stop as \"stop\" does after this many skipped updates in a row");
 
   SectionBuilder<RecipeOptim>(s, "optim", &Recipe::optim, "The optimizer and the learning-rate schedule.")
       .choice("name", &RecipeOptim::name, {"adamw", "sgd"}, "optimizer")
@@ -888,19 +895,7 @@ std::string resolved_recipe_toml(const Recipe& recipe) {
 }
 
 absl::Status write_resolved_recipe(const Recipe& recipe, const std::string& dir) {
-  std::string path = (fs::path(dir) / "recipe.toml").string();
-  std::string tmp = path + ".tmp";
-  std::string text = resolved_recipe_toml(recipe);
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return absl::InternalError(absl::StrCat(path, ": cannot create ", tmp));
-  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  ok = std::fflush(f) == 0 && ok;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::InternalError(absl::StrCat(path, ": writing the resolved recipe failed"));
-  }
-  return absl::OkStatus();
+  return cli::write_file_atomically((fs::path(dir) / "recipe.toml").string(), resolved_recipe_toml(recipe));
 }
 
 std::string recipe_reference_markdown() {

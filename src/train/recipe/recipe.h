@@ -55,6 +55,8 @@ struct RecipeData {
 struct RecipeTrain {
   int64_t steps = 0, batch_size = 0, seq_len = 0, seed = 0, grad_accum = 0;
   std::string device, dtype;
+  std::string on_nonfinite;  // "stop" or "skip"
+  int64_t max_skipped = 0;   // skip: consecutive skipped updates before the run stops
 };
 
 struct RecipeOptim {

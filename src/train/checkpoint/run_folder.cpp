@@ -1,0 +1,135 @@
+#include "train/checkpoint/run_folder.h"
+
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/strip.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+#include "train/cli/commands.h"
+
+namespace seqlab::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+// What the holder wrote into the lock file, without the newline; "" when it has not written yet.
+std::string read_holder(int fd) {
+  char buf[512] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  return n > 0 ? std::string(absl::StripTrailingAsciiWhitespace(std::string(buf, static_cast<size_t>(n)))) : "";
+}
+
+// True when a process with this pid runs (one we may not signal too). A zombie — killed, not yet
+// reaped by its parent — writes nothing more: its state in /proc/PID/stat (after "pid (comm) ") is Z.
+bool process_alive(pid_t pid) {
+  if (pid <= 0 || (::kill(pid, 0) != 0 && errno != EPERM)) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() || (text[paren + 2] != 'Z' && text[paren + 2] != 'X');
+}
+
+}  // namespace
+
+std::string temporary_name(const std::string& file) { return absl::StrCat(file, ".tmp.", ::getpid()); }
+
+absl::Status write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = temporary_name(path);
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return absl::InternalError(absl::StrCat(path, ": cannot create ", tmp, " (", std::strerror(errno), ")"));
+  std::string failed;  // the first call that failed, with its reason
+  auto check = [&](bool good, const char* what) {
+    if (!good && failed.empty()) failed = absl::StrCat(what, " failed (", std::strerror(errno), ")");
+  };
+  check(text.empty() || std::fwrite(text.data(), 1, text.size(), f) == text.size(), "write");
+  check(std::fflush(f) == 0, "write");
+  check(::fsync(::fileno(f)) == 0, "fsync");
+  check(std::fclose(f) == 0, "close");
+  if (failed.empty()) check(std::rename(tmp.c_str(), path.c_str()) == 0, "rename");
+  if (failed.empty()) return absl::OkStatus();
+  std::remove(tmp.c_str());
+  return absl::InternalError(absl::StrCat(path, ": ", failed));
+}
+
+RunLock RunLock::acquire(const std::string& run_dir) {
+  std::error_code ec;
+  const fs::path dir(run_dir);
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    throw UserError(run_dir + ": exists and is not a folder; name a run folder (new or existing) with --out DIR");
+  }
+  fs::create_directories(dir, ec);
+  if (ec) throw UserError(absl::StrCat(run_dir, ": cannot create the run folder (", ec.message(), ")"));
+  const std::string file = (dir / kRunLockFile).string();
+  const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw UserError(absl::StrCat(run_dir, ": cannot write into the run folder (", file, ": ", std::strerror(errno), ")"));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder = read_holder(fd);
+    // The holder writes its name right after locking: give it a moment if we came in between.
+    for (int i = 0; i < 20 && holder.empty() && err == EWOULDBLOCK; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      holder = read_holder(fd);
+    }
+    ::close(fd);
+    if (err != EWOULDBLOCK) {
+      throw UserError(absl::StrCat(run_dir, ": cannot lock ", file, " (", std::strerror(err), ")"));
+    }
+    throw UserError(absl::StrCat(run_dir, " is in use by another training process (",
+                                 holder.empty() ? "its pid is not written yet" : holder, "; lock ", file,
+                                 "): one process writes a run folder at a time; wait for it to end, or train "
+                                 "into another folder with --out DIR"));
+  }
+  // Ours now; a dead holder's text is replaced.
+  char when[32] = "?";
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  if (::gmtime_r(&now, &tm)) std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  const std::string text = absl::StrCat("pid ", ::getpid(), " host ", host_name(), " since ", when, "\n");
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+    const int err = errno;
+    ::close(fd);
+    throw UserError(absl::StrCat(run_dir, ": cannot write into the run folder (", file, ": ", std::strerror(err), ")"));
+  }
+  return RunLock(fd);
+}
+
+RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+}
+
+std::vector<std::string> remove_leftover_temporaries(const std::string& run_dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t at = name.rfind(".tmp.");
+    int64_t pid = 0;
+    if (at == std::string::npos || !absl::SimpleAtoi(name.substr(at + 5), &pid) || pid <= 0) continue;
+    if (pid == ::getpid() || process_alive(static_cast<pid_t>(pid))) continue;
+    std::error_code rm;
+    if (fs::remove(e.path(), rm)) removed.push_back(name);
+  }
+  return removed;
+}
+
+}  // namespace seqlab::cli

@@ -1,0 +1,59 @@
+// What keeps a run folder whole: one writer at a time, and files replaced atomically.
+//
+// One writer per run folder. A training process (`seqlab RECIPE --out RUN`, `seqlab --resume RUN`)
+// takes RUN/.lock before it writes anything into RUN and holds it until it exits:
+//
+//   flock(fd, LOCK_EX | LOCK_NB) on RUN/.lock, the file then holding "pid PID host HOST since TIME".
+//
+// A second process on the same folder fails to take it and is refused at once, naming the holder.
+// The kernel drops an flock with the last descriptor of its holder, also when the holder is killed
+// (SIGKILL, a crash, the OOM killer), so a lock file left by a dead process is simply taken again:
+// there is no stale lock to clean up, and the file itself is never deleted (deleting it would let two
+// processes lock two different files of the same name).
+//
+// Temporary files of the run folder are named NAME.tmp.PID (checkpoints, logs rewritten on resume,
+// the resolved recipe); remove_leftover_temporaries deletes those whose writer is no longer running,
+// which a kill in the middle of a write leaves behind.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <absl/status/status.h>
+
+namespace seqlab::cli {
+
+class RunLock {
+ public:
+  // Creates `run_dir` (and its parents) when missing, then takes its lock. UserError when run_dir
+  // names something that is not a folder, cannot be created or written, or when another process
+  // holds the lock (the message names its pid and host).
+  static RunLock acquire(const std::string& run_dir);
+
+  RunLock(RunLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+  RunLock& operator=(RunLock&&) = delete;
+  ~RunLock();  // releases the lock
+
+ private:
+  explicit RunLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
+
+// The name of the lock file inside a run folder.
+constexpr const char* kRunLockFile = ".lock";
+
+// "FILE.tmp.PID" for a temporary written by this process next to FILE.
+std::string temporary_name(const std::string& file);
+
+// Replaces `path` by `text` atomically: written to temporary_name(path), flushed, fsynced, renamed.
+// A kill at any moment leaves the old file or the new one, never a mix; an error (the disk full, the
+// folder not writable) leaves the old file and no temporary, and names the file and the reason.
+absl::Status write_file_atomically(const std::string& path, const std::string& text);
+
+// Deletes the files NAME.tmp.PID of `run_dir` whose process PID no longer runs (on this host: the
+// lock holder is the only writer of the folder) and returns their names.
+std::vector<std::string> remove_leftover_temporaries(const std::string& run_dir);
+
+}  // namespace seqlab::cli
