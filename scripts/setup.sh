@@ -8,6 +8,10 @@ SEQLAB_BUILD="${SEQLAB_BUILD:-$SEQLAB_ROOT/build}"
 SEQLAB_PACKAGES=(cmake ninja-build g++ git libabsl-dev googletest libgtest-dev libtomlplusplus-dev
                  libopenblas-dev python3 fortunes fortunes-min gnuplot-nox)
 
+# What ./test.sh adds for the fuzzing and sanitizer builds (scripts/fuzz.sh, scripts/sanitize.sh): clang,
+# its sanitizer and libFuzzer runtimes, and LLVM's OpenMP runtime, which clang's -fopenmp links.
+SEQLAB_CLANG_PACKAGES=(clang libclang-rt-14-dev libomp-dev)
+
 # OpenMP threads sleep when idle instead of spinning: on a machine shared with other work, spinning
 # threads steal the cores the busy ones need (a GPT step measured 2-4x slower under load with the
 # default), and on a quiet machine it costs nothing measurable (docs/perf.md). Override by setting it.
@@ -15,9 +19,11 @@ export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 
 seqlab_say() { printf 'seqlab: %s\n' "$*" >&2; }
 
+# Installs the Debian packages named (by default SEQLAB_PACKAGES) that are missing.
 seqlab_install_packages() {
-  local missing=() pkg
-  for pkg in "${SEQLAB_PACKAGES[@]}"; do
+  local missing=() pkg wanted=("$@")
+  [ $# -gt 0 ] || wanted=("${SEQLAB_PACKAGES[@]}")
+  for pkg in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
   done
   [ ${#missing[@]} -eq 0 ] && return 0

@@ -420,6 +420,17 @@ TEST(ExpVec, MatchesExpToAFewUlpAndKeepsTheEdges) {
   EXPECT_TRUE(std::isnan(math::exp_vec(std::numeric_limits<float>::quiet_NaN())));
 }
 
+// NaN through the vectorised loops of exp_vec's callers stays NaN without undefined behaviour on the
+// way (UBSan, scripts/sanitize.sh: fuzzing found NaN weights of a checkpoint converting NaN to int).
+TEST(ExpVec, NanThroughTheF32KernelsStaysNan) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = Tensor::from_vector({nan, 0.0, nan, -1.0, 2.0, nan, 3.0, nan, nan}, {9}, DType::f32);
+  for (const Tensor& y : {sigmoid(x), silu(x), gelu(x)}) {
+    const Vec v = y.to_doubles();
+    for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(std::isnan(v[i]), std::isnan(x.to_doubles()[i])) << i;
+  }
+}
+
 // gelu and its derivative in f32 (computed through exp_vec) against the tanh form in double,
 // including magnitudes where e^(−2u) overflows or underflows.
 TEST(GeluF32, ForwardAndBackwardMatchTheTanhFormAtAllMagnitudes) {

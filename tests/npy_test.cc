@@ -224,6 +224,18 @@ TEST_F(Npy, TruncatedHeader) {
   EXPECT_TRUE(contains(read_error(std::string("\x93NUMPY\x01\x00\x10", 9)), "truncated header"));
 }
 
+// Found by fuzzing: a 176-byte version 2.0 file whose header length reads 0xFFFFFFFF made the reader
+// (and `seqlab op`) allocate 4 GiB for the header before finding the file too short.
+TEST_F(Npy, AHeaderLongerThanTheFileIsRejectedBeforeAllocating) {
+  std::string bytes = std::string("\x93NUMPY\x02\x00\xff\xff\xff\xff", 12) + std::string(164, ' ');
+  ASSERT_EQ(bytes.size(), 176u);
+  std::string msg = read_error(bytes);
+  EXPECT_TRUE(contains(msg, "truncated header: its length 4294967295 exceeds the 164 bytes that follow it")) << msg;
+  // Version 1.0: a 16-bit length, still checked against the file.
+  msg = read_error(std::string("\x93NUMPY\x01\x00\x00\x01", 10) + "{}");
+  EXPECT_TRUE(contains(msg, "truncated header: its length 256 exceeds the 2 bytes")) << msg;
+}
+
 TEST_F(Npy, MalformedHeader) {
   for (const char* dict : {"{'descr': '<f8', 'fortran_order': False, }", "{'descr': '<f8', 'fortran_order': False, 'shape': (2, -3), }",
                            "['descr', '<f8']", "{'descr': '<f8', 'fortran_order': 0, 'shape': (6,), }",

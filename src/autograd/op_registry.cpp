@@ -100,7 +100,7 @@ OpAttrs OpAttrs::parse(const std::string& op, const std::vector<OpAttrSpec>& spe
   attrs.op_ = op;
   for (const OpAttrSpec& s : specs) attrs.values_[s.name] = s.default_value;
   for (const auto& [name, value] : given) {
-    auto it = std::find_if(specs.begin(), specs.end(), [&](const OpAttrSpec& s) { return s.name == name; });
+    auto it = std::find_if(specs.begin(), specs.end(), [&key = name](const OpAttrSpec& s) { return s.name == key; });
     if (it == specs.end()) {
       std::vector<std::string> names;
       for (const OpAttrSpec& s : specs) names.push_back(s.name);

@@ -35,8 +35,11 @@ using std::tanh;
 // needs), NaN stays NaN. (Loops over it vectorise when built with -fno-trapping-math, as the library is.)
 inline float exp_vec(float x) {
   const float lo = -103.972084f, hi = 88.0f;  // below lo, eˣ rounds to 0 in float
-  float xc = x < lo ? lo : x;  // two selects: GCC does not if-convert the nested form
-  xc = xc > hi ? hi : xc;
+  // Two selects (GCC does not if-convert the nested form); the second is written so that NaN, for
+  // which every comparison is false, becomes hi: n stays finite, and converting it to an integer is
+  // defined (the result is x itself, below).
+  float xc = x < lo ? lo : x;
+  xc = xc <= hi ? xc : hi;
   const float round_magic = 12582912.0f;  // 1.5·2²³: adding it rounds to an integer
   const float n = (xc * 1.44269504f + round_magic) - round_magic;
   const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;  // ln2 split in two for exactness

@@ -171,6 +171,16 @@ absl::StatusOr<Tensor> read_npy(const std::string& path) {
     return fail("truncated header");
   }
   uint32_t header_len = little_endian(pre + 8, len_bytes);
+  // The header must lie within the file before it is allocated: a corrupt 2.0 length (up to 4 GiB)
+  // would otherwise make a file of a few bytes allocate gigabytes.
+  const long after_len = std::ftell(f.get());
+  if (after_len < 0 || std::fseek(f.get(), 0, SEEK_END) != 0) return fail("cannot seek in the file");
+  const long file_size = std::ftell(f.get());
+  if (file_size < after_len || std::fseek(f.get(), after_len, SEEK_SET) != 0) return fail("cannot seek in the file");
+  if (header_len > static_cast<uint64_t>(file_size - after_len)) {
+    return fail(absl::StrCat("truncated header: its length ", header_len, " exceeds the ", file_size - after_len,
+                             " bytes that follow it"));
+  }
   std::string text(header_len, '\0');
   if (std::fread(text.data(), 1, header_len, f.get()) != header_len) return fail("truncated header");
 
