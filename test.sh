@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# Builds everything and runs every test through CTest. Tests labelled `gpu` skip without a GPU;
-# `./test.sh -L gpu` runs only those (on a machine with one).
+# Builds everything and runs every test through CTest; then the CPU tests again under ASan + UBSan
+# (scripts/sanitize.sh asan: clang, in build-asan/) and 20 s of fuzzing per parser (scripts/fuzz.sh 20,
+# in the same build). Tests labelled `gpu` skip without a GPU.
+# With arguments, they go to ctest and the sanitized run and the fuzzing are left out: `./test.sh -L gpu`
+# runs only the GPU tests (on a machine with one), `./test.sh -R gla` the tests whose name holds "gla".
 set -euo pipefail
 source "$(dirname "$0")/scripts/setup.sh"
 seqlab_install_packages
 seqlab_ensure_numpy
 seqlab_build
-exec ctest --test-dir "$SEQLAB_BUILD" --output-on-failure -j "$(nproc)" "$@"
+ctest --test-dir "$SEQLAB_BUILD" --output-on-failure -j "$(nproc)" "$@"
+if [ $# -eq 0 ]; then
+  "$SEQLAB_ROOT/scripts/sanitize.sh" asan
+  "$SEQLAB_ROOT/scripts/fuzz.sh" 20
+fi

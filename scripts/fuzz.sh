@@ -9,7 +9,9 @@
 # than 10 s, an allocation above 512 MB or a process above 2 GB — fails the run (exit 1); the input that
 # did it is saved as build-asan/fuzz/<target>/crash-* (or leak-, timeout-, oom-, slow-unit-) and the
 # end of the target's log is printed. Inputs that reached new code are kept in build-asan/fuzz/<target>/
-# corpus/ for the next run. Environment: SEQLAB_FUZZ_JOBS (targets run at once, default: the cores).
+# corpus/ for the next run. Environment: SEQLAB_FUZZ_JOBS (targets run at once, default: the cores),
+# SEQLAB_FUZZ_RUNS (a target also stops after this many executions; the long run of docs/reliability.md
+# is  SEQLAB_FUZZ_RUNS=1000000 scripts/fuzz.sh 3600).
 set -euo pipefail
 source "$(dirname "$0")/setup.sh"
 
@@ -35,6 +37,10 @@ seqlab_build seqlab_fuzzers
 work="$SEQLAB_BUILD/fuzz"
 # Allocations and a process size no parser needs for inputs of a few kilobytes; a leak is a finding too.
 limits=(-rss_limit_mb=2048 -malloc_limit_mb=512 -timeout=10)
+if [ -n "${SEQLAB_FUZZ_RUNS:-}" ]; then
+  case "$SEQLAB_FUZZ_RUNS" in *[!0-9]*) seqlab_say "fuzz.sh: SEQLAB_FUZZ_RUNS must be a whole number"; exit 2 ;; esac
+  limits+=(-runs="$SEQLAB_FUZZ_RUNS")
+fi
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # one process per core already
 # The targets write each input to a file for the parser to read (and some write it back): on a
@@ -51,8 +57,8 @@ run_target() {  # target: runs it, then prints one summary line; the exit status
   local runs
   runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$dir/log" | tail -n 1)"
   if [ "$status" -eq 0 ]; then
-    printf 'fuzz %-12s %10s executions in %ss, 0 crashes (corpus %s files)\n' "$t" "${runs:-?}" "$seconds" \
-      "$(find "$dir/corpus" -type f | wc -l)"
+    printf 'fuzz %-12s %10s executions in %ss, 0 crashes (corpus %s files)\n' "$t" "${runs:-?}" \
+      "$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$dir/log" | tail -n 1)" "$(find "$dir/corpus" -type f | wc -l)"
   else
     printf 'fuzz %-12s FAILED (exit %s) after %s executions; input saved as:\n' "$t" "$status" "${runs:-?}"
     ls "$dir"/crash-* "$dir"/leak-* "$dir"/timeout-* "$dir"/oom-* "$dir"/slow-unit-* 2>/dev/null | sed 's/^/  /' || true

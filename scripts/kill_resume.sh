@@ -17,14 +17,8 @@ seqlab_build seqlab || exit 1
 SEQLAB="$SEQLAB_BUILD/seqlab"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-python3 - "$WORK/corpus.txt" <<'PY'
-import random, sys
-random.seed(11)
-words = "the cat sat on a mat and dog ran far away home while owls sleep at noon".split()
-with open(sys.argv[1], "w") as f:
-    for _ in range(3000):
-        f.write(" ".join(random.choice(words) for _ in range(14)) + ".\n\n")
-PY
+source "$ROOT/tests/train_script_util.sh"
+word_corpus "$WORK/corpus.txt" 11 3000 14
 cat > "$WORK/run.toml" <<TOML
 [model]
 d_model = 128
@@ -53,15 +47,6 @@ progress = "plain"
 [checkpoint]
 every = 2
 TOML
-losses() { sed -E 's/, "(tokens_per_s|mfu|elapsed_s)": [0-9.e+-]+//g' "$1/metrics.jsonl"; }
-tensor_sums() {
-  python3 - "$1" <<'PY'
-import json, struct, sys
-with open(sys.argv[1], "rb") as f:
-    meta = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))["__metadata__"]
-print("\n".join(f"{k} {v}" for k, v in sorted(meta.items()) if k.startswith("crc32c.")))
-PY
-}
 newest() { ls "$1" | grep '^ckpt_.*safetensors$' | tail -n 1; }
 
 start=$(date +%s)

@@ -12,14 +12,8 @@ set -u
 SEQLAB="$1"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-python3 - "$WORK/corpus.txt" <<'PY'
-import random, sys
-random.seed(4)
-words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "home"]
-with open(sys.argv[1], "w") as f:
-    for _ in range(300):
-        f.write(" ".join(random.choice(words) for _ in range(12)) + ".\n\n")
-PY
+source "$(dirname "$0")/train_script_util.sh"
+word_corpus "$WORK/corpus.txt" 4 300 12
 cat > "$WORK/tiny.toml" <<TOML
 [model]
 d_model = 16
@@ -47,15 +41,6 @@ progress = "plain"
 [checkpoint]
 every = 3
 TOML
-failures=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; failures=$((failures + 1)); }
-# The metrics without the fields that measure time.
-losses() { sed -E 's/, "(tokens_per_s|mfu|elapsed_s)": [0-9.e+-]+//g' "$1/metrics.jsonl"; }
-same_losses() {  # NAME RUN_A RUN_B
-  if diff <(losses "$2") <(losses "$3") > /dev/null; then pass "$1: identical losses at every step"
-  else fail "$1: metrics differ"; diff <(losses "$2") <(losses "$3") | head -5; fi
-}
 # expect RC NAME WANT ARGS...: seqlab ARGS exits with RC and one line on stderr containing WANT.
 expect() {
   local want_rc=$1 name=$2 want=$3

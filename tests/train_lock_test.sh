@@ -12,15 +12,9 @@ set -u
 SEQLAB="$1"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
+source "$(dirname "$0")/train_script_util.sh"
 RANDOM=13  # a fixed sequence of kill moments
-python3 - "$WORK/corpus.txt" <<'PY'
-import random, sys
-random.seed(6)
-words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "home"]
-with open(sys.argv[1], "w") as f:
-    for _ in range(300):
-        f.write(" ".join(random.choice(words) for _ in range(12)) + ".\n\n")
-PY
+word_corpus "$WORK/corpus.txt" 6 300 12
 cat > "$WORK/tiny.toml" <<TOML
 [model]
 d_model = 16
@@ -49,19 +43,6 @@ progress = "plain"
 [checkpoint]
 every = 10
 TOML
-failures=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; failures=$((failures + 1)); }
-losses() { sed -E 's/, "(tokens_per_s|mfu|elapsed_s)": [0-9.e+-]+//g' "$1/metrics.jsonl"; }
-# The CRC32C of every tensor of a checkpoint, from its metadata (the checks on reading hold them true).
-tensor_sums() {
-  python3 - "$1" <<'PY'
-import json, struct, sys
-with open(sys.argv[1], "rb") as f:
-    meta = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))["__metadata__"]
-print("\n".join(f"{k} {v}" for k, v in sorted(meta.items()) if k.startswith("crc32c.")))
-PY
-}
 
 # 1. Two runs into one folder, started together: one trains, the other is refused at once.
 "$SEQLAB" "$WORK/tiny.toml" --out "$WORK/two" --set train.seed=1 > "$WORK/one.out" 2> "$WORK/one.err" &

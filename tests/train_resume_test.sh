@@ -8,14 +8,8 @@ set -u
 SEQLAB="$1"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-python3 - "$WORK/corpus.txt" <<'PY'
-import random, sys
-random.seed(3)
-words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "home"]
-with open(sys.argv[1], "w") as f:
-    for _ in range(400):
-        f.write(" ".join(random.choice(words) for _ in range(12)) + ".\n\n")
-PY
+source "$(dirname "$0")/train_script_util.sh"
+word_corpus "$WORK/corpus.txt" 3 400 12
 cat > "$WORK/tiny.toml" <<TOML
 [model]
 d_model = 16
@@ -44,18 +38,6 @@ sample_tokens = 8
 [checkpoint]
 every = 3
 TOML
-failures=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; failures=$((failures + 1)); }
-# The metrics without the fields that measure time.
-losses() { sed -E 's/, "(tokens_per_s|mfu|elapsed_s)": [0-9.e+-]+//g' "$1/metrics.jsonl"; }
-same_losses() {  # NAME RUN_A RUN_B
-  if [ "$(wc -l < "$2/metrics.jsonl")" -eq "$(wc -l < "$3/metrics.jsonl")" ] && diff <(losses "$2") <(losses "$3") > /dev/null; then
-    pass "$1: identical losses at every step"
-  else
-    fail "$1: metrics differ"; diff <(losses "$2") <(losses "$3") | head -5
-  fi
-}
 
 # 1. Resume from the middle checkpoint.
 "$SEQLAB" "$WORK/tiny.toml" --out "$WORK/a" > /dev/null || { echo "FAIL straight run"; exit 1; }

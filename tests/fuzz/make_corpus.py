@@ -107,6 +107,23 @@ def tokenizer_seeds():
     put("tokenizer", "near_undefined_id.txt", "seqlab-bpe 1\n97 98\n256 258\n")
 
 
+def llmc_tokenizer(words, eot, version=2, count=None):
+    """llm.c's gpt2_tokenizer.bin: 256 uint32 (magic, version, count, eot in version 2), then each
+    token as one length byte and its bytes."""
+    header = struct.pack("<4I", 20240328, version, len(words) if count is None else count, eot if version == 2 else 0)
+    body = b"".join(bytes([len(w)]) + w for w in words)
+    return header + bytes(1024 - len(header)) + body
+
+
+def llmc_tokenizer_seeds():
+    words = [b"<|endoftext|>", b"the", b" cat", b" sat", b"\xe2\x82", b"\xac", b"!"]
+    put("llmc_tokenizer", "v2.bin", llmc_tokenizer(words, 0))
+    put("llmc_tokenizer", "v2_eot_last.bin", llmc_tokenizer(words[1:] + words[:1], 6))
+    put("llmc_tokenizer", "near_v1_small.bin", llmc_tokenizer(words, 0, version=1))
+    put("llmc_tokenizer", "near_count_too_big.bin", llmc_tokenizer(words, 0, count=8))
+    put("llmc_tokenizer", "near_zero_length.bin", llmc_tokenizer(words[:2] + [b""], 0))
+
+
 # ---- recipes (the TOML, then "--- set ---" and overrides) -------------------------------------------
 def recipe_seeds():
     root = os.path.dirname(os.path.dirname(HERE))
@@ -146,6 +163,22 @@ def checkpoint_seeds(seqlab):
         for step in (1, 2):
             name = "ckpt_%07d.safetensors" % step
             shutil.copy(os.path.join(tmp, "run", name), os.path.join(CORPUS, "checkpoint", "step%d.safetensors" % step))
+            # The same checkpoint as format 2 wrote it, without checksums (read unverified), so that
+            # mutations of its tensors and metadata reach the code after the checksum check.
+            with open(os.path.join(tmp, "run", name), "rb") as f:
+                data = f.read()
+            put("checkpoint", "step%d_format2.safetensors" % step, without_checksums(data))
+
+
+def without_checksums(data):
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    meta = header["__metadata__"]
+    for key in [k for k in meta if k == "crc32c" or k.startswith("crc32c.")]:
+        del meta[key]
+    meta["format"] = "seqlab-checkpoint 2"
+    text = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(text)) + text + data[8 + n:]
 
 
 def main():
@@ -158,6 +191,7 @@ def main():
     tokenizer_seeds()
     recipe_seeds()
     documents_seeds()
+    llmc_tokenizer_seeds()
     checkpoint_seeds(sys.argv[1])
 
 

@@ -342,7 +342,7 @@ void truncate_logs_after(const std::string& run_dir, int64_t step) {
   filter_lines(fs::path(run_dir) / "metrics.jsonl", [&](const std::string& line) {
     int64_t s = -1;
     size_t at = line.find("\"step\": ");
-    if (at != std::string::npos) absl::SimpleAtoi(line.substr(at + 8, line.find(',', at) - at - 8), &s);
+    if (at != std::string::npos && !absl::SimpleAtoi(line.substr(at + 8, line.find(',', at) - at - 8), &s)) s = -1;
     return s >= 0 && s <= step;
   });
   bool keeping = true;  // samples.txt: blocks headed "### step N ..."

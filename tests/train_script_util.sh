@@ -1,0 +1,41 @@
+# What the training script tests (tests/train_*_test.sh) and scripts/kill_resume.sh share; sourced, not run.
+#   pass NAME / fail NAME    one result line; fail counts into $failures
+#   word_corpus FILE SEED DOCS WORDS    DOCS paragraphs of WORDS random words of a small vocabulary
+#   losses RUN               RUN/metrics.jsonl without the fields that measure time
+#   same_losses NAME A B     pass when runs A and B logged the same lines (but for time) at every step
+#   tensor_sums CKPT         the CRC32C of every tensor of a checkpoint, from its metadata (the checks
+#                            on reading hold them true to the bytes), one "crc32c.NAME HEX" a line
+failures=0
+pass() { echo "ok   $1"; }
+fail() { echo "FAIL $1"; failures=$((failures + 1)); }
+
+word_corpus() {
+  python3 - "$@" <<'PY'
+import random, sys
+path, seed, docs, words_per_doc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+random.seed(seed)
+words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "home"]
+with open(path, "w") as f:
+    for _ in range(docs):
+        f.write(" ".join(random.choice(words) for _ in range(words_per_doc)) + ".\n\n")
+PY
+}
+
+losses() { sed -E 's/, "(tokens_per_s|mfu|elapsed_s)": [0-9.e+-]+//g' "$1/metrics.jsonl"; }
+
+same_losses() {
+  if [ "$(wc -l < "$2/metrics.jsonl")" -eq "$(wc -l < "$3/metrics.jsonl")" ] && diff <(losses "$2") <(losses "$3") > /dev/null; then
+    pass "$1: identical losses at every step"
+  else
+    fail "$1: metrics differ"; diff <(losses "$2") <(losses "$3") | head -5
+  fi
+}
+
+tensor_sums() {
+  python3 - "$1" <<'PY'
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    meta = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))["__metadata__"]
+print("\n".join(f"{k} {v}" for k, v in sorted(meta.items()) if k.startswith("crc32c.")))
+PY
+}
