@@ -39,12 +39,13 @@ for s in "${steps[@]}"; do
     # Two threads at least, even on a one-core machine, so that the kernels' parallel loops do run
     # in parallel; OpenBLAS single-threaded (its threads are not instrumented, and seqlab's own
     # parallel loops are what is checked). Archer (libarcher.so, beside libomp) is loaded as the
-    # OpenMP tool so that TSan sees OpenMP's synchronisation.
+    # OpenMP tool so that TSan sees OpenMP's synchronisation; libomp's own internals, which are not
+    # instrumented, are suppressed (tests/tsan_suppressions.txt).
     archer="$(dirname "$(readlink -f "$(command -v clang++)")")/../lib/libarcher.so"
     [ -f "$archer" ] || { seqlab_say "sanitize.sh: no $archer (package libomp-dev)"; exit 1; }
     regex="^($(IFS='|'; echo "${TSAN_TESTS[*]}"))\$"
     OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}" OPENBLAS_NUM_THREADS=1 OMP_TOOL_LIBRARIES="$(readlink -f "$archer")" \
-      TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1}" \
+      TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1 suppressions=$SEQLAB_ROOT/tests/tsan_suppressions.txt}" \
       ctest --test-dir "$SEQLAB_BUILD" -R "$regex" --output-on-failure -j "$jobs"
   fi
 done
