@@ -3,9 +3,10 @@
 # it ended bit for bit where an uninterrupted run of the same recipe ends: the same losses at every
 # step, and the same CRC32C of every weight and optimizer tensor of the final checkpoint (which the
 # checks on reading hold true to the bytes). The model is large enough (about 0.5 M parameters, 5 MiB
-# checkpoints written every 2 steps) that many kills land inside a checkpoint write; a kill's moment
-# is uniform in [0.2, 2.0] s after the process starts, so kills also land in start-up (the lock, the
-# removal of leftovers, the rewrite of the logs) and in evaluation. tests/train_lock_test.sh does 3
+# checkpoints written every 2 steps) that kills land inside a checkpoint write; a quarter of the kills
+# come in the first half second (start-up: the lock, the removal of leftovers, the rewrite of the
+# logs), the others 0 to 59 ms after the run printed its 1st to 6th step line (steps, checkpoint
+# writes, evaluation). tests/train_lock_test.sh does 3
 # kills of a tiny model in CI; docs/reliability.md records a run of this script.
 # Usage: scripts/kill_resume.sh [KILLS (20)] [SEED (1)]   (builds build/seqlab through ./train's setup)
 set -u
@@ -54,27 +55,43 @@ start=$(date +%s)
 echo "uninterrupted run: $(($(date +%s) - start)) s"
 
 inside=0 startup=0 done_early=0
+steps_printed() {
+  local n
+  n=$(grep -c '^step ' "$WORK/out" 2> /dev/null)
+  echo "${n:-0}"
+}
 for k in $(seq 1 "$KILLS"); do
-  delay=$(printf '%.3f' "$(python3 -c "print(0.2 + 1.8 * $RANDOM / 32767)")")
   before=$(newest "$WORK/killed" 2> /dev/null)
-  # timeout signals its process group, itself included: 137 either way; the shell's "Killed" notice
-  # is dropped with the group's stderr.
-  if [ -d "$WORK/killed" ] && [ -f "$WORK/killed/recipe.toml" ]; then
-    { timeout -s KILL "$delay" "$SEQLAB" --resume "$WORK/killed" > "$WORK/out" 2>&1; } 2> /dev/null
+  # A run killed before its first checkpoint has nothing to resume from: it starts again.
+  if [ -n "$before" ]; then args=(--resume "$WORK/killed"); else args=("$WORK/run.toml" --out "$WORK/killed"); fi
+: > "$WORK/out"
+  "$SEQLAB" "${args[@]}" >> "$WORK/out" 2>&1 &
+  pid=$!
+  if [ $((RANDOM % 4)) -eq 0 ]; then
+    delay=$(printf '0.%03d' $((RANDOM % 500)))  # start-up: lock, leftovers, logs, data
+    moment="$delay s after the start"
   else
-    { timeout -s KILL "$delay" "$SEQLAB" "$WORK/run.toml" --out "$WORK/killed" > "$WORK/out" 2>&1; } 2> /dev/null
+    # Training: once the run has printed 1 to 6 step lines, 0 to 59 ms later (a step takes tens of
+    # ms and a checkpoint write about as long, every second step).
+    want=$((1 + RANDOM % 6))
+    while kill -0 "$pid" 2> /dev/null && [ "$(steps_printed)" -lt "$want" ]; do sleep 0.01; done
+    delay=$(printf '0.%03d' $((RANDOM % 60)))
+    moment="$delay s after step line $want"
   fi
+  sleep "$delay"
+  kill -KILL "$pid" 2> /dev/null
+  wait "$pid" 2> /dev/null
   rc=$?
   if [ "$rc" -ne 137 ]; then
-    echo "kill $k: the run ended by itself (exit $rc) before ${delay}s"
+    echo "kill $k: the run ended by itself (exit $rc)"
     done_early=$((done_early + 1))
     [ "$rc" -eq 0 ] || { cat "$WORK/out"; exit 1; }
     continue
   fi
   where="between steps"
   if ls "$WORK/killed" 2> /dev/null | grep -q '\.tmp\.'; then where="inside a write ($(ls "$WORK/killed" | grep '\.tmp\.'))"; inside=$((inside + 1)); fi
-  if ! grep -q '^step ' "$WORK/out"; then where="in start-up"; startup=$((startup + 1)); fi
-  echo "kill $k after ${delay}s: $where; newest checkpoint $before -> $(newest "$WORK/killed" 2> /dev/null)"
+  if [ "$(steps_printed)" -eq 0 ]; then where="in start-up"; startup=$((startup + 1)); fi
+  echo "kill $k ($moment): $where; newest checkpoint ${before:-none} -> $(newest "$WORK/killed" 2> /dev/null)"
 done
 "$SEQLAB" --resume "$WORK/killed" > "$WORK/out" 2>&1 || { cat "$WORK/out"; exit 1; }
 if ls -a "$WORK/killed" | grep -q '\.tmp\.'; then echo "FAIL: temporary files left: $(ls "$WORK/killed")"; exit 1; fi
