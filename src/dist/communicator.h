@@ -47,6 +47,13 @@ class CommError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What a backend throws when its transport fails or its deadline passes; the public call turns it into
+// a CommError naming the rank and the operation, and marks the communicator broken.
+struct TransportFailure : std::runtime_error {
+  TransportFailure(bool timed_out, const std::string& cause) : std::runtime_error(cause), timed_out(timed_out) {}
+  bool timed_out;
+};
+
 // 300 s: long enough for the slowest step of a large model to reach the next collective, short enough
 // that a dead rank ends the job in minutes.
 inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::seconds(300);
@@ -110,12 +117,6 @@ class Communicator {
   // reduce-scatter (NCCL) overrides it.
   virtual void do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, std::chrono::milliseconds timeout);
 
-  // What a backend throws when its transport fails or its deadline passes; the public call turns it
-  // into a CommError naming the rank and the operation, and marks the communicator broken.
-  struct TransportFailure : std::runtime_error {
-    TransportFailure(bool timed_out, const std::string& cause) : std::runtime_error(cause), timed_out(timed_out) {}
-    bool timed_out;
-  };
   // "2 s" or "1.5 s": a timeout as messages print it.
   static std::string seconds_str(std::chrono::milliseconds t);
 

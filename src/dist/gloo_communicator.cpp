@@ -26,13 +26,24 @@ bool is_timeout(const std::string& message) {
   return message.find("imed out") != std::string::npos || message.find("imeout") != std::string::npos;
 }
 
+// Gloo's message without the "[./gloo/...cc:147] " source locations it starts with.
+std::string gloo_message(const std::string& message) {
+  size_t at = 0;
+  while (at < message.size() && message[at] == '[') {
+    const size_t close = message.find("] ", at);
+    if (close == std::string::npos) break;
+    at = close + 2;
+  }
+  return message.substr(at);
+}
+
 // Runs a Gloo call, turning its exceptions into TransportFailure.
 template <class Fn>
 void gloo_call(Fn&& fn) {
   try {
     fn();
   } catch (const gloo::Exception& e) {
-    throw Communicator::TransportFailure(is_timeout(e.what()), e.what());
+    throw TransportFailure(is_timeout(e.what()), gloo_message(e.what()));
   }
 }
 
@@ -74,9 +85,9 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::rendezvous::Store> stor
   } catch (const std::exception& e) {
     if (is_timeout(e.what())) {
       throw CommError(who() + "rendezvous timed out after " + seconds_str(timeout) + " (a rank that did not join?): " +
-                      e.what());
+                      gloo_message(e.what()));
     }
-    throw CommError(who() + "rendezvous failed: " + e.what());
+    throw CommError(who() + "rendezvous failed: " + gloo_message(e.what()));
   }
 }
 
