@@ -331,6 +331,12 @@ TEST(Communicator, OneRankAndBadArguments) {
     expect_throw<std::invalid_argument>([&] { comm->all_reduce(undefined); }, {"undefined tensor"}, "undefined");
     expect_throw<std::invalid_argument>([&] { comm->set_timeout(milliseconds(0)); }, {"must be positive"},
                                         "timeout 0");
+    // A GPU communicator without a GPU (or without NCCL in the build) ends with a message, not a crash.
+    if (!cuda_available()) {
+      expect_throw<std::runtime_error>(
+          [&] { make_communicator(cuda_device(0), open_file_store(folder + "/gpu"), 0, 1, milliseconds(1000)); },
+          {"cuda:0"}, "a GPU communicator without a GPU");
+    }
   });
   EXPECT_TRUE(failures.empty()) << joined(failures);
 }

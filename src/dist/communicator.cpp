@@ -162,11 +162,7 @@ void Communicator::agree(Call& call, Op op, int64_t param, const Tensor& t) {
   const std::vector<int64_t> mine = header_of(op, param, t.defined() ? &t : nullptr);
   Tensor send = Tensor::from_indices(mine, {kHeaderLength}, DType::i64, device_);
   Tensor all = Tensor::zeros({size_ * kHeaderLength}, DType::i64, device_);
-  if (size_ > 1) {
-    call.transfer([&](milliseconds left) { do_all_gather(send, all, left); }, {&send, &all});
-  } else {
-    all = send;
-  }
+  call.transfer([&](milliseconds left) { do_all_gather(send, all, left); }, {&send, &all});
   const std::vector<int64_t> headers = all.to_indices();
   bool same = true;
   for (int r = 1; r < size_ && same; ++r) {
@@ -253,7 +249,7 @@ void Communicator::all_reduce(Tensor& t, ReduceOp op) {
   check_reduce(t, op, where);
   Call call(*this, Op::all_reduce);
   agree(call, Op::all_reduce, static_cast<int64_t>(op), t);
-  if (t.numel() == 0 || size_ == 1) return;
+  if (t.numel() == 0) return;
   Work work(t, /*widen_bf16=*/true);
   call.transfer([&](milliseconds left) { do_all_reduce(work.tensor, op, left); }, {&work.tensor});
   work.finish(t);
@@ -280,10 +276,6 @@ void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
   Call call(*this, Op::reduce_scatter);
   agree(call, Op::reduce_scatter, static_cast<int64_t>(op), in);
   if (out.numel() == 0) return;
-  if (size_ == 1) {
-    kernel::copy_(out, in);
-    return;
-  }
   Work in_work(in, /*widen_bf16=*/true);
   Work out_work(out, /*widen_bf16=*/true);
   call.transfer([&](milliseconds left) { do_reduce_scatter(in_work.tensor, out_work.tensor, op, left); },
@@ -316,10 +308,6 @@ void Communicator::all_gather(const Tensor& in, Tensor& out) {
   Call call(*this, Op::all_gather);
   agree(call, Op::all_gather, 0, in);
   if (out.numel() == 0) return;
-  if (size_ == 1) {
-    kernel::copy_(out, in);
-    return;
-  }
   const Tensor in_c = kernel::contiguous(in);
   Work out_work(out, /*widen_bf16=*/false);
   call.transfer([&](milliseconds left) { do_all_gather(in_c, out_work.tensor, left); }, {&in_c, &out_work.tensor});
@@ -335,7 +323,7 @@ void Communicator::broadcast(Tensor& t, int root) {
   }
   Call call(*this, Op::broadcast);
   agree(call, Op::broadcast, root, t);
-  if (t.numel() == 0 || size_ == 1) return;
+  if (t.numel() == 0) return;
   Work work(t, /*widen_bf16=*/false);
   call.transfer([&](milliseconds left) { do_broadcast(work.tensor, root, left); }, {&work.tensor});
   work.finish(t);
@@ -355,7 +343,7 @@ void Communicator::send_recv(const Tensor& send, int to, Tensor& recv, int from)
     throw std::invalid_argument(where + "sending to rank " + std::to_string(to) + " and receiving from rank " +
                                 std::to_string(from) + ": a rank sends to itself only when it receives from itself");
   }
-  if (to == rank_) {
+  if (to == rank_ && !sends_to_itself()) {
     if (send.dtype() != recv.dtype() || send.shape() != recv.shape()) {
       throw std::invalid_argument(where + "this rank sends itself " + tensor_str(send) + " but recv is " +
                                   tensor_str(recv));

@@ -104,15 +104,18 @@ class Communicator {
   // "rank R of N: " — the start of every message.
   std::string who() const;
 
-  // The backend's transfers, on contiguous tensors on device(), already checked (the same dtype and
-  // shape on every rank). Each must finish or throw within `timeout`. Sums of bf16 reach them widened
+  // The backend's transfers, on contiguous non-empty tensors on device(), already checked (the same
+  // dtype and shape on every rank); they run at every world size, 1 included. Each must finish or throw within `timeout`. Sums of bf16 reach them widened
   // to f32; they see no integer average.
   virtual void do_all_reduce(Tensor& t, ReduceOp op, std::chrono::milliseconds timeout) = 0;
   virtual void do_all_gather(const Tensor& in, Tensor& out, std::chrono::milliseconds timeout) = 0;
   virtual void do_broadcast(Tensor& t, int root, std::chrono::milliseconds timeout) = 0;
-  // send goes to `to` and recv comes from `from`, neither of them this rank.
+  // send goes to `to` and recv comes from `from`: other ranks, or this rank itself (both) where
+  // sends_to_itself().
   virtual void do_send_recv(const Tensor& send, int to, Tensor& recv, int from,
                             std::chrono::milliseconds timeout) = 0;
+  // Whether do_send_recv takes this rank as its peer (NCCL does); otherwise send_recv copies locally.
+  virtual bool sends_to_itself() const { return false; }
   // reduce_scatter has a default: all_reduce of a copy, then this rank's rows. A backend with a native
   // reduce-scatter (NCCL) overrides it.
   virtual void do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, std::chrono::milliseconds timeout);
