@@ -426,6 +426,9 @@ TEST(Communicator, SendRecvWithAPeerThatNeverCallsTimesOut) {
 TEST(Communicator, RankThatDiesEndsTheOthersCallWithAnError) {
   const auto failures = run_ranks(2, [](int rank, const std::string& folder) {
     auto comm = join(rank, 2, folder, milliseconds(5000));
+    // Both ranks finish connecting first (a rank that died during the rendezvous would end the other's
+    // rendezvous instead, with "rendezvous failed").
+    comm->barrier();
     if (rank == 1) _exit(0);  // dies without a word: its sockets close
     Tensor t = Tensor::ones({8});
     const auto start = Clock::now();
