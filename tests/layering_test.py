@@ -3,7 +3,7 @@
 
 A folder of src/ includes only from itself and the folders below it:
 
-    tensor    <- autograd <- layers <- train        (dist, planned, sits between autograd and layers)
+    tensor    <- autograd <- dist <- layers <- train
     cuda      implements tensor's slots: it includes tensor and itself, nothing above
 
 and src/tensor/cpu/ is private to src/tensor (ops use the public helpers tensor/parallel.h and
@@ -11,8 +11,9 @@ tensor/blas_rows.h). Every quoted #include of every .h, .cpp, .cu and .cuh under
 file of src/ (or the generated build_info.h, for src/train) by its path from src/, never with "..".
 
 The test then shows that the rule is enforced, twice:
-  1. it copies src/ into a scratch folder, adds `#include "layers/module.h"` to tensor/tensor.h, and
-     expects this checker to reject the copy, naming that file and line;
+  1. it copies src/ into a scratch folder, adds `#include "layers/module.h"` to tensor/tensor.h (and,
+     in another copy, to dist/communicator.h), and expects this checker to reject each copy, naming
+     that file and line;
   2. with the compiler and the build's include views (build/include_views/, one per library), it
      compiles a file that includes upward and expects the compiler to refuse it, and one that
      includes only allowed folders and expects it to compile.
@@ -85,12 +86,12 @@ def check_tree(src):
     return not found
 
 
-def checker_rejects_an_upward_include(src):
-    """A copy of src/ with tensor/tensor.h including layers/module.h must fail, naming the line."""
+def checker_rejects_an_upward_include(src, folder="tensor", name="tensor.h"):
+    """A copy of src/ with FOLDER/NAME including layers/module.h must fail, naming the line."""
     with tempfile.TemporaryDirectory() as scratch:
         copy = os.path.join(scratch, "src")
         shutil.copytree(src, copy)
-        header = os.path.join(copy, "tensor", "tensor.h")
+        header = os.path.join(copy, folder, name)
         with open(header, encoding="utf-8") as f:
             lines = f.readlines()
         at = next(i for i, line in enumerate(lines) if INCLUDE.match(line))
@@ -98,7 +99,7 @@ def checker_rejects_an_upward_include(src):
         with open(header, "w", encoding="utf-8") as f:
             f.writelines(lines)
         found = violations(copy)
-    expected = f'tensor/tensor.h:{at + 1}: src/tensor/ includes "layers/module.h" from src/layers/, a layer above it'
+    expected = f'{folder}/{name}:{at + 1}: src/{folder}/ includes "layers/module.h" from src/layers/, a layer above it'
     if found != [expected]:
         print("layering: the checker did not reject exactly the added upward include; it reported:", found)
         return False
@@ -128,6 +129,14 @@ def compiler_refuses_an_upward_include(cxx, views):
     if ok:
         print("layering: an include of layers/ compiled through the cuda library's include view")
         return False
+    ok, err = compiles("dist", '#include "dist/communicator.h"\nint main() { return 0; }\n')
+    if not ok:
+        print("layering: a dist include did not compile through the dist view:\n" + err)
+        return False
+    ok, _ = compiles("dist", '#include "layers/module.h"\nint main() { return 0; }\n')
+    if ok:
+        print("layering: an include of layers/ compiled through the dist library's include view")
+        return False
     print("layering: through the libraries' include views, upward includes do not compile")
     return True
 
@@ -141,6 +150,7 @@ def main():
     if ok:
         print("layering: every include of src/ follows the rule")
     ok = checker_rejects_an_upward_include(src) and ok
+    ok = checker_rejects_an_upward_include(src, "dist", "communicator.h") and ok
     if len(sys.argv) == 4:
         ok = compiler_refuses_an_upward_include(sys.argv[2], os.path.abspath(sys.argv[3])) and ok
     return 0 if ok else 1
