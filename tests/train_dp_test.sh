@@ -9,7 +9,7 @@
 set -u
 SEQLAB="$1"
 WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
+trap '[ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
 source "$(dirname "$0")/train_script_util.sh"
 word_corpus "$WORK/corpus.txt" 5 300 12
 # Dropout 0: the ranks draw dropout from their own streams (docs/distributed.md), which one process
@@ -85,6 +85,16 @@ for model in gpt gla; do
   done
 done
 [ ! -e "$WORK/gpt-2/.rendezvous" ] && pass "the rendezvous folder is removed" || fail "rendezvous folder left behind"
+# Rank 0's stderr comes through as it is; every other rank's lines are prefixed "[rank R] " (each rank
+# says once that bf16 is emulated on the CPU).
+"$SEQLAB" "$WORK/tiny.toml" --nproc 2 --set train.steps=1 --set optim.warmup_steps=1 --set 'train.dtype="bf16"' \
+  --out "$WORK/prefix" > /dev/null 2> "$WORK/prefix.err" || fail "bf16 --nproc 2"
+if grep -q '^seqlab: train.dtype = "bf16" on the CPU is emulated' "$WORK/prefix.err" && \
+   grep -q '^\[rank 1\] seqlab: train.dtype = "bf16" on the CPU is emulated' "$WORK/prefix.err"; then
+  pass "rank 1's stderr prefixed [rank 1], rank 0's as it is"
+else
+  fail "stderr prefixes"; cat "$WORK/prefix.err"
+fi
 
 # 3. Resume across world sizes: the uninterrupted one-process run gpt-1 against runs whose first 3
 # steps ran on one world size and the last 3 on another.

@@ -84,7 +84,7 @@ struct RankProcess {
   std::string pending;  // stderr bytes after the last complete line
   bool running = true;
   int status = 0;              // waitpid's status once ended
-  bool stopped_by_us = false;  // sent SIGTERM/SIGKILL because another rank failed
+  int sent = 0;  // the last signal the launcher sent it because another rank failed (SIGTERM, SIGKILL)
 };
 
 bool succeeded(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
@@ -234,7 +234,7 @@ int launch_ranks(const std::vector<std::string>& args, int nproc, const std::str
     for (RankProcess& p : ranks) {
       if (!p.running) continue;
       ::kill(p.pid, signal);
-      if (by_us) p.stopped_by_us = true;
+      if (by_us) p.sent = signal;
     }
   };
   while (any_left()) {
@@ -284,11 +284,18 @@ int launch_ranks(const std::vector<std::string>& args, int nproc, const std::str
   if (alike) return WEXITSTATUS(ranks[0].status);
   // Otherwise name the rank that failed on its own: not one stopped by the launcher, nor one that only
   // saw a peer's failure in a collective (kPeerFailedExit), when there is such a rank.
+  // A rank that died on its own between its last check and the launcher's SIGTERM counts as failing on
+  // its own: what ended it was not what the launcher sent.
+  auto ended_by_launcher = [](const RankProcess& p) {
+    if (p.sent == 0) return false;
+    if (WIFSIGNALED(p.status)) return WTERMSIG(p.status) == SIGTERM || WTERMSIG(p.status) == p.sent;
+    return WEXITSTATUS(p.status) == 128 + SIGTERM;
+  };
   int culprit = failed.front();
   for (int r : failed) {
     const RankProcess& p = ranks[r];
     const bool peer_failed = WIFEXITED(p.status) && WEXITSTATUS(p.status) == kPeerFailedExit;
-    if (!p.stopped_by_us && !peer_failed) {
+    if (!ended_by_launcher(p) && !peer_failed) {
       culprit = r;
       break;
     }
