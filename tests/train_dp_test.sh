@@ -147,6 +147,10 @@ if [ "$rc" -eq 130 ] && [ "$saved" -ge 1 ] && grep -q "continue with --resume" "
   "$SEQLAB" --resume "$WORK/dp-stopped" --nproc 2 --set train.steps=12 > /dev/null 2>&1 \
     && [ "$(tail -n 1 "$WORK/dp-stopped/metrics.jsonl" | cut -d, -f1)" = '{"step": 12' ] \
     && pass "the stopped run resumes" || fail "resume after SIGINT"
+  for i in 1 2 3; do  # every rank returns at once: each must still see the others connected first
+    "$SEQLAB" --resume "$WORK/dp-stopped" --nproc 2 --set train.steps=12 2>&1 | grep -q "already complete" \
+      || fail "resuming a complete run with 2 ranks"
+  done
 else
   fail "SIGINT: exit $rc, $saved checkpoints"; cat "$WORK/dp-stopped.log"
 fi

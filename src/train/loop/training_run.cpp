@@ -409,6 +409,9 @@ int train(const std::vector<std::string>& args) {
   std::optional<DataParallel> dp;
   if (inv.launched) {
     comm = dist::make_communicator(device, dist::open_file_store(inv.launched->rendezvous), rank, world);
+    // Every rank connected before any can leave (a run already complete returns at once): a rank that
+    // exits while another is still in the rendezvous fails that rendezvous.
+    comm->barrier();
     dp.emplace(*comm);
     trainer.set_gradient_hook([&](const std::vector<Parameter>& params) { dp->average_gradients(params); });
     trainer.set_loss_hook([&](double loss) { return dp->average(loss); });
