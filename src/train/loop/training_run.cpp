@@ -454,8 +454,9 @@ int train(const std::vector<std::string>& args) {
   const double flops_per_token = 6.0 * static_cast<double>(model->num_parameters()) +
                                  model->mixing_flops_per_token(r.train.seq_len);
   const DType dtype = training_dtype(r);
-  Progress progress(bar, r.log.every, r.train.steps, flops_per_token, measured_peak_flops(device, dtype),
-                    [device, dtype] { return measured_peak_flops(device, dtype); });
+  // MFU against the job's peak: every rank's device measured as this one (the ranks' devices are alike).
+  auto job_peak = [device, dtype, world] { return world * measured_peak_flops(device, dtype); };
+  Progress progress(bar, r.log.every, r.train.steps, flops_per_token, job_peak(), job_peak);
   progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s%s", r.name,
                                 model->num_parameters(), data.description, run,
                                 world > 1 ? absl::StrFormat("; %d data-parallel ranks", world) : "",
@@ -550,7 +551,7 @@ int train(const std::vector<std::string>& args) {
     } else {
       skipped.in_a_row = 0;
       progress.step(done, loss, lr, tokens_per_step);
-      if (step == start) progress.raise_peak(measured_peak_flops(device, dtype));  // once more, now warm
+      if (step == start) progress.raise_peak(job_peak());  // once more, now warm
     }
     const bool last = done == r.train.steps;
     const bool eval_now = done % r.log.eval_every == 0 || last;
