@@ -3,8 +3,9 @@
 # trained by 2 and 4 ranks log the losses of one process (within a relative 1e-5) at every step, the
 # ranks end with weights identical bit for bit, a run resumes across world sizes (1 -> 2, 2 -> 1) with
 # the losses of an uninterrupted run, a rank killed with SIGKILL ends the job naming it (no rank left
-# running), SIGINT to the launcher saves a checkpoint and exits 130 like one process, and bad --nproc
-# values and a batch size the ranks cannot split are refused with exit code 2 and one line.
+# running), SIGINT to the launcher saves a checkpoint and exits 130 like one process, two launchers
+# (--nnodes 2) on this machine train as one job, and bad --nproc/--nnodes/--node-rank/--rendezvous values
+# and a batch size the ranks cannot split are refused with exit code 2 and one line.
 # Usage: train_dp_test.sh /path/to/seqlab
 set -u
 SEQLAB="$1"
@@ -106,6 +107,18 @@ for pair in "1 2" "2 1"; do
   close_losses "resumed from $1 to $2 ranks: the losses of an uninterrupted run" "$WORK/gpt-1" "$d"
 done
 
+# 3b. Two machines, simulated on this one: two launchers of 2 ranks each (--nnodes 2 --node-rank 0|1)
+# meeting through a shared --rendezvous folder; machine 1 writes nothing into the run folder.
+"$SEQLAB" "$WORK/tiny.toml" --nproc 2 --nnodes 2 --node-rank 1 --rendezvous "$WORK/rdv" --out "$WORK/nodes" \
+  > "$WORK/node1.out" 2> "$WORK/node1.err" &
+node1=$!
+"$SEQLAB" "$WORK/tiny.toml" --nproc 2 --nnodes 2 --node-rank 0 --rendezvous "$WORK/rdv" --out "$WORK/nodes" \
+  > /dev/null 2> "$WORK/node0.err" || { fail "--nnodes 2: machine 0"; cat "$WORK/node0.err"; }
+wait "$node1" || { fail "--nnodes 2: machine 1"; cat "$WORK/node1.err"; }
+close_losses "--nnodes 2 × --nproc 2: the losses of one process" "$WORK/gpt-1" "$WORK/nodes"
+[ ! -s "$WORK/node1.out" ] && [ ! -e "$WORK/rdv" ] && pass "machine 1 printed nothing; machine 0 removed the rendezvous folder" \
+  || fail "--nnodes 2: machine 1's output or the rendezvous folder"
+
 # 4 and 5: long runs stopped from outside. run_until RUN: starts a 3000-step run of 2 ranks into RUN (its
 # own unique folder name) with progress lines read here, until step 5 has been printed; LAUNCHER is its pid.
 LONG=(--set train.steps=3000 --set checkpoint.every=1000 --set log.eval_every=1000 --set log.progress=plain)
@@ -174,6 +187,13 @@ expect_usage_error "--nproc without a value" "--nproc needs a value" "$WORK/tiny
 expect_usage_error "batch not divisible" "train.batch_size = 4 does not split across --nproc 3 ranks" \
   "$WORK/tiny.toml" --nproc 3 --out "$WORK/x"
 expect_usage_error "--nproc with sample" "unknown flag '--nproc'" sample "$WORK/gpt-1" --nproc 2
+expect_usage_error "--node-rank out of range" "--node-rank 2 is not a machine of --nnodes 2 (0 to 1)" \
+  "$WORK/tiny.toml" --nnodes 2 --node-rank 2 --rendezvous "$WORK/r" --out "$WORK/x"
+expect_usage_error "--nnodes without --rendezvous" "--nnodes needs --rendezvous DIR" "$WORK/tiny.toml" --nnodes 2 --out "$WORK/x"
+expect_usage_error "--rendezvous redis://" "the Redis store is not supported yet" \
+  "$WORK/tiny.toml" --nnodes 2 --rendezvous redis://localhost:6379 --out "$WORK/x"
+expect_usage_error "--node-rank without --nnodes" "--node-rank and --rendezvous go with --nnodes K" \
+  "$WORK/tiny.toml" --node-rank 0 --out "$WORK/x"
 [ ! -e "$WORK/x/metrics.jsonl" ] && pass "refused runs wrote nothing" || fail "a refused run wrote metrics"
 echo "failures: $failures"
 [ "$failures" -eq 0 ]

@@ -169,11 +169,15 @@ std::optional<LaunchedRank> launched_rank() {
   return l;
 }
 
-int launch_ranks(const std::vector<std::string>& args, int nproc, const std::string& run_dir) {
-  // A fresh store for this job: keys left by an earlier job would be read as this one's.
-  const fs::path rendezvous = fs::path(run_dir) / ".rendezvous" / std::to_string(::getpid());
+int launch_ranks(const std::vector<std::string>& args, const JobLayout& job, const std::string& run_dir) {
+  const int nproc = job.nproc, world = job.nproc * job.nnodes, first = job.node_rank * job.nproc;
+  // A fresh store for this job: keys left by an earlier job would be read as this one's. On one machine
+  // the launcher makes it; across machines it is the shared folder given, which the user keeps fresh.
+  const bool own_store = job.rendezvous.empty();
+  const fs::path rendezvous = own_store ? fs::path(run_dir) / ".rendezvous" / std::to_string(::getpid())
+                                        : fs::path(job.rendezvous);
   std::error_code ec;
-  fs::remove_all(rendezvous, ec);
+  if (own_store) fs::remove_all(rendezvous, ec);
   fs::create_directories(rendezvous, ec);
   if (ec) throw UserError(absl::StrCat(rendezvous.string(), ": cannot create the rendezvous folder (", ec.message(), ")"));
   const std::string exe = fs::read_symlink("/proc/self/exe", ec).string();
@@ -189,19 +193,20 @@ int launch_ranks(const std::vector<std::string>& args, int nproc, const std::str
   const pid_t launcher = ::getpid();
   std::vector<RankProcess> ranks(static_cast<size_t>(nproc));
   for (int r = 0; r < nproc; ++r) {
-    std::vector<std::string> env_strings = rank_environment(r, nproc, rendezvous.string());
+    std::vector<std::string> env_strings = rank_environment(first + r, world, rendezvous.string());
     std::vector<char*> envp = c_strings(env_strings);
     int pipe_fds[2] = {-1, -1};
-    if (r > 0 && ::pipe2(pipe_fds, O_CLOEXEC) != 0) throw UserError(absl::StrCat("pipe: ", std::strerror(errno)));
+    const bool piped = first + r > 0;  // every rank but rank 0 of the job
+    if (piped && ::pipe2(pipe_fds, O_CLOEXEC) != 0) throw UserError(absl::StrCat("pipe: ", std::strerror(errno)));
     const pid_t pid = ::fork();
-    if (pid < 0) throw UserError(absl::StrCat("cannot start rank ", r, ": fork: ", std::strerror(errno)));
+    if (pid < 0) throw UserError(absl::StrCat("cannot start rank ", first + r, ": fork: ", std::strerror(errno)));
     if (pid == 0) {
       // The rank: its own process group (the terminal's Ctrl-C reaches the launcher, which forwards it
       // once), killed if the launcher dies, stderr into the launcher's pipe for ranks > 0.
       ::setpgid(0, 0);
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != launcher) ::_exit(1);  // the launcher died before the line above
-      if (r > 0) {
+      if (piped) {
         ::dup2(pipe_fds[1], STDERR_FILENO);
         ::dup2(devnull, STDOUT_FILENO);
       }
@@ -212,7 +217,7 @@ int launch_ranks(const std::vector<std::string>& args, int nproc, const std::str
     }
     ::setpgid(pid, pid);  // also here, so that the group exists before any signal is forwarded
     ranks[r].pid = pid;
-    if (r > 0) {
+    if (piped) {
       ::close(pipe_fds[1]);
       ranks[r].err_fd = pipe_fds[0];
     }
@@ -257,7 +262,7 @@ int launch_ranks(const std::vector<std::string>& args, int nproc, const std::str
     }
     const int ready = ::poll(fds.data(), fds.size(), 100);
     for (size_t i = 0; ready > 0 && i < fds.size(); ++i) {
-      if (fds[i].revents != 0) pump_stderr(ranks[fd_rank[i]], fd_rank[i]);
+      if (fds[i].revents != 0) pump_stderr(ranks[fd_rank[i]], first + fd_rank[i]);
     }
     for (int r = 0; r < nproc; ++r) {
       RankProcess& p = ranks[r];
@@ -273,8 +278,13 @@ int launch_ranks(const std::vector<std::string>& args, int nproc, const std::str
     }
     if (killing && Clock::now() >= kill_at) signal_running(SIGKILL, true);
   }
-  fs::remove_all(rendezvous, ec);
-  fs::remove(rendezvous.parent_path(), ec);  // only when empty: another job's folder stays
+  if (own_store) {
+    fs::remove_all(rendezvous, ec);
+    fs::remove(rendezvous.parent_path(), ec);  // only when empty: another job's folder stays
+  } else if (job.node_rank == 0) {
+    // The shared folder's keys are read only while the ranks connect, long over once the job's ranks end.
+    fs::remove_all(rendezvous, ec);
+  }
 
   if (failed.empty()) return 0;
   // The ranks all ended alike (a forwarded signal's 128 + N after rank 0 saved, a non-finite step's 3,
@@ -301,7 +311,7 @@ int launch_ranks(const std::vector<std::string>& args, int nproc, const std::str
     }
   }
   const RankProcess& c = ranks[culprit];
-  write_stderr(absl::StrFormat("seqlab train: rank %d of %d %s%s\n", culprit, nproc, describe_end(c.status),
+  write_stderr(absl::StrFormat("seqlab train: rank %d of %d %s%s\n", first + culprit, world, describe_end(c.status),
                                stop_signal != 0 ? absl::StrCat(" while stopping on ", strsignal(stop_signal))
                                                 : std::string("; the other ranks were stopped")));
   if (stop_signal != 0) return 128 + stop_signal;

@@ -40,11 +40,21 @@ struct LaunchedRank {
 // SEQLAB_RENDEZVOUS set); nullopt otherwise. A malformed variable is a UserError naming it.
 std::optional<LaunchedRank> launched_rank();
 
-// Runs `nproc` ranks of this binary with `args` (the train command's arguments) meeting through a fresh
-// rendezvous folder under `run_dir`, waits for all, and returns the job's exit code: 0 when every rank
+// The ranks of a job: nproc on each of nnodes machines; this machine's are node_rank·nproc ..
+// node_rank·nproc + nproc - 1. `rendezvous` is the shared folder of a job on several machines ("": one
+// machine, a fresh folder under the run folder).
+struct JobLayout {
+  int nproc = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string rendezvous;
+};
+
+// Runs this machine's ranks of `job` (this binary with `args`, the train command's arguments), meeting
+// through the job's rendezvous folder, waits for all, and returns the job's exit code: 0 when every rank
 // succeeded; the ranks' common code when they all ended alike (128 + N after a forwarded signal N, 3 after
 // a non-finite step); otherwise the failing rank's exit code (1 when it was killed by a signal), after
 // one line on stderr naming it. The caller holds the run folder's lock.
-int launch_ranks(const std::vector<std::string>& args, int nproc, const std::string& run_dir);
+int launch_ranks(const std::vector<std::string>& args, const JobLayout& job, const std::string& run_dir);
 
 }  // namespace seqlab::cli

@@ -4,6 +4,7 @@
 // (samples.txt), a checkpoint. SIGINT and SIGTERM end the run after the current step with a checkpoint.
 #include "train/loop/training_run.h"
 
+#include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
@@ -266,7 +267,10 @@ struct Invocation {
   fs::path run_dir;
   bool resume = false;
   std::string checkpoint;  // --checkpoint FILE (with --resume): instead of the newest
-  int nproc = 1;           // --nproc N: N data-parallel rank processes
+  int nproc = 1;           // --nproc N: N data-parallel rank processes (on each machine)
+  int nnodes = 1;          // --nnodes K: machines of the job
+  int node_rank = 0;       // --node-rank I: this machine's place among them
+  std::string rendezvous;  // --rendezvous DIR: the folder the machines share (with --nnodes)
   std::optional<LaunchedRank> launched;  // set in a rank process started by the launcher
   std::optional<RunLock> lock;           // held by the launcher (or the single process), not by its ranks
 };
@@ -274,7 +278,8 @@ struct Invocation {
 // Reads the command line and takes the run folder's lock: for a fresh run once the recipe names the
 // folder, for --resume before the folder's recipe is read (another process may be writing it).
 Invocation parse_invocation(const std::vector<std::string>& args) {
-  Flags f(args, "", {"--set", "--out", "--resume", "--checkpoint", "--nproc"}, {}, {"--set"}, 1);
+  Flags f(args, "", {"--set", "--out", "--resume", "--checkpoint", "--nproc", "--nnodes", "--node-rank", "--rendezvous"},
+          {}, {"--set"}, 1);
   const std::vector<std::string> sets = f.all("--set");
   Invocation inv;
   inv.resume = f.has("--resume");
@@ -286,16 +291,35 @@ Invocation parse_invocation(const std::vector<std::string>& args) {
   inv.checkpoint = f.get("--checkpoint");
   inv.nproc = f.number<int>("--nproc", 1);
   if (inv.nproc < 1) throw UserError("--nproc expects a number of processes, 1 or more, got '" + f.get("--nproc") + "'");
-  inv.launched = launched_rank();
-  if (inv.launched && inv.launched->world != inv.nproc) {
-    throw UserError(absl::StrFormat("this rank was started for %d ranks (SEQLAB_WORLD_SIZE) but --nproc is %d",
-                                    inv.launched->world, inv.nproc));
+  inv.nnodes = f.number<int>("--nnodes", 1);
+  if (inv.nnodes < 1) throw UserError("--nnodes expects a number of machines, 1 or more, got '" + f.get("--nnodes") + "'");
+  if (inv.nnodes == 1 && (f.has("--node-rank") || f.has("--rendezvous"))) {
+    throw UserError("--node-rank and --rendezvous go with --nnodes K, a job on K ≥ 2 machines");
   }
+  inv.node_rank = f.number<int>("--node-rank", 0);
+  if (inv.node_rank < 0 || inv.node_rank >= inv.nnodes) {
+    throw UserError(absl::StrFormat("--node-rank %s is not a machine of --nnodes %d (0 to %d)", f.get("--node-rank"),
+                                    inv.nnodes, inv.nnodes - 1));
+  }
+  inv.rendezvous = f.get("--rendezvous");
+  if (inv.nnodes > 1 && inv.rendezvous.empty()) {
+    throw UserError("--nnodes needs --rendezvous DIR: a folder every machine of the job shares, fresh for each job");
+  }
+  if (absl::StartsWith(inv.rendezvous, "redis://")) {
+    throw UserError("--rendezvous " + inv.rendezvous + ": the Redis store is not supported yet; give a folder every machine shares");
+  }
+  inv.launched = launched_rank();
+  if (inv.launched && inv.launched->world != inv.nproc * inv.nnodes) {
+    throw UserError(absl::StrFormat("this rank was started for %d ranks (SEQLAB_WORLD_SIZE) but --nproc %d × --nnodes %d is %d",
+                                    inv.launched->world, inv.nproc, inv.nnodes, inv.nproc * inv.nnodes));
+  }
+  // Across machines the launcher of machine 0 holds the run folder's lock: the others write nothing there.
+  const bool lock = !inv.launched && inv.node_rank == 0;
   if (inv.resume) {
     inv.run_dir = f.get("--resume");
     std::error_code ec;
     if (!fs::is_directory(inv.run_dir, ec)) throw UserError(inv.run_dir.string() + ": no such run directory");
-    if (!inv.launched) inv.lock.emplace(RunLock::acquire(inv.run_dir.string()));
+    if (lock) inv.lock.emplace(RunLock::acquire(inv.run_dir.string()));
   }
   if (!f.positional().empty()) {
     inv.recipe = value_or_throw(load_recipe(f.positional()[0], sets));
@@ -304,7 +328,7 @@ Invocation parse_invocation(const std::vector<std::string>& args) {
   }
   if (!inv.resume) {
     inv.run_dir = f.get("--out", inv.recipe.run_dir());
-    if (!inv.launched) inv.lock.emplace(RunLock::acquire(inv.run_dir.string()));
+    if (lock) inv.lock.emplace(RunLock::acquire(inv.run_dir.string()));
   }
   return inv;
 }
@@ -351,11 +375,15 @@ int train(const std::vector<std::string>& args) {
   Invocation inv = parse_invocation(args);
   const Recipe& r = inv.recipe;
   const std::string run = inv.run_dir.string();
-  const int world = inv.nproc;
+  const int world = inv.nproc * inv.nnodes;
   if (world > 1 && r.train.batch_size % world != 0) {
-    throw UserError(absl::StrFormat("train.batch_size = %d does not split across --nproc %d ranks: each rank takes "
+    throw UserError(absl::StrFormat("train.batch_size = %d does not split across %s: each rank takes "
                                     "an equal share of the global batch; give a batch size divisible by %d",
-                                    r.train.batch_size, world, world));
+                                    r.train.batch_size,
+                                    inv.nnodes > 1 ? absl::StrFormat("%d ranks (--nproc %d × --nnodes %d)", world,
+                                                                     inv.nproc, inv.nnodes)
+                                                   : absl::StrFormat("--nproc %d ranks", world),
+                                    world));
   }
   if (world > 1 && r.data.source != "text" && r.data.source != "shards") {
     throw UserError(absl::StrFormat("--nproc %d: data parallelism reads token shards (data.source = \"text\" or "
@@ -365,7 +393,7 @@ int train(const std::vector<std::string>& args) {
   // One writer per run folder: parse_invocation took the lock (the launcher's, for a job of several
   // ranks) before anything is written into the folder and before the slow work, so a second process on
   // it is refused at once; inv holds it until this function returns.
-  if (!inv.launched) {
+  if (!inv.launched && inv.node_rank == 0) {
     for (const std::string& name : remove_leftover_temporaries(run)) {
       std::cerr << "seqlab: removed " << (inv.run_dir / name).string()
                 << ", left behind by a process that ended while writing it\n";
@@ -376,16 +404,16 @@ int train(const std::vector<std::string>& args) {
   if (world > 1 && !inv.launched) {
     // The launcher: GPU ranks take one device each; the data is prepared once, here, before the ranks
     // open it (they would otherwise all prepare the same cache at once).
-    if (!wanted_device.is_cpu() && cuda_backend()->device_count() < world) {
+    if (!wanted_device.is_cpu() && cuda_backend()->device_count() < inv.nproc) {
       throw UserError(absl::StrFormat("--nproc %d: train.device = \"%s\" takes one GPU per rank, and %d are usable",
-                                      world, r.train.device, cuda_backend()->device_count()));
+                                      inv.nproc, r.train.device, cuda_backend()->device_count()));
     }
     open_data(r);
-    return launch_ranks(args, world, run);
+    return launch_ranks(args, {inv.nproc, inv.nnodes, inv.node_rank, inv.rendezvous}, run);
   }
   const int rank = inv.launched ? inv.launched->rank : 0;
   const bool writer = rank == 0;  // rank 0 alone writes into the run folder and evaluates
-  if (!wanted_device.is_cpu()) wanted_device = cuda_device(rank);
+  if (!wanted_device.is_cpu()) wanted_device = cuda_device(rank % inv.nproc);  // this machine's GPU of the rank
   if (r.parallel.threads > 0) omp_set_num_threads(static_cast<int>(r.parallel.threads));
 
   Data data = open_data(r, rank, world);
