@@ -194,6 +194,7 @@ expect_usage_error "--rendezvous redis://" "the Redis store is not supported yet
   "$WORK/tiny.toml" --nnodes 2 --rendezvous redis://localhost:6379 --out "$WORK/x"
 expect_usage_error "--node-rank without --nnodes" "--node-rank and --rendezvous go with --nnodes K" \
   "$WORK/tiny.toml" --node-rank 0 --out "$WORK/x"
+"$SEQLAB" --help | grep -q -- "--nproc N" && pass "./train --help lists --nproc N" || fail "--help lacks --nproc"
 [ ! -e "$WORK/x/metrics.jsonl" ] && pass "refused runs wrote nothing" || fail "a refused run wrote metrics"
 echo "failures: $failures"
 [ "$failures" -eq 0 ]
