@@ -85,6 +85,12 @@ for model in gpt gla; do
       || fail "$model --nproc $n: the ranks' weights differ"
   done
 done
+# With two micro-batches a step (train.grad_accum = 2): each rank's mean over its micro-batches, then the
+# average over the ranks, is the one process's mean.
+ACCUM=(--set train.grad_accum=2 --set log.eval_every=6)
+"$SEQLAB" "$WORK/tiny.toml" "${ACCUM[@]}" --out "$WORK/accum-1" > /dev/null || fail "grad_accum 2: one process"
+"$SEQLAB" "$WORK/tiny.toml" "${ACCUM[@]}" --nproc 2 --out "$WORK/accum-2" > /dev/null 2>&1 || fail "grad_accum 2: --nproc 2"
+close_losses "gpt --nproc 2, train.grad_accum = 2: the losses of one process" "$WORK/accum-1" "$WORK/accum-2"
 [ ! -e "$WORK/gpt-2/.rendezvous" ] && pass "the rendezvous folder is removed" || fail "rendezvous folder left behind"
 # Rank 0's stderr comes through as it is; every other rank's lines are prefixed "[rank R] " (each rank
 # says once that bf16 is emulated on the CPU).
