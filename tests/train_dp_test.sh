@@ -4,7 +4,8 @@
 # ranks end with weights identical bit for bit, a run resumes across world sizes (1 -> 2, 2 -> 1) with
 # the losses of an uninterrupted run, a rank killed with SIGKILL ends the job naming it (no rank left
 # running), SIGINT to the launcher saves a checkpoint and exits 130 like one process, two launchers
-# (--nnodes 2) on this machine train as one job, and bad --nproc/--nnodes/--node-rank/--rendezvous values
+# (--nnodes 2) on this machine train as one job (through a shared folder, and through a Redis server where
+# redis-server is installed), and bad --nproc/--nnodes/--node-rank/--rendezvous values
 # and a batch size the ranks cannot split are refused with exit code 2 and one line.
 # Usage: train_dp_test.sh /path/to/seqlab
 set -u
@@ -125,6 +126,28 @@ close_losses "--nnodes 2 × --nproc 2: the losses of one process" "$WORK/gpt-1" 
 [ ! -s "$WORK/node1.out" ] && [ ! -e "$WORK/rdv" ] && pass "machine 1 printed nothing; machine 0 removed the rendezvous folder" \
   || fail "--nnodes 2: machine 1's output or the rendezvous folder"
 
+# 3c. The same through a Redis server (Gloo's Redis store), where redis-server is installed: a private
+# server on a port of its own, ended with the test.
+if command -v redis-server > /dev/null; then
+  port=$((20000 + $$ % 20000))
+  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no > "$WORK/redis.log" 2>&1 &
+  redis=$!
+  trap '[ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"; kill "$redis" 2> /dev/null' EXIT
+  for _ in $(seq 50); do grep -q "Ready to accept" "$WORK/redis.log" && break; sleep 0.1; done
+  address="redis://127.0.0.1:$port/job-$$"
+  "$SEQLAB" "$WORK/tiny.toml" --nnodes 2 --node-rank 1 --rendezvous "$address" --out "$WORK/redis-run" \
+    > /dev/null 2> "$WORK/redis1.err" &
+  node1=$!
+  "$SEQLAB" "$WORK/tiny.toml" --nnodes 2 --node-rank 0 --rendezvous "$address" --out "$WORK/redis-run" \
+    > /dev/null 2> "$WORK/redis0.err" || { fail "--rendezvous redis://: machine 0"; cat "$WORK/redis0.err"; }
+  wait "$node1" || { fail "--rendezvous redis://: machine 1"; cat "$WORK/redis1.err"; }
+  close_losses "--nnodes 2 through redis://: the losses of one process" "$WORK/gpt-1" "$WORK/redis-run"
+  kill "$redis" 2> /dev/null
+  wait "$redis" 2> /dev/null
+else
+  echo "skip --rendezvous redis:// (no redis-server here)"
+fi
+
 # 4 and 5: long runs stopped from outside. run_until RUN: starts a 3000-step run of 2 ranks into RUN (its
 # own unique folder name) with progress lines read here, until step 5 has been printed; LAUNCHER is its pid.
 LONG=(--set train.steps=3000 --set checkpoint.every=1000 --set log.eval_every=1000 --set log.progress=plain)
@@ -196,8 +219,10 @@ expect_usage_error "--nproc with sample" "unknown flag '--nproc'" sample "$WORK/
 expect_usage_error "--node-rank out of range" "--node-rank 2 is not a machine of --nnodes 2 (0 to 1)" \
   "$WORK/tiny.toml" --nnodes 2 --node-rank 2 --rendezvous "$WORK/r" --out "$WORK/x"
 expect_usage_error "--nnodes without --rendezvous" "--nnodes needs --rendezvous DIR" "$WORK/tiny.toml" --nnodes 2 --out "$WORK/x"
-expect_usage_error "--rendezvous redis://" "the Redis store is not supported yet" \
+expect_usage_error "--rendezvous redis:// without a job" "expected redis://HOST[:PORT]/JOB" \
   "$WORK/tiny.toml" --nnodes 2 --rendezvous redis://localhost:6379 --out "$WORK/x"
+expect_usage_error "--rendezvous redis:// without a server" "cannot reach the Redis server at 127.0.0.1:1" \
+  "$WORK/tiny.toml" --nnodes 2 --rendezvous redis://127.0.0.1:1/job --out "$WORK/x"
 expect_usage_error "--node-rank without --nnodes" "--node-rank and --rendezvous go with --nnodes K" \
   "$WORK/tiny.toml" --node-rank 0 --out "$WORK/x"
 "$SEQLAB" --help | grep -q -- "--nproc N" && pass "./train --help lists --nproc N" || fail "--help lacks --nproc"

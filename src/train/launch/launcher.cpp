@@ -155,6 +155,34 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
 
 }  // namespace
 
+bool is_redis_rendezvous(const std::string& spec) { return absl::StartsWith(spec, "redis://"); }
+
+std::shared_ptr<gloo::rendezvous::Store> open_rendezvous(const std::string& spec, bool connect) {
+  if (!is_redis_rendezvous(spec)) return connect ? dist::open_file_store(spec) : nullptr;
+  // redis://HOST[:PORT]/JOB
+  const std::string rest = spec.substr(std::string("redis://").size());
+  const size_t slash = rest.find('/');
+  const std::string address = rest.substr(0, slash);
+  const std::string job = slash == std::string::npos ? "" : rest.substr(slash + 1);
+  const size_t colon = address.rfind(':');
+  const std::string host = address.substr(0, colon);
+  int port = 6379;
+  const bool port_ok = colon == std::string::npos ||
+                       (absl::SimpleAtoi(address.substr(colon + 1), &port) && port > 0 && port < 65536);
+  const bool job_ok = !job.empty() && job.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                            "0123456789._-") == std::string::npos;
+  if (host.empty() || !port_ok || !job_ok) {
+    throw UserError("--rendezvous " + spec + ": expected redis://HOST[:PORT]/JOB, JOB a name fresh for each job "
+                    "(letters, digits, '.', '_', '-')");
+  }
+  if (!connect) return nullptr;
+  try {
+    return dist::open_redis_store(host, port, job);
+  } catch (const std::runtime_error& e) {
+    throw UserError("--rendezvous " + spec + ": " + e.what());
+  }
+}
+
 std::optional<LaunchedRank> launched_rank() {
   if (std::getenv(kRankVar) == nullptr) return std::nullopt;
   LaunchedRank l;
@@ -174,11 +202,12 @@ int launch_ranks(const std::vector<std::string>& args, const JobLayout& job, con
   // A fresh store for this job: keys left by an earlier job would be read as this one's. On one machine
   // the launcher makes it; across machines it is the shared folder given, which the user keeps fresh.
   const bool own_store = job.rendezvous.empty();
+  const bool redis = is_redis_rendezvous(job.rendezvous);
   const fs::path rendezvous = own_store ? fs::path(run_dir) / ".rendezvous" / std::to_string(::getpid())
-                                        : fs::path(job.rendezvous);
+                                        : fs::path(job.rendezvous);  // a folder, or the redis:// address
   std::error_code ec;
   if (own_store) fs::remove_all(rendezvous, ec);
-  fs::create_directories(rendezvous, ec);
+  if (!redis) fs::create_directories(rendezvous, ec);
   if (ec) throw UserError(absl::StrCat(rendezvous.string(), ": cannot create the rendezvous folder (", ec.message(), ")"));
   const std::string exe = fs::read_symlink("/proc/self/exe", ec).string();
   if (ec) throw UserError(absl::StrCat("cannot find this program's own binary (/proc/self/exe: ", ec.message(), ")"));
@@ -281,7 +310,7 @@ int launch_ranks(const std::vector<std::string>& args, const JobLayout& job, con
   if (own_store) {
     fs::remove_all(rendezvous, ec);
     fs::remove(rendezvous.parent_path(), ec);  // only when empty: another job's folder stays
-  } else if (job.node_rank == 0) {
+  } else if (job.node_rank == 0 && !redis) {
     // The shared folder's keys are read only while the ranks connect, long over once the job's ranks end.
     fs::remove_all(rendezvous, ec);
   }

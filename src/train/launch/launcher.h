@@ -21,9 +21,12 @@
 // non-zero with one line naming the rank and how it ended.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "dist/communicator.h"
 
 namespace seqlab::cli {
 
@@ -41,6 +44,12 @@ struct LaunchedRank {
 // The rank this process is, when a launcher started it (SEQLAB_RANK, SEQLAB_WORLD_SIZE and
 // SEQLAB_RENDEZVOUS set); nullopt otherwise. A malformed variable is a UserError naming it.
 std::optional<LaunchedRank> launched_rank();
+
+// A job's rendezvous store as --rendezvous and SEQLAB_RENDEZVOUS name it: a folder (Gloo's file store), or
+// redis://HOST[:PORT]/JOB (Gloo's Redis store, port 6379 by default, keys under JOB). A UserError names a
+// malformed address; with `connect`, also a server that cannot be reached (else only the address is checked).
+std::shared_ptr<gloo::rendezvous::Store> open_rendezvous(const std::string& spec, bool connect = true);
+bool is_redis_rendezvous(const std::string& spec);
 
 // The ranks of a job: nproc on each of nnodes machines; this machine's are node_rank·nproc ..
 // node_rank·nproc + nproc - 1. `rendezvous` is the shared folder of a job on several machines ("": one

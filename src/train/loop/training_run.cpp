@@ -4,7 +4,6 @@
 // (samples.txt), a checkpoint. SIGINT and SIGTERM end the run after the current step with a checkpoint.
 #include "train/loop/training_run.h"
 
-#include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
@@ -305,9 +304,7 @@ Invocation parse_invocation(const std::vector<std::string>& args) {
   if (inv.nnodes > 1 && inv.rendezvous.empty()) {
     throw UserError("--nnodes needs --rendezvous DIR: a folder every machine of the job shares, fresh for each job");
   }
-  if (absl::StartsWith(inv.rendezvous, "redis://")) {
-    throw UserError("--rendezvous " + inv.rendezvous + ": the Redis store is not supported yet; give a folder every machine shares");
-  }
+  open_rendezvous(inv.rendezvous, false);  // the address's form, before any work
   inv.launched = launched_rank();
   if (inv.launched && inv.launched->world != inv.nproc * inv.nnodes) {
     throw UserError(absl::StrFormat("this rank was started for %d ranks (SEQLAB_WORLD_SIZE) but --nproc %d × --nnodes %d is %d",
@@ -409,6 +406,7 @@ int train(const std::vector<std::string>& args) {
                                       inv.nproc, r.train.device, cuda_backend()->device_count()));
     }
     open_data(r);
+    if (is_redis_rendezvous(inv.rendezvous)) open_rendezvous(inv.rendezvous);  // the server answers
     return launch_ranks(args, {inv.nproc, inv.nnodes, inv.node_rank, inv.rendezvous}, run);
   }
   const int rank = inv.launched ? inv.launched->rank : 0;
@@ -436,7 +434,7 @@ int train(const std::vector<std::string>& args) {
   std::unique_ptr<dist::Communicator> comm;
   std::optional<DataParallel> dp;
   if (inv.launched) {
-    comm = dist::make_communicator(device, dist::open_file_store(inv.launched->rendezvous), rank, world);
+    comm = dist::make_communicator(device, open_rendezvous(inv.launched->rendezvous), rank, world);
     // Every rank connected before any can leave (a run already complete returns at once): a rank that
     // exits while another is still in the rendezvous fails that rendezvous.
     comm->barrier();
