@@ -1,7 +1,8 @@
 // `./train RECIPE --nproc N`: the training process starts N rank processes of its own binary, one per
 // rank, and supervises them (docs/distributed.md "Launcher"). No torchrun, no mpirun. Across machines
 // (--nnodes K --node-rank I --rendezvous DIR) each machine's launcher starts its N ranks, I·N .. I·N+N-1,
-// and they meet through the shared folder DIR instead of a folder of the launcher's.
+// and they meet through the shared folder DIR (or the Redis server of --rendezvous redis://HOST:PORT/JOB)
+// instead of a folder of the launcher's.
 //
 // The launcher holds the run folder's lock for the whole job, makes a fresh rendezvous folder
 // RUN/.rendezvous/<launcher pid>/ (a Gloo file store; removed at the end), and runs
