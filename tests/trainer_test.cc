@@ -126,6 +126,37 @@ TEST(Trainer, TheGradientHookRunsBetweenTheMeanAndTheClip) {
   EXPECT_EQ(weights_of(c), before);
 }
 
+// The loss hook sees the micro-batches' mean loss and its result is the step's loss, checked for being
+// finite: a hook that returns NaN (a rank's non-finite loss, averaged over the ranks) drops the update.
+TEST(Trainer, TheLossHookGivesTheStepsLossAndItsNonFiniteCheck) {
+  Generator ga(2), gb(2);
+  Decoder a(hybrid_config(), ga), b(hybrid_config(), gb);
+  OptimConfig sgd;
+  sgd.name = "sgd";
+  sgd.weight_decay = 0;
+  Optimizer opt_a(sgd, a.parameters()), opt_b(sgd, b.parameters());
+  Trainer plain(a, opt_a, kSchedule, {2, 1e6});
+  Trainer hooked(b, opt_b, kSchedule, {2, 1e6});
+  double seen = 0;
+  hooked.set_loss_hook([&](double loss) {
+    seen = loss;
+    return loss + 1;
+  });
+  int64_t i = 0, j = 0;
+  const StepResult ra = plain.step(0, [&] { return micro_batch(i++); });
+  const StepResult rb = hooked.step(0, [&] { return micro_batch(j++); });
+  EXPECT_EQ(seen, ra.loss);
+  EXPECT_EQ(rb.loss, ra.loss + 1);
+  EXPECT_TRUE(rb.applied);
+
+  hooked.set_loss_hook([](double) { return std::nan(""); });
+  const std::vector<std::vector<double>> before = weights_of(b);
+  const StepResult rc = hooked.step(1, [&] { return micro_batch(j++); });
+  EXPECT_FALSE(rc.applied);
+  EXPECT_EQ(rc.nonfinite_gradient, "");
+  EXPECT_EQ(weights_of(b), before);
+}
+
 // bf16 weights with grad_accum 2: the update equals that of the f32 sums of the micro-batches'
 // gradients, which the trainer keeps (the engine alone would add them in bf16).
 TEST(Trainer, Bf16AccumulationSumsInF32) {

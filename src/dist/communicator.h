@@ -145,6 +145,12 @@ class Communicator {
 // must be fresh for each job: keys left by an earlier job would be read as this job's.
 std::shared_ptr<gloo::rendezvous::Store> open_file_store(const std::string& folder);
 
+// The rendezvous store across machines that share no folder: Gloo's RedisStore on host:port, every key
+// under "JOB/" so that jobs sharing a server do not read each other's keys (a Redis server keeps them
+// after a job ends: JOB must be fresh for each job). Throws std::runtime_error naming the server when it
+// cannot be reached.
+std::shared_ptr<gloo::rendezvous::Store> open_redis_store(const std::string& host, int port, const std::string& job);
+
 // The communicator for tensors on `device`: Gloo for the CPU, NCCL for a GPU (device.index is this
 // rank's GPU). Every rank passes the same store, size and its own rank. Throws CommError when the
 // rendezvous does not complete within `timeout` (a rank did not join), std::invalid_argument for a bad

@@ -29,6 +29,10 @@ std::string usage_text() {
          "  RECIPE.toml [--set section.key=value]... [--out DIR]\n"
          "                      train: prepares the data, then logs metrics.jsonl, samples.txt and checkpoints\n"
          "                      in the run directory (default runs/<recipe name>); Ctrl-C saves and stops\n"
+         "  RECIPE.toml --nproc N [...]   the same with N data-parallel rank processes (train.batch_size\n"
+         "                      is the global batch; docs/distributed.md); with --resume RUN too\n"
+         "  ... --nproc N --nnodes K --node-rank I --rendezvous DIR|redis://HOST:PORT/JOB\n"
+         "                      machine I of K, each with N ranks, meeting through a shared folder or Redis\n"
          "  --resume RUN [--checkpoint FILE] [--set section.key=value]...\n"
          "                      continue a run from its newest checkpoint (or FILE, an older one of RUN:\n"
          "                      later ones are renamed *.abandoned), with the recipe it saved\n"
@@ -39,7 +43,7 @@ std::string usage_text() {
          "  --version           version, git commit and the compiled backends\n"
          "  --help              this text\n"
          "\n"
-         "planned: --nproc N (data and sequence parallelism)\n";
+         "planned: sequence parallelism\n";
 }
 
 namespace {

@@ -47,6 +47,7 @@ StepResult Trainer::step(int64_t step, const std::function<Batch()>& next_batch)
   if (hook_) hook_(params);
   StepResult r;
   r.loss = loss_sum / static_cast<double>(options_.grad_accum);
+  if (loss_hook_) r.loss = loss_hook_(r.loss);
   r.lr = schedule_.lr_at(step);
   // The norm, and the clip when grad_clip > 0 (a non-finite norm leaves the gradients as they are).
   r.grad_norm = clip_grad_norm(params, options_.grad_clip);

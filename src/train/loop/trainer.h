@@ -4,6 +4,7 @@
 //   for each of grad_accum micro-batches:  loss = model.loss(batch);  backward(loss)
 //   g ← g / grad_accum                      (the mean over micro-batches)
 //   gradient hook                           (where data-parallel training averages g across ranks)
+//   loss hook                               (where it averages the loss across ranks)
 //   ‖g‖ = √Σ g², the global norm            (accumulated in double)
 //   if loss or ‖g‖ is not finite:  g ← 0    (the update is dropped: weights and optimizer state stay)
 //   g ← g · min(1, clip / ‖g‖)              (when grad_clip > 0)
@@ -54,6 +55,11 @@ class Trainer {
   // Called with every parameter once the micro-batches' mean gradient is in place and before clipping.
   using GradientHook = std::function<void(const std::vector<Parameter>& params)>;
   void set_gradient_hook(GradientHook hook) { hook_ = std::move(hook); }
+  // Called after the gradient hook with this process's mean loss over the micro-batches; what it returns
+  // is the step's loss, checked for being finite (data-parallel training returns the average over the
+  // ranks, so every rank reports, and decides on, the same loss).
+  using LossHook = std::function<double(double loss)>;
+  void set_loss_hook(LossHook hook) { loss_hook_ = std::move(hook); }
 
   // Update number `step` (0-based: lr = schedule.lr_at(step)) over grad_accum micro-batches drawn
   // from `next_batch` (moved to the model's device here). The gradients are zero again afterwards.
@@ -69,6 +75,7 @@ class Trainer {
   Device device_;
   std::optional<F32GradAccumulator> f32_sums_;
   GradientHook hook_;
+  LossHook loss_hook_;
 };
 
 }  // namespace seqlab

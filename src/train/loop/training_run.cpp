@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -24,6 +25,7 @@
 
 #include "autograd/ops.h"
 #include "autograd/variable.h"
+#include "dist/communicator.h"
 #include "tensor/kernels.h"
 #include "train/cli/util.h"
 #include "train/checkpoint/checkpoint.h"
@@ -32,6 +34,8 @@
 #include "train/data/prepare.h"
 #include "train/data/synthetic.h"
 #include "train/data/tokenizer.h"
+#include "train/launch/data_parallel.h"
+#include "train/launch/launcher.h"
 #include "train/loop/progress.h"
 #include "train/loop/sampling.h"
 #include "train/loop/trainer.h"
@@ -89,7 +93,9 @@ struct Data {
   std::string description;
 };
 
-Data open_data(const Recipe& r) {
+// Rank `rank` of `world` reads its share of the training windows (loader.h); every rank opens the whole
+// evaluation split, which rank 0 alone walks.
+Data open_data(const Recipe& r, int rank = 0, int world = 1) {
   Data d;
   if (r.data.source != "text" && r.data.source != "shards") {
     const SyntheticConfig c = synthetic_config(r);
@@ -119,7 +125,11 @@ Data open_data(const Recipe& r) {
   d.sample_prompt = std::move(*prompt);
   LoaderOptions lo = loader_options(r);
   lo.vocab_size = info.vocab_size;  // every id of every shard is checked against it as the shards open
+  lo.rank = rank;
+  lo.world = world;
   auto train = std::make_unique<TokenLoader>(value_or_throw(TokenLoader::open_split(dir, "train", lo)));
+  lo.rank = 0;
+  lo.world = 1;
   lo.shuffle = false;
   auto val = std::make_unique<TokenLoader>(value_or_throw(TokenLoader::open_split(dir, "val", lo)));
   d.eval_batches = std::min(r.log.eval_batches, val->eval_batches(r.train.batch_size));
@@ -256,13 +266,19 @@ struct Invocation {
   fs::path run_dir;
   bool resume = false;
   std::string checkpoint;  // --checkpoint FILE (with --resume): instead of the newest
-  std::optional<RunLock> lock;
+  int nproc = 1;           // --nproc N: N data-parallel rank processes (on each machine)
+  int nnodes = 1;          // --nnodes K: machines of the job
+  int node_rank = 0;       // --node-rank I: this machine's place among them
+  std::string rendezvous;  // --rendezvous DIR: the folder the machines share (with --nnodes)
+  std::optional<LaunchedRank> launched;  // set in a rank process started by the launcher
+  std::optional<RunLock> lock;           // held by the launcher (or the single process), not by its ranks
 };
 
 // Reads the command line and takes the run folder's lock: for a fresh run once the recipe names the
 // folder, for --resume before the folder's recipe is read (another process may be writing it).
 Invocation parse_invocation(const std::vector<std::string>& args) {
-  Flags f(args, "", {"--set", "--out", "--resume", "--checkpoint"}, {}, {"--set"}, 1);
+  Flags f(args, "", {"--set", "--out", "--resume", "--checkpoint", "--nproc", "--nnodes", "--node-rank", "--rendezvous"},
+          {}, {"--set"}, 1);
   const std::vector<std::string> sets = f.all("--set");
   Invocation inv;
   inv.resume = f.has("--resume");
@@ -272,11 +288,35 @@ Invocation parse_invocation(const std::vector<std::string>& args) {
     throw UserError("--checkpoint FILE goes with --resume RUN_DIR: the checkpoint of RUN_DIR to continue from");
   }
   inv.checkpoint = f.get("--checkpoint");
+  inv.nproc = f.number<int>("--nproc", 1);
+  if (inv.nproc < 1) throw UserError("--nproc expects a number of processes, 1 or more, got '" + f.get("--nproc") + "'");
+  inv.nnodes = f.number<int>("--nnodes", 1);
+  if (inv.nnodes < 1) throw UserError("--nnodes expects a number of machines, 1 or more, got '" + f.get("--nnodes") + "'");
+  if (inv.nnodes == 1 && (f.has("--node-rank") || f.has("--rendezvous"))) {
+    throw UserError("--node-rank and --rendezvous go with --nnodes K, a job on K ≥ 2 machines");
+  }
+  inv.node_rank = f.number<int>("--node-rank", 0);
+  if (inv.node_rank < 0 || inv.node_rank >= inv.nnodes) {
+    throw UserError(absl::StrFormat("--node-rank %s is not a machine of --nnodes %d (0 to %d)", f.get("--node-rank"),
+                                    inv.nnodes, inv.nnodes - 1));
+  }
+  inv.rendezvous = f.get("--rendezvous");
+  if (inv.nnodes > 1 && inv.rendezvous.empty()) {
+    throw UserError("--nnodes needs --rendezvous DIR: a folder every machine of the job shares, fresh for each job");
+  }
+  open_rendezvous(inv.rendezvous, false);  // the address's form, before any work
+  inv.launched = launched_rank();
+  if (inv.launched && inv.launched->world != inv.nproc * inv.nnodes) {
+    throw UserError(absl::StrFormat("this rank was started for %d ranks (SEQLAB_WORLD_SIZE) but --nproc %d × --nnodes %d is %d",
+                                    inv.launched->world, inv.nproc, inv.nnodes, inv.nproc * inv.nnodes));
+  }
+  // Across machines the launcher of machine 0 holds the run folder's lock: the others write nothing there.
+  const bool lock = !inv.launched && inv.node_rank == 0;
   if (inv.resume) {
     inv.run_dir = f.get("--resume");
     std::error_code ec;
     if (!fs::is_directory(inv.run_dir, ec)) throw UserError(inv.run_dir.string() + ": no such run directory");
-    inv.lock.emplace(RunLock::acquire(inv.run_dir.string()));
+    if (lock) inv.lock.emplace(RunLock::acquire(inv.run_dir.string()));
   }
   if (!f.positional().empty()) {
     inv.recipe = value_or_throw(load_recipe(f.positional()[0], sets));
@@ -285,7 +325,7 @@ Invocation parse_invocation(const std::vector<std::string>& args) {
   }
   if (!inv.resume) {
     inv.run_dir = f.get("--out", inv.recipe.run_dir());
-    inv.lock.emplace(RunLock::acquire(inv.run_dir.string()));
+    if (lock) inv.lock.emplace(RunLock::acquire(inv.run_dir.string()));
   }
   return inv;
 }
@@ -314,22 +354,67 @@ std::string nonfinite_text(const StepResult& result) {
   return absl::StrJoin(parts, " and ");
 }
 
+// For tests of data parallelism: when SEQLAB_TEST_WEIGHTS_DIR is set, each rank writes its final weights
+// (every parameter's bytes in the model's order) to DIR/rank<R>.bin, so a test can compare the ranks'
+// weights bit for bit.
+void write_test_weights(LanguageModel& model, int rank) {
+  const char* dir = std::getenv("SEQLAB_TEST_WEIGHTS_DIR");
+  if (dir == nullptr || *dir == '\0') return;
+  std::string bytes;
+  for (const Parameter& p : model.parameters()) {
+    const Tensor host = kernel::contiguous(kernel::to_device(*p.tensor, cpu_device()));
+    bytes.append(static_cast<const char*>(host.raw_data()), host.nbytes());
+  }
+  ok_or_throw(write_file_atomically((fs::path(dir) / absl::StrCat("rank", rank, ".bin")).string(), bytes));
+}
+
 int train(const std::vector<std::string>& args) {
   Invocation inv = parse_invocation(args);
   const Recipe& r = inv.recipe;
   const std::string run = inv.run_dir.string();
-  // One writer per run folder: parse_invocation took the lock before anything is written into the
-  // folder and before the slow work, so a second process on it is refused at once; inv holds it
-  // until this function returns.
-  for (const std::string& name : remove_leftover_temporaries(run)) {
-    std::cerr << "seqlab: removed " << (inv.run_dir / name).string()
-              << ", left behind by a process that ended while writing it\n";
+  const int world = inv.nproc * inv.nnodes;
+  if (world > 1 && r.train.batch_size % world != 0) {
+    throw UserError(absl::StrFormat("train.batch_size = %d does not split across %s: each rank takes "
+                                    "an equal share of the global batch; give a batch size divisible by %d",
+                                    r.train.batch_size,
+                                    inv.nnodes > 1 ? absl::StrFormat("%d ranks (--nproc %d × --nnodes %d)", world,
+                                                                     inv.nproc, inv.nnodes)
+                                                   : absl::StrFormat("--nproc %d ranks", world),
+                                    world));
   }
-  if (!inv.resume) refuse_earlier_run(inv.run_dir);
-  const Device wanted_device = training_device(r);
+  if (world > 1 && r.data.source != "text" && r.data.source != "shards") {
+    throw UserError(absl::StrFormat("--nproc %d: data parallelism reads token shards (data.source = \"text\" or "
+                                    "\"shards\"); the synthetic task \"%s\" runs in one process",
+                                    world, r.data.source));
+  }
+  // One writer per run folder: parse_invocation took the lock (the launcher's, for a job of several
+  // ranks) before anything is written into the folder and before the slow work, so a second process on
+  // it is refused at once; inv holds it until this function returns.
+  if (!inv.launched && inv.node_rank == 0) {
+    for (const std::string& name : remove_leftover_temporaries(run)) {
+      std::cerr << "seqlab: removed " << (inv.run_dir / name).string()
+                << ", left behind by a process that ended while writing it\n";
+    }
+    if (!inv.resume) refuse_earlier_run(inv.run_dir);
+  }
+  Device wanted_device = training_device(r);
+  if (world > 1 && !inv.launched) {
+    // The launcher: GPU ranks take one device each; the data is prepared once, here, before the ranks
+    // open it (they would otherwise all prepare the same cache at once).
+    if (!wanted_device.is_cpu() && cuda_backend()->device_count() < inv.nproc) {
+      throw UserError(absl::StrFormat("--nproc %d: train.device = \"%s\" takes one GPU per rank, and %d are usable",
+                                      inv.nproc, r.train.device, cuda_backend()->device_count()));
+    }
+    open_data(r);
+    if (is_redis_rendezvous(inv.rendezvous)) open_rendezvous(inv.rendezvous);  // the server answers
+    return launch_ranks(args, {inv.nproc, inv.nnodes, inv.node_rank, inv.rendezvous}, run);
+  }
+  const int rank = inv.launched ? inv.launched->rank : 0;
+  const bool writer = rank == 0;  // rank 0 alone writes into the run folder and evaluates
+  if (!wanted_device.is_cpu()) wanted_device = cuda_device(rank % inv.nproc);  // this machine's GPU of the rank
   if (r.parallel.threads > 0) omp_set_num_threads(static_cast<int>(r.parallel.threads));
 
-  Data data = open_data(r);
+  Data data = open_data(r, rank, world);
   // Sizes before allocation: everything a step holds, on the device it will run on (build_model
   // checks the host, where the weights are drawn).
   ok_or_throw(check_memory(r, data.vocab_size, available_memory(wanted_device), true,
@@ -344,6 +429,19 @@ int train(const std::vector<std::string>& args) {
   ok_or_throw(validate(oc));
   Optimizer opt(oc, model->parameters());
   Trainer trainer(*model, opt, lr_schedule(r), trainer_options(r));
+  // Data parallelism: the ranks meet through the launcher's rendezvous folder; gradients and the loss
+  // are averaged over them inside every step.
+  std::unique_ptr<dist::Communicator> comm;
+  std::optional<DataParallel> dp;
+  if (inv.launched) {
+    comm = dist::make_communicator(device, open_rendezvous(inv.launched->rendezvous), rank, world);
+    // Every rank connected before any can leave (a run already complete returns at once): a rank that
+    // exits while another is still in the rendezvous fails that rendezvous.
+    comm->barrier();
+    dp.emplace(*comm);
+    trainer.set_gradient_hook([&](const std::vector<Parameter>& params) { dp->average_gradients(params); });
+    trainer.set_loss_hook([&](double loss) { return dp->average(loss); });
+  }
 
   int64_t start = 0;
   SkippedUpdates skipped;
@@ -351,34 +449,43 @@ int train(const std::vector<std::string>& args) {
     Checkpoint c = read_checkpoint(inv.checkpoint.empty() ? newest_checkpoint(run) : inv.checkpoint);
     restore_weights(c, *model);
     ok_or_throw(opt.load_state(c.contents.tensors));
-    ok_or_throw(data.train->restore(c.loader));
+    ok_or_throw(data.train->restore(dp ? value_or_throw(dp->to_rank(c.loader)) : c.loader));
     start = c.step;
     skipped = c.skipped;
     if (start > r.train.steps) {
       throw UserError(absl::StrFormat("%s: its checkpoint is at step %d, past train.steps = %d", c.file, start,
                                       r.train.steps));
     }
-    if (!inv.checkpoint.empty()) {
+    if (!inv.checkpoint.empty() && writer) {
       for (const std::string& moved : set_aside_checkpoints_after(run, start)) {
         std::cerr << "seqlab: set aside " << moved << ": a later step than the checkpoint resumed from\n";
       }
     }
   }
-  ok_or_throw(write_resolved_recipe(r, run));
-  if (start > 0) truncate_logs_after(run, start);
-  LogFile metrics(inv.run_dir / "metrics.jsonl", start > 0);
+  LogFile metrics;
   LogFile samples;
-  const bool sampling = r.log.sample_every > 0 && data.tokenizer != nullptr;
-  if (sampling) samples = LogFile(inv.run_dir / "samples.txt", start > 0);
+  const bool sampling = writer && r.log.sample_every > 0 && data.tokenizer != nullptr;
+  if (writer) {
+    ok_or_throw(write_resolved_recipe(r, run));
+    if (start > 0) truncate_logs_after(run, start);
+    metrics = LogFile(inv.run_dir / "metrics.jsonl", start > 0);
+    if (sampling) samples = LogFile(inv.run_dir / "samples.txt", start > 0);
+  }
+  // A line of metrics.jsonl: rank 0's alone.
+  auto log_metrics = [&](const std::string& text) {
+    if (writer) metrics.write(text);
+  };
 
-  const bool bar = r.log.progress == "bar" || (r.log.progress == "auto" && ::isatty(STDOUT_FILENO));
+  const bool bar = writer && (r.log.progress == "bar" || (r.log.progress == "auto" && ::isatty(STDOUT_FILENO)));
   const double flops_per_token = 6.0 * static_cast<double>(model->num_parameters()) +
                                  model->mixing_flops_per_token(r.train.seq_len);
   const DType dtype = training_dtype(r);
-  Progress progress(bar, r.log.every, r.train.steps, flops_per_token, measured_peak_flops(device, dtype),
-                    [device, dtype] { return measured_peak_flops(device, dtype); });
-  progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s", r.name,
+  // MFU against the job's peak: every rank's device measured as this one (the ranks' devices are alike).
+  auto job_peak = [device, dtype, world] { return world * measured_peak_flops(device, dtype); };
+  Progress progress(bar, r.log.every, r.train.steps, flops_per_token, job_peak(), job_peak);
+  progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s%s", r.name,
                                 model->num_parameters(), data.description, run,
+                                world > 1 ? absl::StrFormat("; %d data-parallel ranks", world) : "",
                                 start > 0 ? absl::StrFormat(" (resumed at step %d)", start) : ""));
   if (start == r.train.steps) {
     progress.line(absl::StrFormat("the run is already complete (train.steps = %d)", r.train.steps));
@@ -391,8 +498,20 @@ int train(const std::vector<std::string>& args) {
                            done, skipped.total, result.nonfinite_gradient.empty() ? "loss" : result.nonfinite_gradient,
                            result.lr, progress.elapsed_s());
   };
+  // Rank 0 alone saves; the loader position is saved for all ranks together (DataParallel::to_global),
+  // so the run resumes on any world size.
+  // With several ranks, the dropout stream that checkpoints hold is the base the ranks derive theirs from
+  // (below), the same on every rank, so a resume on any world size continues it.
+  std::optional<Generator> dropout_base;
+  if (dp) {
+    dropout_base.emplace();
+    dropout_base->set_state(model->dropout_generator().state());
+  }
   auto save = [&](int64_t step) {
-    save_checkpoint(run, step, *model, opt, data.train->state(), r, r.checkpoint.keep, skipped);
+    if (!writer) return;
+    if (dropout_base) model->dropout_generator().set_state(dropout_base->state());
+    save_checkpoint(run, step, *model, opt, dp ? dp->to_global(data.train->state()) : data.train->state(), r,
+                    r.checkpoint.keep, skipped);
   };
   StopSignals signals(r.checkpoint.save_on_signal);
   model->set_training(true);
@@ -403,8 +522,15 @@ int train(const std::vector<std::string>& args) {
   for (int64_t step = start; step < r.train.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const LoaderState loader_before = data.train->state();
-    const std::string dropout_before = model->dropout_generator().state();
-    const StepResult result = trainer.step(step, [&] { return data.train->next_batch(r.train.batch_size); });
+    const std::string dropout_before = dropout_base ? dropout_base->state() : model->dropout_generator().state();
+    if (dropout_base) {
+      // Every rank draws this step's dropout from its own stream, seeded from one draw of the shared
+      // base generator and the rank: ranks that drew alike would drop the same units of different rows.
+      const uint64_t key = dropout_base->next_u64() ^ (static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ULL);
+      model->dropout_generator().set_state(Generator(key).state());
+    }
+    // Each rank draws its share of the global batch (train.batch_size / world rows).
+    const StepResult result = trainer.step(step, [&] { return data.train->next_batch(r.train.batch_size / world); });
     const double loss = result.loss, lr = result.lr, norm = result.grad_norm;
     const int64_t done = step + 1;
     tokens_since_log += tokens_per_step;
@@ -417,11 +543,15 @@ int train(const std::vector<std::string>& args) {
       const bool skip = r.train.on_nonfinite == "skip" && skipped.in_a_row < r.train.max_skipped;
       if (!skip) {
         int64_t at = done;  // skip: the skipped updates changed nothing, the weights are the last good ones
-        if (r.train.on_nonfinite == "skip") metrics.write(skipped_line(done, result) + "}\n");
+        if (r.train.on_nonfinite == "skip") log_metrics(skipped_line(done, result) + "}\n");
         if (r.train.on_nonfinite == "stop") {
           // The state before this step, exactly: a checkpoint of step `step` that resumes bit for bit.
           ok_or_throw(data.train->restore(loader_before));
-          model->dropout_generator().set_state(dropout_before);
+          if (dropout_base) {
+            dropout_base->set_state(dropout_before);
+          } else {
+            model->dropout_generator().set_state(dropout_before);
+          }
           --skipped.total;
           --skipped.in_a_row;
           at = step;
@@ -434,7 +564,7 @@ int train(const std::vector<std::string>& args) {
           kept = e.what();  // weights already not finite, or the disk: said, and the older checkpoints kept
         }
         progress.finish();
-        std::cerr << absl::StrFormat(
+        if (writer) std::cerr << absl::StrFormat(
             "seqlab train: step %d: %s; stopped without applying it (train.on_nonfinite = \"%s\"%s): %s; "
             "continue with --resume %s (a smaller optim.lr, or optim.grad_clip, may help)\n",
             done, nonfinite_text(result), r.train.on_nonfinite,
@@ -447,7 +577,7 @@ int train(const std::vector<std::string>& args) {
     } else {
       skipped.in_a_row = 0;
       progress.step(done, loss, lr, tokens_per_step);
-      if (step == start) progress.raise_peak(measured_peak_flops(device, dtype));  // once more, now warm
+      if (step == start) progress.raise_peak(job_peak());  // once more, now warm
     }
     const bool last = done == r.train.steps;
     const bool eval_now = done % r.log.eval_every == 0 || last;
@@ -467,7 +597,7 @@ int train(const std::vector<std::string>& args) {
         tokens_since_log = 0;
         seconds_since_log = 0;
       }
-      if (eval_now) {
+      if (eval_now && writer) {
         if (line.empty()) line = absl::StrFormat("{\"step\": %d", done);
         last_eval = evaluate(*model, data, r.train.batch_size, device);
         const double v = last_eval.loss;
@@ -485,7 +615,7 @@ int train(const std::vector<std::string>& args) {
       }
       if (!line.empty()) {
         line_written = true;
-        metrics.write(line + "}\n");
+        log_metrics(line + "}\n");
       }
       if (sampling && (done % r.log.sample_every == 0 || last)) {
         const std::string text = sample_text(*model, data, r.log, static_cast<uint64_t>(r.train.seed) + done);
@@ -495,23 +625,26 @@ int train(const std::vector<std::string>& args) {
     } catch (const std::exception& e) {
       progress.finish();
       try {
-        if (!line.empty() && !line_written) metrics.write(line + "}\n");  // the step's training fields
+        if (!line.empty() && !line_written) log_metrics(line + "}\n");  // the step's training fields
         save(done);
-        std::cerr << "seqlab: step " << done << " was trained: " << (inv.run_dir / checkpoint_name(done)).string()
+        if (writer) std::cerr << "seqlab: step " << done << " was trained: " << (inv.run_dir / checkpoint_name(done)).string()
                   << " saved before the error below\n";
       } catch (const std::exception& also) {
         std::cerr << "seqlab: after step " << done << ", no checkpoint could be saved either (" << also.what() << ")\n";
       }
       throw;
     }
-    const bool stopping = signals.received() != 0;
+    // The ranks stop after the same step: any rank's signal stops them all.
+    const int stop_signal = dp ? dp->agreed_stop_signal(signals.received()) : signals.received();
+    const bool stopping = stop_signal != 0;
     if ((r.checkpoint.every > 0 && done % r.checkpoint.every == 0) || last || stopping) save(done);
     if (stopping) {
       progress.line(absl::StrFormat("%s: stopped after step %d, checkpoint %s saved; continue with --resume %s",
-                                    strsignal(signals.received()), done, checkpoint_name(done), run));
-      return 128 + signals.received();
+                                    strsignal(stop_signal), done, checkpoint_name(done), run));
+      return 128 + stop_signal;
     }
   }
+  if (dp) write_test_weights(*model, rank);
   progress.finish();
   std::string summary = absl::StrFormat("done: %d steps in %s; val_loss %.4f", r.train.steps,
                                         format_duration(progress.elapsed_s()), last_eval.loss);
@@ -525,7 +658,18 @@ int train(const std::vector<std::string>& args) {
 
 int train_command(const std::vector<std::string>& args) {
   int code = 0;
-  int guarded = run_guarded("train", [&] { code = train(args); });
+  std::string comm_failure;
+  int guarded = run_guarded("train", [&] {
+    try {
+      code = train(args);
+    } catch (const dist::CommError& e) {
+      comm_failure = e.what();  // "rank R of N: OP failed: ...": a peer died or timed out
+    }
+  });
+  if (!comm_failure.empty()) {
+    std::cerr << "seqlab train: " << comm_failure << "\n";
+    return kPeerFailedExit;
+  }
   return guarded != 0 ? guarded : code;
 }
 

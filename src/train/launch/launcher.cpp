@@ -1,0 +1,350 @@
+#include "train/launch/launcher.h"
+
+#include <absl/strings/match.h>
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+
+#include "train/cli/commands.h"
+
+extern char** environ;
+
+namespace seqlab::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kRankVar = "SEQLAB_RANK";
+constexpr const char* kWorldVar = "SEQLAB_WORLD_SIZE";
+constexpr const char* kRendezvousVar = "SEQLAB_RENDEZVOUS";
+
+// How long a rank told to stop (SIGTERM) after another rank failed has before it is killed: enough to
+// notice the failure in its next collective and exit on its own.
+constexpr std::chrono::seconds kStopGrace{5};
+
+// The launcher's SIGINT/SIGTERM handler records the signal and counts them; the supervision loop
+// forwards the first to every rank and answers a second by killing them.
+volatile std::sig_atomic_t g_signal = 0;
+volatile std::sig_atomic_t g_signal_count = 0;
+
+extern "C" void record_launcher_signal(int signal) {
+  g_signal = signal;
+  g_signal_count = g_signal_count + 1;
+}
+
+// Installs record_launcher_signal without SA_RESTART, so a signal wakes the loop's poll at once.
+class LauncherSignals {
+ public:
+  LauncherSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = record_launcher_signal;
+    sigemptyset(&sa.sa_mask);
+    g_signal = 0;
+    g_signal_count = 0;
+    sigaction(SIGINT, &sa, &previous_int_);
+    sigaction(SIGTERM, &sa, &previous_term_);
+  }
+  ~LauncherSignals() {
+    sigaction(SIGINT, &previous_int_, nullptr);
+    sigaction(SIGTERM, &previous_term_, nullptr);
+  }
+
+ private:
+  struct sigaction previous_int_ {};
+  struct sigaction previous_term_ {};
+};
+
+int env_int(const char* name) {
+  const char* text = std::getenv(name);
+  int value = 0;
+  if (text == nullptr || !absl::SimpleAtoi(text, &value)) {
+    throw UserError(absl::StrCat(name, " = '", text ? text : "", "' is not a number (set by the launcher, ./train --nproc N)"));
+  }
+  return value;
+}
+
+// One rank process as the launcher sees it.
+struct RankProcess {
+  pid_t pid = -1;
+  int err_fd = -1;      // read end of the rank's stderr pipe (ranks > 0), -1 once closed
+  std::string pending;  // stderr bytes after the last complete line
+  bool running = true;
+  int status = 0;              // waitpid's status once ended
+  int sent = 0;  // the last signal the launcher sent it because another rank failed (SIGTERM, SIGKILL)
+};
+
+bool succeeded(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+std::string describe_end(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with code ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrFormat("was killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  return "ended";
+}
+
+void write_stderr(const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(STDERR_FILENO, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // stderr gone: nothing to report to
+    done += static_cast<size_t>(n);
+  }
+}
+
+// Reads what is available from rank r's stderr pipe and writes its complete lines prefixed "[rank r] "
+// (at EOF, the last partial line too).
+void pump_stderr(RankProcess& p, int r) {
+  char buffer[4096];
+  const ssize_t n = ::read(p.err_fd, buffer, sizeof buffer);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  const std::string prefix = absl::StrCat("[rank ", r, "] ");
+  if (n > 0) p.pending.append(buffer, static_cast<size_t>(n));
+  std::string out;
+  size_t start = 0;
+  for (size_t nl; (nl = p.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+    out += prefix + p.pending.substr(start, nl + 1 - start);
+  }
+  p.pending.erase(0, start);
+  if (n <= 0) {  // EOF (or an error): the rank closed its stderr
+    if (!p.pending.empty()) out += prefix + p.pending + "\n";
+    p.pending.clear();
+    ::close(p.err_fd);
+    p.err_fd = -1;
+  }
+  write_stderr(out);
+}
+
+// The environment of rank `rank`: the launcher's, without any launcher variables it inherited itself,
+// plus this job's.
+std::vector<std::string> rank_environment(int rank, int world, const std::string& rendezvous) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    if (absl::StartsWith(entry, absl::StrCat(kRankVar, "=")) || absl::StartsWith(entry, absl::StrCat(kWorldVar, "=")) ||
+        absl::StartsWith(entry, absl::StrCat(kRendezvousVar, "="))) {
+      continue;
+    }
+    env.push_back(entry);
+  }
+  env.push_back(absl::StrCat(kRankVar, "=", rank));
+  env.push_back(absl::StrCat(kWorldVar, "=", world));
+  env.push_back(absl::StrCat(kRendezvousVar, "=", rendezvous));
+  return env;
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (std::string& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+}  // namespace
+
+bool is_redis_rendezvous(const std::string& spec) { return absl::StartsWith(spec, "redis://"); }
+
+std::shared_ptr<gloo::rendezvous::Store> open_rendezvous(const std::string& spec, bool connect) {
+  if (!is_redis_rendezvous(spec)) return connect ? dist::open_file_store(spec) : nullptr;
+  // redis://HOST[:PORT]/JOB
+  const std::string rest = spec.substr(std::string("redis://").size());
+  const size_t slash = rest.find('/');
+  const std::string address = rest.substr(0, slash);
+  const std::string job = slash == std::string::npos ? "" : rest.substr(slash + 1);
+  const size_t colon = address.rfind(':');
+  const std::string host = address.substr(0, colon);
+  int port = 6379;
+  const bool port_ok = colon == std::string::npos ||
+                       (absl::SimpleAtoi(address.substr(colon + 1), &port) && port > 0 && port < 65536);
+  const bool job_ok = !job.empty() && job.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                            "0123456789._-") == std::string::npos;
+  if (host.empty() || !port_ok || !job_ok) {
+    throw UserError("--rendezvous " + spec + ": expected redis://HOST[:PORT]/JOB, JOB a name fresh for each job "
+                    "(letters, digits, '.', '_', '-')");
+  }
+  if (!connect) return nullptr;
+  try {
+    return dist::open_redis_store(host, port, job);
+  } catch (const std::runtime_error& e) {
+    throw UserError("--rendezvous " + spec + ": " + e.what());
+  }
+}
+
+std::optional<LaunchedRank> launched_rank() {
+  if (std::getenv(kRankVar) == nullptr) return std::nullopt;
+  LaunchedRank l;
+  l.rank = env_int(kRankVar);
+  l.world = env_int(kWorldVar);
+  const char* rendezvous = std::getenv(kRendezvousVar);
+  if (rendezvous == nullptr || *rendezvous == '\0') throw UserError(absl::StrCat(kRendezvousVar, " is not set (set by the launcher)"));
+  l.rendezvous = rendezvous;
+  if (l.world < 1 || l.rank < 0 || l.rank >= l.world) {
+    throw UserError(absl::StrCat(kRankVar, " = ", l.rank, " is not a rank of ", kWorldVar, " = ", l.world));
+  }
+  return l;
+}
+
+int launch_ranks(const std::vector<std::string>& args, const JobLayout& job, const std::string& run_dir) {
+  const int nproc = job.nproc, world = job.nproc * job.nnodes, first = job.node_rank * job.nproc;
+  // A fresh store for this job: keys left by an earlier job would be read as this one's. On one machine
+  // the launcher makes it; across machines it is the shared folder given, which the user keeps fresh.
+  const bool own_store = job.rendezvous.empty();
+  const bool redis = is_redis_rendezvous(job.rendezvous);
+  const fs::path rendezvous = own_store ? fs::path(run_dir) / ".rendezvous" / std::to_string(::getpid())
+                                        : fs::path(job.rendezvous);  // a folder, or the redis:// address
+  std::error_code ec;
+  if (own_store) fs::remove_all(rendezvous, ec);
+  if (!redis) fs::create_directories(rendezvous, ec);
+  if (ec) throw UserError(absl::StrCat(rendezvous.string(), ": cannot create the rendezvous folder (", ec.message(), ")"));
+  const std::string exe = fs::read_symlink("/proc/self/exe", ec).string();
+  if (ec) throw UserError(absl::StrCat("cannot find this program's own binary (/proc/self/exe: ", ec.message(), ")"));
+
+  std::vector<std::string> argv_strings{exe};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv = c_strings(argv_strings);
+  const int devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (devnull < 0) throw UserError(absl::StrCat("/dev/null: ", std::strerror(errno)));
+
+  LauncherSignals signals;
+  const pid_t launcher = ::getpid();
+  std::vector<RankProcess> ranks(static_cast<size_t>(nproc));
+  for (int r = 0; r < nproc; ++r) {
+    std::vector<std::string> env_strings = rank_environment(first + r, world, rendezvous.string());
+    std::vector<char*> envp = c_strings(env_strings);
+    int pipe_fds[2] = {-1, -1};
+    const bool piped = first + r > 0;  // every rank but rank 0 of the job
+    if (piped && ::pipe2(pipe_fds, O_CLOEXEC) != 0) throw UserError(absl::StrCat("pipe: ", std::strerror(errno)));
+    const pid_t pid = ::fork();
+    if (pid < 0) throw UserError(absl::StrCat("cannot start rank ", first + r, ": fork: ", std::strerror(errno)));
+    if (pid == 0) {
+      // The rank: its own process group (the terminal's Ctrl-C reaches the launcher, which forwards it
+      // once), killed if the launcher dies, stderr into the launcher's pipe for ranks > 0.
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) ::_exit(1);  // the launcher died before the line above
+      if (piped) {
+        ::dup2(pipe_fds[1], STDERR_FILENO);
+        ::dup2(devnull, STDOUT_FILENO);
+      }
+      ::execve(exe.c_str(), argv.data(), envp.data());
+      const char message[] = "seqlab train: cannot start a rank: exec of /proc/self/exe failed\n";
+      [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, message, sizeof message - 1);
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also here, so that the group exists before any signal is forwarded
+    ranks[r].pid = pid;
+    if (piped) {
+      ::close(pipe_fds[1]);
+      ranks[r].err_fd = pipe_fds[0];
+    }
+  }
+  ::close(devnull);
+
+  int forwarded_signals = 0;  // how many of the launcher's signals were passed on
+  int stop_signal = 0;        // the first signal forwarded
+  std::vector<int> failed;    // ranks that failed, in the order the launcher saw them end
+  bool killing = false;  // SIGTERM sent after a failure: SIGKILL follows at kill_at
+  Clock::time_point kill_at = Clock::now();
+  auto any_left = [&] {
+    for (const RankProcess& p : ranks) {
+      if (p.running || p.err_fd >= 0) return true;
+    }
+    return false;
+  };
+  auto signal_running = [&](int signal, bool by_us) {
+    for (RankProcess& p : ranks) {
+      if (!p.running) continue;
+      ::kill(p.pid, signal);
+      if (by_us) p.sent = signal;
+    }
+  };
+  while (any_left()) {
+    if (g_signal_count > forwarded_signals) {
+      if (forwarded_signals == 0) {
+        stop_signal = g_signal;
+        signal_running(stop_signal, false);  // the ranks stop together after a step; rank 0 saves
+      } else {
+        signal_running(SIGKILL, false);  // a second signal: stop now
+      }
+      forwarded_signals = g_signal_count;
+    }
+    std::vector<pollfd> fds;
+    std::vector<int> fd_rank;
+    for (int r = 0; r < nproc; ++r) {
+      if (ranks[r].err_fd >= 0) {
+        fds.push_back({ranks[r].err_fd, POLLIN, 0});
+        fd_rank.push_back(r);
+      }
+    }
+    const int ready = ::poll(fds.data(), fds.size(), 100);
+    for (size_t i = 0; ready > 0 && i < fds.size(); ++i) {
+      if (fds[i].revents != 0) pump_stderr(ranks[fd_rank[i]], first + fd_rank[i]);
+    }
+    for (int r = 0; r < nproc; ++r) {
+      RankProcess& p = ranks[r];
+      if (!p.running || ::waitpid(p.pid, &p.status, WNOHANG) != p.pid) continue;
+      p.running = false;
+      if (succeeded(p.status)) continue;
+      failed.push_back(r);
+      if (stop_signal == 0 && !killing) {
+        signal_running(SIGTERM, true);
+        killing = true;
+        kill_at = Clock::now() + kStopGrace;
+      }
+    }
+    if (killing && Clock::now() >= kill_at) signal_running(SIGKILL, true);
+  }
+  if (own_store) {
+    fs::remove_all(rendezvous, ec);
+    fs::remove(rendezvous.parent_path(), ec);  // only when empty: another job's folder stays
+  } else if (job.node_rank == 0 && !redis) {
+    // The shared folder's keys are read only while the ranks connect, long over once the job's ranks end.
+    fs::remove_all(rendezvous, ec);
+  }
+
+  if (failed.empty()) return 0;
+  // The ranks all ended alike (a forwarded signal's 128 + N after rank 0 saved, a non-finite step's 3,
+  // the same error everywhere): each said why; their code is the job's.
+  bool alike = true;
+  for (const RankProcess& p : ranks) alike = alike && WIFEXITED(p.status) && p.status == ranks[0].status;
+  if (alike) return WEXITSTATUS(ranks[0].status);
+  // Otherwise name the rank that failed on its own: not one stopped by the launcher, nor one that only
+  // saw a peer's failure in a collective (kPeerFailedExit), when there is such a rank.
+  // A rank that died on its own between its last check and the launcher's SIGTERM counts as failing on
+  // its own: what ended it was not what the launcher sent.
+  auto ended_by_launcher = [](const RankProcess& p) {
+    if (p.sent == 0) return false;
+    if (WIFSIGNALED(p.status)) return WTERMSIG(p.status) == SIGTERM || WTERMSIG(p.status) == p.sent;
+    return WEXITSTATUS(p.status) == 128 + SIGTERM;
+  };
+  int culprit = failed.front();
+  for (int r : failed) {
+    const RankProcess& p = ranks[r];
+    const bool peer_failed = WIFEXITED(p.status) && WEXITSTATUS(p.status) == kPeerFailedExit;
+    if (!ended_by_launcher(p) && !peer_failed) {
+      culprit = r;
+      break;
+    }
+  }
+  const RankProcess& c = ranks[culprit];
+  write_stderr(absl::StrFormat("seqlab train: rank %d of %d %s%s\n", first + culprit, world, describe_end(c.status),
+                               stop_signal != 0 ? absl::StrCat(" while stopping on ", strsignal(stop_signal))
+                                                : std::string("; the other ranks were stopped")));
+  if (stop_signal != 0) return 128 + stop_signal;
+  return WIFEXITED(c.status) ? WEXITSTATUS(c.status) : 1;
+}
+
+}  // namespace seqlab::cli

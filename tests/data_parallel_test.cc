@@ -1,0 +1,137 @@
+// DataParallel (src/train/launch/data_parallel.h) between forked processes over Gloo: gradients
+// averaged across buckets split by size and by dtype (a small bucket size, so that one job crosses every
+// kind of bucket boundary), the averaged loss, the agreed stop signal, and the loader position that
+// checkpoints hold independently of the world size. The values are small integers, so every expected
+// average is exact and compared bit for bit. A rank reports through its exit status; a watchdog kills
+// the ranks after 30 s so that a hang fails the test.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "autograd/variable.h"
+#include "train/launch/data_parallel.h"
+
+namespace seqlab {
+namespace {
+
+// Runs body(comm) on `size` forked ranks that meet through a fresh file store; returns how many ranks
+// failed (an exception, a failed expectation, a crash, or the watchdog).
+int failed_ranks(int size, const std::function<void(dist::Communicator&)>& body) {
+  char folder[] = "/tmp/seqlab_dp_test_XXXXXX";
+  if (!mkdtemp(folder)) throw std::runtime_error("mkdtemp failed");
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < size; ++rank) {
+    const pid_t pid = fork();
+    if (pid < 0) throw std::runtime_error("fork failed");
+    if (pid == 0) {
+      int code = 0;
+      try {
+        auto comm = dist::make_communicator(cpu_device(), dist::open_file_store(folder), rank, size,
+                                            std::chrono::seconds(20));
+        body(*comm);
+        // No rank leaves before every rank is connected: one that exits while another is still in the
+        // rendezvous fails that rendezvous ("connection closed by peer").
+        comm->barrier();
+        if (::testing::Test::HasFailure()) code = 1;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "[rank %d] %s\n", rank, e.what());
+        code = 1;
+      }
+      std::fflush(nullptr);
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  int failed = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (pid_t pid : pids) {
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(folder, ec);
+  return failed;
+}
+
+// Gradients of sizes 3, 7, 2 (f32) and 4 (f64) with buckets of at most 5 elements: [3] (3 + 7 > 5),
+// [7] (larger than a bucket: its own), [2] (the dtype changes after it), [4]. Rank r's element i of
+// gradient k is (r + 1)·(i + 1 + 10k), so the average over N ranks is (N + 1)/2·(i + 1 + 10k).
+TEST(DataParallel, AveragesGradientsAcrossBucketsOfEverySize) {
+  for (int size : {2, 3}) {
+    EXPECT_EQ(failed_ranks(size, [size](dist::Communicator& comm) {
+      const std::vector<std::pair<int64_t, DType>> shapes = {{3, DType::f32}, {7, DType::f32}, {2, DType::f32}, {4, DType::f64}};
+      std::vector<Tensor> weights;
+      for (const auto& [n, dtype] : shapes) weights.push_back(Tensor::zeros({n}, dtype));
+      std::vector<Parameter> params;
+      for (size_t k = 0; k < weights.size(); ++k) {
+        std::vector<double> g;
+        for (int64_t i = 0; i < weights[k].numel(); ++i) g.push_back((comm.rank() + 1.0) * (i + 1.0 + 10.0 * k));
+        set_requires_grad(weights[k]);
+        set_grad(weights[k], Tensor::from_vector(g, {weights[k].numel()}, weights[k].dtype()));
+        params.push_back({"p" + std::to_string(k), &weights[k], ParamRole::matrix});
+      }
+      DataParallel dp(comm, 5);
+      dp.average_gradients(params);
+      for (size_t k = 0; k < weights.size(); ++k) {
+        const std::vector<double> got = grad_of(weights[k]).to_doubles();
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_EQ(got[i], (size + 1) / 2.0 * (i + 1.0 + 10.0 * k)) << "gradient " << k << " element " << i;
+        }
+      }
+    }), 0) << size << " ranks";
+  }
+}
+
+TEST(DataParallel, TheRanksAgreeOnTheLossAndOnStopping) {
+  EXPECT_EQ(failed_ranks(2, [](dist::Communicator& comm) {
+    DataParallel dp(comm);
+    EXPECT_EQ(dp.average(comm.rank() == 0 ? 1.0 : 2.0), 1.5);
+    EXPECT_EQ(dp.agreed_stop_signal(0), 0);
+    EXPECT_EQ(dp.agreed_stop_signal(comm.rank() == 1 ? SIGTERM : 0), SIGTERM);
+    EXPECT_EQ(dp.agreed_stop_signal(comm.rank() == 0 ? SIGINT : SIGTERM), SIGTERM);  // the largest
+  }), 0);
+}
+
+// A position saved by 2 ranks (3 windows each into epoch 1: 6 in all) continues on 3 ranks at 2 each
+// and on 1 at 6; on 4 ranks it does not split and is refused, naming the count and the world size.
+TEST(DataParallel, TheSavedLoaderPositionIsIndependentOfTheWorldSize) {
+  for (int size : {1, 2, 3, 4}) {
+    EXPECT_EQ(failed_ranks(size, [size](dist::Communicator& comm) {
+      DataParallel dp(comm);
+      EXPECT_EQ(dp.to_global({1, 3}), (LoaderState{1, 3 * size}));
+      const absl::StatusOr<LoaderState> back = dp.to_rank({1, 6});
+      if (size == 4) {
+        ASSERT_FALSE(back.ok());
+        EXPECT_NE(std::string(back.status().message()).find("(6 windows into epoch 1) does not split evenly across 4 ranks"),
+                  std::string::npos) << back.status().message();
+      } else {
+        ASSERT_TRUE(back.ok()) << back.status().message();
+        EXPECT_EQ(*back, (LoaderState{1, 6 / size}));
+      }
+    }), 0) << size << " ranks";
+  }
+}
+
+}  // namespace
+}  // namespace seqlab
