@@ -42,6 +42,7 @@ if [ -n "${SEQLAB_FUZZ_RUNS:-}" ]; then
   limits+=(-runs="$SEQLAB_FUZZ_RUNS")
 fi
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
+export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$SEQLAB_ROOT/tests/lsan_suppressions.txt:print_suppressions=0}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # one process per core already
 # The targets write each input to a file for the parser to read (and some write it back): on a
 # memory file system that costs microseconds, on a disk a sync each (40x fewer executions measured).
