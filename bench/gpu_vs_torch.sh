@@ -1,36 +1,47 @@
 #!/usr/bin/env bash
-# seqlab against PyTorch on one GPU, in bf16 (issue 5, item 7), each pair run alternately in the same
+# seqlab against PyTorch on one GPU, in bf16 (issues 5 and 16), each pair run alternately in the same
 # session so that clock and thermal drift hit both alike:
 #   gpt        GPT-2 124M training (d 768, 12 layers, 12 heads, T 1024, vocab 50304, batch --B): seqlab's
 #              gpt_train_bench against bench/peers/torch_gpt.py eager and with --compile; tokens/s and MFU
 #              (model FLOPs, the same formula on both sides, against the GPU's dense bf16 peak)
 #   attention  the fused causal attention, forward + backward: seqlab's attention_bench against
 #              bench/peers/torch_attention.py (scaled_dot_product_attention) at each --attn shape
+#   gla        GLA forward + backward at the same shapes: seqlab's gla_kernel_bench against
+#              bench/peers/torch_gla.py --impl chunk (the chunkwise algorithm in PyTorch, checked first against
+#              a float64 recurrence), --impl fla (flash-linear-attention's chunk_gla, where installed) and the
+#              SDPA time of the attention section at that shape
 # Prints every run, then one line per comparison with the medians and the ratios seqlab / PyTorch
-# (the goals: gpt ≥ 1.0× eager PyTorch, attention ≥ 0.9× SDPA). Exits non-zero if a run failed.
+# (the goals: gpt ≥ 1.0× eager PyTorch, attention ≥ 0.9× SDPA; for GLA, speed = the peer's time / seqlab's).
+# Every program runs under a time limit (SEQLAB_BENCH_RUN_LIMIT seconds, default 90; three times that for
+# the GPT runs, as torch.compile compiles in its run). Exits non-zero if a run failed.
 #
-# Usage: bench/gpu_vs_torch.sh [--rounds 3] [--steps 10] [--B 8] [--no-compile] [--no-gpt] [--no-attention]
-#                              [--attn "B H T d" (repeatable; default "8 12 1024 64" and "4 16 4096 128")]
-# Environment: SEQLAB_BUILD (build folder with gpt_train_bench and attention_bench, default build-gpu/,
-# else build/), TORCH_PYTHON (default python3), TORCH_PEERS (folder of the peers, default bench/peers),
-# SEQLAB_PEAK_TFLOPS (dense bf16 peak for MFU; default from the GPU's name).
+# Usage: bench/gpu_vs_torch.sh [--rounds 3] [--gpt-rounds N (default: --rounds)] [--steps 10] [--B 8] [--no-compile] [--no-gpt] [--no-attention]
+#                              [--no-gla] [--attn "B H T d" (repeatable; default T = 1024 … 8192 at
+#                              B·T = 16384, H 16, d 64: "16 16 1024 64" … "2 16 8192 64")]
+# Environment: SEQLAB_BUILD (build folder with gpt_train_bench, attention_bench and gla_kernel_bench,
+# default build-gpu/, else build/), TORCH_PYTHON (default python3), TORCH_PEERS (folder of the peers, default
+# bench/peers), SEQLAB_PEAK_TFLOPS (dense bf16 peak for MFU; default from the GPU's name).
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-rounds=3 steps=10 B=8 compile=1 do_gpt=1 do_attn=1 shapes=()
+rounds=3 gpt_rounds="" steps=10 B=8 compile=1 do_gpt=1 do_attn=1 do_gla=1 shapes=()
 fail() { printf 'gpu_vs_torch: %s\n' "$*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
     --rounds) rounds=$2; shift 2 ;;
+    --gpt-rounds) gpt_rounds=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --B) B=$2; shift 2 ;;
     --attn) shapes+=("$2"); shift 2 ;;
     --no-compile) compile=0; shift ;;
     --no-gpt) do_gpt=0; shift ;;
     --no-attention) do_attn=0; shift ;;
+    --no-gla) do_gla=0; shift ;;
     *) fail "unknown argument $1 (see the usage at the top of $0)" ;;
   esac
 done
-[ ${#shapes[@]} -eq 0 ] && shapes=("8 12 1024 64" "4 16 4096 128")
+[ ${#shapes[@]} -eq 0 ] && shapes=("16 16 1024 64" "8 16 2048 64" "4 16 4096 64" "2 16 8192 64")
+limit="${SEQLAB_BENCH_RUN_LIMIT:-90}"
+gpt_rounds="${gpt_rounds:-$rounds}"
 build="${SEQLAB_BUILD:-}"
 if [ -z "$build" ]; then
   build="$root/build-gpu"
@@ -38,10 +49,10 @@ if [ -z "$build" ]; then
 fi
 python="${TORCH_PYTHON:-python3}"
 peers="${TORCH_PEERS:-$root/bench/peers}"
-for f in "$build/gpt_train_bench" "$build/attention_bench"; do
-  [ -x "$f" ] || fail "$f not found: build it first (ninja -C $build gpt_train_bench attention_bench)"
+for f in "$build/gpt_train_bench" "$build/attention_bench" "$build/gla_kernel_bench"; do
+  [ -x "$f" ] || fail "$f not found: build it first (ninja -C $build gpt_train_bench attention_bench gla_kernel_bench)"
 done
-for f in torch_gpt.py torch_attention.py; do [ -f "$peers/$f" ] || fail "the PyTorch peer $peers/$f is missing"; done
+for f in torch_gpt.py torch_attention.py torch_gla.py; do [ -f "$peers/$f" ] || fail "the PyTorch peer $peers/$f is missing"; done
 gpu="$("$python" -c 'import torch; assert torch.cuda.is_available(); print(torch.cuda.get_device_name(0))' 2>&1)" ||
   fail "PyTorch ($python) sees no CUDA GPU: ${gpu##*$'\n'}"
 
@@ -69,7 +80,7 @@ run() {
   local -n acc=$1
   shift
   local line
-  if line="$("$@" 2>&1)"; then
+  if line="$(timeout --kill-after=5 "${run_limit:-$limit}" "$@" 2>&1)"; then
     line="$(tail -n 1 <<<"$line")"
     echo "$line"
     acc+=("$line")
@@ -83,7 +94,8 @@ results=()
 if [ "$do_gpt" = 1 ]; then
   shape=(--d 768 --layers 12 --heads 12 --T 1024 --vocab 50304 --B "$B" --steps "$steps")
   ours=() eager=() compiled=()
-  for ((r = 1; r <= rounds; r++)); do
+  run_limit=$((3 * limit))  # torch.compile compiles the model in its first run
+  for ((r = 1; r <= gpt_rounds; r++)); do
     run ours "$build/gpt_train_bench" "${shape[@]}" --device cuda --dtype bf16
     run eager "$python" "$peers/torch_gpt.py" "${shape[@]}" --device cuda --dtype bf16
     [ "$compile" = 1 ] && run compiled "$python" "$peers/torch_gpt.py" "${shape[@]}" --device cuda --dtype bf16 --compile
@@ -97,7 +109,7 @@ if [ "$do_gpt" = 1 ]; then
   }
   tps_of() { for l in "$@"; do field 'tokens/s' "$l"; done | median; }
   a="$(tps_of "${ours[@]}")" b="$(tps_of "${eager[@]}")"
-  line="gpt bf16 124M B=$B T=1024, median of $rounds: $(summarise seqlab "${ours[@]}"), $(summarise torch "${eager[@]}")"
+  line="gpt bf16 124M B=$B T=1024, median of $gpt_rounds: $(summarise seqlab "${ours[@]}"), $(summarise torch "${eager[@]}")"
   tail_="ratio seqlab/torch $(ratio "$a" "$b")"
   if [ "$compile" = 1 ]; then
     line+=", $(summarise torch.compile "${compiled[@]}")"
@@ -106,19 +118,51 @@ if [ "$do_gpt" = 1 ]; then
   results+=("$line; $tail_")
 fi
 
-if [ "$do_attn" = 1 ]; then
+unset run_limit
+ms_of() { for l in "$@"; do field 'fwd+bwd_ms' "$l"; done | median; }
+if [ "$do_attn" = 1 ] || [ "$do_gla" = 1 ]; then
+  # The GLA peer first checks itself against a float64 recurrence on small shapes (one line).
+  if [ "$do_gla" = 1 ]; then
+    timeout "$limit" "$python" "$peers/torch_gla.py" --device cuda --dtype bf16 --impl chunk --check --T 64 --reps 1 |
+      head -n 1
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { failures=$((failures + 1)); echo "FAILED: torch_gla.py --impl chunk --check"; }
+    has_fla=1
+    timeout "$limit" "$python" "$peers/torch_gla.py" --device cuda --dtype bf16 --impl fla --check --T 64 --reps 1 |
+      head -n 1
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { has_fla=0; echo "flash-linear-attention: not available or failed its check (left out)"; }
+  fi
   for s in "${shapes[@]}"; do
     read -r b h t d <<<"$s"
-    args=(--B "$b" --H "$h" --T "$t" --d "$d" --device cuda --dtype bf16 --reps 20)
-    ours=() sdpa=()
+    args=(--B "$b" --H "$h" --T "$t" --d "$d" --device cuda --dtype bf16 --reps 10)
+    ours=() sdpa=() gla=() chunk=() fla=()
     for ((r = 1; r <= rounds; r++)); do
-      run ours "$build/attention_bench" "${args[@]}"
-      run sdpa "$python" "$peers/torch_attention.py" "${args[@]}"
+      if [ "$do_attn" = 1 ] || [ "$do_gla" = 1 ]; then run sdpa "$python" "$peers/torch_attention.py" "${args[@]}"; fi
+      [ "$do_attn" = 1 ] && run ours "$build/attention_bench" "${args[@]}"
+      if [ "$do_gla" = 1 ]; then
+        run gla "$build/gla_kernel_bench" "${args[@]}"
+        run chunk "$python" "$peers/torch_gla.py" "${args[@]}" --impl chunk
+        [ "$has_fla" = 1 ] && run fla "$python" "$peers/torch_gla.py" "${args[@]}" --impl fla
+      fi
     done
-    a="$(for l in "${ours[@]}"; do field 'TFLOP/s' "$l"; done | median)"
     c="$(for l in "${sdpa[@]}"; do field 'TFLOP/s' "$l"; done | median)"
-    results+=("$(printf 'attention bf16 causal B=%s H=%s T=%s d=%s, median of %s: seqlab %.1f TFLOP/s, torch SDPA %.1f TFLOP/s; ratio seqlab/SDPA %s' \
-      "$b" "$h" "$t" "$d" "$rounds" "$a" "$c" "$(ratio "$a" "$c")")")
+    if [ "$do_attn" = 1 ]; then
+      a="$(for l in "${ours[@]}"; do field 'TFLOP/s' "$l"; done | median)"
+      results+=("$(printf 'attention bf16 causal B=%s H=%s T=%s d=%s, median of %s: seqlab %.1f TFLOP/s (%s ms), torch SDPA %.1f TFLOP/s (%s ms); ratio seqlab/SDPA %s' \
+        "$b" "$h" "$t" "$d" "$rounds" "$a" "$(ms_of "${ours[@]}")" "$c" "$(ms_of "${sdpa[@]}")" "$(ratio "$a" "$c")")")
+    fi
+    if [ "$do_gla" = 1 ]; then
+      mine="$(ms_of "${gla[@]}")" line="gla bf16 B=$b H=$h T=$t d=$d fwd+bwd, median of $rounds: seqlab $mine ms"
+      speeds="speed (peer ms / seqlab ms):"
+      line+=", torch chunkwise $(ms_of "${chunk[@]}") ms"
+      speeds+=" vs torch chunkwise $(ratio "$(ms_of "${chunk[@]}")" "$mine")"
+      if [ "$has_fla" = 1 ]; then
+        line+=", fla chunk_gla $(ms_of "${fla[@]}") ms"
+        speeds+=", vs fla $(ratio "$(ms_of "${fla[@]}")" "$mine")"
+      fi
+      line+=", SDPA $(ms_of "${sdpa[@]}") ms"
+      speeds+=", vs SDPA $(ratio "$(ms_of "${sdpa[@]}")" "$mine")"
+      results+=("$line; $speeds")
+    fi
   done
 fi
 

@@ -5,12 +5,14 @@
 #
 #   1. deps       unpacks every .debs/*.deb with `dpkg -x` (or ar and tar) into a prefix (never into /)
 #   2. configure  a CUDA build (SEQLAB_CUDA=ON, sm_80;sm_90 as CI) in build-gpu, dependencies from the prefix
-#   3. build      seqlab, the GPU test programs and the benchmarks
+#   3. build      seqlab, the GPU test programs and the benchmarks; or, where .debs/prebuilt.tar.gz exists
+#                 (scripts/gpu_pack.sh, a CUDA build made where apt works), that build unpacked instead of
+#                 2 and 3, if its programs start here (else it builds as above)
 #   4. tests      ctest -L gpu: every CUDA kernel against the CPU kernel
 #   5. train      tests/train_gpu_test.sh: 50 steps on CPU f32, GPU f32 and GPU bf16, losses compared
 #   6. recipe     recipes/gpt_small.toml and the main job recipes/gla_small.toml trained on the GPU
 #                 (train.device = "cuda"), each within 150 s
-#   7. bench      bench/gpu_vs_torch.sh: GPT-2 124M training and attention against PyTorch
+#   7. bench      bench/gpu_vs_torch.sh: GPT-2 124M training, attention and GLA against PyTorch
 #
 # Every stage runs even when an earlier one failed (a stage whose programs are missing fails at once), each
 # one under a time limit so that the whole stays under SEQLAB_GPU_DEADLINE seconds, and a summary ends the
@@ -27,6 +29,7 @@
 #   SEQLAB_GPU_DEADLINE  seconds the whole may take (default 570, inside a 600 s command limit)
 #   SEQLAB_GPU_BUILD     build folder (default build-gpu);  SEQLAB_GPU_PREFIX  prefix (default BUILD/prefix)
 #   SEQLAB_GPU_DEBS      folder of .deb files (default .debs; if it has none, the system's packages are used)
+#   SEQLAB_GPU_PREBUILT  tarball of scripts/gpu_pack.sh (default .debs/prebuilt.tar.gz, used where it exists)
 #   SEQLAB_GPU_ARCHS     CUDA architectures (default "80;90");  SEQLAB_GPU_CMAKE_ARGS  more -D arguments
 #   SEQLAB_GPU_RECIPES   the recipes of stage 6 (default "gpt_small gla_small")
 #   SEQLAB_GPU_RECIPE_STEPS  steps of their runs (default: the recipes' own)
@@ -135,8 +138,9 @@ else
   done
   # OpenBLAS lives in a subfolder that Debian's alternatives would link into $lib on installation.
   cmake_deps=(-DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_LIBRARY_PATH="$lib/openblas-pthread")
-  # The linker (for libraries' own dependencies, e.g. libgfortran) and every program run below.
-  export LD_LIBRARY_PATH="$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # The linker (for libraries' own dependencies, e.g. libgfortran, libgloo's libhiredis) and every program
+  # run below. Gloo installs into /usr/lib, and some packages still ship /lib/x86_64-linux-gnu.
+  export LD_LIBRARY_PATH="$lib:$lib/openblas-pthread:$prefix/usr/lib:$prefix/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   if [ "$bad" -eq 0 ]; then
     record deps ok "${#deb_files[@]} packages unpacked into $prefix ($(elapsed "$t"))"
   else
@@ -145,6 +149,9 @@ else
 fi
 # NCCL: next to the CUDA toolkit (found by CMakeLists.txt), else the copy in PyTorch's nvidia-nccl wheel.
 cuda_root="$(dirname "$(dirname "$(command -v nvcc 2> /dev/null || echo /usr/local/cuda/bin/nvcc)")")"
+# The toolkit's runtime libraries (cudart, cuBLAS) for programs built elsewhere (a prebuilt build's run path
+# names only its own folder), after the prefix.
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$cuda_root/lib64:$cuda_root/lib"
 if ! ls "$cuda_root"/lib*/libnccl.so > /dev/null 2>&1; then
   nccl_dir="$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2> /dev/null)"
   nccl_lib="$(ls "$nccl_dir"/lib/libnccl.so* 2> /dev/null | head -n 1)"
@@ -161,38 +168,71 @@ fi
 # shellcheck disable=SC2206  # extra CMake arguments, split on spaces on purpose
 cmake_deps+=(${SEQLAB_GPU_CMAKE_ARGS:-})
 
-# ---- 2. configure ----
-t=$(date +%s)
-run "$out/build.log" 120 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSEQLAB_CUDA=ON \
-  -DSEQLAB_CUDA_ARCHITECTURES="$archs" "${cmake_deps[@]}" > /dev/null
-rc=$?
-if [ "$rc" -eq 0 ]; then
-  found="$(grep -E '^(absl_DIR|tomlplusplus_DIR|GTest_DIR|BLAS_openblas_LIBRARY|NCCL_LIBRARY)[:=]' \
-           "$build/CMakeCache.txt" | sed -E 's/^([A-Za-z_]+):[A-Z]+=/\1=/' | tr '\n' ' ')"
-  echo "found: $found" >> "$out/build.log"
-  record configure ok "CUDA archs $archs ($(elapsed "$t")); $found"
-else
-  tail -n 25 "$out/build.log"
-  record configure FAIL "cmake exited $rc (build.log)"
-fi
-
-# ---- 3. build: seqlab, the GPU test programs and the benchmarks (-k 0: as much as compiles) ----
-t=$(date +%s)
-targets=(seqlab gpt_train_bench attention_bench)
-for f in tests/*_gpu_test.cc; do targets+=("$(basename "$f" .cc)"); done
-if [ -f "$build/build.ninja" ]; then
-  run "$out/build.log" 420 ninja -C "$build" -k 0 "${targets[@]}" > /dev/null
-  rc=$?
-  warnings=$(grep -c 'warning' "$out/build.log")
-  if [ "$rc" -eq 0 ]; then
-    record build ok "${#targets[@]} targets ($(elapsed "$t")), $warnings warning lines in build.log"
-  else
-    grep -E 'error|FAILED' -A 3 "$out/build.log" | head -n 40
-    record build FAIL "ninja exited $rc (build.log); built: $(for x in "${targets[@]}"; do
-      [ -x "$build/$x" ] && printf '%s ' "$x"; done)"
+# ---- 2 and 3, or a build made elsewhere (scripts/gpu_pack.sh): unpacked at its own absolute path ----
+prebuilt_tar="${SEQLAB_GPU_PREBUILT:-$debs/prebuilt.tar.gz}"
+prebuilt=0
+if [ -f "$prebuilt_tar" ]; then
+  t=$(date +%s)
+  manifest="$(tar -xzOf "$prebuilt_tar" prebuilt_manifest.txt 2> /dev/null)"
+  p_root="$(sed -n 's/^root=//p' <<<"$manifest")" p_build="$(sed -n 's/^build=//p' <<<"$manifest")"
+  # Its programs name their libraries and CTest its programs and scripts by absolute paths under p_root:
+  # where that path does not exist here, it becomes a link to this checkout.
+  if [ -n "$p_root" ] && [ ! -e "$p_root" ]; then
+    mkdir -p "$(dirname "$p_root")" 2> /dev/null && ln -s "$root" "$p_root" 2> /dev/null
   fi
-else
-  record build FAIL "not configured"
+  why=""
+  if [ -z "$p_build" ]; then
+    why="no manifest in $prebuilt_tar"
+  elif [ "$(cd "$p_root" 2> /dev/null && pwd -P)" != "$(pwd -P)" ]; then
+    why="its path $p_root is not (and cannot be linked to) this checkout"
+  elif ! { mkdir -p "$p_build" && tar -xzf "$prebuilt_tar" -C "$p_build"; } >> "$out/build.log" 2>&1; then
+    why="it did not unpack into $p_build"
+  elif ! "$p_build/seqlab" --version >> "$out/build.log" 2>&1; then
+    why="its seqlab does not start here: $("$p_build/seqlab" --version 2>&1 | head -n 1 | cut -c 1-120)"
+  fi
+  if [ -z "$why" ]; then
+    prebuilt=1
+    build="$p_build"
+    record build ok "prebuilt, unpacked into $p_build ($(elapsed "$t")): $(grep -E '^(commit|cuda_architectures|made)=' <<<"$manifest" | tr '\n' ' ')"
+  else
+    echo "prebuilt build not used: $why" | tee -a "$out/build.log"
+    note "prebuilt build not used ($why): building here"
+  fi
+fi
+if [ "$prebuilt" = 0 ]; then
+  # ---- 2. configure ----
+  t=$(date +%s)
+  run "$out/build.log" 120 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSEQLAB_CUDA=ON \
+    -DSEQLAB_CUDA_ARCHITECTURES="$archs" "${cmake_deps[@]}" > /dev/null
+  rc=$?
+  if [ "$rc" -eq 0 ]; then
+    found="$(grep -E '^(absl_DIR|tomlplusplus_DIR|GTest_DIR|BLAS_openblas_LIBRARY|NCCL_LIBRARY)[:=]' \
+             "$build/CMakeCache.txt" | sed -E 's/^([A-Za-z_]+):[A-Z]+=/\1=/' | tr '\n' ' ')"
+    echo "found: $found" >> "$out/build.log"
+    record configure ok "CUDA archs $archs ($(elapsed "$t")); $found"
+  else
+    tail -n 25 "$out/build.log"
+    record configure FAIL "cmake exited $rc (build.log)"
+  fi
+
+  # ---- 3. build: seqlab, the GPU test programs and the benchmarks (-k 0: as much as compiles) ----
+  t=$(date +%s)
+  targets=(seqlab gpt_train_bench attention_bench gla_kernel_bench)
+  for f in tests/*_gpu_test.cc; do targets+=("$(basename "$f" .cc)"); done
+  if [ -f "$build/build.ninja" ]; then
+    run "$out/build.log" 420 ninja -C "$build" -k 0 "${targets[@]}" > /dev/null
+    rc=$?
+    warnings=$(grep -c 'warning' "$out/build.log")
+    if [ "$rc" -eq 0 ]; then
+      record build ok "${#targets[@]} targets ($(elapsed "$t")), $warnings warning lines in build.log"
+    else
+      grep -E 'error|FAILED' -A 3 "$out/build.log" | head -n 40
+      record build FAIL "ninja exited $rc (build.log); built: $(for x in "${targets[@]}"; do
+        [ -x "$build/$x" ] && printf '%s ' "$x"; done)"
+    fi
+  else
+    record build FAIL "not configured"
+  fi
 fi
 if [ -x "$build/seqlab" ]; then
   "$build/seqlab" --version 2>&1 | tee -a "$out/env.txt"
@@ -203,7 +243,7 @@ gpu_usable=0
 # ---- 4. tests: ctest -L gpu (the end-to-end training test runs in its own stage) ----
 if wanted tests; then
   t=$(date +%s)
-  run "$out/gpu_tests.log" 300 ctest --test-dir "$build" -L gpu -E train_gpu_test --output-on-failure --timeout 240
+  run "$out/gpu_tests.log" 300 ctest --test-dir "$build" -L gpu -E train_gpu_test --output-on-failure --timeout 240 -j "${SEQLAB_GPU_TEST_JOBS:-4}"
   rc=$?
   passed=$(grep -cE 'Test +#[0-9]+: .* Passed' "$out/gpu_tests.log")
   skipped=$(grep -cE 'Test +#[0-9]+: .*Skipped' "$out/gpu_tests.log")
@@ -294,7 +334,7 @@ if wanted bench; then
     else
       record bench FAIL "bench/gpu_vs_torch.sh: $(how "$rc") (bench.log)"
     fi
-    while IFS= read -r l; do note "$l"; done < <(grep -E '^(GPU: |gpt |attention )' "$out/bench.log")
+    while IFS= read -r l; do note "$l"; done < <(grep -E '^(GPU: |gpt |attention |gla |check |flash-linear|FAILED)' "$out/bench.log")
   fi
 fi
 

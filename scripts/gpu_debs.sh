@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetches, on a machine where apt works, the Debian .deb files that a GPU machine without apt or network
-# needs to build seqlab: Abseil, toml++, OpenBLAS (pthread flavour) and GoogleTest, with the runtime
+# needs to build seqlab: Abseil, toml++, OpenBLAS (pthread flavour), GoogleTest and Gloo, with the runtime
 # libraries they pull in beyond what any machine with g++ has (libc6, libgcc-s1, libstdc++6 and
 # gcc-12-base are left out), and the fortunes corpus. The files land in .debs/ (ignored by git, carried
 # to the GPU machine), where scripts/gpu_check.sh unpacks them with `dpkg -x` into a prefix. Nothing is
@@ -15,12 +15,18 @@ dir="${1:-$root/.debs}"
 #   libabsl-dev -> libabsl20220623;  libtomlplusplus-dev -> libtomlplusplus3;
 #   libopenblas-dev -> libopenblas0 (empty) | libopenblas-pthread-dev -> libopenblas0-pthread -> libgfortran5
 #   -> libquadmath0;  libgmock-dev -> libgtest-dev -> googletest (GTest's CMake targets name gmock's
-#   libraries too, so CMake refuses GTest without libgmock-dev's files). fortunes and fortunes-min are the
+#   libraries too, so CMake refuses GTest without libgmock-dev's files);  libgloo-dev -> libgloo0 (in
+#   /usr/lib) -> libhiredis0.14 (+ libhiredis-dev: Gloo's redis_store.h includes its header), libibverbs1
+#   -> libnl-3-200, libnl-route-3-200 (the ibverbs headers are not needed: seqlab uses Gloo's TCP
+#   transport, so libibverbs-dev and its own closure are left out); libgomp1 (OpenMP's runtime, which a
+#   machine with g++ has, but one that only runs a prebuilt build may not). fortunes and fortunes-min are the
 #   corpus of recipes/gpt_small.toml (/usr/share/games/fortunes), for the check that gpt_small trains.
 packages=(libabsl-dev libabsl20220623
           libtomlplusplus-dev libtomlplusplus3
           libopenblas-dev libopenblas0 libopenblas-pthread-dev libopenblas0-pthread libgfortran5 libquadmath0
           libgtest-dev libgmock-dev googletest
+          libgloo-dev libgloo0 libhiredis-dev libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200
+          libgomp1
           fortunes fortunes-min)
 
 say() { printf 'gpu_debs: %s\n' "$*" >&2; }
