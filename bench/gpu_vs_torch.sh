@@ -8,7 +8,8 @@
 #              bench/peers/torch_attention.py (scaled_dot_product_attention) at each --attn shape
 #   gla        GLA forward + backward at the same shapes: seqlab's gla_kernel_bench against
 #              bench/peers/torch_gla.py --impl chunk (the chunkwise algorithm in PyTorch, checked first against
-#              a float64 recurrence), --impl fla (flash-linear-attention's chunk_gla, where installed) and the
+#              a float64 recurrence), --impl fla (flash-linear-attention's chunk_gla, where installed; its
+#              Triton kernels compile and autotune in their first runs, so give them a larger limit) and the
 #              SDPA time of the attention section at that shape
 # Prints every run, then one line per comparison with the medians and the ratios seqlab / PyTorch
 # (the goals: gpt ≥ 1.0× eager PyTorch, attention ≥ 0.9× SDPA; for GLA, speed = the peer's time / seqlab's).
@@ -16,14 +17,14 @@
 # the GPT runs, as torch.compile compiles in its run). Exits non-zero if a run failed.
 #
 # Usage: bench/gpu_vs_torch.sh [--rounds 3] [--gpt-rounds N (default: --rounds)] [--steps 10] [--B 8] [--no-compile] [--no-gpt] [--no-attention]
-#                              [--no-gla] [--attn "B H T d" (repeatable; default T = 1024 … 8192 at
+#                              [--no-gla] [--no-fla] [--attn "B H T d" (repeatable; default T = 1024 … 8192 at
 #                              B·T = 16384, H 16, d 64: "16 16 1024 64" … "2 16 8192 64")]
 # Environment: SEQLAB_BUILD (build folder with gpt_train_bench, attention_bench and gla_kernel_bench,
 # default build-gpu/, else build/), TORCH_PYTHON (default python3), TORCH_PEERS (folder of the peers, default
 # bench/peers), SEQLAB_PEAK_TFLOPS (dense bf16 peak for MFU; default from the GPU's name).
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-rounds=3 gpt_rounds="" steps=10 B=8 compile=1 do_gpt=1 do_attn=1 do_gla=1 shapes=()
+rounds=3 gpt_rounds="" steps=10 B=8 compile=1 do_gpt=1 do_attn=1 do_gla=1 do_fla=1 shapes=()
 fail() { printf 'gpu_vs_torch: %s\n' "$*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -36,11 +37,13 @@ while [ $# -gt 0 ]; do
     --no-gpt) do_gpt=0; shift ;;
     --no-attention) do_attn=0; shift ;;
     --no-gla) do_gla=0; shift ;;
+    --no-fla) do_fla=0; shift ;;
     *) fail "unknown argument $1 (see the usage at the top of $0)" ;;
   esac
 done
 [ ${#shapes[@]} -eq 0 ] && shapes=("16 16 1024 64" "8 16 2048 64" "4 16 4096 64" "2 16 8192 64")
 limit="${SEQLAB_BENCH_RUN_LIMIT:-90}"
+export PYTHONUNBUFFERED=1  # a run stopped at its limit keeps what it printed
 gpt_rounds="${gpt_rounds:-$rounds}"
 build="${SEQLAB_BUILD:-}"
 if [ -z "$build" ]; then
@@ -123,13 +126,12 @@ ms_of() { for l in "$@"; do field 'fwd+bwd_ms' "$l"; done | median; }
 if [ "$do_attn" = 1 ] || [ "$do_gla" = 1 ]; then
   # The GLA peer first checks itself against a float64 recurrence on small shapes (one line).
   if [ "$do_gla" = 1 ]; then
-    timeout "$limit" "$python" "$peers/torch_gla.py" --device cuda --dtype bf16 --impl chunk --check --T 64 --reps 1 |
-      head -n 1
-    [ "${PIPESTATUS[0]}" -eq 0 ] || { failures=$((failures + 1)); echo "FAILED: torch_gla.py --impl chunk --check"; }
-    has_fla=1
-    timeout "$limit" "$python" "$peers/torch_gla.py" --device cuda --dtype bf16 --impl fla --check --T 64 --reps 1 |
-      head -n 1
-    [ "${PIPESTATUS[0]}" -eq 0 ] || { has_fla=0; echo "flash-linear-attention: not available or failed its check (left out)"; }
+    timeout "$limit" "$python" "$peers/torch_gla.py" --device cuda --dtype bf16 --impl chunk --check --T 64 --reps 1 ||
+      { failures=$((failures + 1)); echo "FAILED: torch_gla.py --impl chunk --check"; }
+    if [ "$do_fla" = 1 ]; then
+      timeout "$limit" "$python" "$peers/torch_gla.py" --device cuda --dtype bf16 --impl fla --check --T 64 --reps 1 ||
+        { do_fla=0; echo "flash-linear-attention: not available, too slow to compile in ${limit}s, or failed its check (left out)"; }
+    fi
   fi
   for s in "${shapes[@]}"; do
     read -r b h t d <<<"$s"
@@ -141,7 +143,7 @@ if [ "$do_attn" = 1 ] || [ "$do_gla" = 1 ]; then
       if [ "$do_gla" = 1 ]; then
         run gla "$build/gla_kernel_bench" "${args[@]}"
         run chunk "$python" "$peers/torch_gla.py" "${args[@]}" --impl chunk
-        [ "$has_fla" = 1 ] && run fla "$python" "$peers/torch_gla.py" "${args[@]}" --impl fla
+        [ "$do_fla" = 1 ] && run fla "$python" "$peers/torch_gla.py" "${args[@]}" --impl fla
       fi
     done
     c="$(for l in "${sdpa[@]}"; do field 'TFLOP/s' "$l"; done | median)"
@@ -155,7 +157,7 @@ if [ "$do_attn" = 1 ] || [ "$do_gla" = 1 ]; then
       speeds="speed (peer ms / seqlab ms):"
       line+=", torch chunkwise $(ms_of "${chunk[@]}") ms"
       speeds+=" vs torch chunkwise $(ratio "$(ms_of "${chunk[@]}")" "$mine")"
-      if [ "$has_fla" = 1 ]; then
+      if [ "$do_fla" = 1 ]; then
         line+=", fla chunk_gla $(ms_of "${fla[@]}") ms"
         speeds+=", vs fla $(ratio "$(ms_of "${fla[@]}")" "$mine")"
       fi

@@ -312,8 +312,10 @@ TEST_F(CudaGemm, MatmulMatchesTheCpu) {
     // `onto`: the product added in place (β = 1), the same tensor returned.
     Tensor a = Tensor::randn({3, 8, 12}, gen_, dtype, s), b = Tensor::randn({12, 14}, gen_, dtype, s);
     Tensor c = Tensor::randn({3, 8, 14}, gen_, dtype);
-    Tensor want_onto = kernel::matmul(rounded(a, ref), rounded(b, ref), false, false, rounded(c, ref));
+    // The GPU's copy first: where ref is c's own dtype, rounded(c, ref) is c itself, which the reference
+    // adds onto.
     Tensor onto = on_gpu(c);
+    Tensor want_onto = kernel::matmul(rounded(a, ref), rounded(b, ref), false, false, rounded(c, ref));
     Tensor got_onto = kernel::matmul(on_gpu(a), on_gpu(b), false, false, onto);
     EXPECT_EQ(got_onto.raw_data(), onto.raw_data()) << name;
     expect_close(got_onto, want_onto, tol, "onto " + name);

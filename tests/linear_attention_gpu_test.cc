@@ -8,9 +8,9 @@
 // the non-causal one for noncausal), normalised or not. Performer: y, dx and dω with and without
 // stabilize, N over several 256-row blocks of the dω sums (rows are few enough that a near-tie of the
 // arg-max, which would send the stabilised gradient to another feature on one side, is unlikely).
-// Tolerance |got − want| ≤ rtol · max(|want|, 1). f32: rtol 1e-4 against the f64 CPU kernels on the same
-// f32 values (so only the CUDA rounding counts; the CPU schedule test measures 3.1e-5 for the same
-// arithmetic at dk = 128, where the sums over dk·T positive-weighted terms cancel); f64: 1e-10; bf16:
+// Tolerance |got − want| ≤ rtol · max(|want|, 1). f32: rtol 1e-4·max(1, √(T/64)) against the f64 CPU
+// kernels on the same f32 values (so only the CUDA rounding counts; linear_attention_f32_rtol in
+// variant_cases.h says why it grows with T: 1.5e-4 measured at T = 300 on an H200); f64: 1e-10; bf16:
 // 2e-2 against the f32 CPU kernels on the same bf16 values.
 // Shapes: T across the 32-step backward tile, T = 1, dk ≠ dv both ways, head dims 1 to 128.
 #include <gtest/gtest.h>
@@ -44,8 +44,8 @@ using CudaLinearAttentionVsCpu = VariantGpuTest<91>;
 
 TEST_F(CudaLinearAttentionVsCpu, EveryFormForwardAndBackward) {
   for (DType dtype : kFloatTypes) {
-    const double tol = fused_op_rtol(dtype);
     for (const Case& c : kCases) {
+      const double tol = dtype == DType::f32 ? linear_attention_f32_rtol(c.T) : fused_op_rtol(dtype);
       const Data x = make_linear_attention_data(c, dtype, gen_);
       for (LinearAttentionForm form :
            {LinearAttentionForm::chunkwise, LinearAttentionForm::recurrent, LinearAttentionForm::noncausal}) {
