@@ -24,89 +24,21 @@
 #include <vector>
 
 #include "dist/communicator.h"
+#include "rank_processes.h"
 #include "tensor/kernels.h"
 
 namespace seqlab::dist {
 namespace {
+
+using testing::joined;
+using testing::run_ranks;
+using testing::StoreFolder;
 
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
 const DType kDtypes[] = {DType::f32, DType::f64, DType::bf16, DType::i32, DType::i64};
 
-// A fresh folder for one job's file store, removed with the object.
-struct StoreFolder {
-  std::string path;
-  StoreFolder() {
-    char tmpl[] = "/tmp/seqlab_comm_test_XXXXXX";
-    if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~StoreFolder() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
-// Runs body(rank, store folder) in `size` child processes, one per rank. Returns one line per rank that
-// failed (exit status, signal, or killed by the watchdog); empty when every rank passed.
-std::vector<std::string> run_ranks(int size, const std::function<void(int, const std::string&)>& body,
-                                   std::chrono::seconds watchdog = std::chrono::seconds(30)) {
-  StoreFolder folder;
-  std::fflush(nullptr);
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < size; ++rank) {
-    const pid_t pid = fork();
-    if (pid < 0) throw std::runtime_error("fork failed");
-    if (pid == 0) {
-      int code = 0;
-      try {
-        body(rank, folder.path);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "[rank %d] %s\n", rank, e.what());
-        code = 1;
-      }
-      std::fflush(nullptr);
-      _exit(code);  // no static destructors or GoogleTest teardown in the child
-    }
-    pids.push_back(pid);
-  }
-  std::vector<std::string> failures;
-  std::vector<bool> done(size, false);
-  const auto deadline = Clock::now() + watchdog;
-  int remaining = size;
-  while (remaining > 0) {
-    for (int rank = 0; rank < size; ++rank) {
-      if (done[rank]) continue;
-      int status = 0;
-      if (waitpid(pids[rank], &status, WNOHANG) != pids[rank]) continue;
-      done[rank] = true;
-      --remaining;
-      if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
-        failures.push_back("rank " + std::to_string(rank) + " exited with " + std::to_string(WEXITSTATUS(status)));
-      } else if (WIFSIGNALED(status)) {
-        failures.push_back("rank " + std::to_string(rank) + " ended by signal " + std::to_string(WTERMSIG(status)));
-      }
-    }
-    if (remaining > 0 && Clock::now() > deadline) {
-      for (int rank = 0; rank < size; ++rank) {
-        if (done[rank]) continue;
-        kill(pids[rank], SIGKILL);
-        waitpid(pids[rank], nullptr, 0);
-        failures.push_back("rank " + std::to_string(rank) + " hung: killed by the watchdog");
-      }
-      break;
-    }
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  return failures;
-}
-
-std::string joined(const std::vector<std::string>& lines) {
-  std::string s;
-  for (const auto& l : lines) s += l + "\n";
-  return s;
-}
 
 // Inside a rank: a failed check throws, and the rank exits with 1.
 void check(bool ok, const std::string& what) {

@@ -57,6 +57,7 @@ class ShortConv : public Module {
  public:
   ShortConv(int64_t channels, int64_t kernel, Generator& gen);
   Tensor forward(const Tensor& x, Tensor* conv_state) const;
+  int64_t kernel_size() const { return kernel_; }
 
  private:
   int64_t channels_, kernel_;

@@ -20,6 +20,7 @@
 #include "layers/attention/rope.h"
 #include "layers/basic.h"
 #include "layers/mixer.h"
+#include "layers/sequence_parallel.h"
 
 namespace seqlab {
 namespace {
@@ -66,6 +67,15 @@ class AttentionMixer : public Mixer {
     Tensor k = reshape(narrow(qkv, 2, heads_ * head_dim_, kv_heads_ * head_dim_), {B, T, kv_heads_, head_dim_});
     Tensor v = reshape(narrow(qkv, 2, (heads_ + kv_heads_) * head_dim_, kv_heads_ * head_dim_),
                        {B, T, kv_heads_, head_dim_});
+    if (const SequenceGroup* sp = state == nullptr ? sequence_group() : nullptr) {
+      // Sequence-parallel: this rank's two chunks, rotated at their global positions, attend to the whole
+      // sequence's keys and values as they travel around the ring.
+      if (rope_) {
+        q = sequence_rope(q, rope_base_, *sp);
+        k = sequence_rope(k, rope_base_, *sp);
+      }
+      return proj_.forward(reshape(ring_attention(q, k, v, *sp), {B, T, heads_ * head_dim_}));
+    }
     if (rope_) {
       // Rotated at their own positions before caching: cached keys never need rotating again.
       q = rope(q, {rope_base_, start});

@@ -11,11 +11,13 @@
 //
 // Parameters: qkv, conv, beta, decay (Gated DeltaNet), out_gate, head_norm, out.
 #include <memory>
+#include <vector>
 
 #include "autograd/ops.h"
 #include "layers/basic.h"
 #include "layers/delta/delta_net.h"
 #include "layers/mixer.h"
+#include "layers/sequence_parallel.h"
 
 namespace seqlab {
 namespace {
@@ -39,7 +41,9 @@ class DeltaNetMixer : public Mixer {
 
   Tensor forward(const Tensor& x, MixerState* state) const override {
     const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
-    Tensor qkv = silu(conv_.forward(qkv_.forward(x), state != nullptr ? &state->conv : nullptr));  // [B, T, 3C]
+    const SequenceGroup* sp = state == nullptr ? sequence_group() : nullptr;
+    Tensor qkv = silu(sp != nullptr ? sequence_conv(qkv_.forward(x), *sp)
+                                    : conv_.forward(qkv_.forward(x), state != nullptr ? &state->conv : nullptr));  // [B, T, 3C]
     auto head = [&](int64_t part) { return reshape(narrow(qkv, 2, part * C, C), {B, T, heads_, head_dim_}); };
     Tensor q = l2_normalize(head(0)), k = l2_normalize(head(1)), v = head(2);
     Tensor beta = sigmoid(beta_.forward(x));  // [B, T, H]
@@ -47,13 +51,50 @@ class DeltaNetMixer : public Mixer {
     DeltaNetOptions opts;
     opts.chunk = chunk_;
     opts.form = T == 1 && state != nullptr ? DeltaNetForm::recurrent : DeltaNetForm::chunkwise;
-    DeltaNetOutput r = delta_net(q, k, v, beta, g, state != nullptr ? state->state : Tensor(), opts);
-    if (state != nullptr) state->state = r.final_state.detach();
-    Tensor o = reshape(head_norm_.forward(r.o), {B, T, C});
+    Tensor o;
+    if (sp != nullptr) {
+      // Sequence-parallel: S_out = M S_in + F over a segment, M = Π_t α_t (I − β_t k_t k_tᵀ) [dk, dk], the
+      // final state of the same op run from S_in = I with v = 0.
+      LinearRecurrence rec;
+      rec.kinds = {StateTransition::matrix};
+      auto part = [&](const Tensor& t, int64_t b, int64_t n) { return t.defined() ? narrow(t, 1, b, n) : t; };
+      rec.run = [&](int64_t b, int64_t n, const std::vector<Tensor>& init) {
+        DeltaNetOutput r = delta_net(part(q, b, n), part(k, b, n), part(v, b, n), part(beta, b, n), part(g, b, n),
+                                     init.empty() ? Tensor() : init[0], opts);
+        return RecurrenceSegment{r.o, {r.final_state}};
+      };
+      rec.transition = [&](int64_t b, int64_t n) {
+        const Tensor zero_v = Tensor::zeros({B, n, heads_, head_dim_}, x.dtype(), x.device());
+        DeltaNetOutput r = delta_net(part(q, b, n), part(k, b, n), zero_v, part(beta, b, n), part(g, b, n),
+                                     identity_states(B, x), opts);
+        return std::vector<Tensor>{r.final_state};
+      };
+      o = sequence_recurrence(rec, T, *sp);
+    } else {
+      DeltaNetOutput r = delta_net(q, k, v, beta, g, state != nullptr ? state->state : Tensor(), opts);
+      if (state != nullptr) state->state = r.final_state.detach();
+      o = r.o;
+    }
+    o = reshape(head_norm_.forward(o), {B, T, C});
     return out_.forward(mul(o, silu(out_gate_.forward(x))));
   }
 
  private:
+  // The short convolution over this rank's two chunks, each continuing the K − 1 inputs before it in the
+  // whole sequence (sequence parallelism).
+  Tensor sequence_conv(const Tensor& u, const SequenceGroup& sp) const {
+    const int64_t c = u.size(1) / 2;
+    std::vector<Tensor> halo = sequence_halo(u, conv_.kernel_size() - 1, sp);
+    return concat({conv_.forward(narrow(u, 1, 0, c), &halo[0]), conv_.forward(narrow(u, 1, c, c), &halo[1])}, 1);
+  }
+  // I [B, H, dk, dk] in x's dtype, the initial state whose final state is the segment's transition.
+  Tensor identity_states(int64_t B, const Tensor& x) const {
+    std::vector<double> eye(static_cast<size_t>(head_dim_ * head_dim_), 0.0);
+    for (int64_t i = 0; i < head_dim_; ++i) eye[static_cast<size_t>(i * head_dim_ + i)] = 1.0;
+    const Tensor one = Tensor::from_vector(eye, {1, 1, head_dim_, head_dim_}, x.dtype(), x.device());
+    return contiguous(expand(one, {B, heads_, head_dim_, head_dim_}));
+  }
+
   int64_t heads_, head_dim_, chunk_;
   double temperature_;
   Linear& qkv_;

@@ -20,6 +20,7 @@
 #include "autograd/ops.h"
 #include "layers/basic.h"
 #include "layers/linear/linear_attention.h"
+#include "layers/sequence_parallel.h"
 #include "layers/mixer.h"
 #include "tensor/kernels.h"
 
@@ -62,9 +63,21 @@ class LinearAttentionMixer : public Mixer {
     }
     opts.chunk = chunk_;
     opts.form = T == 1 && state != nullptr ? LinearAttentionForm::recurrent : LinearAttentionForm::chunkwise;
-    LinearAttentionOutput r =
-        linear_attention(q, k, heads(v_.forward(x)), state != nullptr ? state->state : Tensor(),
-                         state != nullptr ? state->normalizer : Tensor(), opts);
+    const Tensor v = heads(v_.forward(x));
+    if (const SequenceGroup* sp = state == nullptr ? sequence_group() : nullptr) {
+      // Sequence-parallel: no decay, so S and z add up over the chunks.
+      LinearRecurrence rec;
+      rec.kinds = {StateTransition::additive, StateTransition::additive};
+      rec.run = [&](int64_t b, int64_t n, const std::vector<Tensor>& init) {
+        LinearAttentionOutput r = linear_attention(narrow(q, 1, b, n), narrow(k, 1, b, n), narrow(v, 1, b, n),
+                                                   init.empty() ? Tensor() : init[0], init.empty() ? Tensor() : init[1],
+                                                   opts);
+        return RecurrenceSegment{r.o, {r.final_state, r.final_normalizer}};
+      };
+      return out_.forward(reshape(sequence_recurrence(rec, T, *sp), {B, T, C}));
+    }
+    LinearAttentionOutput r = linear_attention(q, k, v, state != nullptr ? state->state : Tensor(),
+                                               state != nullptr ? state->normalizer : Tensor(), opts);
     if (state != nullptr) {
       state->state = r.final_state.detach();
       state->normalizer = r.final_normalizer.detach();

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "autograd/ops.h"
+#include "layers/sequence_parallel.h"
 
 namespace seqlab {
 namespace {
@@ -197,14 +198,18 @@ Tensor Decoder::run(const Tensor& tokens, DecoderState* state) {
   if (tokens.dim() != 2) throw std::invalid_argument("decoder: tokens must be [B, T], got " + shape_str(tokens.shape()));
   const int64_t T = tokens.shape()[1];
   const int64_t start = state != nullptr ? state->position : 0;
-  if (max_context() > 0 && start + T > max_context()) {
-    throw std::invalid_argument("decoder: positions up to " + std::to_string(start + T) + " exceed max_seq_len " +
+  // Sequence-parallel (training only): the T tokens are this rank's two chunks of a sequence P times longer.
+  const SequenceGroup* sp = state == nullptr ? sequence_group() : nullptr;
+  const int64_t end = sp != nullptr ? T * sp->size() : start + T;
+  if (max_context() > 0 && end > max_context()) {
+    throw std::invalid_argument("decoder: positions up to " + std::to_string(end) + " exceed max_seq_len " +
                                 std::to_string(max_context()));
   }
   Tensor x = wte_.forward(tokens);  // [B, T, C]
   if (wpe_ != nullptr) {
     std::vector<int64_t> pos(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = start + t;
+    if (sp != nullptr) pos = sequence_positions(T, *sp);
     Tensor positions = Tensor::from_indices(pos, {T}, DType::i64, tokens.device());
     x = add(x, wpe_->forward(positions));  // [T, C] broadcast over B
   }

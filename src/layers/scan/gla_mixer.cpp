@@ -16,6 +16,7 @@
 #include "layers/basic.h"
 #include "layers/mixer.h"
 #include "layers/scan/gla.h"
+#include "layers/sequence_parallel.h"
 
 namespace seqlab {
 namespace {
@@ -45,10 +46,27 @@ class GlaMixer : public Mixer {
     GlaOptions opts;
     opts.chunk = chunk_;
     opts.form = T == 1 && state != nullptr ? GlaForm::recurrent : GlaForm::chunkwise;
-    GlaOutput r = gla(heads(q_.forward(x)), heads(k_.forward(x)), heads(v_.forward(x)), heads(g), Tensor(),
-                      state != nullptr ? state->state : Tensor(), opts);
-    if (state != nullptr) state->state = r.final_state.detach();
-    Tensor o = reshape(head_norm_.forward(r.o), {B, T, C});
+    const Tensor q = heads(q_.forward(x)), k = heads(k_.forward(x)), v = heads(v_.forward(x)), gh = heads(g);
+    Tensor o;
+    if (const SequenceGroup* sp = state == nullptr ? sequence_group() : nullptr) {
+      // Sequence-parallel: S_out = A ⊙ S_in + F over a segment, A = exp(Σ_t g_t) per key channel.
+      LinearRecurrence rec;
+      rec.kinds = {StateTransition::elementwise};
+      rec.run = [&](int64_t b, int64_t n, const std::vector<Tensor>& init) {
+        GlaOutput r = gla(narrow(q, 1, b, n), narrow(k, 1, b, n), narrow(v, 1, b, n), narrow(gh, 1, b, n), Tensor(),
+                          init.empty() ? Tensor() : init[0], opts);
+        return RecurrenceSegment{r.o, {r.final_state}};
+      };
+      rec.transition = [&](int64_t b, int64_t n) {
+        return std::vector<Tensor>{unsqueeze(exp(sum(narrow(gh, 1, b, n), {1})), -1)};  // [B, H, dk, 1]
+      };
+      o = sequence_recurrence(rec, T, *sp);
+    } else {
+      GlaOutput r = gla(q, k, v, gh, Tensor(), state != nullptr ? state->state : Tensor(), opts);
+      if (state != nullptr) state->state = r.final_state.detach();
+      o = r.o;
+    }
+    o = reshape(head_norm_.forward(o), {B, T, C});
     return out_.forward(mul(o, silu(out_gate_.forward(x))));
   }
 

@@ -11,6 +11,7 @@
 // rotated at their true positions when decoding (state->position).
 //
 // Parameters: q, k, v, out_gate, head_norm, out.
+#include <cmath>
 #include <memory>
 
 #include "autograd/ops.h"
@@ -18,6 +19,7 @@
 #include "layers/basic.h"
 #include "layers/mixer.h"
 #include "layers/scan/retention.h"
+#include "layers/sequence_parallel.h"
 
 namespace seqlab {
 namespace {
@@ -43,10 +45,32 @@ class RetentionMixer : public Mixer {
     RetentionOptions opts;
     opts.chunk = chunk_;
     opts.form = T == 1 && state != nullptr ? RetentionForm::recurrent : RetentionForm::chunkwise;
-    RetentionOutput r = retention(rope(heads(q_.forward(x)), rotation), rope(heads(k_.forward(x)), rotation),
-                                  heads(v_.forward(x)), state != nullptr ? state->state : Tensor(), opts);
-    if (state != nullptr) state->state = r.final_state.detach();
-    Tensor o = reshape(head_norm_.forward(r.o), {B, T, C});
+    Tensor o;
+    if (const SequenceGroup* sp = state == nullptr ? sequence_group() : nullptr) {
+      // Sequence-parallel: q, k rotated at their global positions; S_out = γ_h^n S_in + F over n tokens.
+      const Tensor q = sequence_rope(heads(q_.forward(x)), rotation.base, *sp),
+                   k = sequence_rope(heads(k_.forward(x)), rotation.base, *sp), v = heads(v_.forward(x));
+      const std::vector<double> gammas = retention_default_gammas(heads_);
+      LinearRecurrence rec;
+      rec.kinds = {StateTransition::elementwise};
+      rec.run = [&](int64_t b, int64_t n, const std::vector<Tensor>& init) {
+        RetentionOutput r = retention(narrow(q, 1, b, n), narrow(k, 1, b, n), narrow(v, 1, b, n),
+                                      init.empty() ? Tensor() : init[0], opts);
+        return RecurrenceSegment{r.o, {r.final_state}};
+      };
+      rec.transition = [&](int64_t, int64_t n) {
+        std::vector<double> decay;
+        for (double gamma : gammas) decay.push_back(std::pow(gamma, static_cast<double>(n)));
+        return std::vector<Tensor>{Tensor::from_vector(decay, {1, heads_, 1, 1}, x.dtype(), x.device())};
+      };
+      o = sequence_recurrence(rec, T, *sp);
+    } else {
+      RetentionOutput r = retention(rope(heads(q_.forward(x)), rotation), rope(heads(k_.forward(x)), rotation),
+                                    heads(v_.forward(x)), state != nullptr ? state->state : Tensor(), opts);
+      if (state != nullptr) state->state = r.final_state.detach();
+      o = r.o;
+    }
+    o = reshape(head_norm_.forward(o), {B, T, C});
     return out_.forward(mul(o, silu(out_gate_.forward(x))));
   }
 
