@@ -123,7 +123,7 @@ TEST(DataParallel, TheSavedLoaderPositionIsIndependentOfTheWorldSize) {
       const absl::StatusOr<LoaderState> back = dp.to_rank({1, 6});
       if (size == 4) {
         ASSERT_FALSE(back.ok());
-        EXPECT_NE(std::string(back.status().message()).find("(6 windows into epoch 1) does not split evenly across 4 ranks"),
+        EXPECT_NE(std::string(back.status().message()).find("(6 windows into epoch 1) does not split evenly across 4 data-parallel ranks"),
                   std::string::npos) << back.status().message();
       } else {
         ASSERT_TRUE(back.ok()) << back.status().message();

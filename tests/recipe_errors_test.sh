@@ -91,8 +91,9 @@ expect_error "override of wrong type" "--set train.steps=abc:" "train.steps must
   check "$F" --set train.steps=abc
 expect_error "override with bad choice" "--set model.norm=batchnorm:" 'one of "auto", "layernorm", "rmsnorm"' \
   check "$F" --set=model.norm=batchnorm
-expect_error "override breaking a rule" "--set train.steps=10:" "optim.warmup_steps = 30 must be ≤ train.steps = 10" \
-  check "$F" --set optim.lr=0.01 --set train.steps=10
+expect_error "override breaking a rule" "--set parallel.sp=3:" \
+  "parallel.sp = 3 needs train.seq_len divisible by 2·sp = 6 (each rank holds 2 of the sequence's 2·sp chunks); train.seq_len = 256 is not" \
+  check "$F" --set optim.lr=0.01 --set parallel.sp=3
 
 # Misuse of the subcommand itself.
 expect_error "no recipe" "seqlab recipe: " "check needs a recipe file" check

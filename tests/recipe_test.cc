@@ -351,9 +351,11 @@ TEST_F(RecipeTest, RulesBetweenKeysNameBothKeys) {
             "FILE:2: model.vocab_size = 100 is too small for data.tokenizer = \"byte\" (256 tokens); 0 takes the "
             "tokenizer's");
   // The message starts where a key of the rule was set: the file, or the override that broke it.
-  EXPECT_EQ(error_of("[optim]\nwarmup_steps = 30\n", {"train.steps=10"}),
-            "FILE:2: optim.warmup_steps = 30 must be ≤ train.steps = 10");
-  EXPECT_EQ(error_of("", {"train.steps=10"}), "--set train.steps=10: optim.warmup_steps = 30 must be ≤ train.steps = 10");
+  const std::string sp3 =
+      "parallel.sp = 3 needs train.seq_len divisible by 2·sp = 6 (each rank holds 2 of the sequence's 2·sp chunks); "
+      "train.seq_len = 256 is not";
+  EXPECT_EQ(error_of("[parallel]\nsp = 3\n"), "FILE:2: " + sp3);
+  EXPECT_EQ(error_of("", {"parallel.sp=3"}), "--set parallel.sp=3: " + sp3);
   // The same rules pass when they hold.
   Recipe r = load_ok("[model]\nd_model = 96\nn_heads = 6\nn_kv_heads = 2\npositions = \"rope\"\nvocab_size = 300\n"
                      "[data]\ntokenizer = \"bpe\"\ntokenizer_path = \"merges.txt\"\n"

@@ -44,29 +44,6 @@ every = 3
 threads = 1
 TOML
 
-# close_losses NAME A B: the runs logged the same steps, with loss, grad_norm and val_loss equal
-# within a relative 1e-5 at every one.
-close_losses() {
-  if python3 - "$2/metrics.jsonl" "$3/metrics.jsonl" <<'PY'
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-if [x["step"] for x in a] != [x["step"] for x in b] or len(a) < 2:
-    sys.exit(f"steps differ: {[x['step'] for x in a]} vs {[x['step'] for x in b]}")
-worst = 0.0
-for x, y in zip(a, b):
-    for k in ("loss", "grad_norm", "val_loss"):
-        if (k in x) != (k in y):
-            sys.exit(f"step {x['step']}: {k} in one run only")
-        if k in x:
-            rel = abs(x[k] - y[k]) / max(abs(x[k]), 1e-12)
-            worst = max(worst, rel)
-            if rel > 1e-5:
-                sys.exit(f"step {x['step']}: {k} {x[k]} vs {y[k]} (relative {rel:.2g})")
-print(f"{len(a)} steps, largest relative difference {worst:.2g}")
-PY
-  then pass "$1"; else fail "$1"; fi
-}
 
 # 1 and 2. GPT and GLA: 2 and 4 ranks against one process; every rank's final weights bit for bit.
 for model in gpt gla; do

@@ -3,6 +3,8 @@
 #   word_corpus FILE SEED DOCS WORDS    DOCS paragraphs of WORDS random words of a small vocabulary
 #   losses RUN               RUN/metrics.jsonl without the fields that measure time
 #   same_losses NAME A B     pass when runs A and B logged the same lines (but for time) at every step
+#   close_losses NAME A B    pass when runs A and B logged the same steps, with loss, grad_norm and val_loss
+#                            within a relative 1e-5 at every one (several ranks against one process)
 #   tensor_sums CKPT         the CRC32C of every tensor of a checkpoint, from its metadata (the checks
 #                            on reading hold them true to the bytes), one "crc32c.NAME HEX" a line
 failures=0
@@ -38,4 +40,26 @@ with open(sys.argv[1], "rb") as f:
     meta = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))["__metadata__"]
 print("\n".join(f"{k} {v}" for k, v in sorted(meta.items()) if k.startswith("crc32c.")))
 PY
+}
+
+close_losses() {
+  if python3 - "$2/metrics.jsonl" "$3/metrics.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+if [x["step"] for x in a] != [x["step"] for x in b] or len(a) < 2:
+    sys.exit(f"steps differ: {[x['step'] for x in a]} vs {[x['step'] for x in b]}")
+worst = 0.0
+for x, y in zip(a, b):
+    for k in ("loss", "grad_norm", "val_loss"):
+        if (k in x) != (k in y):
+            sys.exit(f"step {x['step']}: {k} in one run only")
+        if k in x:
+            rel = abs(x[k] - y[k]) / max(abs(x[k]), 1e-12)
+            worst = max(worst, rel)
+            if rel > 1e-5:
+                sys.exit(f"step {x['step']}: {k} {x[k]} vs {y[k]} (relative {rel:.2g})")
+print(f"{len(a)} steps, largest relative difference {worst:.2g}")
+PY
+  then pass "$1"; else fail "$1"; fi
 }

@@ -375,6 +375,35 @@ std::shared_ptr<gloo::rendezvous::Store> open_file_store(const std::string& fold
   return std::make_shared<gloo::rendezvous::FileStore>(folder);
 }
 
+namespace {
+class PrefixedStore : public gloo::rendezvous::Store {
+ public:
+  PrefixedStore(std::shared_ptr<gloo::rendezvous::Store> base, std::string prefix)
+      : base_(std::move(base)), prefix_(std::move(prefix) + ".") {}  // "." rather than "/": FileStore keys are file names
+  void set(const std::string& key, const std::vector<char>& data) override { base_->set(prefix_ + key, data); }
+  std::vector<char> get(const std::string& key) override { return base_->get(prefix_ + key); }
+  void wait(const std::vector<std::string>& keys) override { base_->wait(prefixed(keys)); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    base_->wait(prefixed(keys), timeout);
+  }
+
+ private:
+  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {
+    std::vector<std::string> out;
+    for (const std::string& k : keys) out.push_back(prefix_ + k);
+    return out;
+  }
+  std::shared_ptr<gloo::rendezvous::Store> base_;
+  std::string prefix_;
+};
+}  // namespace
+
+std::shared_ptr<gloo::rendezvous::Store> prefixed_store(std::shared_ptr<gloo::rendezvous::Store> base,
+                                                        const std::string& prefix) {
+  if (!base) throw std::invalid_argument("prefixed_store: no base store");
+  return std::make_shared<PrefixedStore>(std::move(base), prefix);
+}
+
 std::unique_ptr<Communicator> make_communicator(Device device, std::shared_ptr<gloo::rendezvous::Store> store,
                                                 int rank, int size, milliseconds timeout) {
   if (!store) throw std::invalid_argument("make_communicator: no rendezvous store");

@@ -151,6 +151,11 @@ std::shared_ptr<gloo::rendezvous::Store> open_file_store(const std::string& fold
 // cannot be reached.
 std::shared_ptr<gloo::rendezvous::Store> open_redis_store(const std::string& host, int port, const std::string& job);
 
+// `base` with every key under "PREFIX.": the store of a group of ranks inside a job (the ranks of one
+// sequence-parallel group meet through the job's store under their group's prefix). Keeps `base` alive.
+std::shared_ptr<gloo::rendezvous::Store> prefixed_store(std::shared_ptr<gloo::rendezvous::Store> base,
+                                                        const std::string& prefix);
+
 // The communicator for tensors on `device`: Gloo for the CPU, NCCL for a GPU (device.index is this
 // rank's GPU). Every rank passes the same store, size and its own rank. Throws CommError when the
 // rendezvous does not complete within `timeout` (a rank did not join), std::invalid_argument for a bad

@@ -9,8 +9,8 @@
 
 namespace seqlab {
 
-DataParallel::DataParallel(dist::Communicator& comm, int64_t bucket_elements)
-    : comm_(comm), bucket_elements_(bucket_elements) {}
+DataParallel::DataParallel(dist::Communicator& comm, int64_t bucket_elements, int data_ranks)
+    : comm_(comm), bucket_elements_(bucket_elements), data_ranks_(data_ranks > 0 ? data_ranks : comm.size()) {}
 
 void DataParallel::average_gradients(const std::vector<Parameter>& params) {
   // Every rank runs the same model, so every rank lists the same gradients in the same order and
@@ -60,16 +60,17 @@ int DataParallel::agreed_stop_signal(int local_signal) {
 }
 
 LoaderState DataParallel::to_global(const LoaderState& rank_state) const {
-  return {rank_state.epoch, rank_state.position * comm_.size()};
+  return {rank_state.epoch, rank_state.position * data_ranks_};
 }
 
 absl::StatusOr<LoaderState> DataParallel::to_rank(const LoaderState& global_state) const {
-  if (global_state.position % comm_.size() != 0) {
+  if (global_state.position % data_ranks_ != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the checkpoint's data position (", global_state.position, " windows into epoch ", global_state.epoch,
-        ") does not split evenly across ", comm_.size(), " ranks; resume it with a world size that divides it"));
+        ") does not split evenly across ", data_ranks_, " data-parallel ranks; resume it with a number of them "
+        "that divides it"));
   }
-  return LoaderState{global_state.epoch, global_state.position / comm_.size()};
+  return LoaderState{global_state.epoch, global_state.position / data_ranks_};
 }
 
 }  // namespace seqlab

@@ -20,7 +20,10 @@ inline constexpr int64_t kGradientBucketElements = int64_t{4} << 20;
 
 class DataParallel {
  public:
-  explicit DataParallel(dist::Communicator& comm, int64_t bucket_elements = kGradientBucketElements);
+  // `data_ranks`: how many ranks read distinct data (0: every rank); with sequence parallelism the sp ranks
+  // of a group share their batch rows, so a job of N ranks reads N/sp shares (the loader positions below).
+  explicit DataParallel(dist::Communicator& comm, int64_t bucket_elements = kGradientBucketElements,
+                        int data_ranks = 0);
 
   // Every parameter's gradient ← its average over the ranks (Trainer's gradient hook). Consecutive
   // gradients of one dtype and device are copied into a flat bucket, the bucket is all-reduced
@@ -33,7 +36,7 @@ class DataParallel {
   int agreed_stop_signal(int local_signal);
 
   // The loader position as checkpoints hold it, independent of the world size: within the epoch, the
-  // windows consumed by all ranks together (rank position × world), so a run resumes on any world size.
+  // windows consumed by all ranks together (rank position × data ranks), so a run resumes on any world size.
   LoaderState to_global(const LoaderState& rank_state) const;
   // Back to this rank's position; an error when the global position does not split evenly across the
   // ranks (a checkpoint taken with a batch size this world size does not divide).
@@ -44,6 +47,7 @@ class DataParallel {
  private:
   dist::Communicator& comm_;
   int64_t bucket_elements_;
+  int data_ranks_;
 };
 
 }  // namespace seqlab

@@ -26,6 +26,7 @@
 #include "autograd/ops.h"
 #include "autograd/variable.h"
 #include "dist/communicator.h"
+#include "layers/sequence_parallel.h"
 #include "tensor/kernels.h"
 #include "train/cli/util.h"
 #include "train/checkpoint/checkpoint.h"
@@ -357,6 +358,17 @@ std::string nonfinite_text(const StepResult& result) {
 // For tests of data parallelism: when SEQLAB_TEST_WEIGHTS_DIR is set, each rank writes its final weights
 // (every parameter's bytes in the model's order) to DIR/rank<R>.bin, so a test can compare the ranks'
 // weights bit for bit.
+// This rank's part of a batch under sequence parallelism: its two zig-zag chunks of every row's inputs and
+// targets (sequence_parallel.h). Only whole token windows are split: a batch with lengths, segments or
+// loss weights is refused (no such batch reaches here today: text and shards give windows).
+Batch sequence_local_batch(const Batch& b, const SequenceGroup& g) {
+  if (b.lengths.defined() || b.segment_ids.defined() || b.loss_weights.defined() || b.decoder_inputs.defined()) {
+    throw UserError("parallel.sp: sequence parallelism splits batches of whole token windows; this data gives "
+                    "lengths, segments, loss weights or decoder inputs");
+  }
+  return Batch(sequence_take_local(b.inputs, g), sequence_take_local(b.targets, g));
+}
+
 void write_test_weights(LanguageModel& model, int rank) {
   const char* dir = std::getenv("SEQLAB_TEST_WEIGHTS_DIR");
   if (dir == nullptr || *dir == '\0') return;
@@ -373,14 +385,25 @@ int train(const std::vector<std::string>& args) {
   const Recipe& r = inv.recipe;
   const std::string run = inv.run_dir.string();
   const int world = inv.nproc * inv.nnodes;
-  if (world > 1 && r.train.batch_size % world != 0) {
-    throw UserError(absl::StrFormat("train.batch_size = %d does not split across %s: each rank takes "
+  const std::string ranks_str = inv.nnodes > 1 ? absl::StrFormat("%d ranks (--nproc %d × --nnodes %d)", world,
+                                                                 inv.nproc, inv.nnodes)
+                                               : absl::StrFormat("--nproc %d rank%s", world, world > 1 ? "s" : "");
+  // The grid: world = dp × sp; ranks r·sp … r·sp + sp − 1 share the rows of data-parallel rank r.
+  const int sp = static_cast<int>(r.parallel.sp);
+  if (world % sp != 0) {
+    throw UserError(absl::StrFormat("parallel.sp = %d needs a job of a multiple of %d ranks (groups of %d share each "
+                                    "sequence), and this one has %s",
+                                    sp, sp, sp, ranks_str));
+  }
+  const int dp_size = world / sp;
+  if (dp_size > 1 && r.train.batch_size % dp_size != 0) {
+    throw UserError(absl::StrFormat("train.batch_size = %d does not split across %s: each %s takes "
                                     "an equal share of the global batch; give a batch size divisible by %d",
                                     r.train.batch_size,
-                                    inv.nnodes > 1 ? absl::StrFormat("%d ranks (--nproc %d × --nnodes %d)", world,
-                                                                     inv.nproc, inv.nnodes)
-                                                   : absl::StrFormat("--nproc %d ranks", world),
-                                    world));
+                                    sp > 1 ? absl::StrFormat("%d data-parallel groups (%s, parallel.sp = %d)", dp_size,
+                                                             ranks_str, sp)
+                                           : ranks_str,
+                                    sp > 1 ? "group" : "rank", dp_size));
   }
   if (world > 1 && r.data.source != "text" && r.data.source != "shards") {
     throw UserError(absl::StrFormat("--nproc %d: data parallelism reads token shards (data.source = \"text\" or "
@@ -410,11 +433,12 @@ int train(const std::vector<std::string>& args) {
     return launch_ranks(args, {inv.nproc, inv.nnodes, inv.node_rank, inv.rendezvous}, run);
   }
   const int rank = inv.launched ? inv.launched->rank : 0;
+  const int dp_rank = rank / sp, sp_rank = rank % sp;
   const bool writer = rank == 0;  // rank 0 alone writes into the run folder and evaluates
   if (!wanted_device.is_cpu()) wanted_device = cuda_device(rank % inv.nproc);  // this machine's GPU of the rank
   if (r.parallel.threads > 0) omp_set_num_threads(static_cast<int>(r.parallel.threads));
 
-  Data data = open_data(r, rank, world);
+  Data data = open_data(r, dp_rank, dp_size);
   // Sizes before allocation: everything a step holds, on the device it will run on (build_model
   // checks the host, where the weights are drawn).
   ok_or_throw(check_memory(r, data.vocab_size, available_memory(wanted_device), true,
@@ -431,14 +455,23 @@ int train(const std::vector<std::string>& args) {
   Trainer trainer(*model, opt, lr_schedule(r), trainer_options(r));
   // Data parallelism: the ranks meet through the launcher's rendezvous folder; gradients and the loss
   // are averaged over them inside every step.
-  std::unique_ptr<dist::Communicator> comm;
+  // Sequence parallelism: the sp ranks of a group share each sequence of their rows, through a
+  // communicator of their own; gradients and the loss are still averaged over every rank (each rank's
+  // loss is the mean over its tokens, and every rank holds as many: docs/distributed.md).
+  std::unique_ptr<dist::Communicator> comm, sp_comm;
   std::optional<DataParallel> dp;
+  std::optional<SequenceGroup> sp_group;
   if (inv.launched) {
-    comm = dist::make_communicator(device, open_rendezvous(inv.launched->rendezvous), rank, world);
+    const auto store = open_rendezvous(inv.launched->rendezvous);
+    comm = dist::make_communicator(device, store, rank, world);
     // Every rank connected before any can leave (a run already complete returns at once): a rank that
     // exits while another is still in the rendezvous fails that rendezvous.
     comm->barrier();
-    dp.emplace(*comm);
+    if (sp > 1) {
+      sp_comm = dist::make_communicator(device, dist::prefixed_store(store, absl::StrCat("sp", dp_rank)), sp_rank, sp);
+      sp_group.emplace(*sp_comm);
+    }
+    dp.emplace(*comm, kGradientBucketElements, dp_size);
     trainer.set_gradient_hook([&](const std::vector<Parameter>& params) { dp->average_gradients(params); });
     trainer.set_loss_hook([&](double loss) { return dp->average(loss); });
   }
@@ -485,7 +518,10 @@ int train(const std::vector<std::string>& args) {
   Progress progress(bar, r.log.every, r.train.steps, flops_per_token, job_peak(), job_peak);
   progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s%s", r.name,
                                 model->num_parameters(), data.description, run,
-                                world > 1 ? absl::StrFormat("; %d data-parallel ranks", world) : "",
+                                world == 1 ? ""
+                                : sp > 1   ? absl::StrFormat("; %d ranks: %d data-parallel × %d sequence-parallel", world,
+                                                             dp_size, sp)
+                                           : absl::StrFormat("; %d data-parallel ranks", world),
                                 start > 0 ? absl::StrFormat(" (resumed at step %d)", start) : ""));
   if (start == r.train.steps) {
     progress.line(absl::StrFormat("the run is already complete (train.steps = %d)", r.train.steps));
@@ -529,8 +565,16 @@ int train(const std::vector<std::string>& args) {
       const uint64_t key = dropout_base->next_u64() ^ (static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ULL);
       model->dropout_generator().set_state(Generator(key).state());
     }
-    // Each rank draws its share of the global batch (train.batch_size / world rows).
-    const StepResult result = trainer.step(step, [&] { return data.train->next_batch(r.train.batch_size / world); });
+    // Each data-parallel rank draws its share of the global batch (train.batch_size / dp rows); under
+    // sequence parallelism each rank of its group keeps its two chunks of every row, and the step's
+    // forward and backward run in the group.
+    const StepResult result = [&] {
+      SequenceParallelScope in_group(sp_group ? &*sp_group : nullptr);  // the step only: rank 0 evaluates alone
+      return trainer.step(step, [&] {
+        Batch b = data.train->next_batch(r.train.batch_size / dp_size);
+        return sp_group ? sequence_local_batch(b, *sp_group) : b;
+      });
+    }();
     const double loss = result.loss, lr = result.lr, norm = result.grad_norm;
     const int64_t done = step + 1;
     tokens_since_log += tokens_per_step;

@@ -1,5 +1,6 @@
 #include "train/recipe/configs.h"
 
+#include <algorithm>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 
@@ -200,7 +201,9 @@ OptimConfig optim_config(const Recipe& r) {
 TrainerOptions trainer_options(const Recipe& r) { return {r.train.grad_accum, r.optim.grad_clip}; }
 
 LrSchedule lr_schedule(const Recipe& r) {
-  return {parsed(parse_schedule_kind(r.optim.schedule)), r.optim.lr, r.optim.warmup_steps, r.train.steps,
+  // A warm-up longer than the run is cut to the run (a short trial run of a recipe warms up over all of it).
+  return {parsed(parse_schedule_kind(r.optim.schedule)), r.optim.lr, std::min(r.optim.warmup_steps, r.train.steps),
+          r.train.steps,
           r.optim.min_lr_ratio};
 }
 

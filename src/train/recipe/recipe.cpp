@@ -325,14 +325,17 @@ Schema build_schema() {
       .choice("schedule", &RecipeOptim::schedule, {"cosine", "linear", "constant"},
               "after warm-up: decay to min_lr_ratio·lr at the last step (cosine, linear) or stay at lr")
       .integer("warmup_steps", &RecipeOptim::warmup_steps, 30, at_least(0),
-               "steps of linear warm-up to lr; at most train.steps")
+               "steps of linear warm-up to lr; a longer warm-up than train.steps is cut to train.steps")
       .number("min_lr_ratio", &RecipeOptim::min_lr_ratio, 0.1, closed(0, 1), "final learning rate as a fraction of lr")
       .boolean("decay_norms", &RecipeOptim::decay_norms, false, "weight decay on norm gains too")
       .boolean("decay_biases", &RecipeOptim::decay_biases, false, "weight decay on biases too")
       .boolean("decay_embeddings", &RecipeOptim::decay_embeddings, false, "weight decay on embeddings too");
 
   SectionBuilder<RecipeParallel>(s, "parallel", &Recipe::parallel, "Processes and threads.")
-      .integer("threads", &RecipeParallel::threads, 0, at_least(0), "CPU threads per process; 0: all cores");
+      .integer("threads", &RecipeParallel::threads, 0, at_least(0), "CPU threads per process; 0: all cores")
+      .integer("sp", &RecipeParallel::sp, 1, at_least(1),
+               "ranks that share each sequence (sequence parallelism, docs/distributed.md): `--nproc N` makes "
+               "N/sp data-parallel groups of sp ranks, each rank holding train.seq_len/sp tokens of every sequence");
 
   SectionBuilder<RecipeLog>(s, "log", &Recipe::log, "Metrics, evaluation, samples and the run directory.")
       .integer("every", &RecipeLog::every, 10, at_least(1), "steps between training-loss lines")
@@ -403,11 +406,13 @@ Schema build_schema() {
          return absl::StrCat("model.vocab_size = ", r.model.vocab_size,
                              " is too small for data.tokenizer = \"byte\" (256 tokens); 0 takes the tokenizer's");
        }},
-      {"optim.warmup_steps ≤ train.steps",
-       {"optim.warmup_steps", "train.steps"},
+      {"train.seq_len splits into 2·parallel.sp chunks (sequence parallelism's zig-zag layout)",
+       {"parallel.sp", "train.seq_len"},
        [](const Recipe& r) {
-         if (r.optim.warmup_steps <= r.train.steps) return std::string();
-         return absl::StrCat("optim.warmup_steps = ", r.optim.warmup_steps, " must be ≤ train.steps = ", r.train.steps);
+         if (r.train.seq_len % (2 * r.parallel.sp) == 0) return std::string();
+         return absl::StrCat("parallel.sp = ", r.parallel.sp, " needs train.seq_len divisible by 2·sp = ",
+                             2 * r.parallel.sp, " (each rank holds 2 of the sequence's 2·sp chunks); train.seq_len = ",
+                             r.train.seq_len, " is not");
        }},
   };
   return s;

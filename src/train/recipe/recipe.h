@@ -72,6 +72,7 @@ struct RecipeOptim {
 
 struct RecipeParallel {
   int64_t threads = 0;  // 0: all cores
+  int64_t sp = 1;       // ranks sharing each sequence (sequence parallelism)
 };
 
 struct RecipeLog {
