@@ -258,9 +258,9 @@ TEST_F(RecipeTest, UnknownKeysSuggestNearMisses) {
   EXPECT_EQ(error_of("[log]\nevry = 5\n"), "FILE:2: unknown key log.evry (did you mean log.every?)");
   EXPECT_EQ(error_of("[checkpoint]\nevry = 5\n"), "FILE:2: unknown key checkpoint.evry (did you mean checkpoint.every?)");
   // Nothing near: the section's keys.
-  EXPECT_EQ(error_of("[parallel]\nfrobnicate = 1\n"), "FILE:2: unknown key parallel.frobnicate ([parallel] has threads)");
-  EXPECT_EQ(error_of("[train]\n[train.sub]\nx = 1\n"),
-            "FILE:2: unknown key train.sub ([train] has steps, batch_size, seq_len, seed, grad_accum, device, dtype, "
+  EXPECT_EQ(error_of("[parallel]\nfrobnicate = 1\n"), "FILE:2: unknown key parallel.frobnicate ([parallel] has threads, sp)");
+  EXPECT_EQ(error_of("[train]\n[train.extra]\nx = 1\n"),
+            "FILE:2: unknown key train.extra ([train] has steps, batch_size, seq_len, seed, grad_accum, device, dtype, "
             "on_nonfinite, max_skipped)");
 }
 
@@ -359,8 +359,20 @@ TEST_F(RecipeTest, RulesBetweenKeysNameBothKeys) {
   // The same rules pass when they hold.
   Recipe r = load_ok("[model]\nd_model = 96\nn_heads = 6\nn_kv_heads = 2\npositions = \"rope\"\nvocab_size = 300\n"
                      "[data]\ntokenizer = \"bpe\"\ntokenizer_path = \"merges.txt\"\n"
-                     "[optim]\nwarmup_steps = 1000\n[train]\ndtype = \"bf16\"\n");
+                     "[optim]\nwarmup_steps = 1000\n[train]\ndtype = \"bf16\"\n[parallel]\nsp = 4\n");
   EXPECT_EQ(r.model.n_kv_heads, 2);
+  EXPECT_EQ(r.parallel.sp, 4);
+}
+
+// A warm-up longer than the run is cut to the run: `--set train.steps=20` tries a recipe that warms up for
+// 30 without a second override, the learning rate reaching optim.lr at the last step.
+TEST_F(RecipeTest, AWarmUpLongerThanTheRunIsCutToIt) {
+  Recipe r = load_ok("[optim]\nwarmup_steps = 30\nlr = 0.01\n", {"train.steps=20"});
+  const LrSchedule s = lr_schedule(r);
+  EXPECT_EQ(s.warmup_steps, 20);
+  EXPECT_DOUBLE_EQ(s.lr_at(19), 0.01);
+  EXPECT_DOUBLE_EQ(s.lr_at(9), 0.005);
+  EXPECT_EQ(lr_schedule(load_ok("[optim]\nwarmup_steps = 30\n", {"train.steps=50"})).warmup_steps, 30);
 }
 
 TEST_F(RecipeTest, ResolvedRecipeReproducesTheRun) {
