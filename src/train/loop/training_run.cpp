@@ -436,7 +436,12 @@ int train(const std::vector<std::string>& args) {
   const int dp_rank = rank / sp, sp_rank = rank % sp;
   const bool writer = rank == 0;  // rank 0 alone writes into the run folder and evaluates
   if (!wanted_device.is_cpu()) wanted_device = cuda_device(rank % inv.nproc);  // this machine's GPU of the rank
-  if (r.parallel.threads > 0) omp_set_num_threads(static_cast<int>(r.parallel.threads));
+  if (r.parallel.threads > 0) {
+    omp_set_num_threads(static_cast<int>(r.parallel.threads));
+  } else if (inv.launched) {
+    // The machine's cores shared among its ranks (--nproc N: cores / N each), not all of them per rank.
+    omp_set_num_threads(std::max(1, omp_get_num_procs() / inv.nproc));
+  }
 
   Data data = open_data(r, dp_rank, dp_size);
   // Sizes before allocation: everything a step holds, on the device it will run on (build_model

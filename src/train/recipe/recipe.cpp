@@ -332,7 +332,7 @@ Schema build_schema() {
       .boolean("decay_embeddings", &RecipeOptim::decay_embeddings, false, "weight decay on embeddings too");
 
   SectionBuilder<RecipeParallel>(s, "parallel", &Recipe::parallel, "Processes and threads.")
-      .integer("threads", &RecipeParallel::threads, 0, at_least(0), "CPU threads per process; 0: all cores")
+      .integer("threads", &RecipeParallel::threads, 0, at_least(0), "CPU threads per process; 0: all cores (a rank of --nproc N: cores / N)")
       .integer("sp", &RecipeParallel::sp, 1, at_least(1),
                "ranks that share each sequence (sequence parallelism, docs/distributed.md): `--nproc N` makes "
                "N/sp data-parallel groups of sp ranks, each rank holding train.seq_len/sp tokens of every sequence");
