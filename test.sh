@@ -6,7 +6,7 @@
 # runs only the GPU tests (on a machine with one), `./test.sh -R gla` the tests whose name holds "gla".
 set -euo pipefail
 source "$(dirname "$0")/scripts/setup.sh"
-seqlab_install_packages
+seqlab_install_packages "${SEQLAB_PACKAGES[@]}" "${SEQLAB_TEST_PACKAGES[@]}"
 seqlab_ensure_numpy
 seqlab_build
 ctest --test-dir "$SEQLAB_BUILD" --output-on-failure -j "$(nproc)" "$@"

@@ -12,6 +12,9 @@ SEQLAB_PACKAGES=(cmake ninja-build g++ git libabsl-dev googletest libgtest-dev l
 # What ./test.sh adds for the fuzzing and sanitizer builds (scripts/fuzz.sh, scripts/sanitize.sh): clang,
 # its sanitizer and libFuzzer runtimes, and LLVM's OpenMP runtime, which clang's -fopenmp links.
 SEQLAB_CLANG_PACKAGES=(clang libclang-rt-14-dev libomp-dev)
+# What ./test.sh adds for the tests alone: a Redis server, for the multi-node launch through Gloo's Redis
+# store (tests/train_dp_test.sh starts a private one; without it that case is skipped).
+SEQLAB_TEST_PACKAGES=(redis-server)
 
 # OpenMP threads sleep when idle instead of spinning: on a machine shared with other work, spinning
 # threads steal the cores the busy ones need (a GPT step measured 2-4x slower under load with the
