@@ -6,72 +6,31 @@
 // the ranks after 30 s so that a hang fails the test.
 #include <gtest/gtest.h>
 
-#include <signal.h>
-#include <stdlib.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
-#include <cstdio>
-#include <filesystem>
 #include <functional>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "autograd/variable.h"
+#include "rank_processes.h"
 #include "train/launch/data_parallel.h"
 
 namespace seqlab {
 namespace {
 
-// Runs body(comm) on `size` forked ranks that meet through a fresh file store; returns how many ranks
-// failed (an exception, a failed expectation, a crash, or the watchdog).
+// Runs body(comm) on `size` forked ranks that meet through a fresh file store (rank_processes.h); returns
+// how many ranks failed (an exception, a failed expectation, a crash, or the watchdog).
 int failed_ranks(int size, const std::function<void(dist::Communicator&)>& body) {
-  char folder[] = "/tmp/seqlab_dp_test_XXXXXX";
-  if (!mkdtemp(folder)) throw std::runtime_error("mkdtemp failed");
-  std::fflush(nullptr);
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < size; ++rank) {
-    const pid_t pid = fork();
-    if (pid < 0) throw std::runtime_error("fork failed");
-    if (pid == 0) {
-      int code = 0;
-      try {
-        auto comm = dist::make_communicator(cpu_device(), dist::open_file_store(folder), rank, size,
-                                            std::chrono::seconds(20));
-        body(*comm);
-        // No rank leaves before every rank is connected: one that exits while another is still in the
-        // rendezvous fails that rendezvous ("connection closed by peer").
-        comm->barrier();
-        if (::testing::Test::HasFailure()) code = 1;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "[rank %d] %s\n", rank, e.what());
-        code = 1;
-      }
-      std::fflush(nullptr);
-      _exit(code);
-    }
-    pids.push_back(pid);
-  }
-  int failed = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  for (pid_t pid : pids) {
-    int status = 0;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
-  }
-  std::error_code ec;
-  std::filesystem::remove_all(folder, ec);
-  return failed;
+  return static_cast<int>(testing::run_ranks(size, [&](int rank, const std::string& folder) {
+                            auto comm = dist::make_communicator(cpu_device(), dist::open_file_store(folder), rank,
+                                                                size, std::chrono::seconds(20));
+                            body(*comm);
+                            // No rank leaves before every rank is connected: one that exits while another is
+                            // still in the rendezvous fails that rendezvous ("connection closed by peer").
+                            comm->barrier();
+                            if (::testing::Test::HasFailure()) throw std::runtime_error("an expectation failed");
+                          }).size());
 }
 
 // Gradients of sizes 3, 7, 2 (f32) and 4 (f64) with buckets of at most 5 elements: [3] (3 + 7 > 5),
