@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/ops.h"
 #include "autograd/variable.h"
 #include "rank_processes.h"
 #include "train/launch/data_parallel.h"
@@ -60,6 +61,43 @@ TEST(DataParallel, AveragesGradientsAcrossBucketsOfEverySize) {
       }
     }), 0) << size << " ranks";
   }
+}
+
+// Overlap: averaging started before the backward (start_overlap) and finished after it gives the gradients
+// of averaging after the backward, bit for bit (2 ranks: one addition per element either way), and every
+// bucket whose gradients the backward reached was ready before the backward ended; a parameter the backward
+// does not reach keeps no gradient. Buckets of at most 5 elements, cut in reverse parameter order (the
+// order a model's backward reaches them): one per parameter here.
+TEST(DataParallel, OverlappedAveragingEqualsAveragingAfterTheBackward) {
+  EXPECT_EQ(failed_ranks(2, [](dist::Communicator& comm) {
+    auto run = [&](bool overlap) {
+      const std::vector<int64_t> sizes = {3, 7, 2, 4, 6};  // the last one unused
+      std::vector<Tensor> weights;
+      for (int64_t n : sizes) weights.push_back(set_requires_grad(Tensor::ones({n}, DType::f32)));
+      std::vector<Parameter> params;
+      for (size_t k = 0; k < weights.size(); ++k) params.push_back({"p" + std::to_string(k), &weights[k], ParamRole::matrix});
+      DataParallel dp(comm, 5);
+      if (overlap) dp.start_overlap(params);
+      // loss = Σ_k c_k · Σ_i w_k,i², c_k depending on the rank: dL/dw_k = 2 c_k w_k.
+      Tensor loss;
+      for (size_t k = 0; k + 1 < weights.size(); ++k) {
+        Tensor term = mul(sum(square(weights[k])), 0.1 * (comm.rank() + 1.0) * (k + 1.0) + 1.0 / 3.0);
+        loss = loss.defined() ? add(loss, term) : term;
+      }
+      backward(loss);
+      dp.average_gradients(params);
+      std::vector<std::vector<double>> grads;
+      for (size_t k = 0; k + 1 < weights.size(); ++k) grads.push_back(grad_of(weights[k]).to_doubles());
+      EXPECT_FALSE(grad_of(weights.back()).defined());
+      if (overlap) {
+        const DataParallel::OverlapStats s = dp.last_overlap();
+        EXPECT_EQ(s.buckets, 5);  // [6] [4] [2] [7] [3]: the sizes in reverse, none fitting beside another
+        EXPECT_EQ(s.ready_during_backward, 4);  // all but the unused parameter's
+      }
+      return grads;
+    };
+    EXPECT_EQ(run(true), run(false));
+  }), 0);
 }
 
 TEST(DataParallel, TheRanksAgreeOnTheLossAndOnStopping) {

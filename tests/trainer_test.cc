@@ -126,6 +126,35 @@ TEST(Trainer, TheGradientHookRunsBetweenTheMeanAndTheClip) {
   EXPECT_EQ(weights_of(c), before);
 }
 
+// The last-backward hooks run around the last micro-batch's backward alone: `start` before it (the first
+// micro-batch's gradient already accumulated with 3 micro-batches), `finish` after it and before the
+// gradient hook; the gradients `finish` sees are the sums over the micro-batches (the mean comes after).
+TEST(Trainer, TheLastBackwardHooksRunAroundTheLastMicroBatchsBackward) {
+  Generator ga(4);
+  Decoder a(hybrid_config(), ga);
+  Optimizer opt(adamw(), a.parameters());
+  Trainer trainer(a, opt, kSchedule, {3, 0});
+  std::vector<std::string> calls;
+  int64_t drawn = 0;
+  std::vector<double> at_finish;
+  trainer.set_last_backward_hooks(
+      [&](const std::vector<Parameter>& params) {
+        calls.push_back("start after " + std::to_string(drawn) + " batches");
+        EXPECT_TRUE(grad_of(*params.front().tensor).defined());  // two micro-batches' gradients so far
+      },
+      [&] {
+        calls.push_back("finish");
+        at_finish = grad_of(*a.parameters().front().tensor).to_doubles();
+      });
+  trainer.set_gradient_hook([&](const std::vector<Parameter>& params) {
+    calls.push_back("gradient hook");
+    const std::vector<double> mean = grad_of(*params.front().tensor).to_doubles();
+    for (size_t i = 0; i < mean.size(); ++i) EXPECT_NEAR(mean[i] * 3, at_finish[i], 1e-6 * std::fabs(at_finish[i]));
+  });
+  trainer.step(0, [&] { return micro_batch(drawn++); });
+  EXPECT_EQ(calls, (std::vector<std::string>{"start after 3 batches", "finish", "gradient hook"}));
+}
+
 // The loss hook sees the micro-batches' mean loss and its result is the step's loss, checked for being
 // finite: a hook that returns NaN (a rank's non-finite loss, averaged over the ranks) drops the update.
 TEST(Trainer, TheLossHookGivesTheStepsLossAndItsNonFiniteCheck) {

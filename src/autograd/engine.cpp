@@ -157,7 +157,10 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
 
     if (n->is_accumulator) {
       auto leaf = n->leaf.lock();
-      if (leaf && grad_outputs[0].defined()) accumulate_into_leaf(leaf, grad_outputs[0]);
+      if (leaf && grad_outputs[0].defined()) {
+        accumulate_into_leaf(leaf, grad_outputs[0]);
+        if (leaf->on_grad_ready) leaf->on_grad_ready();
+      }
     } else {
       if (n->released) {
         throw std::runtime_error("backward through '" + n->name +

@@ -28,6 +28,10 @@ struct AutogradMeta {
   std::shared_ptr<Node> grad_fn;    // the op that produced this tensor (non-leaves)
   int output_nr = 0;                // which output of grad_fn this tensor is
   std::shared_ptr<Node> accumulator;  // leaves: the node that adds incoming gradients into `grad`
+  // Leaves: called by backward() right after this backward pass's gradient was added into `grad` (once
+  // per pass: the engine sums every path into the leaf first). Data parallelism starts averaging a bucket
+  // of gradients from here while the backward goes on (train/launch/data_parallel.h).
+  std::function<void()> on_grad_ready;
 };
 
 // The one backward signature: gradients of the outputs (zeros where an output received none), the

@@ -37,7 +37,10 @@ StepResult Trainer::step(int64_t step, const std::function<Batch()>& next_batch)
   double loss_sum = 0;
   for (int64_t micro = 0; micro < options_.grad_accum; ++micro) {
     Tensor loss = model_.loss(next_batch().to(device_));
+    const bool around = micro == options_.grad_accum - 1 && last_backward_start_ && !f32_sums_;
+    if (around) last_backward_start_(model_.parameters());
     backward(loss);
+    if (around && last_backward_finish_) last_backward_finish_();
     if (f32_sums_) f32_sums_->add();
     loss_sum += loss.item();
   }

@@ -3,7 +3,8 @@
 //
 //   for each of grad_accum micro-batches:  loss = model.loss(batch);  backward(loss)
 //   g ← g / grad_accum                      (the mean over micro-batches)
-//   gradient hook                           (where data-parallel training averages g across ranks)
+//   gradient hook                           (where data-parallel training averages g across ranks, or
+//                                            finishes averaging what it started during the last backward)
 //   loss hook                               (where it averages the loss across ranks)
 //   ‖g‖ = √Σ g², the global norm            (accumulated in double)
 //   if loss or ‖g‖ is not finite:  g ← 0    (the update is dropped: weights and optimizer state stay)
@@ -60,6 +61,16 @@ class Trainer {
   // ranks, so every rank reports, and decides on, the same loss).
   using LossHook = std::function<double(double loss)>;
   void set_loss_hook(LossHook hook) { loss_hook_ = std::move(hook); }
+  // Around the backward of the step's last micro-batch: `start` with every parameter just before it (each
+  // gradient is final once that backward has added its share: data parallelism starts averaging there),
+  // `finish` right after it, before the mean over the micro-batches and the gradient hook (where data
+  // parallelism waits for what it started). Not called when the micro-batch gradients of bf16 weights are
+  // summed in f32 (final only after that sum).
+  using LastBackwardHook = std::function<void(const std::vector<Parameter>& params)>;
+  void set_last_backward_hooks(LastBackwardHook start, std::function<void()> finish) {
+    last_backward_start_ = std::move(start);
+    last_backward_finish_ = std::move(finish);
+  }
 
   // Update number `step` (0-based: lr = schedule.lr_at(step)) over grad_accum micro-batches drawn
   // from `next_batch` (moved to the model's device here). The gradients are zero again afterwards.
@@ -76,6 +87,8 @@ class Trainer {
   std::optional<F32GradAccumulator> f32_sums_;
   GradientHook hook_;
   LossHook loss_hook_;
+  LastBackwardHook last_backward_start_;
+  std::function<void()> last_backward_finish_;
 };
 
 }  // namespace seqlab

@@ -478,6 +478,10 @@ int train(const std::vector<std::string>& args) {
     }
     dp.emplace(*comm, kGradientBucketElements, dp_size);
     trainer.set_gradient_hook([&](const std::vector<Parameter>& params) { dp->average_gradients(params); });
+    if (r.parallel.overlap) {
+      trainer.set_last_backward_hooks([&](const std::vector<Parameter>& params) { dp->start_overlap(params); },
+                                      [&] { dp->finish_overlap(); });
+    }
     trainer.set_loss_hook([&](double loss) { return dp->average(loss); });
   }
 

@@ -335,7 +335,10 @@ Schema build_schema() {
       .integer("threads", &RecipeParallel::threads, 0, at_least(0), "CPU threads per process; 0: all cores (a rank of --nproc N: cores / N)")
       .integer("sp", &RecipeParallel::sp, 1, at_least(1),
                "ranks that share each sequence (sequence parallelism, docs/distributed.md): `--nproc N` makes "
-               "N/sp data-parallel groups of sp ranks, each rank holding train.seq_len/sp tokens of every sequence");
+               "N/sp data-parallel groups of sp ranks, each rank holding train.seq_len/sp tokens of every sequence")
+      .boolean("overlap", &RecipeParallel::overlap, true,
+               "with several ranks on the CPU: average each bucket of gradients as soon as the backward has "
+               "finished it, while the backward goes on; false: all of them after the backward");
 
   SectionBuilder<RecipeLog>(s, "log", &Recipe::log, "Metrics, evaluation, samples and the run directory.")
       .integer("every", &RecipeLog::every, 10, at_least(1), "steps between training-loss lines")

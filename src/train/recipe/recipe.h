@@ -73,6 +73,7 @@ struct RecipeOptim {
 struct RecipeParallel {
   int64_t threads = 0;  // 0: all cores
   int64_t sp = 1;       // ranks sharing each sequence (sequence parallelism)
+  bool overlap = true;  // average gradient buckets while the backward goes on
 };
 
 struct RecipeLog {
