@@ -161,12 +161,15 @@ bool Decoder::bounded_context() const {
 
 int64_t Decoder::max_context() const { return bounded_context() ? cfg_.max_seq_len : 0; }
 
-double Decoder::mixing_flops_per_token(int64_t seq_len) const {
-  const MixerContext ctx = mixer_context();
+double Decoder::mixing_flops_per_token(int64_t seq_len) const { return decoder_mixing_flops_per_token(cfg_, seq_len); }
+
+double decoder_mixing_flops_per_token(const DecoderConfig& config, int64_t seq_len) {
+  const DecoderConfig cfg = resolved(config);
+  const MixerContext ctx = mixer_context_of(cfg);
   double flops = 0;
-  for (const BlockSpec& b : cfg_.blocks) {
+  for (const BlockSpec& b : cfg.blocks) {
     const MixerSpec& spec = mixer_spec(b.mixer);
-    flops += spec.mixing_flops_per_token(ctx, options_of(cfg_, spec), seq_len);
+    flops += spec.mixing_flops_per_token(ctx, options_of(cfg, spec), seq_len);
   }
   return flops;
 }

@@ -80,6 +80,10 @@ int64_t decoder_d_ff(FfnKind kind, int64_t d_model);
 // Decoder(cfg).num_parameters(); throws std::invalid_argument as the Decoder's constructor does for
 // sizes it cannot take.
 double decoder_parameter_count(const DecoderConfig& cfg);
+// Token-mixing FLOPs per token of the Decoder of `cfg` for sequences of seq_len tokens, beyond 6 per
+// weight (each block's MixerSpec::mixing_flops_per_token), from the configuration alone: equals
+// Decoder(cfg).mixing_flops_per_token(seq_len).
+double decoder_mixing_flops_per_token(const DecoderConfig& cfg, int64_t seq_len);
 
 // The conventions "auto" stands for in a recipe's model.norm, model.mlp, model.bias and
 // model.positions: GPT-2's when every block is softmax attention (LayerNorm, GELU MLP, biases,

@@ -28,5 +28,8 @@ int recipe_command(const std::vector<std::string>& args);
 int sample_command(const std::vector<std::string>& args);
 // `seqlab plot RUN ...` with the arguments after "plot": the loss curves as a PNG.
 int plot_command(const std::vector<std::string>& args);
+// `seqlab sweep SWEEP.toml ...` with the arguments after "sweep": every point of a grid of runs, and the
+// results table.
+int sweep_command(const std::vector<std::string>& args);
 
 }  // namespace seqlab::cli

@@ -41,10 +41,13 @@ std::string usage_text() {
          "  sample RUN [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
          "                      generate text from a run's newest checkpoint (seqlab sample --help)\n"
          "  plot RUN [--out FILE]  draw the loss curves of a run into RUN/loss.png\n"
+         "  sweep SWEEP.toml [--jobs N] [--out DIR] [--dry-run]   every point of a grid of runs, then\n"
+         "                      results.csv and a table of the best per cell (seqlab sweep --help)\n"
+         "  sweep --report DIR  the results of a sweep folder again, from its finished runs\n"
          "  --version           version, git commit and the compiled backends\n"
          "  --help              this text\n"
          "\n"
-         "planned: sequence parallelism\n";
+         "planned: plots and FLOP fits of sweeps, the published comparisons as sweep files (docs/scaling.md)\n";
 }
 
 namespace {

@@ -1,0 +1,313 @@
+// `seqlab sweep SWEEP.toml`: runs every point of a sweep (src/train/sweep/sweep.h) as an ordinary training
+// run in its own folder, `--jobs N` at a time, skipping the points that finished earlier and resuming the
+// ones that stopped with a checkpoint; then writes results.csv and results.md into the sweep's folder.
+// Each point is a child process of this same program (`seqlab RECIPE --set ... --out FOLDER`), its output in
+// FOLDER.log; a point that fails is recorded in FOLDER.failed with its reason, and the sweep goes on.
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
+#include <fcntl.h>
+#include <omp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "layers/model/decoder.h"
+#include "train/cli/commands.h"
+#include "train/cli/util.h"
+#include "train/loop/progress.h"
+#include "train/recipe/configs.h"
+#include "train/recipe/recipe.h"
+#include "train/sweep/sweep.h"
+
+namespace seqlab::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kSweepUsage[] =
+    "usage: seqlab sweep SWEEP.toml [--jobs N] [--out DIR] [--dry-run]\n"
+    "       seqlab sweep --report DIR\n"
+    "\n"
+    "Runs every point of the grid of SWEEP.toml (a base recipe, [grid] of recipe keys and their values,\n"
+    "[set] for every point, the metric, best_over; docs/scaling.md) as an ordinary run in DIR/<point>/\n"
+    "(DIR: runs/<sweep name>), --jobs N at a time (each with cores/N threads), skipping points that\n"
+    "finished earlier and resuming those that stopped with a checkpoint; a failing point is recorded\n"
+    "(DIR/<point>.failed) and the sweep goes on. Then writes DIR/results.csv and DIR/results.md (the metric\n"
+    "per cell, the best over best_over) and prints the table. Exit status 0 when every point finished.\n"
+    "  --dry-run   print the points, their sizes and an estimated time; run nothing\n"
+    "  --report    write results.csv and results.md again from the finished runs of DIR\n";
+
+volatile sig_atomic_t g_interrupted = 0;
+void on_interrupt(int) { g_interrupted = 1; }
+
+// What each point needs to run and to be reported.
+struct Planned {
+  PointResult result;
+  std::string dir;
+  int64_t steps = 0;
+  std::string recipe_error;  // the point's recipe does not load: it fails without running
+};
+
+std::vector<Planned> plan(const Sweep& sweep, const fs::path& out) {
+  std::vector<Planned> points;
+  for (const SweepPoint& p : expand_grid(sweep)) {
+    Planned q;
+    q.result.point = p;
+    q.dir = (out / p.name).string();
+    absl::StatusOr<Recipe> r = load_recipe(sweep.recipe, p.overrides);
+    if (!r.ok()) {
+      q.recipe_error = std::string(r.status().message());
+    } else {
+      q.steps = r->train.steps;
+      q.result.tokens = r->train.steps * r->train.grad_accum * r->train.batch_size * r->train.seq_len;
+      absl::StatusOr<DecoderConfig> cfg = decoder_config(*r, r->model.vocab_size > 0 ? r->model.vocab_size : 256);
+      if (cfg.ok()) {
+        try {
+          q.result.outcome.params = decoder_parameter_count(*cfg);
+          const double per_token = 6 * q.result.outcome.params + decoder_mixing_flops_per_token(*cfg, r->train.seq_len);
+          q.result.flops = per_token * static_cast<double>(q.result.tokens);
+        } catch (const std::invalid_argument& e) {
+          q.recipe_error = e.what();
+        }
+      } else {
+        q.recipe_error = std::string(cfg.status().message());
+      }
+    }
+    points.push_back(std::move(q));
+  }
+  return points;
+}
+
+// The point's outcome from its folder, its parameter count from the run when it logged one.
+void refresh(const Sweep& sweep, Planned& q) {
+  const double planned_params = q.result.outcome.params;
+  q.result.outcome = read_outcome(q.dir, sweep.metric, q.steps);
+  if (q.result.outcome.params == 0) q.result.outcome.params = planned_params;
+  if (!q.recipe_error.empty()) q.result.outcome.failure = q.recipe_error;
+}
+
+void write_results(const Sweep& sweep, const fs::path& out, const std::vector<Planned>& points) {
+  std::vector<PointResult> results;
+  for (const Planned& q : points) results.push_back(q.result);
+  auto write = [&](const std::string& name, const std::string& text) {
+    const fs::path tmp = out / (name + ".tmp");
+    std::ofstream(tmp) << text;
+    fs::rename(tmp, out / name);
+  };
+  write("results.csv", results_csv(sweep, results));
+  write("results.md", results_table(sweep, results));
+}
+
+bool has_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().filename().string().rfind("ckpt_", 0) == 0) return true;
+  }
+  return false;
+}
+
+// The last line of a point's log that says why it failed ("seqlab ...: ..."), or the exit status.
+std::string failure_reason(const std::string& log, int status) {
+  std::ifstream in(log);
+  std::string line, reason;
+  while (std::getline(in, line)) {
+    if (line.rfind("seqlab", 0) == 0 && line.find(": ") != std::string::npos && line.find(" parameters;") == std::string::npos &&
+        line.rfind("seqlab: removed", 0) != 0) {
+      reason = line;
+    }
+  }
+  if (!reason.empty()) return reason;
+  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
+  return absl::StrCat("exit ", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+}
+
+// Starts one point: `seqlab RECIPE --set ... --out DIR`, or `seqlab --resume DIR` when it stopped with a
+// checkpoint; its output appended to DIR.log.
+pid_t launch(const Sweep& sweep, const Planned& q, int threads) {
+  std::vector<std::string> argv{"/proc/self/exe"};
+  const bool resume = has_checkpoint(q.dir);
+  // The base recipe and the point's overrides, on a resume too (`RECIPE --resume RUN`: the run continues
+  // to the sweep's settings, its steps say, whatever it was started with).
+  argv.push_back(sweep.recipe);
+  if (resume) {
+    argv.insert(argv.end(), {"--resume", q.dir});
+  } else {
+    std::error_code ec;
+    fs::remove_all(q.dir, ec);  // an attempt that wrote no checkpoint: nothing to keep
+  }
+  for (const std::string& o : q.result.point.overrides) argv.insert(argv.end(), {"--set", o});
+  bool threads_set = false;
+  for (const std::string& o : q.result.point.overrides) threads_set = threads_set || o.rfind("parallel.threads=", 0) == 0;
+  if (!threads_set) argv.insert(argv.end(), {"--set", absl::StrCat("parallel.threads=", threads)});
+  argv.insert(argv.end(), {"--set", "log.progress=\"plain\""});
+  if (!resume) argv.insert(argv.end(), {"--out", q.dir});
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("sweep: fork failed");
+  if (pid == 0) {
+    const int fd = ::open((q.dir + ".log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
+    std::vector<char*> cargv;
+    for (std::string& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    execv(cargv[0], cargv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+std::string describe(const Sweep& sweep, const Planned& q) {
+  const PointOutcome& o = q.result.outcome;
+  if (o.finished) return absl::StrFormat("%s %.4g (%.0f s)", sweep.metric, *o.metric, o.wall_s);
+  return "FAILED: " + o.failure;
+}
+
+int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run) {
+  std::vector<Planned> points = plan(sweep, out);
+  const int cores = omp_get_num_procs();
+  const int threads = std::max(1, cores / jobs);
+  if (dry_run) {
+    double flops = 0;
+    std::cout << absl::StrFormat("sweep %s: %d points of %s, into %s\n", sweep.name, points.size(), sweep.recipe,
+                                 out.string());
+    for (const Planned& q : points) {
+      std::cout << "  " << q.result.point.name << ": ";
+      if (!q.recipe_error.empty()) {
+        std::cout << "REFUSED: " << q.recipe_error << "\n";
+        continue;
+      }
+      flops += q.result.flops;
+      std::cout << absl::StrFormat("%.3gM parameters, %d tokens, %.3g training FLOPs\n", q.result.outcome.params / 1e6,
+                                   q.result.tokens, q.result.flops);
+    }
+    const double peak = measured_peak_flops(cpu_device(), DType::f32);
+    std::cout << absl::StrFormat(
+        "estimated %.1f min on this machine's CPU (at 40%% of its measured %.0f GFLOP/s, %d job(s) of %d thread(s))\n",
+        flops / (0.4 * peak) / 60.0, peak / 1e9, jobs, threads);
+    return 0;
+  }
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) throw UserError("cannot create the sweep folder " + out.string() + ": " + ec.message());
+  std::ofstream(out / "sweep_file") << fs::absolute(sweep.file).string() << "\n";
+  struct sigaction sa {};
+  sa.sa_handler = on_interrupt;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  const size_t n = points.size();
+  size_t done = 0, next = 0;
+  std::map<pid_t, size_t> running;
+  auto report = [&](size_t i, const std::string& what) {
+    ++done;
+    std::cout << absl::StrFormat("[%d/%d] %s: %s\n", done, n, points[i].result.point.name, what) << std::flush;
+  };
+  std::cout << absl::StrFormat("sweep %s: %d points, %d at a time (%d thread(s) each), into %s\n", sweep.name, n, jobs,
+                               threads, out.string());
+  while (next < n || !running.empty()) {
+    while (!g_interrupted && next < n && running.size() < static_cast<size_t>(jobs)) {
+      Planned& q = points[next];
+      refresh(sweep, q);
+      if (!q.recipe_error.empty()) {
+        report(next++, "FAILED: " + q.recipe_error);
+      } else if (q.result.outcome.finished) {
+        report(next, "finished earlier, " + describe(sweep, q));
+        ++next;
+      } else {
+        fs::remove(q.dir + ".failed", ec);
+        running[launch(sweep, q, threads)] = next++;
+      }
+    }
+    if (running.empty()) {
+      if (g_interrupted) break;
+      continue;
+    }
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    auto it = running.find(pid);
+    if (it == running.end()) continue;
+    Planned& q = points[it->second];
+    running.erase(it);
+    refresh(sweep, q);
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0 && q.result.outcome.finished)) {
+      const std::string reason = failure_reason(q.dir + ".log", status);
+      std::ofstream(q.dir + ".failed") << reason << "\n";
+      refresh(sweep, q);
+    }
+    report(static_cast<size_t>(&q - points.data()), describe(sweep, q));
+  }
+  for (Planned& q : points) refresh(sweep, q);
+  write_results(sweep, out, points);
+  std::vector<PointResult> results;
+  for (const Planned& q : points) results.push_back(q.result);
+  std::cout << "\n" << results_table(sweep, results) << "\nresults: " << (out / "results.csv").string() << ", "
+            << (out / "results.md").string() << "\n";
+  size_t unfinished = 0;
+  for (const Planned& q : points) unfinished += q.result.outcome.finished ? 0 : 1;
+  if (g_interrupted) {
+    std::cout << "sweep interrupted: run it again to finish the " << unfinished << " points left\n";
+    return 130;
+  }
+  if (unfinished > 0) {
+    std::cerr << absl::StrFormat("seqlab sweep: %d of %d points did not finish (their reasons are in results.md)\n",
+                                 unfinished, n);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int sweep_command(const std::vector<std::string>& args) {
+  int code = 0;
+  const int guarded = run_guarded("sweep", [&] {
+    Flags f(args, "sweep", {"--jobs", "--out", "--report"}, {"--dry-run", "--help", "-h"}, {}, 1);
+    if (f.has("--help") || f.has("-h")) {
+      std::cout << kSweepUsage;
+      return;
+    }
+    if (f.has("--report")) {
+      const fs::path dir = f.get("--report");
+      std::ifstream in(dir / "sweep_file");
+      std::string file;
+      if (!std::getline(in, file)) {
+        throw UserError(dir.string() + " is not a sweep folder (no sweep_file: run seqlab sweep SWEEP.toml first)");
+      }
+      const Sweep sweep = value_or_throw(load_sweep(file));
+      std::vector<Planned> points = plan(sweep, dir);
+      for (Planned& q : points) refresh(sweep, q);
+      write_results(sweep, dir, points);
+      std::vector<PointResult> results;
+      for (const Planned& q : points) results.push_back(q.result);
+      std::cout << results_table(sweep, results);
+      return;
+    }
+    if (f.positional().empty()) throw UserError("expected a sweep file: seqlab sweep SWEEP.toml (see seqlab sweep --help)");
+    const Sweep sweep = value_or_throw(load_sweep(f.positional()[0]));
+    const int jobs = f.number<int>("--jobs", 1);
+    if (jobs < 1) throw UserError("--jobs expects 1 or more, got " + f.get("--jobs"));
+    const fs::path out = f.has("--out") ? fs::path(f.get("--out")) : fs::path("runs") / sweep.name;
+    code = run_sweep(sweep, out, jobs, f.has("--dry-run"));
+  });
+  return guarded != 0 ? guarded : code;
+}
+
+}  // namespace seqlab::cli

@@ -1,0 +1,303 @@
+// Sweeps: the file, the grid, a point's outcome and the results (sweep.h).
+#include "train/sweep/sweep.h"
+
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <toml++/toml.h>
+
+namespace seqlab {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+absl::Status bad(const std::string& file, const std::string& what) {
+  return absl::InvalidArgumentError(file + ": " + what);
+}
+
+// A TOML value as the literal a --set override takes (strings quoted, numbers as TOML writes them).
+std::optional<std::string> literal_of(const toml::node& node) {
+  if (node.is_string()) {
+    const std::string text = *node.value<std::string>();
+    std::string out = "\"";
+    for (char c : text) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    return out + "\"";
+  }
+  if (node.is_integer()) return std::to_string(*node.value<int64_t>());
+  if (node.is_floating_point()) return absl::StrCat(*node.value<double>());
+  if (node.is_boolean()) return *node.value<bool>() ? "true" : "false";
+  return std::nullopt;
+}
+
+// The number after "key": in a metrics line, if present.
+std::optional<double> field(const std::string& line, const std::string& key) {
+  const std::string tag = "\"" + key + "\": ";
+  size_t at = line.find(tag);
+  if (at == std::string::npos) return std::nullopt;
+  at += tag.size();
+  const size_t end = line.find_first_of(",}", at);
+  double v;
+  if (!absl::SimpleAtod(line.substr(at, end - at), &v)) return std::nullopt;
+  return v;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The short name of an axis in folder names: its last component ("optim.lr" → "lr").
+std::string short_key(const std::string& key) {
+  const size_t dot = key.rfind('.');
+  return dot == std::string::npos ? key : key.substr(dot + 1);
+}
+
+}  // namespace
+
+absl::StatusOr<Sweep> load_sweep(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return absl::NotFoundError("sweep file not found: " + path);
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ":", e.source().begin.line, ":", e.source().begin.column,
+                                                   ": TOML syntax error: ", std::string(e.description())));
+  }
+  Sweep s;
+  s.file = path;
+  s.name = fs::path(path).stem().string();
+  for (const auto& [k, v] : root) {
+    const std::string key(k.str());
+    if (key == "name" && v.is_string()) {
+      s.name = *v.value<std::string>();
+    } else if (key == "recipe" && v.is_string()) {
+      s.recipe = (fs::path(path).parent_path() / *v.value<std::string>()).lexically_normal().string();
+    } else if (key == "metric" && v.is_string()) {
+      s.metric = *v.value<std::string>();
+    } else if ((key == "rows" || key == "columns") && v.is_string()) {
+      (key == "rows" ? s.rows : s.columns) = *v.value<std::string>();
+    } else if (key == "best_over" && v.is_array()) {
+      for (const toml::node& n : *v.as_array()) {
+        if (!n.is_string()) return bad(path, "best_over must list recipe keys (strings)");
+        s.best_over.push_back(*n.value<std::string>());
+      }
+    } else if (key == "grid" && v.is_table()) {
+      for (const auto& [gk, gv] : *v.as_table()) {
+        SweepAxis axis{std::string(gk.str()), {}};
+        if (!gv.is_array() || gv.as_array()->empty()) {
+          return bad(path, "grid." + axis.key + " must be a non-empty list of values, e.g. [1e-3, 3e-3]");
+        }
+        for (const toml::node& n : *gv.as_array()) {
+          std::optional<std::string> lit = literal_of(n);
+          if (!lit) return bad(path, "grid." + axis.key + ": values must be strings, numbers or booleans");
+          axis.values.push_back(*lit);
+        }
+        s.axes.push_back(std::move(axis));
+      }
+    } else if (key == "set" && v.is_table()) {
+      for (const auto& [sk, sv] : *v.as_table()) {
+        std::optional<std::string> lit = literal_of(sv);
+        if (!lit) return bad(path, "set." + std::string(sk.str()) + ": a value must be a string, number or boolean");
+        s.fixed.push_back(std::string(sk.str()) + "=" + *lit);
+      }
+    } else {
+      return bad(path, "unknown or mistyped key '" + key +
+                           "' (a sweep file has name, recipe, metric, best_over, rows, columns and the tables [grid] "
+                           "and [set])");
+    }
+  }
+  if (s.recipe.empty()) return bad(path, "no recipe: name the base recipe, e.g. recipe = \"../gpt_small.toml\"");
+  if (s.axes.empty()) return bad(path, "no [grid]: list at least one recipe key with its values");
+  if (s.name.empty() || s.name.find('/') != std::string::npos) return bad(path, "name must be a folder name");
+  auto is_axis = [&](const std::string& k) {
+    return std::any_of(s.axes.begin(), s.axes.end(), [&](const SweepAxis& a) { return a.key == k; });
+  };
+  for (const std::string& b : s.best_over) {
+    if (!is_axis(b)) return bad(path, "best_over names " + b + ", which is not an axis of [grid]");
+  }
+  for (const std::string* k : {&s.rows, &s.columns}) {
+    if (!k->empty() && !is_axis(*k)) return bad(path, (k == &s.rows ? "rows" : "columns") + std::string(" names ") + *k + ", which is not an axis of [grid]");
+  }
+  s.higher_is_better = s.metric.find("acc") != std::string::npos;
+  return s;
+}
+
+std::string display_value(const std::string& literal) {
+  if (literal.size() >= 2 && literal.front() == '"' && literal.back() == '"') return literal.substr(1, literal.size() - 2);
+  return literal;
+}
+
+std::vector<SweepPoint> expand_grid(const Sweep& sweep) {
+  std::vector<SweepPoint> points(1);
+  for (const SweepAxis& axis : sweep.axes) {
+    std::vector<SweepPoint> next;
+    for (const SweepPoint& p : points) {
+      for (const std::string& v : axis.values) {
+        SweepPoint q = p;
+        q.values.push_back(v);
+        next.push_back(std::move(q));
+      }
+    }
+    points = std::move(next);
+  }
+  // Short keys name the folders unless two axes share one (then the whole key).
+  std::map<std::string, int> uses;
+  for (const SweepAxis& a : sweep.axes) ++uses[short_key(a.key)];
+  for (SweepPoint& p : points) {
+    std::vector<std::string> parts;
+    p.overrides = sweep.fixed;
+    for (size_t i = 0; i < sweep.axes.size(); ++i) {
+      const std::string& key = sweep.axes[i].key;
+      const std::string k = uses[short_key(key)] > 1 ? key : short_key(key);
+      std::string v = display_value(p.values[i]);
+      for (char& ch : v) {
+        if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' || ch == '+' || ch == '_')) ch = '_';
+      }
+      parts.push_back(k + "=" + v);
+      p.overrides.push_back(key + "=" + p.values[i]);
+    }
+    p.name = absl::StrJoin(parts, ",");
+  }
+  return points;
+}
+
+PointOutcome read_outcome(const std::string& run_dir, const std::string& metric, int64_t steps) {
+  PointOutcome o;
+  std::ifstream metrics(fs::path(run_dir) / "metrics.jsonl");
+  std::string line;
+  while (std::getline(metrics, line)) {
+    const std::optional<double> step = field(line, "step");
+    if (!step) continue;
+    o.last_step = static_cast<int64_t>(*step);
+    if (std::optional<double> e = field(line, "elapsed_s")) o.wall_s = *e;
+    if (o.last_step == steps) {
+      if (std::optional<double> m = field(line, metric)) o.metric = m;
+    }
+  }
+  o.finished = o.last_step == steps && o.metric.has_value();
+  const std::string log = slurp(run_dir + ".log");
+  // The start line: "seqlab: NAME: 3295488 parameters; ..."
+  const size_t at = log.find(" parameters;");
+  if (at != std::string::npos) {
+    size_t begin = log.rfind(' ', at - 1);
+    double n;
+    if (begin != std::string::npos && absl::SimpleAtod(log.substr(begin + 1, at - begin - 1), &n)) o.params = n;
+  }
+  if (!o.finished) {
+    o.failure = slurp(run_dir + ".failed");
+    while (!o.failure.empty() && o.failure.back() == '\n') o.failure.pop_back();
+  }
+  return o;
+}
+
+namespace {
+std::string status_of(const PointOutcome& o) { return o.finished ? "ok" : !o.failure.empty() ? "failed" : "unfinished"; }
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+}  // namespace
+
+std::string results_csv(const Sweep& sweep, const std::vector<PointResult>& results) {
+  std::vector<std::string> header{"point"};
+  for (const SweepAxis& a : sweep.axes) header.push_back(a.key);
+  for (const char* h : {"status", "params", "tokens", "train_flops", "wall_s"}) header.emplace_back(h);
+  header.push_back(sweep.metric);
+  std::string out = absl::StrJoin(header, ",") + "\n";
+  for (const PointResult& r : results) {
+    std::vector<std::string> row{csv_field(r.point.name)};
+    for (const std::string& v : r.point.values) row.push_back(csv_field(display_value(v)));
+    row.push_back(status_of(r.outcome));
+    row.push_back(absl::StrFormat("%.0f", r.outcome.params));
+    row.push_back(std::to_string(r.tokens));
+    row.push_back(absl::StrFormat("%.4g", r.flops));
+    row.push_back(absl::StrFormat("%.1f", r.outcome.wall_s));
+    row.push_back(r.outcome.metric ? absl::StrFormat("%.6g", *r.outcome.metric) : "");
+    out += absl::StrJoin(row, ",") + "\n";
+  }
+  return out;
+}
+
+std::string results_table(const Sweep& sweep, const std::vector<PointResult>& results) {
+  // The table's axes: rows and columns when the file names them, else the first two (in key order) that
+  // best_over does not name.
+  auto index_of = [&](const std::string& key) {
+    for (size_t i = 0; i < sweep.axes.size(); ++i) {
+      if (sweep.axes[i].key == key) return i;
+    }
+    return sweep.axes.size();
+  };
+  std::vector<size_t> shown;
+  for (const std::string* k : {&sweep.rows, &sweep.columns}) {
+    if (!k->empty()) shown.push_back(index_of(*k));
+  }
+  for (size_t i = 0; i < sweep.axes.size() && shown.size() < 2; ++i) {
+    const bool free = std::find(sweep.best_over.begin(), sweep.best_over.end(), sweep.axes[i].key) == sweep.best_over.end();
+    if (free && std::find(shown.begin(), shown.end(), i) == shown.end()) shown.push_back(i);
+  }
+  const bool better_high = sweep.higher_is_better;
+  auto cell_of = [&](const std::string& row, const std::string& col) {
+    const PointResult* best = nullptr;
+    bool any_failed = false;
+    for (const PointResult& r : results) {
+      if (!shown.empty() && r.point.values[shown[0]] != row) continue;
+      if (shown.size() > 1 && r.point.values[shown[1]] != col) continue;
+      if (!r.outcome.finished) {
+        any_failed = any_failed || !r.outcome.failure.empty();
+        continue;
+      }
+      const double m = *r.outcome.metric;
+      if (best == nullptr || (better_high ? m > *best->outcome.metric : m < *best->outcome.metric)) best = &r;
+    }
+    if (best == nullptr) return std::string(any_failed ? "failed" : "—");
+    std::vector<std::string> at;  // where the best sits on the other axes
+    for (size_t i = 0; i < sweep.axes.size(); ++i) {
+      if (std::find(shown.begin(), shown.end(), i) != shown.end() || sweep.axes[i].values.size() < 2) continue;
+      at.push_back(short_key(sweep.axes[i].key) + "=" + display_value(best->point.values[i]));
+    }
+    std::string text = absl::StrFormat("%.4g", *best->outcome.metric);
+    if (!at.empty()) text += " (" + absl::StrJoin(at, ", ") + ")";
+    return text;
+  };
+  std::string out = absl::StrFormat("%s, %s (%s is better)", sweep.name, sweep.metric, better_high ? "higher" : "lower");
+  if (!sweep.best_over.empty()) out += ", the best over " + absl::StrJoin(sweep.best_over, ", ");
+  out += "\n\n";
+  const std::vector<std::string> rows = shown.empty() ? std::vector<std::string>{""} : sweep.axes[shown[0]].values;
+  const std::vector<std::string> cols = shown.size() > 1 ? sweep.axes[shown[1]].values : std::vector<std::string>{""};
+  std::string head = "| " + (shown.empty() ? std::string("") : sweep.axes[shown[0]].key) + " |";
+  std::string rule = "|---|";
+  for (const std::string& c : cols) {
+    head += " " + (shown.size() > 1 ? short_key(sweep.axes[shown[1]].key) + " = " + display_value(c) : sweep.metric) + " |";
+    rule += "---|";
+  }
+  out += head + "\n" + rule + "\n";
+  for (const std::string& row : rows) {
+    out += "| " + display_value(row) + " |";
+    for (const std::string& c : cols) out += " " + cell_of(row, c) + " |";
+    out += "\n";
+  }
+  std::string failures;
+  for (const PointResult& r : results) {
+    if (!r.outcome.finished && !r.outcome.failure.empty()) failures += "- " + r.point.name + ": " + r.outcome.failure + "\n";
+  }
+  if (!failures.empty()) out += "\nFailed points:\n" + failures;
+  return out;
+}
+
+}  // namespace seqlab

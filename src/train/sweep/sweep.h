@@ -1,0 +1,91 @@
+// Sweeps (docs/scaling.md): a sweep file names a base recipe, a grid of recipe keys and the metric to
+// report; every point of the grid is an ordinary run in its own folder, and the results gather into a CSV
+// and a markdown table that takes, for each cell, the best run over the axes named in best_over (the best
+// learning rate, as the papers do). This file is the sweep's logic, free of processes: reading the file,
+// expanding the grid, naming the points, reading a point's outcome from its run folder and writing the
+// results. The command (src/train/cli/sweep.cpp) runs the points.
+//
+//   name = "mqar"                        # optional: the sweep's folder runs/<name> (default: the file's stem)
+//   recipe = "../mqar_small.toml"        # the base recipe, relative to this file
+//   metric = "val_acc"                   # a field of the run's final evaluation: val_loss, val_acc, ...
+//   best_over = ["optim.lr"]             # axes each table cell takes its best over (optional)
+//   rows = "model.mixer"                 # the table's rows and columns (optional: the first axes, in
+//   columns = "model.d_model"            # key order, that best_over does not name)
+//   [grid]                               # one list of values per recipe key; the points are every
+//   "model.mixer" = ["attention", "gla"] # combination, the axes in the order of their keys
+//   "optim.lr" = [1e-3, 3e-3]
+//   [set]                                # overrides every point shares (optional)
+//   "train.steps" = 300
+#pragma once
+
+#include <absl/status/statusor.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace seqlab {
+
+struct SweepAxis {
+  std::string key;                  // "model.mixer"
+  std::vector<std::string> values;  // TOML literals: "\"gla\"", "0.001", "64"
+};
+
+struct Sweep {
+  std::string file;                 // the sweep file
+  std::string name;                 // its folder's name under the output folder
+  std::string recipe;               // the base recipe's path (relative to the working folder)
+  std::string metric = "val_loss";  // lower is better, unless higher_is_better
+  bool higher_is_better = false;    // metrics named *acc* or *accuracy*
+  std::vector<std::string> best_over;
+  std::string rows, columns;        // the table's axes ("": the first ones best_over does not name)
+  std::vector<SweepAxis> axes;      // in the order of their keys
+  std::vector<std::string> fixed;   // "key=literal" overrides of every point
+};
+
+// Reads and checks a sweep file: InvalidArgument naming the file and what is wrong (an unknown top-level
+// key, a grid value that is not a list or is empty, best_over naming no axis, no grid at all); NotFound for
+// a missing file. The keys' values are checked when each point's recipe loads (point_recipe_errors).
+absl::StatusOr<Sweep> load_sweep(const std::string& path);
+
+struct SweepPoint {
+  std::vector<std::string> values;     // one literal per axis
+  std::string name;                    // its folder: "mixer=gla,lr=0.001"
+  std::vector<std::string> overrides;  // the --set arguments: fixed ones, then the point's
+};
+
+// Every combination of the axes' values, the first axis varying slowest.
+std::vector<SweepPoint> expand_grid(const Sweep& sweep);
+
+// A value as a folder name and a table shows it: strings unquoted, numbers as written.
+std::string display_value(const std::string& literal);
+
+// What a point's run folder says (nothing of it is trusted beyond the metrics it logged).
+struct PointOutcome {
+  bool finished = false;  // its metrics.jsonl logged the last step and, there, the metric
+  std::optional<double> metric;
+  double params = 0;    // from the run's start line ("N parameters"), 0 when unknown
+  double wall_s = 0;    // elapsed_s of its last logged step
+  int64_t last_step = 0;
+  std::string failure;  // the reason recorded by the runner when the last attempt failed
+};
+// Reads RUN/metrics.jsonl, RUN.log (the start line) and RUN.failed; `steps` is the point's train.steps.
+PointOutcome read_outcome(const std::string& run_dir, const std::string& metric, int64_t steps);
+
+struct PointResult {
+  SweepPoint point;
+  PointOutcome outcome;
+  int64_t tokens = 0;   // trained: steps × batch_size × seq_len × grad_accum
+  double flops = 0;     // training FLOPs: tokens × (6·params + mixing FLOPs per token)
+};
+
+// results.csv: a header, then one row a point: its name, every axis's value, status (ok / failed /
+// unfinished), params, tokens, training FLOPs, wall seconds and the metric (empty when none).
+std::string results_csv(const Sweep& sweep, const std::vector<PointResult>& results);
+// results.md: the metric per cell of the table's two axes (rows, columns; one column when the grid has one
+// axis besides best_over's), each cell the best over the other axes' points that finished (where those
+// sit, in brackets), "failed" or "—" where no point finished; then the failed points with their reasons.
+std::string results_table(const Sweep& sweep, const std::vector<PointResult>& results);
+
+}  // namespace seqlab

@@ -1,0 +1,158 @@
+// Sweeps (src/train/sweep/sweep.h): reading a sweep file and its refusals, the grid's expansion (order,
+// folder names, the --set overrides with their quoting), a point's outcome read from its run folder, the
+// best-over-lr selection of the results table with a failed point, and results.csv read back.
+#include "train/sweep/sweep.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace seqlab {
+namespace {
+
+namespace fs = std::filesystem;
+
+class SweepTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/seqlab_sweep_test_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::string put(const std::string& name, const std::string& text) {
+    const std::string path = (fs::path(dir_) / name).string();
+    fs::create_directories(fs::path(path).parent_path());
+    std::ofstream(path) << text;
+    return path;
+  }
+  std::string error_of(const std::string& text) {
+    absl::StatusOr<Sweep> s = load_sweep(put("s.toml", text));
+    return s.ok() ? "" : std::string(s.status().message());
+  }
+  std::string dir_;
+};
+
+const char kSweep[] =
+    "name = \"cmp\"\n"
+    "recipe = \"recipes/base.toml\"\n"
+    "metric = \"val_acc\"\n"
+    "best_over = [\"optim.lr\"]\n"
+    "rows = \"model.mixer\"\n"
+    "[grid]\n"
+    "\"model.mixer\" = [\"attention\", \"gla\"]\n"
+    "\"model.d_model\" = [32, 64]\n"
+    "\"optim.lr\" = [1e-3, 0.003]\n"
+    "[set]\n"
+    "\"train.steps\" = 5\n"
+    "\"data.task\" = \"mqar\"\n";
+
+TEST_F(SweepTest, ReadsTheFileAndExpandsTheGrid) {
+  absl::StatusOr<Sweep> s = load_sweep(put("sweeps/cmp.toml", kSweep));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->name, "cmp");
+  EXPECT_EQ(s->recipe, (fs::path(dir_) / "sweeps/recipes/base.toml").string());  // relative to the file
+  EXPECT_TRUE(s->higher_is_better);
+  ASSERT_EQ(s->axes.size(), 3u);  // in key order
+  EXPECT_EQ(s->axes[0].key, "model.d_model");
+  EXPECT_EQ(s->axes[1].key, "model.mixer");
+  EXPECT_EQ(s->axes[1].values, (std::vector<std::string>{"\"attention\"", "\"gla\""}));
+  EXPECT_EQ(s->axes[2].values, (std::vector<std::string>{"0.001", "0.003"}));
+  const std::vector<SweepPoint> points = expand_grid(*s);
+  ASSERT_EQ(points.size(), 8u);
+  EXPECT_EQ(points[0].name, "d_model=32,mixer=attention,lr=0.001");
+  EXPECT_EQ(points[1].name, "d_model=32,mixer=attention,lr=0.003");  // the last axis varies fastest
+  EXPECT_EQ(points[7].name, "d_model=64,mixer=gla,lr=0.003");
+  EXPECT_EQ(points[5].overrides, (std::vector<std::string>{"data.task=\"mqar\"", "train.steps=5", "model.d_model=64",
+                                                           "model.mixer=\"attention\"", "optim.lr=0.003"}));
+}
+
+TEST_F(SweepTest, RefusesWhatItCannotRun) {
+  EXPECT_EQ(error_of("recipe = \"r.toml\"\n"), dir_ + "/s.toml: no [grid]: list at least one recipe key with its values");
+  EXPECT_EQ(error_of("[grid]\n\"optim.lr\" = [1]\n"),
+            dir_ + "/s.toml: no recipe: name the base recipe, e.g. recipe = \"../gpt_small.toml\"");
+  EXPECT_EQ(error_of("recipe = \"r.toml\"\n[grid]\n\"optim.lr\" = []\n"),
+            dir_ + "/s.toml: grid.optim.lr must be a non-empty list of values, e.g. [1e-3, 3e-3]");
+  EXPECT_EQ(error_of("recipe = \"r.toml\"\nbest_over = [\"optim.lr\"]\n[grid]\n\"model.mixer\" = [\"gla\"]\n"),
+            dir_ + "/s.toml: best_over names optim.lr, which is not an axis of [grid]");
+  EXPECT_NE(error_of("recipe = \"r.toml\"\njobs = 2\n[grid]\n\"optim.lr\" = [1]\n").find("unknown or mistyped key 'jobs'"),
+            std::string::npos);
+  EXPECT_NE(error_of("recipe = \"r.toml\n").find("TOML syntax error"), std::string::npos);
+  EXPECT_EQ(load_sweep(dir_ + "/none.toml").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SweepTest, ReadsAPointsOutcomeFromItsRunFolder) {
+  const std::string run = dir_ + "/p";
+  put("p/metrics.jsonl",
+      "{\"step\": 1, \"loss\": 3.0, \"elapsed_s\": 0.5}\n"
+      "{\"step\": 2, \"loss\": 2.5, \"elapsed_s\": 1.0, \"val_loss\": 2.75, \"val_acc\": 0.25}\n"
+      "{\"step\": 4, \"loss\": 2.0, \"elapsed_s\": 2.5, \"val_loss\": 2.125, \"val_acc\": 0.5}\n");
+  put("p.log", "seqlab: base: 12345 parameters; 2000 train tokens; run directory p\n");
+  PointOutcome o = read_outcome(run, "val_acc", 4);
+  EXPECT_TRUE(o.finished);
+  EXPECT_EQ(*o.metric, 0.5);
+  EXPECT_EQ(o.params, 12345);
+  EXPECT_EQ(o.wall_s, 2.5);
+  // Not at its last step yet: unfinished; with a runner's note: failed, for that reason.
+  o = read_outcome(run, "val_acc", 10);
+  EXPECT_FALSE(o.finished);
+  EXPECT_EQ(o.last_step, 4);
+  put("p.failed", "seqlab train: out of patience\n");
+  EXPECT_EQ(read_outcome(run, "val_acc", 10).failure, "seqlab train: out of patience");
+}
+
+TEST_F(SweepTest, TheTableTakesTheBestOverLrAndNamesFailures) {
+  Sweep s = *load_sweep(put("sweeps/cmp.toml", kSweep));
+  std::vector<PointResult> results;
+  // val_acc by point: attention 0.9 / 0.95 at lr 1e-3 / 3e-3 (d 32), gla 0.6 / 0.4 (d 32), d 64 finished for
+  // attention at lr 1e-3 only, gla d 64 failed at both learning rates.
+  const std::map<std::string, double> acc = {{"d_model=32,mixer=attention,lr=0.001", 0.9},
+                                             {"d_model=32,mixer=attention,lr=0.003", 0.95},
+                                             {"d_model=32,mixer=gla,lr=0.001", 0.6},
+                                             {"d_model=32,mixer=gla,lr=0.003", 0.4},
+                                             {"d_model=64,mixer=attention,lr=0.001", 1.0}};
+  for (const SweepPoint& p : expand_grid(s)) {
+    PointResult r;
+    r.point = p;
+    r.tokens = 640;
+    auto it = acc.find(p.name);
+    if (it != acc.end()) {
+      r.outcome.finished = true;
+      r.outcome.metric = it->second;
+      r.outcome.params = 1000;
+      r.flops = 3.84e6;
+    } else if (p.name.find("gla") != std::string::npos) {
+      r.outcome.failure = "seqlab train: a reason, with a comma";
+    }
+    results.push_back(r);
+  }
+  const std::string table = results_table(s, results);
+  EXPECT_NE(table.find("| model.mixer | d_model = 32 | d_model = 64 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| attention | 0.95 (lr=0.003) | 1 (lr=0.001) |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| gla | 0.6 (lr=0.001) | failed |"), std::string::npos) << table;
+  EXPECT_NE(table.find("- d_model=64,mixer=gla,lr=0.001: seqlab train: a reason, with a comma"), std::string::npos);
+
+  // results.csv: a header and one row a point, read back field by field.
+  std::istringstream csv(results_csv(s, results));
+  std::string header, row;
+  std::getline(csv, header);
+  EXPECT_EQ(header, "point,model.d_model,model.mixer,optim.lr,status,params,tokens,train_flops,wall_s,val_acc");
+  std::vector<std::string> rows;
+  while (std::getline(csv, row)) rows.push_back(row);
+  ASSERT_EQ(rows.size(), 8u);
+  EXPECT_EQ(rows[1], "\"d_model=32,mixer=attention,lr=0.003\",32,attention,0.003,ok,1000,640,3.84e+06,0.0,0.95");
+  EXPECT_EQ(rows[6], "\"d_model=64,mixer=gla,lr=0.001\",64,gla,0.001,failed,0,640,0,0.0,");
+  EXPECT_EQ(rows[3], "\"d_model=32,mixer=gla,lr=0.003\",32,gla,0.003,ok,1000,640,3.84e+06,0.0,0.4");
+}
+
+}  // namespace
+}  // namespace seqlab
