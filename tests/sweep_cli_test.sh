@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `seqlab sweep` at the command line (src/train/cli/sweep.cpp): a sweep of 2 mixers × 2 learning rates of a
-# tiny recipe, 2 points at a time, writes results.csv and results.md and exits 0; run again it runs nothing;
+# tiny recipe, 2 points at a time, writes results.csv, results.md and the plot against FLOPs and exits 0; run again it runs nothing;
 # with one point's folder removed it runs that point alone; a point stopped with a checkpoint is resumed to the
 # sweep's steps; a point that fails at run time (a diverging learning rate) and one whose recipe is refused
 # are recorded with their reasons while the others finish, and the sweep exits 1; --report writes the same
@@ -53,7 +53,8 @@ logs_sum() { cat "$OUT"/*.log 2> /dev/null | md5sum; }
 if "$SEQLAB" sweep "$WORK/s.toml" --jobs 2 --out "$OUT" > "$WORK/1.out" 2>&1; then
   ok_rows=$(grep -c ',ok,' "$OUT/results.csv")
   [ "$ok_rows" -eq 4 ] && grep -q '^| attention | ' "$OUT/results.md" && grep -q '^| gla | ' "$OUT/results.md" &&
-    pass "4 points, --jobs 2: exit 0, 4 ok rows in results.csv, a row per mixer in results.md" ||
+    [ -s "$OUT/val_loss_vs_flops.png" ] &&
+    pass "4 points, --jobs 2: exit 0, 4 ok rows in results.csv, a row per mixer in results.md, the FLOPs plot" ||
     { fail "results after the first sweep"; cat "$OUT/results.csv" "$OUT/results.md"; }
 else
   fail "the first sweep"; cat "$WORK/1.out"

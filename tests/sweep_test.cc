@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -152,6 +153,33 @@ TEST_F(SweepTest, TheTableTakesTheBestOverLrAndNamesFailures) {
   EXPECT_EQ(rows[1], "\"d_model=32,mixer=attention,lr=0.003\",32,attention,0.003,ok,1000,640,3.84e+06,0.0,0.95");
   EXPECT_EQ(rows[6], "\"d_model=64,mixer=gla,lr=0.001\",64,gla,0.001,failed,0,640,0,0.0,");
   EXPECT_EQ(rows[3], "\"d_model=32,mixer=gla,lr=0.003\",32,gla,0.003,ok,1000,640,3.84e+06,0.0,0.4");
+}
+
+// The power law of each row over training FLOPs: metric = 5·C^−0.1 exactly at three widths is recovered.
+TEST_F(SweepTest, PowerLawFitsOverTrainingFlops) {
+  absl::StatusOr<Sweep> s = load_sweep(put("p.toml",
+                                           "recipe = \"r.toml\"\nrows = \"model.mixer\"\n[grid]\n"
+                                           "\"model.mixer\" = [\"gla\"]\n\"model.d_model\" = [32, 64, 128]\n"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::vector<PointResult> results;
+  double flops = 1e9;
+  for (const SweepPoint& p : expand_grid(*s)) {
+    PointResult r;
+    r.point = p;
+    r.flops = flops;
+    r.outcome.finished = true;
+    r.outcome.metric = 5 * std::pow(flops, -0.1);
+    flops *= 4;
+    results.push_back(r);
+  }
+  const std::vector<PowerLaw> fits = power_law_fits(best_table(*s, results));
+  ASSERT_EQ(fits.size(), 1u);
+  EXPECT_EQ(fits[0].row, "\"gla\"");
+  EXPECT_NEAR(fits[0].a, 5, 1e-9);
+  EXPECT_NEAR(fits[0].b, -0.1, 1e-12);
+  EXPECT_EQ(fits[0].points, 3);
+  EXPECT_NE(results_table(*s, results).find("- gla: a = 5, b = -0.1 (3 cells)"), std::string::npos)
+      << results_table(*s, results);
 }
 
 }  // namespace

@@ -2,7 +2,6 @@
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
-#include <absl/strings/str_replace.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -38,8 +37,6 @@ std::optional<double> field(const std::string& line, const std::string& key) {
   return v;
 }
 
-std::string gnuplot_quote(const std::string& s) { return "'" + absl::StrReplaceAll(s, {{"'", "''"}}) + "'"; }
-
 void plot(const std::vector<std::string>& args) {
   Flags f(args, "plot", {"--out"}, {"--help", "-h"}, {}, 1);
   if (f.has("--help") || f.has("-h")) {
@@ -56,7 +53,6 @@ void plot(const std::vector<std::string>& args) {
   // Two data files for gnuplot: step loss, and step val_loss [val_acc].
   // Everything goes to temporary names beside the output; the PNG is renamed into place when whole.
   const fs::path train_file = out.string() + ".train.tmp", val_file = out.string() + ".val.tmp";
-  const fs::path png_file = out.string() + ".tmp";
   std::ofstream train_data(train_file), val_data(val_file);
   std::string line;
   int64_t train_points = 0, val_points = 0;
@@ -81,7 +77,6 @@ void plot(const std::vector<std::string>& args) {
     std::error_code ec;
     fs::remove(train_file, ec);
     fs::remove(val_file, ec);
-    fs::remove(png_file, ec);
   };
   if (train_points == 0) {
     cleanup();
@@ -90,7 +85,7 @@ void plot(const std::vector<std::string>& args) {
   std::string script = absl::StrCat(
       "set terminal pngcairo size 900,540 enhanced font 'sans,10'\n"
       "set output ",
-      gnuplot_quote(png_file.string()),
+      gnuplot_quote(out.string() + ".tmp"),
       "\n"
       "set title ",
       gnuplot_quote(absl::StrCat("seqlab run ", fs::absolute(run).filename().string())),
@@ -108,21 +103,13 @@ void plot(const std::vector<std::string>& args) {
                     " using 1:3 axes x1y2 with linespoints pt 5 ps 0.8 lc rgb '#2ca02c' title 'val accuracy'");
   }
   script += plots + "\n";
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
+  try {
+    run_gnuplot(script, out.string());
+  } catch (...) {
     cleanup();
-    throw UserError("gnuplot is not installed (Debian: apt-get install gnuplot-nox; ./train installs it)");
+    throw;
   }
-  FILE* gp = popen("gnuplot 2>&1", "w");
-  if (gp == nullptr) {
-    cleanup();
-    throw UserError("could not start gnuplot");
-  }
-  std::fputs(script.c_str(), gp);
-  const int status = pclose(gp);
-  std::error_code ec;
-  if (status == 0) fs::rename(png_file, out, ec);
   cleanup();
-  if (status != 0 || ec) throw UserError("gnuplot failed to draw " + out.string());
   std::cout << absl::StrFormat("%s: %d training and %d validation points\n", out.string(), train_points, val_points);
 }
 

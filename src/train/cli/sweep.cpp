@@ -42,8 +42,9 @@ constexpr char kSweepUsage[] =
     "[set] for every point, the metric, best_over; docs/scaling.md) as an ordinary run in DIR/<point>/\n"
     "(DIR: runs/<sweep name>), --jobs N at a time (each with cores/N threads), skipping points that\n"
     "finished earlier and resuming those that stopped with a checkpoint; a failing point is recorded\n"
-    "(DIR/<point>.failed) and the sweep goes on. Then writes DIR/results.csv and DIR/results.md (the metric\n"
-    "per cell, the best over best_over) and prints the table. Exit status 0 when every point finished.\n"
+    "(DIR/<point>.failed) and the sweep goes on. Then writes DIR/results.csv, DIR/results.md (the metric\n"
+    "per cell, the best over best_over; power-law fits over training FLOPs) and the plots (the metric\n"
+    "against the column axis and against FLOPs), and prints the table. Exit 0 when every point finished.\n"
     "  --dry-run   print the points, their sizes and an estimated time; run nothing\n"
     "  --report    write results.csv and results.md again from the finished runs of DIR\n";
 
@@ -106,6 +107,92 @@ void write_results(const Sweep& sweep, const fs::path& out, const std::vector<Pl
   };
   write("results.csv", results_csv(sweep, results));
   write("results.md", results_table(sweep, results));
+}
+
+// The plots of a sweep's results (gnuplot; skipped with a note where it is missing):
+//   <metric>_vs_<column>.png  the table's cells, one line per row, when the column axis holds numbers;
+//   <metric>_vs_flops.png     every row's cells against their training FLOPs, log-log, with the row's fitted
+//                             power law (power_law_fits) as a line.
+// Returns the files written.
+std::vector<std::string> write_plots(const Sweep& sweep, const fs::path& out, const std::vector<PointResult>& results) {
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
+    std::cout << "plots skipped: gnuplot is not installed (Debian: gnuplot-nox; ./train installs it)\n";
+    return {};
+  }
+  const SweepTable t = best_table(sweep, results);
+  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
+  auto row_name = [&](size_t r) { return t.row_axis >= 0 ? display_value(t.rows[r]) : sweep.metric; };
+  auto data_file = [&](const std::string& tag, size_t r) { return (out / absl::StrCat(".", tag, r, ".dat")).string(); };
+  std::vector<std::string> written, temporary;
+  auto draw = [&](const std::string& name, const std::string& body) {
+    const std::string png = (out / name).string();
+    const std::string script = absl::StrCat("set terminal pngcairo size 900,540 enhanced font 'sans,10'\nset output ",
+                                            gnuplot_quote(png + ".tmp"), "\nset grid\nset key outside right\n", body);
+    run_gnuplot(script, png);
+    written.push_back(png);
+  };
+  // 1. Against the column axis.
+  bool numeric = t.column_axis >= 0;
+  std::vector<double> xs;
+  for (const std::string& c : t.columns) {
+    double x;
+    numeric = numeric && absl::SimpleAtod(display_value(c), &x);
+    xs.push_back(numeric ? x : 0);
+  }
+  if (numeric) {
+    std::string plots;
+    for (size_t r = 0; r < t.rows.size(); ++r) {
+      std::ofstream d(data_file("c", r));
+      int n = 0;
+      for (size_t c = 0; c < t.columns.size(); ++c) {
+        const SweepCell& cell = t.cells[r * t.columns.size() + c];
+        if (cell.best != nullptr) d << xs[c] << " " << *cell.best->outcome.metric << "\n", ++n;
+      }
+      temporary.push_back(data_file("c", r));
+      if (n == 0) continue;
+      absl::StrAppend(&plots, plots.empty() ? "plot " : ", ", gnuplot_quote(data_file("c", r)),
+                      " using 1:2 with linespoints pt 7 lw 2 lc rgb '", colors[r % 8], "' title ", gnuplot_quote(row_name(r)));
+    }
+    const std::string key = sweep.axes[t.column_axis].key;
+    if (!plots.empty()) {
+      draw(absl::StrCat(sweep.metric, "_vs_", key.substr(key.rfind('.') + 1), ".png"),
+           absl::StrCat("set title ", gnuplot_quote(sweep.name + ": " + sweep.metric + ", the best per cell"),
+                        " noenhanced\nset xlabel ", gnuplot_quote(key), " noenhanced\nset ylabel ",
+                        gnuplot_quote(sweep.metric), " noenhanced\nset logscale x 2\n", plots, "\n"));
+    }
+  }
+  // 2. Against training FLOPs, with the fits.
+  std::string plots;
+  const std::vector<PowerLaw> fits = power_law_fits(t);
+  for (size_t r = 0; r < t.rows.size(); ++r) {
+    std::ofstream d(data_file("f", r));
+    int n = 0;
+    for (size_t c = 0; c < t.columns.size(); ++c) {
+      const SweepCell& cell = t.cells[r * t.columns.size() + c];
+      if (cell.best != nullptr && cell.best->flops > 0 && *cell.best->outcome.metric > 0) {
+        d << cell.best->flops << " " << *cell.best->outcome.metric << "\n";
+        ++n;
+      }
+    }
+    temporary.push_back(data_file("f", r));
+    if (n == 0) continue;
+    absl::StrAppend(&plots, plots.empty() ? "plot " : ", ", gnuplot_quote(data_file("f", r)),
+                    " using 1:2 with points pt 7 ps 1.2 lc rgb '", colors[r % 8], "' title ", gnuplot_quote(row_name(r)));
+    for (const PowerLaw& f : fits) {
+      if (f.row != t.rows[r]) continue;
+      absl::StrAppend(&plots, ", ", absl::StrFormat("%.10g*x**(%.10g)", f.a, f.b), " with lines lw 1.5 dt 2 lc rgb '",
+                      colors[r % 8], "' title ", gnuplot_quote(absl::StrFormat("%s fit: b = %.3g", row_name(r), f.b)));
+    }
+  }
+  if (!plots.empty()) {
+    draw(absl::StrCat(sweep.metric, "_vs_flops.png"),
+         absl::StrCat("set title ", gnuplot_quote(sweep.name + ": " + sweep.metric + " against training FLOPs"),
+                      " noenhanced\nset xlabel 'training FLOPs'\nset ylabel ", gnuplot_quote(sweep.metric),
+                      " noenhanced\nset logscale xy\nset format x '10^{%L}'\n", plots, "\n"));
+  }
+  std::error_code ec;
+  for (const std::string& f : temporary) fs::remove(f, ec);
+  return written;
 }
 
 bool has_checkpoint(const std::string& dir) {
@@ -258,8 +345,9 @@ int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run) {
   write_results(sweep, out, points);
   std::vector<PointResult> results;
   for (const Planned& q : points) results.push_back(q.result);
+  const std::vector<std::string> plots = write_plots(sweep, out, results);
   std::cout << "\n" << results_table(sweep, results) << "\nresults: " << (out / "results.csv").string() << ", "
-            << (out / "results.md").string() << "\n";
+            << (out / "results.md").string() << (plots.empty() ? "" : ", " + absl::StrJoin(plots, ", ")) << "\n";
   size_t unfinished = 0;
   for (const Planned& q : points) unfinished += q.result.outcome.finished ? 0 : 1;
   if (g_interrupted) {
@@ -297,7 +385,8 @@ int sweep_command(const std::vector<std::string>& args) {
       write_results(sweep, dir, points);
       std::vector<PointResult> results;
       for (const Planned& q : points) results.push_back(q.result);
-      std::cout << results_table(sweep, results);
+      const std::vector<std::string> plots = write_plots(sweep, dir, results);
+      std::cout << results_table(sweep, results) << (plots.empty() ? "" : "plots: " + absl::StrJoin(plots, ", ") + "\n");
       return;
     }
     if (f.positional().empty()) throw UserError("expected a sweep file: seqlab sweep SWEEP.toml (see seqlab sweep --help)");

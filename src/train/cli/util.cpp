@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <new>
 #include <stdexcept>
@@ -78,6 +79,23 @@ int run_guarded(const std::string& command, const std::function<void()>& body) {
     report("internal error: an exception that is not a std::exception");
     return 1;
   }
+}
+
+std::string gnuplot_quote(const std::string& s) { return "'" + absl::StrReplaceAll(s, {{"'", "''"}}) + "'"; }
+
+void run_gnuplot(const std::string& script, const std::string& out) {
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
+    throw UserError("gnuplot is not installed (Debian: apt-get install gnuplot-nox; ./train installs it)");
+  }
+  const std::string tmp = out + ".tmp";
+  FILE* gp = popen("gnuplot 2>&1", "w");
+  if (gp == nullptr) throw UserError("could not start gnuplot");
+  std::fputs(script.c_str(), gp);
+  const int status = pclose(gp);
+  std::error_code ec;
+  if (status == 0) std::filesystem::rename(tmp, out, ec);
+  std::filesystem::remove(tmp, ec);
+  if (status != 0 || !std::filesystem::exists(out)) throw UserError("gnuplot failed to draw " + out);
 }
 
 std::string describe_current_exception() {

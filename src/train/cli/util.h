@@ -75,6 +75,12 @@ inline void ok_or_throw(const absl::Status& s) {
 // exception is a broken invariant inside seqlab, reported as an internal error with exit code 1.
 int run_guarded(const std::string& command, const std::function<void()>& body);
 
+// A string as a gnuplot string literal (single quotes, doubled inside).
+std::string gnuplot_quote(const std::string& s);
+// Runs `script` through gnuplot, which must write its PNG to `out` + ".tmp" (`set output`); the PNG is
+// renamed to `out` when whole. UserError when gnuplot is missing (naming the Debian package) or fails.
+void run_gnuplot(const std::string& script, const std::string& out);
+
 // What the exception being handled (std::current_exception) says, in one line.
 std::string describe_current_exception();
 // Makes std::terminate print "seqlab: internal error: <what>" and exit with code 70 (EX_SOFTWARE) instead of

@@ -7,6 +7,7 @@
 #include <absl/strings/str_join.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -234,63 +235,106 @@ std::string results_csv(const Sweep& sweep, const std::vector<PointResult>& resu
   return out;
 }
 
-std::string results_table(const Sweep& sweep, const std::vector<PointResult>& results) {
+SweepTable best_table(const Sweep& sweep, const std::vector<PointResult>& results) {
   // The table's axes: rows and columns when the file names them, else the first two (in key order) that
   // best_over does not name.
   auto index_of = [&](const std::string& key) {
     for (size_t i = 0; i < sweep.axes.size(); ++i) {
-      if (sweep.axes[i].key == key) return i;
+      if (sweep.axes[i].key == key) return static_cast<int>(i);
     }
-    return sweep.axes.size();
+    return -1;
   };
-  std::vector<size_t> shown;
+  std::vector<int> shown;
   for (const std::string* k : {&sweep.rows, &sweep.columns}) {
     if (!k->empty()) shown.push_back(index_of(*k));
   }
   for (size_t i = 0; i < sweep.axes.size() && shown.size() < 2; ++i) {
     const bool free = std::find(sweep.best_over.begin(), sweep.best_over.end(), sweep.axes[i].key) == sweep.best_over.end();
-    if (free && std::find(shown.begin(), shown.end(), i) == shown.end()) shown.push_back(i);
+    if (free && std::find(shown.begin(), shown.end(), static_cast<int>(i)) == shown.end()) shown.push_back(static_cast<int>(i));
   }
-  const bool better_high = sweep.higher_is_better;
-  auto cell_of = [&](const std::string& row, const std::string& col) {
-    const PointResult* best = nullptr;
-    bool any_failed = false;
-    for (const PointResult& r : results) {
-      if (!shown.empty() && r.point.values[shown[0]] != row) continue;
-      if (shown.size() > 1 && r.point.values[shown[1]] != col) continue;
-      if (!r.outcome.finished) {
-        any_failed = any_failed || !r.outcome.failure.empty();
-        continue;
+  SweepTable t;
+  t.row_axis = shown.size() > 0 ? shown[0] : -1;
+  t.column_axis = shown.size() > 1 ? shown[1] : -1;
+  t.rows = t.row_axis >= 0 ? sweep.axes[t.row_axis].values : std::vector<std::string>{""};
+  t.columns = t.column_axis >= 0 ? sweep.axes[t.column_axis].values : std::vector<std::string>{""};
+  for (const std::string& row : t.rows) {
+    for (const std::string& col : t.columns) {
+      SweepCell cell{row, col};
+      for (const PointResult& r : results) {
+        if (t.row_axis >= 0 && r.point.values[t.row_axis] != row) continue;
+        if (t.column_axis >= 0 && r.point.values[t.column_axis] != col) continue;
+        if (!r.outcome.finished) {
+          cell.failed = cell.failed || !r.outcome.failure.empty();
+          continue;
+        }
+        const double m = *r.outcome.metric;
+        const double b = cell.best ? *cell.best->outcome.metric : 0;
+        if (cell.best == nullptr || (sweep.higher_is_better ? m > b : m < b)) cell.best = &r;
       }
-      const double m = *r.outcome.metric;
-      if (best == nullptr || (better_high ? m > *best->outcome.metric : m < *best->outcome.metric)) best = &r;
+      t.cells.push_back(cell);
     }
-    if (best == nullptr) return std::string(any_failed ? "failed" : "—");
+  }
+  return t;
+}
+
+std::vector<PowerLaw> power_law_fits(const SweepTable& table) {
+  std::vector<PowerLaw> fits;
+  for (const std::string& row : table.rows) {
+    std::vector<std::pair<double, double>> xy;  // (log C, log metric)
+    for (const SweepCell& c : table.cells) {
+      if (c.row != row || c.best == nullptr || c.best->flops <= 0 || *c.best->outcome.metric <= 0) continue;
+      xy.emplace_back(std::log(c.best->flops), std::log(*c.best->outcome.metric));
+    }
+    const double n = static_cast<double>(xy.size());
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (const auto& [x, y] : xy) {
+      sx += x;
+      sy += y;
+      sxx += x * x;
+      sxy += x * y;
+    }
+    const double denom = n * sxx - sx * sx;
+    if (xy.size() < 2 || !(std::fabs(denom) > 1e-12 * std::max(1.0, n * sxx))) continue;
+    const double b = (n * sxy - sx * sy) / denom;
+    fits.push_back({row, std::exp((sy - b * sx) / n), b, static_cast<int>(xy.size())});
+  }
+  return fits;
+}
+
+std::string results_table(const Sweep& sweep, const std::vector<PointResult>& results) {
+  const SweepTable t = best_table(sweep, results);
+  auto text_of = [&](const SweepCell& c) {
+    if (c.best == nullptr) return std::string(c.failed ? "failed" : "—");
     std::vector<std::string> at;  // where the best sits on the other axes
     for (size_t i = 0; i < sweep.axes.size(); ++i) {
-      if (std::find(shown.begin(), shown.end(), i) != shown.end() || sweep.axes[i].values.size() < 2) continue;
-      at.push_back(short_key(sweep.axes[i].key) + "=" + display_value(best->point.values[i]));
+      if (static_cast<int>(i) == t.row_axis || static_cast<int>(i) == t.column_axis || sweep.axes[i].values.size() < 2) continue;
+      at.push_back(short_key(sweep.axes[i].key) + "=" + display_value(c.best->point.values[i]));
     }
-    std::string text = absl::StrFormat("%.4g", *best->outcome.metric);
+    std::string text = absl::StrFormat("%.4g", *c.best->outcome.metric);
     if (!at.empty()) text += " (" + absl::StrJoin(at, ", ") + ")";
     return text;
   };
-  std::string out = absl::StrFormat("%s, %s (%s is better)", sweep.name, sweep.metric, better_high ? "higher" : "lower");
+  std::string out =
+      absl::StrFormat("%s, %s (%s is better)", sweep.name, sweep.metric, sweep.higher_is_better ? "higher" : "lower");
   if (!sweep.best_over.empty()) out += ", the best over " + absl::StrJoin(sweep.best_over, ", ");
   out += "\n\n";
-  const std::vector<std::string> rows = shown.empty() ? std::vector<std::string>{""} : sweep.axes[shown[0]].values;
-  const std::vector<std::string> cols = shown.size() > 1 ? sweep.axes[shown[1]].values : std::vector<std::string>{""};
-  std::string head = "| " + (shown.empty() ? std::string("") : sweep.axes[shown[0]].key) + " |";
-  std::string rule = "|---|";
-  for (const std::string& c : cols) {
-    head += " " + (shown.size() > 1 ? short_key(sweep.axes[shown[1]].key) + " = " + display_value(c) : sweep.metric) + " |";
+  std::string head = "| " + (t.row_axis >= 0 ? sweep.axes[t.row_axis].key : std::string("")) + " |", rule = "|---|";
+  for (const std::string& c : t.columns) {
+    head += " " + (t.column_axis >= 0 ? short_key(sweep.axes[t.column_axis].key) + " = " + display_value(c) : sweep.metric) + " |";
     rule += "---|";
   }
   out += head + "\n" + rule + "\n";
-  for (const std::string& row : rows) {
-    out += "| " + display_value(row) + " |";
-    for (const std::string& c : cols) out += " " + cell_of(row, c) + " |";
+  for (size_t r = 0; r < t.rows.size(); ++r) {
+    out += "| " + display_value(t.rows[r]) + " |";
+    for (size_t c = 0; c < t.columns.size(); ++c) out += " " + text_of(t.cells[r * t.columns.size() + c]) + " |";
     out += "\n";
+  }
+  const std::vector<PowerLaw> fits = power_law_fits(t);
+  if (!fits.empty()) {
+    out += "\nFits of " + sweep.metric + " = a·C^b, C the training FLOPs, over each row's cells:\n";
+    for (const PowerLaw& f : fits) {
+      out += absl::StrFormat("- %s: a = %.4g, b = %.4g (%d cells)\n", display_value(f.row), f.a, f.b, f.points);
+    }
   }
   std::string failures;
   for (const PointResult& r : results) {

@@ -80,12 +80,36 @@ struct PointResult {
   double flops = 0;     // training FLOPs: tokens × (6·params + mixing FLOPs per token)
 };
 
+// The table: for each (row value, column value) of the table's axes, the best finished point over the other
+// axes (null when none finished) and whether a point of the cell failed.
+struct SweepCell {
+  std::string row, column;  // literals
+  const PointResult* best = nullptr;
+  bool failed = false;
+};
+struct SweepTable {
+  int row_axis = -1, column_axis = -1;  // indices into Sweep::axes; -1: none (one row, or one column)
+  std::vector<std::string> rows, columns;
+  std::vector<SweepCell> cells;  // row-major
+};
+SweepTable best_table(const Sweep& sweep, const std::vector<PointResult>& results);
+
+// metric ≈ a · C^b with C the training FLOPs, fitted by least squares of log metric on log C over the cells
+// of one row that finished (at least two, of different FLOPs, positive metric).
+struct PowerLaw {
+  std::string row;  // literal
+  double a = 0, b = 0;
+  int points = 0;
+};
+std::vector<PowerLaw> power_law_fits(const SweepTable& table);
+
 // results.csv: a header, then one row a point: its name, every axis's value, status (ok / failed /
 // unfinished), params, tokens, training FLOPs, wall seconds and the metric (empty when none).
 std::string results_csv(const Sweep& sweep, const std::vector<PointResult>& results);
 // results.md: the metric per cell of the table's two axes (rows, columns; one column when the grid has one
 // axis besides best_over's), each cell the best over the other axes' points that finished (where those
-// sit, in brackets), "failed" or "—" where no point finished; then the failed points with their reasons.
+// sit, in brackets), "failed" or "—" where no point finished; the power-law fits of each row over training
+// FLOPs; then the failed points with their reasons.
 std::string results_table(const Sweep& sweep, const std::vector<PointResult>& results);
 
 }  // namespace seqlab
