@@ -166,5 +166,37 @@ TEST(MixerRegistry, ParameterCountEqualsTheBuiltMixers) {
   }
 }
 
+// state_size counts what decoding carries: every mixer run on a prompt of T tokens with a MixerState keeps
+// exactly that many elements per sequence (recurrent state, normaliser, convolution tail, KV cache).
+TEST(MixerRegistry, StateSizeIsWhatDecodingCarries) {
+  MixerContext ctx;
+  ctx.d_model = 16;
+  ctx.n_heads = 4;
+  ctx.n_kv_heads = 2;
+  for (const MixerSpec* m : registered_mixers()) {
+    ASSERT_TRUE(m->state_size) << m->name << " has no state_size";
+    std::vector<MixerOptions> variants = {MixerOptions(m->options)};
+    if (m->name == "linear_attention") {
+      MixerOptions performer(m->options);
+      performer.set("feature_map", std::string("performer"));
+      variants.push_back(performer);
+    }
+    for (const MixerOptions& opts : variants) {
+      Generator gen(2);
+      std::unique_ptr<Mixer> mixer = m->make(ctx, opts, gen);
+      for (int64_t T : {int64_t{5}, int64_t{12}}) {
+        MixerState state;
+        Generator data(3);
+        mixer->forward(Tensor::randn({1, T, ctx.d_model}, data), &state);
+        double kept = 0;
+        for (const Tensor* t : {&state.state, &state.normalizer, &state.conv, &state.keys, &state.values}) {
+          if (t->defined()) kept += static_cast<double>(t->numel());
+        }
+        EXPECT_EQ(m->state_size(ctx, opts, T), kept) << m->name << " T " << T;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace seqlab

@@ -125,6 +125,7 @@ TEST_F(SweepTest, TheTableTakesTheBestOverLrAndNamesFailures) {
     PointResult r;
     r.point = p;
     r.tokens = 640;
+    r.state_size = 512;
     auto it = acc.find(p.name);
     if (it != acc.end()) {
       r.outcome.finished = true;
@@ -146,13 +147,14 @@ TEST_F(SweepTest, TheTableTakesTheBestOverLrAndNamesFailures) {
   std::istringstream csv(results_csv(s, results));
   std::string header, row;
   std::getline(csv, header);
-  EXPECT_EQ(header, "point,model.d_model,model.mixer,optim.lr,status,params,tokens,train_flops,wall_s,val_acc");
+  EXPECT_EQ(header,
+            "point,model.d_model,model.mixer,optim.lr,status,params,tokens,train_flops,state_size,wall_s,val_acc");
   std::vector<std::string> rows;
   while (std::getline(csv, row)) rows.push_back(row);
   ASSERT_EQ(rows.size(), 8u);
-  EXPECT_EQ(rows[1], "\"d_model=32,mixer=attention,lr=0.003\",32,attention,0.003,ok,1000,640,3.84e+06,0.0,0.95");
-  EXPECT_EQ(rows[6], "\"d_model=64,mixer=gla,lr=0.001\",64,gla,0.001,failed,0,640,0,0.0,");
-  EXPECT_EQ(rows[3], "\"d_model=32,mixer=gla,lr=0.003\",32,gla,0.003,ok,1000,640,3.84e+06,0.0,0.4");
+  EXPECT_EQ(rows[1], "\"d_model=32,mixer=attention,lr=0.003\",32,attention,0.003,ok,1000,640,3.84e+06,512,0.0,0.95");
+  EXPECT_EQ(rows[6], "\"d_model=64,mixer=gla,lr=0.001\",64,gla,0.001,failed,0,640,0,512,0.0,");
+  EXPECT_EQ(rows[3], "\"d_model=32,mixer=gla,lr=0.003\",32,gla,0.003,ok,1000,640,3.84e+06,512,0.0,0.4");
 }
 
 // The power law of each row over training FLOPs: metric = 5·C^−0.1 exactly at three widths is recovered.

@@ -75,6 +75,11 @@ OptionSpec chunk_size_option() {
   return OptionSpec::integer("chunk_size", 64, 1, "tokens per chunk of the chunkwise training form");
 }
 
+double matrix_state_size(const MixerContext& ctx, const MixerOptions&, int64_t) {
+  const double d = static_cast<double>(ctx.d_model), head = d / static_cast<double>(ctx.n_heads);
+  return d * head;
+}
+
 double chunkwise_recurrence_flops(const MixerContext& ctx, int64_t chunk, int64_t seq_len) {
   const double d = static_cast<double>(ctx.d_model), head = d / static_cast<double>(ctx.n_heads);
   const double c = static_cast<double>(std::min(chunk, seq_len));

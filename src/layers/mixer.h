@@ -123,6 +123,10 @@ struct MixerSpec {
   // a recipe's sizes may be absurd, and the count is what lets the loader refuse them before anything
   // is allocated). tests/mixer_test.cc checks it against the built mixer of every registered mixer.
   std::function<double(const MixerContext&, const MixerOptions&)> parameter_count;
+  // The elements of state one layer carries per sequence from token to token when decoding, after seq_len
+  // tokens: a recurrence's fixed state (H·dk·dv, and whatever else it keeps), attention's KV cache
+  // (2·seq_len·Hk·D). What the sweeps plot accuracy against (docs/scaling.md).
+  std::function<double(const MixerContext&, const MixerOptions&, int64_t seq_len)> state_size;
 };
 
 // Adds a mixer; throws std::logic_error when its name or an alias is taken.
@@ -142,6 +146,8 @@ std::string mixer_names();
 int64_t head_dim(const MixerContext& ctx, const std::string& mixer);
 // The chunk_size option of the chunkwise training forms.
 OptionSpec chunk_size_option();
+// The state of a recurrence with one dk×dv matrix per head (dk = dv = d/H): H·(d/H)² elements.
+double matrix_state_size(const MixerContext& ctx, const MixerOptions& opts, int64_t seq_len);
 // FLOPs per token of one layer of a chunkwise linear recurrence with matrix state, beyond 6·N: causal
 // attention within a chunk of C = min(chunk, seq_len) tokens (6·C·d, as softmax attention's 6·T·d)
 // plus reading and writing the d/H × d/H state of every head (q S and kᵀv: 4·d·(d/H) forward), ×3

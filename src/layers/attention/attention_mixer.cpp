@@ -128,6 +128,11 @@ const MixerRegistration kAttention{MixerSpec{
       const double d = static_cast<double>(ctx.d_model), D = static_cast<double>(ctx.d_model / ctx.n_heads);
       const double qkv = static_cast<double>(ctx.n_heads + 2 * ctx.n_kv_heads) * D, heads = static_cast<double>(ctx.n_heads) * D;
       return d * qkv + heads * d + (ctx.bias ? qkv + d : 0.0);
+    },
+    // The KV cache: keys and values of Hk heads of D for each of seq_len tokens.
+    [](const MixerContext& ctx, const MixerOptions&, int64_t seq_len) {
+      const int64_t hk = ctx.n_kv_heads > 0 ? ctx.n_kv_heads : ctx.n_heads;
+      return 2.0 * static_cast<double>(seq_len) * static_cast<double>(hk) * static_cast<double>(ctx.d_model / ctx.n_heads);
     }}};
 
 }  // namespace

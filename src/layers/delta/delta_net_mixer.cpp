@@ -110,6 +110,12 @@ OptionSpec conv_size_option() {
   return OptionSpec::integer("conv_size", 4, 1, "taps of the short causal convolution over q, k, v");
 }
 
+// The matrix state H·D·D and the convolution's last K − 1 inputs of q, k, v (3d channels).
+double delta_net_state(const MixerContext& ctx, const MixerOptions& opts, int64_t seq_len) {
+  return matrix_state_size(ctx, opts, seq_len) +
+         static_cast<double>((opts.integer("conv_size") - 1) * 3 * ctx.d_model);
+}
+
 double delta_net_flops(const MixerContext& ctx, const MixerOptions& opts, int64_t seq_len) {
   return chunkwise_recurrence_flops(ctx, opts.integer("chunk_size"), seq_len);
 }
@@ -133,7 +139,8 @@ const MixerRegistration kDeltaNet{MixerSpec{
       return std::make_unique<DeltaNetMixer>(ctx, opts, /*gated=*/false, gen);
     },
     delta_net_flops,
-    [](const MixerContext& ctx, const MixerOptions& opts) { return delta_net_parameters(ctx, opts, false); }}};
+    [](const MixerContext& ctx, const MixerOptions& opts) { return delta_net_parameters(ctx, opts, false); },
+    delta_net_state}};
 
 const MixerRegistration kGatedDeltaNet{MixerSpec{
     "gated_delta_net",
@@ -148,7 +155,8 @@ const MixerRegistration kGatedDeltaNet{MixerSpec{
       return std::make_unique<DeltaNetMixer>(ctx, opts, /*gated=*/true, gen);
     },
     delta_net_flops,
-    [](const MixerContext& ctx, const MixerOptions& opts) { return delta_net_parameters(ctx, opts, true); }}};
+    [](const MixerContext& ctx, const MixerOptions& opts) { return delta_net_parameters(ctx, opts, true); },
+    delta_net_state}};
 
 }  // namespace
 }  // namespace seqlab

@@ -116,6 +116,12 @@ const MixerRegistration kLinearAttention{MixerSpec{
     [](const MixerContext& ctx, const MixerOptions&) {
       const double d = static_cast<double>(ctx.d_model);
       return 4 * d * d;
+    },
+    // S [H, m, D] and the normaliser z [H, m], m the feature dimension (D, or feature_count for Performer).
+    [](const MixerContext& ctx, const MixerOptions& opts, int64_t) {
+      const double h = static_cast<double>(ctx.n_heads), d = static_cast<double>(ctx.d_model / ctx.n_heads);
+      const double m = opts.text("feature_map") == "performer" ? static_cast<double>(opts.integer("feature_count")) : d;
+      return h * m * d + h * m;
     }}};
 
 }  // namespace

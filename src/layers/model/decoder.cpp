@@ -163,6 +163,17 @@ int64_t Decoder::max_context() const { return bounded_context() ? cfg_.max_seq_l
 
 double Decoder::mixing_flops_per_token(int64_t seq_len) const { return decoder_mixing_flops_per_token(cfg_, seq_len); }
 
+double decoder_state_size(const DecoderConfig& config, int64_t seq_len) {
+  const DecoderConfig cfg = resolved(config);
+  const MixerContext ctx = mixer_context_of(cfg);
+  double n = 0;
+  for (const BlockSpec& b : cfg.blocks) {
+    const MixerSpec& spec = mixer_spec(b.mixer);
+    n += spec.state_size(ctx, options_of(cfg, spec), seq_len);
+  }
+  return n;
+}
+
 double decoder_mixing_flops_per_token(const DecoderConfig& config, int64_t seq_len) {
   const DecoderConfig cfg = resolved(config);
   const MixerContext ctx = mixer_context_of(cfg);

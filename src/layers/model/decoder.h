@@ -84,6 +84,9 @@ double decoder_parameter_count(const DecoderConfig& cfg);
 // weight (each block's MixerSpec::mixing_flops_per_token), from the configuration alone: equals
 // Decoder(cfg).mixing_flops_per_token(seq_len).
 double decoder_mixing_flops_per_token(const DecoderConfig& cfg, int64_t seq_len);
+// The elements of decoding state the Decoder of `cfg` carries per sequence after seq_len tokens: every
+// block's MixerSpec::state_size (recurrent states; attention's KV cache).
+double decoder_state_size(const DecoderConfig& cfg, int64_t seq_len);
 
 // The conventions "auto" stands for in a recipe's model.norm, model.mlp, model.bias and
 // model.positions: GPT-2's when every block is softmax attention (LayerNorm, GELU MLP, biases,

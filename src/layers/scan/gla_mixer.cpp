@@ -102,7 +102,8 @@ const MixerRegistration kGla{MixerSpec{
     [](const MixerContext& ctx, const MixerOptions& opts) {
       const double d = static_cast<double>(ctx.d_model), r = static_cast<double>(opts.integer("gate_rank"));
       return 5 * d * d + 2 * d * r + d + static_cast<double>(ctx.d_model / ctx.n_heads);
-    }}};
+    },
+    matrix_state_size}};
 
 }  // namespace
 }  // namespace seqlab

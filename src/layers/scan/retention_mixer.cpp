@@ -101,7 +101,8 @@ const MixerRegistration kRetention{MixerSpec{
     [](const MixerContext& ctx, const MixerOptions&) {
       const double d = static_cast<double>(ctx.d_model);
       return 5 * d * d + static_cast<double>(ctx.d_model / ctx.n_heads);
-    }}};
+    },
+    matrix_state_size}};
 
 }  // namespace
 }  // namespace seqlab

@@ -77,6 +77,7 @@ std::vector<Planned> plan(const Sweep& sweep, const fs::path& out) {
           q.result.outcome.params = decoder_parameter_count(*cfg);
           const double per_token = 6 * q.result.outcome.params + decoder_mixing_flops_per_token(*cfg, r->train.seq_len);
           q.result.flops = per_token * static_cast<double>(q.result.tokens);
+          q.result.state_size = decoder_state_size(*cfg, r->train.seq_len);
         } catch (const std::invalid_argument& e) {
           q.recipe_error = e.what();
         }
@@ -112,7 +113,8 @@ void write_results(const Sweep& sweep, const fs::path& out, const std::vector<Pl
 // The plots of a sweep's results (gnuplot; skipped with a note where it is missing):
 //   <metric>_vs_<column>.png  the table's cells, one line per row, when the column axis holds numbers;
 //   <metric>_vs_flops.png     every row's cells against their training FLOPs, log-log, with the row's fitted
-//                             power law (power_law_fits) as a line.
+//                             power law (power_law_fits) as a line;
+//   <metric>_vs_state_size.png  every row's cells against their decoding state per sequence.
 // Returns the files written.
 std::vector<std::string> write_plots(const Sweep& sweep, const fs::path& out, const std::vector<PointResult>& results) {
   if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
@@ -189,6 +191,28 @@ std::vector<std::string> write_plots(const Sweep& sweep, const fs::path& out, co
          absl::StrCat("set title ", gnuplot_quote(sweep.name + ": " + sweep.metric + " against training FLOPs"),
                       " noenhanced\nset xlabel 'training FLOPs'\nset ylabel ", gnuplot_quote(sweep.metric),
                       " noenhanced\nset logscale xy\nset format x '10^{%L}'\n", plots, "\n"));
+  }
+  // 3. Against the decoding state per sequence (Zoology's axis: what a recurrence keeps against what
+  // attention's cache grows to), log x.
+  plots.clear();
+  for (size_t r = 0; r < t.rows.size(); ++r) {
+    std::ofstream d(data_file("s", r));
+    int n = 0;
+    for (size_t c = 0; c < t.columns.size(); ++c) {
+      const SweepCell& cell = t.cells[r * t.columns.size() + c];
+      if (cell.best != nullptr && cell.best->state_size > 0) d << cell.best->state_size << " " << *cell.best->outcome.metric << "\n", ++n;
+    }
+    temporary.push_back(data_file("s", r));
+    if (n == 0) continue;
+    absl::StrAppend(&plots, plots.empty() ? "plot " : ", ", gnuplot_quote(data_file("s", r)),
+                    " using 1:2 with linespoints pt 7 lw 2 lc rgb '", colors[r % 8], "' title ", gnuplot_quote(row_name(r)));
+  }
+  if (!plots.empty()) {
+    draw(absl::StrCat(sweep.metric, "_vs_state_size.png"),
+         absl::StrCat("set title ", gnuplot_quote(sweep.name + ": " + sweep.metric + " against the decoding state"),
+                      " noenhanced\nset xlabel 'state per sequence (elements, all layers; attention: its KV cache at "
+                      "train.seq_len)'\nset ylabel ",
+                      gnuplot_quote(sweep.metric), " noenhanced\nset logscale x 2\n", plots, "\n"));
   }
   std::error_code ec;
   for (const std::string& f : temporary) fs::remove(f, ec);

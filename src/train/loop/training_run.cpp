@@ -525,6 +525,15 @@ int train(const std::vector<std::string>& args) {
   // MFU against the job's peak: every rank's device measured as this one (the ranks' devices are alike).
   auto job_peak = [device, dtype, world] { return world * measured_peak_flops(device, dtype); };
   Progress progress(bar, r.log.every, r.train.steps, flops_per_token, job_peak(), job_peak);
+  if (writer) {
+    // What the sweeps compare runs by (docs/scaling.md): size, training FLOPs per token (the MFU's count)
+    // and the decoding state per sequence at train.seq_len.
+    const double state = decoder_state_size(value_or_throw(decoder_config(r, data.vocab_size)), r.train.seq_len);
+    ok_or_throw(write_file_atomically(
+        (inv.run_dir / "model.json").string(),
+        absl::StrFormat("{\"parameters\": %d, \"flops_per_token\": %.6g, \"state_size\": %.0f, \"seq_len\": %d}\n",
+                        model->num_parameters(), flops_per_token, state, r.train.seq_len)));
+  }
   progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s%s", r.name,
                                 model->num_parameters(), data.description, run,
                                 world == 1 ? ""
@@ -644,9 +653,9 @@ int train(const std::vector<std::string>& args) {
       } else if (done % r.log.every == 0 || eval_now) {
         line = absl::StrFormat(
             "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.4f, \"tokens_per_s\": %.1f, \"mfu\": %.4f, "
-            "\"elapsed_s\": %.1f",
+            "\"elapsed_s\": %.1f, \"tokens\": %d, \"train_flops\": %.6g",
             done, loss, lr, norm, static_cast<double>(tokens_since_log) / seconds_since_log, progress.mfu(),
-            progress.elapsed_s());
+            progress.elapsed_s(), done * tokens_per_step, static_cast<double>(done * tokens_per_step) * flops_per_token);
         tokens_since_log = 0;
         seconds_since_log = 0;
       }

@@ -218,7 +218,7 @@ std::string csv_field(const std::string& s) {
 std::string results_csv(const Sweep& sweep, const std::vector<PointResult>& results) {
   std::vector<std::string> header{"point"};
   for (const SweepAxis& a : sweep.axes) header.push_back(a.key);
-  for (const char* h : {"status", "params", "tokens", "train_flops", "wall_s"}) header.emplace_back(h);
+  for (const char* h : {"status", "params", "tokens", "train_flops", "state_size", "wall_s"}) header.emplace_back(h);
   header.push_back(sweep.metric);
   std::string out = absl::StrJoin(header, ",") + "\n";
   for (const PointResult& r : results) {
@@ -228,6 +228,7 @@ std::string results_csv(const Sweep& sweep, const std::vector<PointResult>& resu
     row.push_back(absl::StrFormat("%.0f", r.outcome.params));
     row.push_back(std::to_string(r.tokens));
     row.push_back(absl::StrFormat("%.4g", r.flops));
+    row.push_back(absl::StrFormat("%.0f", r.state_size));
     row.push_back(absl::StrFormat("%.1f", r.outcome.wall_s));
     row.push_back(r.outcome.metric ? absl::StrFormat("%.6g", *r.outcome.metric) : "");
     out += absl::StrJoin(row, ",") + "\n";

@@ -78,6 +78,7 @@ struct PointResult {
   PointOutcome outcome;
   int64_t tokens = 0;   // trained: steps × batch_size × seq_len × grad_accum
   double flops = 0;     // training FLOPs: tokens × (6·params + mixing FLOPs per token)
+  double state_size = 0;  // decoding state per sequence at train.seq_len (MixerSpec::state_size, summed)
 };
 
 // The table: for each (row value, column value) of the table's axes, the best finished point over the other
@@ -104,7 +105,7 @@ struct PowerLaw {
 std::vector<PowerLaw> power_law_fits(const SweepTable& table);
 
 // results.csv: a header, then one row a point: its name, every axis's value, status (ok / failed /
-// unfinished), params, tokens, training FLOPs, wall seconds and the metric (empty when none).
+// unfinished), params, tokens, training FLOPs, state size, wall seconds and the metric (empty when none).
 std::string results_csv(const Sweep& sweep, const std::vector<PointResult>& results);
 // results.md: the metric per cell of the table's two axes (rows, columns; one column when the grid has one
 // axis besides best_over's), each cell the best over the other axes' points that finished (where those
