@@ -258,7 +258,7 @@ TEST_F(RecipeTest, UnknownKeysSuggestNearMisses) {
   EXPECT_EQ(error_of("[log]\nevry = 5\n"), "FILE:2: unknown key log.evry (did you mean log.every?)");
   EXPECT_EQ(error_of("[checkpoint]\nevry = 5\n"), "FILE:2: unknown key checkpoint.evry (did you mean checkpoint.every?)");
   // Nothing near: the section's keys.
-  EXPECT_EQ(error_of("[parallel]\nfrobnicate = 1\n"), "FILE:2: unknown key parallel.frobnicate ([parallel] has threads, sp)");
+  EXPECT_EQ(error_of("[parallel]\nfrobnicate = 1\n"), "FILE:2: unknown key parallel.frobnicate ([parallel] has threads, sp, overlap)");
   EXPECT_EQ(error_of("[train]\n[train.extra]\nx = 1\n"),
             "FILE:2: unknown key train.extra ([train] has steps, batch_size, seq_len, seed, grad_accum, device, dtype, "
             "on_nonfinite, max_skipped)");
