@@ -56,6 +56,7 @@ struct Planned {
   PointResult result;
   std::string dir;
   int64_t steps = 0;
+  double mixing_flops = 0;   // per token, beyond 6 per weight
   std::string recipe_error;  // the point's recipe does not load: it fails without running
 };
 
@@ -75,8 +76,8 @@ std::vector<Planned> plan(const Sweep& sweep, const fs::path& out) {
       if (cfg.ok()) {
         try {
           q.result.outcome.params = decoder_parameter_count(*cfg);
-          const double per_token = 6 * q.result.outcome.params + decoder_mixing_flops_per_token(*cfg, r->train.seq_len);
-          q.result.flops = per_token * static_cast<double>(q.result.tokens);
+          q.mixing_flops = decoder_mixing_flops_per_token(*cfg, r->train.seq_len);
+          q.result.flops = (6 * q.result.outcome.params + q.mixing_flops) * static_cast<double>(q.result.tokens);
           q.result.state_size = decoder_state_size(*cfg, r->train.seq_len);
         } catch (const std::invalid_argument& e) {
           q.recipe_error = e.what();
@@ -90,11 +91,13 @@ std::vector<Planned> plan(const Sweep& sweep, const fs::path& out) {
   return points;
 }
 
-// The point's outcome from its folder, its parameter count from the run when it logged one.
+// The point's outcome from its folder; its parameter count (and so its FLOPs) from the run when it logged one
+// (the recipe's count assumes the byte tokenizer's 256 tokens where model.vocab_size is 0).
 void refresh(const Sweep& sweep, Planned& q) {
   const double planned_params = q.result.outcome.params;
   q.result.outcome = read_outcome(q.dir, sweep.metric, q.steps);
   if (q.result.outcome.params == 0) q.result.outcome.params = planned_params;
+  q.result.flops = (6 * q.result.outcome.params + q.mixing_flops) * static_cast<double>(q.result.tokens);
   if (!q.recipe_error.empty()) q.result.outcome.failure = q.recipe_error;
 }
 
