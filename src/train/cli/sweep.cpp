@@ -418,6 +418,10 @@ int sweep_command(const std::vector<std::string>& args) {
     }
     if (f.positional().empty()) throw UserError("expected a sweep file: seqlab sweep SWEEP.toml (see seqlab sweep --help)");
     const Sweep sweep = value_or_throw(load_sweep(f.positional()[0]));
+    std::error_code ec;
+    if (!fs::is_regular_file(sweep.recipe, ec)) {
+      throw UserError(sweep.file + ": its recipe " + sweep.recipe + " does not exist (recipe = is relative to the sweep file)");
+    }
     const int jobs = f.number<int>("--jobs", 1);
     if (jobs < 1) throw UserError("--jobs expects 1 or more, got " + f.get("--jobs"));
     const fs::path out = f.has("--out") ? fs::path(f.get("--out")) : fs::path("runs") / sweep.name;
