@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -163,26 +164,27 @@ int64_t Decoder::max_context() const { return bounded_context() ? cfg_.max_seq_l
 
 double Decoder::mixing_flops_per_token(int64_t seq_len) const { return decoder_mixing_flops_per_token(cfg_, seq_len); }
 
-double decoder_state_size(const DecoderConfig& config, int64_t seq_len) {
+namespace {
+// Σ over the blocks of `per_block`, one of a MixerSpec's per-layer counts, for sequences of seq_len tokens.
+using PerBlock = std::function<double(const MixerContext&, const MixerOptions&, int64_t)> MixerSpec::*;
+double sum_over_blocks(const DecoderConfig& config, PerBlock per_block, int64_t seq_len) {
   const DecoderConfig cfg = resolved(config);
   const MixerContext ctx = mixer_context_of(cfg);
-  double n = 0;
+  double sum = 0;
   for (const BlockSpec& b : cfg.blocks) {
     const MixerSpec& spec = mixer_spec(b.mixer);
-    n += spec.state_size(ctx, options_of(cfg, spec), seq_len);
+    sum += (spec.*per_block)(ctx, options_of(cfg, spec), seq_len);
   }
-  return n;
+  return sum;
+}
+}  // namespace
+
+double decoder_state_size(const DecoderConfig& config, int64_t seq_len) {
+  return sum_over_blocks(config, &MixerSpec::state_size, seq_len);
 }
 
 double decoder_mixing_flops_per_token(const DecoderConfig& config, int64_t seq_len) {
-  const DecoderConfig cfg = resolved(config);
-  const MixerContext ctx = mixer_context_of(cfg);
-  double flops = 0;
-  for (const BlockSpec& b : cfg.blocks) {
-    const MixerSpec& spec = mixer_spec(b.mixer);
-    flops += spec.mixing_flops_per_token(ctx, options_of(cfg, spec), seq_len);
-  }
-  return flops;
+  return sum_over_blocks(config, &MixerSpec::mixing_flops_per_token, seq_len);
 }
 
 double decoder_parameter_count(const DecoderConfig& config) {
