@@ -112,9 +112,8 @@ int main(int argc, char** argv) {
   std::printf("%4s  %14s  %10s  %10s\n", "P", "peak MiB/rank", "ratio", "seconds");
   double base = 0;
   for (int P = 1; P <= f.max_ranks; P *= 2) {
-    char tmpl[] = "/tmp/seqlab_sp_bench_XXXXXX";
-    if (!mkdtemp(tmpl)) return 1;
-    const std::string results = tmpl;
+    const seqlab::testing::StoreFolder folder;  // the ranks' results, removed afterwards
+    const std::string& results = folder.path;
     const auto failures = seqlab::testing::run_ranks(
         P,
         [&](int rank, const std::string& folder) {
@@ -133,8 +132,6 @@ int main(int argc, char** argv) {
       peak = std::max(peak, b / (1024.0 * 1024.0));
       seconds = std::max(seconds, s);
     }
-    std::error_code ec;
-    std::filesystem::remove_all(results, ec);
     if (P == 1) base = peak;
     std::printf("%4d  %14.1f  %10.3f  %10.2f\n", P, peak, peak / base, seconds);
     std::fflush(stdout);

@@ -23,8 +23,9 @@ namespace seqlab::testing {
 struct StoreFolder {
   std::string path;
   StoreFolder() {
-    char tmpl[] = "/tmp/seqlab_comm_test_XXXXXX";
-    if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+    // Under the system's temporary folder ($TMPDIR, else /tmp).
+    std::string tmpl = (std::filesystem::temp_directory_path() / "seqlab_ranks_XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed in " + tmpl);
     path = tmpl;
   }
   ~StoreFolder() {
