@@ -6,16 +6,15 @@
 // block runs as 128 threads (fibers: one runs at a time, from barrier to barrier, in a seeded random
 // order) with its own shared-memory buffer, filled with 0xff bytes (NaN as bf16 and f32) so a read of
 // anything not written shows up; __syncthreads and __syncwarp are barriers of the block's 128 and the
-// warp's 32 threads; __shfl_xor_sync goes through a per-warp buffer between two warp barriers. wmma
-// (emulated here) fragments hold the whole 16×16 matrix in every lane, which is exactly the documented
-// meaning of load_matrix_sync / mma_sync / store_matrix_sync on row- and column-major matrices in memory
-// (the kernels never depend on which lane holds which element); the loads and stores check the documented
-// 256-bit pointer alignment and 16-byte leading dimension, and each lane stores only its own part of an
-// accumulator, so a missing __syncwarp between a fragment store and the lanes' reads shows up too
-// (checked by deleting barriers from the kernels: each deletion failed this test, except one right after
-// a shuffle, which the emulation's shuffle itself synchronises).
-// What this cannot check: the real compiler, the wmma library's implementation, the hardware's
-// scheduling and memory system, and performance.
+// warp's 32 threads; __shfl_xor_sync goes through a per-warp buffer between two warp barriers. The
+// tensor-core instructions (mma.sync m16n8k16, ldmatrix .x4 with and without .trans, cp.async and its
+// groups) are emulated lane by lane from their documented fragment layouts (tests/tensor_core_emulation.h):
+// a lane computes or receives exactly the elements the hardware gives it, so a wrong fragment index, a
+// missing to_a conversion or a C layout read as if it were another shows up as a wrong result; cp.async
+// lands only when the issuing thread waits for its group, so reading a tile before waiting for it, or
+// staging into a buffer another warp still reads, computes with stale data and fails the comparison.
+// (Checked by breaking the kernels on purpose: see the commit that introduced these kernels.)
+// What this cannot check: the real compiler, the hardware's scheduling and memory system, and performance.
 //
 // Shapes: head dims 64 and 128, T and S not multiples of the 64-row tiles, T < S and T > S, causal and
 // bidirectional, MHA, GQA and MQA, decoding. Tolerance as for bf16 in the GPU test:
@@ -34,75 +33,10 @@
 
 #include "attention_cases.h"
 #include "cuda_emulation.h"
+#include "tensor_core_emulation.h"
 #include "layers/attention/attention.h"
 #include "tensor/kernels.h"
 #include "tensor/tensor.h"
-
-// ---- wmma: every lane holds the whole 16×16 matrix ------------------------------------------------
-namespace nvcuda::wmma {
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-
-// Every lane holds the whole 16×16 matrix, row-major in x.
-template <class Use, int M, int N, int K, class T, class Layout = void>
-struct fragment {
-  static constexpr int num_elements = 256;
-  float x[256];
-};
-
-inline void check_operand(const void* p, unsigned ldm, size_t element_bytes) {
-  if (reinterpret_cast<uintptr_t>(p) % 32 != 0 || ldm * element_bytes % 16 != 0) {
-    ADD_FAILURE() << "wmma operand at " << p << " with ldm " << ldm << " breaks the alignment rules";
-    std::abort();  // the kernel would be undefined on the GPU; stop before it runs on garbage
-  }
-}
-
-template <class Use, class Layout>
-void load_matrix_sync(fragment<Use, 16, 16, 16, seqlab::bf16, Layout>& f, const seqlab::bf16* p, unsigned ldm) {
-  check_operand(p, ldm, sizeof(seqlab::bf16));
-  for (unsigned r = 0; r < 16; ++r) {
-    for (unsigned c = 0; c < 16; ++c) {
-      f.x[r * 16 + c] = static_cast<float>(std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r]);
-    }
-  }
-}
-
-inline void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f, float value) {
-  std::fill(std::begin(f.x), std::end(f.x), value);
-}
-
-template <class LayoutA, class LayoutB>
-void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
-              const fragment<matrix_a, 16, 16, 16, seqlab::bf16, LayoutA>& a,
-              const fragment<matrix_b, 16, 16, 16, seqlab::bf16, LayoutB>& b,
-              const fragment<accumulator, 16, 16, 16, float>& c) {
-  float out[256];
-  for (int i = 0; i < 16; ++i) {
-    for (int j = 0; j < 16; ++j) {
-      float s = c.x[i * 16 + j];
-      for (int k = 0; k < 16; ++k) s += a.x[i * 16 + k] * b.x[k * 16 + j];
-      out[i * 16 + j] = s;
-    }
-  }
-  std::copy(std::begin(out), std::end(out), d.x);
-}
-
-// Each lane writes its own eighth of the matrix (half a row), so the warp writes it once and a lane sees
-// the others' parts only after a __syncwarp, as on the GPU. The rows are shuffled (lane l writes half of
-// row 7·(l/2) + 3 mod 16, the other half from the one its index suggests) so that no kernel lane mapping
-// happens to read only what the same lane wrote.
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm,
-                              layout_t layout) {
-  check_operand(p, ldm, sizeof(float));
-  if (layout != mem_row_major) std::abort();  // the kernels store row-major only
-  const unsigned lane = threadIdx.x % 32, r = (lane / 2 * 7 + 3) % 16, c0 = (1 - lane % 2) * 8;
-  for (unsigned c = c0; c < c0 + 8; ++c) p[r * ldm + c] = f.x[r * 16 + c];
-}
-}  // namespace nvcuda::wmma
 
 namespace seqlab::cuda {
 using bf16_t = seqlab::bf16;
@@ -116,7 +50,7 @@ using bf16_t = seqlab::bf16;
 namespace seqlab {
 namespace {
 
-namespace tc = cuda::attention_tc;
+namespace atc = cuda::attention_tc;
 using testing::GradientsNeeded;
 using Case = testing::AttentionCase;  // Dk = Dv = D, 64 or 128
 
@@ -146,7 +80,7 @@ Tensor nans(const Shape& shape, DType dtype = DType::bf16) { return Tensor::full
 template <int D>
 void run_case(const Case& c, Generator& gen) {
   const std::string what = c.name();
-  const tc::Problem p{c.B, c.T, c.S, c.H, c.Hk, D, c.causal, static_cast<float>(c.params().scale)};
+  const atc::Problem p{c.B, c.T, c.S, c.H, c.Hk, D, c.causal, static_cast<float>(c.params().scale)};
   // bf16 q, k, v, dO; dlse f32 (lse and dlse: f32 for bf16).
   const testing::AttentionInputs in = testing::attention_inputs(c, DType::bf16, gen, true);
   const Tensor &q = in.q, &k = in.k, &v = in.v, &dout = in.dout, &dlse = in.dlse;
@@ -156,11 +90,12 @@ void run_case(const Case& c, Generator& gen) {
 
   // Forward.
   Tensor o = nans({c.B, c.T, c.H, D}), lse = nans({c.B, c.T, c.H}, DType::f32);  // lse: f32 for bf16
-  const dim3 block(tc::kernels::kThreads);
+  const dim3 block(atc::kernels::kThreads);
   emu::launch(dim3(query_tiles, static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)), block,
-              tc::kernels::FwdLayout<D>::bytes,
-              [&] { tc::kernels::tc_forward<D>(p, Q, K, V, o.data<bf16>(), lse.data<float>()); });
+              atc::kernels::FwdLayout<D>::bytes,
+              [&] { atc::kernels::tc_forward<D>(p, Q, K, V, o.data<bf16>(), lse.data<float>()); });
   const testing::AttentionOutputs want = testing::attention_forward_reference(c, in);
+  EXPECT_FALSE(cuda::tc::tensor_core_copies_pending()) << what << ": forward left cp.async copies unwaited";
   expect_close(o, want.o, what + " o");
   expect_close(lse, want.lse, what + " lse");
 
@@ -184,14 +119,15 @@ void run_case(const Case& c, Generator& gen) {
     const float* L = saved.lse.data<float>();
     if (dK || dV) {
       emu::launch(dim3(key_tiles, static_cast<unsigned>(c.Hk), static_cast<unsigned>(c.B)), block,
-                  tc::kernels::BwdLayout<D>::bytes,
-                  [&] { tc::kernels::tc_dkdv<D>(p, Q, K, V, dO, L, delta.data(), dK, dV); });
+                  atc::kernels::DkdvLayout<D>::bytes,
+                  [&] { atc::kernels::tc_dkdv<D>(p, Q, K, V, dO, L, delta.data(), dK, dV); });
     }
     if (dQ) {
       emu::launch(dim3(query_tiles, static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)), block,
-                  tc::kernels::BwdLayout<D>::bytes,
-                  [&] { tc::kernels::tc_dq<D>(p, Q, K, V, dO, L, delta.data(), dQ); });
+                  atc::kernels::DqLayout<D>::bytes,
+                  [&] { atc::kernels::tc_dq<D>(p, Q, K, V, dO, L, delta.data(), dQ); });
     }
+    EXPECT_FALSE(cuda::tc::tensor_core_copies_pending()) << with << ": backward left cp.async copies unwaited";
     const kernel::AttentionGrads grads = testing::attention_backward_reference(c, in, saved, need);
     if (need.dq) expect_close(dq, grads.dq, with + " → dq");
     if (need.dk) expect_close(dk, grads.dk, with + " → dk");

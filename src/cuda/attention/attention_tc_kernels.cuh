@@ -1,12 +1,14 @@
 // The device code of src/cuda/attention/attention_tc.cu (read its header comment first: layouts, equations,
-// synchronisation and why wmma). A header of its own so that tests/attention_tc_emulation_test.cc can
-// run these same kernels on the CPU, over an emulation of the CUDA and wmma pieces they use.
+// the fragment bookkeeping, synchronisation). A header of its own so that tests/attention_tc_emulation_test.cc
+// can run these same kernels on the CPU, over an emulation of the CUDA and tensor-core pieces they use.
 //
 // The includer provides, before including: the CUDA built-ins used below (thread and block indices,
-// barriers, shuffles, bf16 conversions, uint4) and nvcuda::wmma; seqlab::cuda::bf16_t; Problem
-// (cuda/attention/attention_tc.h); SEQLAB_TC_ATTENTION (1 where bf16 wmma exists: the kernels trap otherwise);
-// and SEQLAB_TC_SHARED_MEMORY(name), which declares `name` as the block's dynamic shared memory
-// (unsigned char, 128-byte aligned).
+// barriers, shuffles, bf16 conversions, uint4, exp2f); seqlab::cuda::bf16_t; the functions of
+// seqlab::cuda::tc that src/cuda/tensor_core.cuh defines (mma_16816, ldmatrix_x4, ldmatrix_x4_trans,
+// cp_async_16, cp_async_4, cp_async_commit, cp_async_wait<N>, pack_bf16x2); Problem
+// (cuda/attention/attention_tc.h); SEQLAB_TC_ATTENTION (1 where those instructions exist: the kernels
+// trap otherwise); and SEQLAB_TC_SHARED_MEMORY(name), which declares `name` as the block's dynamic shared
+// memory (unsigned char, 128-byte aligned).
 #pragma once
 
 #include <algorithm>
@@ -20,190 +22,242 @@
 // nothing for a host compiler.
 #ifdef __CUDACC__
 #define SEQLAB_TC_UNROLL _Pragma("unroll")
-#define SEQLAB_TC_NO_UNROLL _Pragma("unroll 1")
 #else
 #define SEQLAB_TC_UNROLL
-#define SEQLAB_TC_NO_UNROLL
 #endif
 
 namespace seqlab::cuda::attention_tc::kernels {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kTile = 64;  // query rows per forward/dQ block, keys per dK/dV block, rows of every staged tile
-constexpr int kFrag = 16;  // wmma fragment edge; each warp owns kFrag rows of its block's tile
-static_assert(kTile == kWarps * kFrag, "each warp owns one fragment-high slice of the block's tile");
-constexpr int kLdS = kTile + 4;  // f32 score tiles [16][kTile]
-constexpr int kLdP = kTile + 8;  // bf16 probability tiles [16][kTile]
-template <int D>
-constexpr int kLdT = D + 8;  // bf16 staged tiles [kTile][D]
-template <int D>
-constexpr int kLdO = D + 4;  // f32 output scratch [16][D]
+constexpr int kRows = 16;                // rows of the block's tile that one warp owns (one mma M)
+constexpr int kTile = kWarps * kRows;    // query rows per forward / dQ block, keys per dK/dV block
+constexpr int kKeys = 64;                // keys per K/V tile (forward, dQ)
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-constexpr size_t round32(size_t bytes) { return (bytes + 31) / 32 * 32; }
-
-// Byte offsets of the dynamic shared memory pieces (all multiples of 32).
+// Queries per Q/dO tile in the dK/dV kernel: at D = 128 its dK and dV accumulators take 128 registers a
+// thread, and 64-query score tiles on top would leave ptxas too few.
 template <int D>
-struct FwdLayout {
-  static constexpr size_t kTileBytes = size_t{kTile} * kLdT<D> * sizeof(bf16_t);
-  static constexpr int kScratchFloats = kFrag * std::max(kLdS, kLdO<D>);  // per warp: scores, then PV / o
-  static constexpr int kProbElems = kFrag * kLdP;                          // per warp: P
-  static constexpr size_t k = 0, v = k + kTileBytes, scratch = v + kTileBytes,
-                          prob = scratch + round32(size_t{kWarps} * kScratchFloats * sizeof(float)),
-                          bytes = prob + round32(size_t{kWarps} * kProbElems * sizeof(bf16_t));
-  static_assert(kTileBytes % 32 == 0 && kScratchFloats * sizeof(float) % 32 == 0 &&
-                    kProbElems * sizeof(bf16_t) % 32 == 0,
-                "every warp's piece must start 32-byte aligned");
-};
+constexpr int kDkdvQueries = D > 64 ? 32 : 64;
 
+// Staged tiles are rows of D bf16 with a pitch of D + 8: consecutive rows start 16 bytes apart modulo the
+// 128 bytes of the 32 banks, so the eight 16-byte rows one ldmatrix phase reads hit eight different bank
+// quads (no conflicts).
 template <int D>
-struct BwdLayout {
-  static constexpr size_t kTileBytes = size_t{kTile} * kLdT<D> * sizeof(bf16_t);
-  static constexpr int kScratchFloats = kFrag * std::max(2 * kLdS, kLdO<D>);  // per warp: S and dP, then output
-  static constexpr int kProbElems = kFrag * kLdP;                              // per warp: two tiles (P, dS)
-  static constexpr size_t k = 0, v = k + kTileBytes, q = v + kTileBytes, dout = q + kTileBytes,
-                          lse = dout + kTileBytes, delta = lse + round32(kTile * sizeof(float)),
-                          scratch = delta + round32(kTile * sizeof(float)),
-                          prob = scratch + round32(size_t{kWarps} * kScratchFloats * sizeof(float)),
-                          bytes = prob + round32(size_t{kWarps} * 2 * kProbElems * sizeof(bf16_t));
-  static_assert(kTileBytes % 32 == 0 && kScratchFloats * sizeof(float) % 32 == 0 &&
-                    kLdS * kFrag * sizeof(float) % 32 == 0 && kProbElems * sizeof(bf16_t) % 32 == 0,
-                "every warp's piece must start 32-byte aligned");
-};
-
-// The tiles both backward kernels stage in their shared memory (BwdLayout): K, V, Q, dO [64][D+8]
-// bf16 and the rows' lse and δ [64] f32.
-struct BwdTiles {
-  bf16_t *k, *v, *q, *dout;
-  float *lse, *delta;
-};
-template <int D>
-__device__ __forceinline__ BwdTiles backward_tiles(unsigned char* smem) {
-  using L = BwdLayout<D>;
-  return {reinterpret_cast<bf16_t*>(smem + L::k),   reinterpret_cast<bf16_t*>(smem + L::v),
-          reinterpret_cast<bf16_t*>(smem + L::q),   reinterpret_cast<bf16_t*>(smem + L::dout),
-          reinterpret_cast<float*>(smem + L::lse), reinterpret_cast<float*>(smem + L::delta)};
+constexpr int kLd = D + 8;
+template <int D, int kRowCount>
+constexpr size_t tile_bytes() {
+  return size_t{kRowCount} * kLd<D> * 2;
 }
+
+// Byte offsets of the dynamic shared memory pieces (multiples of 128).
+template <int D>
+struct FwdLayout {  // K and V tiles, two of each (double buffering); Q passes through k1 first
+  static constexpr size_t kTileBytes = tile_bytes<D, kKeys>();
+  static constexpr size_t k0 = 0, k1 = kTileBytes, v0 = 2 * kTileBytes, v1 = 3 * kTileBytes, bytes = 4 * kTileBytes;
+  static_assert(kTile == kKeys, "Q passes through a K buffer");
+};
+template <int D>
+struct DqLayout {  // Q and dO tiles of the block's rows; K and V tiles, two of each
+  static constexpr size_t kTileBytes = tile_bytes<D, kKeys>();
+  static constexpr size_t q = 0, dout = kTileBytes, k0 = 2 * kTileBytes, k1 = 3 * kTileBytes, v0 = 4 * kTileBytes,
+                          v1 = 5 * kTileBytes, bytes = 6 * kTileBytes;
+  static_assert(kTile == kKeys, "tiles of one size");
+};
+template <int D>
+struct DkdvLayout {  // K and V tiles of the block's keys; Q, dO, lse and δ of a query tile, two of each
+  static constexpr int kQ = kDkdvQueries<D>;
+  static constexpr size_t kKvBytes = tile_bytes<D, kTile>(), kQBytes = tile_bytes<D, kQ>(),
+                          kStatBytes = (kQ * sizeof(float) + 127) / 128 * 128;
+  static constexpr size_t k = 0, v = kKvBytes, q0 = 2 * kKvBytes, q1 = q0 + kQBytes, dout0 = q1 + kQBytes,
+                          dout1 = dout0 + kQBytes, lse0 = dout1 + kQBytes, lse1 = lse0 + kStatBytes,
+                          delta0 = lse1 + kStatBytes, delta1 = delta0 + kStatBytes, bytes = delta1 + kStatBytes;
+  static_assert(kKvBytes % 128 == 0 && kQBytes % 128 == 0, "pieces start 128-byte aligned");
+};
 
 #if SEQLAB_TC_ATTENTION
-namespace wmma = nvcuda::wmma;
-using FragA = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16_t, wmma::row_major>;
-using FragBRow = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16_t, wmma::row_major>;
-using FragBCol = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16_t, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float>;
+// ---- warp-level tile products (src/cuda/tensor_core.cuh has the fragment layouts) -------------------------
 
-// dst[r][0, D) = src[r·stride + (0, D)] for r < n, zeros for n ≤ r < kTile (dst leading dim kLdT<D>).
-// The whole block copies, 16 bytes per thread per step (src rows are 16-byte aligned).
-template <int D>
-__device__ __forceinline__ void stage_tile(const bf16_t* __restrict__ src, int64_t stride, int n, bf16_t* dst) {
+// This lane's part of ldmatrix addressing: row l % 8 of matrix l / 8.
+struct LaneRow {
+  int i, m;
+};
+__device__ __forceinline__ LaneRow lane_row() {
+  const int lane = threadIdx.x % 32;
+  return {lane % 8, lane / 8};
+}
+
+// The A fragment of the 16 × 16 block of a row-major bf16 matrix at `a` (pitch lda, shared memory).
+// Matrices 0..3 of the ldmatrix are (rows 0–7, cols 0–7), (rows 8–15, cols 0–7), (rows 0–7, cols 8–15),
+// (rows 8–15, cols 8–15): a[0..3] in the A layout.
+__device__ __forceinline__ void load_a(uint32_t (&af)[4], const bf16_t* a, int lda) {
+  const LaneRow l = lane_row();
+  tc::ldmatrix_x4(af, a + ((l.m & 1) * 8 + l.i) * lda + (l.m >> 1) * 8);
+}
+
+// acc[n] += A · Bᵀ over one 16-deep slice: A's fragment af (16 rows × 16 of the inner dimension), B the
+// 8·N rows × 16 at `b` (row-major, pitch ldb, shared memory); acc[n] is columns 8n … 8n+7 of the 16 × 8N
+// product. B row-major is Bᵀ column-major, the "col" operand of mma: matrices (rows 8n–8n+7, cols 0–7),
+// (same rows, cols 8–15), then rows 8n+8 … give b0, b1 of n-blocks n and n+1.
+template <int N>
+__device__ __forceinline__ void mma_abt_slice(float (&acc)[N][4], const uint32_t (&af)[4], const bf16_t* b, int ldb) {
+  static_assert(N % 2 == 0, "n-blocks come in pairs (one ldmatrix.x4)");
+  const LaneRow l = lane_row();
+SEQLAB_TC_UNROLL
+  for (int n = 0; n < N; n += 2) {
+    uint32_t bf[4];
+    tc::ldmatrix_x4(bf, b + (n * 8 + (l.m >> 1) * 8 + l.i) * ldb + (l.m & 1) * 8);
+    tc::mma_16816(acc[n], af, bf[0], bf[1]);
+    tc::mma_16816(acc[n + 1], af, bf[2], bf[3]);
+  }
+}
+
+// acc += A · Bᵀ, A the warp's 16 rows × K at `a` (pitch lda), B 8·N rows × K at `b` (pitch ldb), both
+// row-major bf16 in shared memory.
+template <int K, int N>
+__device__ __forceinline__ void warp_abt(float (&acc)[N][4], const bf16_t* a, int lda, const bf16_t* b, int ldb) {
+SEQLAB_TC_UNROLL
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t af[4];
+    load_a(af, a + kk * 16, lda);
+    mma_abt_slice<N>(acc, af, b + kk * 16, ldb);
+  }
+}
+// The same with A's fragments already in registers (af[kk] the 16-deep slice kk).
+template <int K, int N>
+__device__ __forceinline__ void warp_abt(float (&acc)[N][4], const uint32_t (&af)[K / 16][4], const bf16_t* b,
+                                         int ldb) {
+SEQLAB_TC_UNROLL
+  for (int kk = 0; kk < K / 16; ++kk) mma_abt_slice<N>(acc, af[kk], b + kk * 16, ldb);
+}
+
+// acc += P · B: P the warp's 16 rows × 16·KK in registers as A fragments, B 16·KK rows × 8·N at `b`
+// (row-major, pitch ldb, shared memory). Row-major B is what ldmatrix.trans turns into the "col"
+// operand: matrices (rows 16kk + 0–7, cols 8n …), (rows 16kk + 8–15, cols 8n …), then cols 8n + 8 … give
+// b0, b1 of n-blocks n and n+1.
+template <int KK, int N>
+__device__ __forceinline__ void warp_pb(float (&acc)[N][4], const uint32_t (&pa)[KK][4], const bf16_t* b, int ldb) {
+  static_assert(N % 2 == 0, "n-blocks come in pairs (one ldmatrix.x4)");
+  const LaneRow l = lane_row();
+SEQLAB_TC_UNROLL
+  for (int kk = 0; kk < KK; ++kk) {
+SEQLAB_TC_UNROLL
+    for (int n = 0; n < N; n += 2) {
+      uint32_t bf[4];
+      tc::ldmatrix_x4_trans(bf, b + (kk * 16 + (l.m & 1) * 8 + l.i) * ldb + n * 8 + (l.m >> 1) * 8);
+      tc::mma_16816(acc[n], pa[kk], bf[0], bf[1]);
+      tc::mma_16816(acc[n + 1], pa[kk], bf[2], bf[3]);
+    }
+  }
+}
+
+// The A fragments of a 16 × 8N f32 product held in C layout, rounded to bf16: slice kk is n-blocks 2kk and
+// 2kk + 1 (the registers line up; see src/cuda/tensor_core.cuh).
+template <int N>
+__device__ __forceinline__ void to_a(uint32_t (&pa)[N / 2][4], const float (&c)[N][4]) {
+SEQLAB_TC_UNROLL
+  for (int kk = 0; kk < N / 2; ++kk) {
+    pa[kk][0] = tc::pack_bf16x2(c[2 * kk][0], c[2 * kk][1]);
+    pa[kk][1] = tc::pack_bf16x2(c[2 * kk][2], c[2 * kk][3]);
+    pa[kk][2] = tc::pack_bf16x2(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+    pa[kk][3] = tc::pack_bf16x2(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void zero(float (&acc)[N][4]) {
+SEQLAB_TC_UNROLL
+  for (int n = 0; n < N; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+}
+
+// ---- staging tiles -----------------------------------------------------------------------------------------
+
+// dst rows [0, kRowCount) (pitch kLd<D>) ← src + r·stride for r < n, by cp.async 16 bytes at a time (the
+// caller commits and waits); rows r ≥ n are zeroed with plain stores, so a padded row never feeds NaN from
+// stale shared memory into a product (0 · NaN would poison the sums).
+template <int D, int kRowCount>
+__device__ __forceinline__ void stage_async(const bf16_t* __restrict__ src, int64_t stride, int n, bf16_t* dst) {
   constexpr int kVecs = D / 8;  // 16-byte vectors per row
-  for (int e = threadIdx.x; e < kTile * kVecs; e += kThreads) {
+  for (int e = threadIdx.x; e < kRowCount * kVecs; e += kThreads) {
     const int r = e / kVecs, c = e % kVecs * 8;
-    uint4 x = make_uint4(0u, 0u, 0u, 0u);
-    if (r < n) x = *reinterpret_cast<const uint4*>(src + r * stride + c);
-    *reinterpret_cast<uint4*>(dst + r * kLdT<D> + c) = x;
-  }
-}
-
-// Ls[r] = lse[first + r·stride], Ds[r] = delta[first + r·stride] for r < n; zeros up to kTile.
-__device__ __forceinline__ void stage_row_stats(const float* __restrict__ lse, const float* __restrict__ delta,
-                                                int64_t first, int64_t stride, int n, float* Ls, float* Ds) {
-  for (int r = threadIdx.x; r < kTile; r += kThreads) {
-    Ls[r] = r < n ? lse[first + r * stride] : 0.f;
-    Ds[r] = r < n ? delta[first + r * stride] : 0.f;
-  }
-}
-
-// One warp: dst[r·stride + c] = bf16(F[r][c]) for rows r < n (F is the warp's [16][D] f32 scratch,
-// leading dim kLdO<D>); lanes take consecutive column pairs of a row, so a warp stores 128 bytes at once.
-template <int D>
-__device__ __forceinline__ void write_rows(const float* F, int n, bf16_t* __restrict__ dst, int64_t stride) {
-  constexpr int kPairs = D / 2;
-  for (int e = threadIdx.x % 32; e < kFrag * kPairs; e += 32) {
-    const int r = e / kPairs, c = e % kPairs * 2;
     if (r < n) {
-      *reinterpret_cast<__nv_bfloat162*>(dst + r * stride + c) =
-          __floats2bfloat162_rn(F[r * kLdO<D> + c], F[r * kLdO<D> + c + 1]);
+      tc::cp_async_16(dst + r * kLd<D> + c, src + r * stride + c);
+    } else {
+      *reinterpret_cast<uint4*>(dst + r * kLd<D> + c) = make_uint4(0u, 0u, 0u, 0u);
     }
   }
 }
 
-// One warp: C = A Bᵀ with A [16][D] at a and B [kTile][D] at b (both staged tiles, leading dim kLdT<D>);
-// C [16][kTile] (f32) stored row-major at c with leading dim kLdS. As wmma sees it, Bᵀ is the D × kTile
-// matrix whose (d, n) element is b[n·kLdT + d], i.e. b read column-major. C is formed kCols 16-column
-// blocks at a time (fewer live accumulators where registers are short, at the cost of reloading A).
-template <int D, int kCols = kTile / kFrag>
-__device__ __forceinline__ void product_abt(const bf16_t* a, const bf16_t* b, float* c) {
-  static_assert((kTile / kFrag) % kCols == 0, "column blocks per pass must divide the tile");
-SEQLAB_TC_UNROLL
-  for (int n0 = 0; n0 < kTile / kFrag; n0 += kCols) {
-    FragC acc[kCols];
-SEQLAB_TC_UNROLL
-    for (int n = 0; n < kCols; ++n) wmma::fill_fragment(acc[n], 0.f);
-SEQLAB_TC_UNROLL
-    for (int kk = 0; kk < D / kFrag; ++kk) {
-      FragA fa;
-      wmma::load_matrix_sync(fa, a + kk * kFrag, kLdT<D>);
-SEQLAB_TC_UNROLL
-      for (int n = 0; n < kCols; ++n) {
-        FragBCol fb;
-        wmma::load_matrix_sync(fb, b + (n0 + n) * kFrag * kLdT<D> + kk * kFrag, kLdT<D>);
-        wmma::mma_sync(acc[n], fa, fb, acc[n]);
-      }
-    }
-SEQLAB_TC_UNROLL
-    for (int n = 0; n < kCols; ++n) {
-      wmma::store_matrix_sync(c + (n0 + n) * kFrag, acc[n], kLdS, wmma::mem_row_major);
+// Ls[r] ← lse[first + r·stride], Ds[r] ← delta[first + r·stride] for r < n (cp.async, 4 bytes), zeros up
+// to kRowCount.
+template <int kRowCount>
+__device__ __forceinline__ void stage_stats_async(const float* __restrict__ lse, const float* __restrict__ delta,
+                                                  int64_t first, int64_t stride, int n, float* Ls, float* Ds) {
+  for (int e = threadIdx.x; e < 2 * kRowCount; e += kThreads) {
+    const int r = e % kRowCount;
+    const float* src = e < kRowCount ? lse : delta;
+    float* dst = e < kRowCount ? Ls : Ds;
+    if (r < n) {
+      tc::cp_async_4(dst + r, src + first + r * stride);
+    } else {
+      dst[r] = 0.f;
     }
   }
 }
 
-// One warp: acc += A B with A [16][kTile] at a (bf16, leading dim kLdP) and B [kTile][D] at b (a staged
-// tile, leading dim kLdT<D>); acc[n] holds columns 16n .. 16n + 15 of the [16][D] sum.
-template <int D>
-__device__ __forceinline__ void product_ab_acc(FragC (&acc)[D / kFrag], const bf16_t* a, const bf16_t* b) {
-SEQLAB_TC_NO_UNROLL
-  for (int kk = 0; kk < kTile / kFrag; ++kk) {
-    FragA fa;
-    wmma::load_matrix_sync(fa, a + kk * kFrag, kLdP);
+// The warp's 16 output rows from a 16 × 8N accumulator in C layout: dst[r·stride + c] = bf16(acc · scale_r)
+// for rows r < n (scale[0] for row g, scale[1] for row g + 8). Each lane stores its pairs of columns.
+template <int N>
+__device__ __forceinline__ void store_rows(const float (&acc)[N][4], const float (&scale)[2], int n,
+                                           bf16_t* __restrict__ dst, int64_t stride) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 SEQLAB_TC_UNROLL
-    for (int n = 0; n < D / kFrag; ++n) {
-      FragBRow fb;
-      wmma::load_matrix_sync(fb, b + kk * kFrag * kLdT<D> + n * kFrag, kLdT<D>);
-      wmma::mma_sync(acc[n], fa, fb, acc[n]);
+  for (int half = 0; half < 2; ++half) {
+    const int r = g + 8 * half;
+    if (r >= n) continue;
+SEQLAB_TC_UNROLL
+    for (int j = 0; j < N; ++j) {
+      *reinterpret_cast<__nv_bfloat162*>(dst + r * stride + j * 8 + 2 * t) =
+          __floats2bfloat162_rn(acc[j][2 * half] * scale[half], acc[j][2 * half + 1] * scale[half]);
     }
   }
 }
 
-// One warp: dst rows (scale · acc) through the warp's scratch F (then free again).
-template <int D>
-__device__ __forceinline__ void write_acc(FragC (&acc)[D / kFrag], float scale, float* F, int n, bf16_t* dst,
-                                          int64_t stride) {
+// Sets s[n][e] = −∞ where element e of n-block n (row row0 + g + 8·(e/2), column col0 + 8n + 2t + e%2) is
+// not visible: column ≥ the row's key end, which is min(S, row + S − T + 1) when causal, else S (rows
+// past T get S). Rows and columns here are query and key positions; `transposed` swaps which index is
+// the query (the dK/dV kernel's tiles are keys × queries) and also hides queries ≥ T.
+template <int N>
+__device__ __forceinline__ void mask(float (&s)[N][4], const Problem& p, int64_t row0, int64_t col0, bool transposed) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 SEQLAB_TC_UNROLL
-  for (int f = 0; f < D / kFrag; ++f) {
+  for (int n = 0; n < N; ++n) {
 SEQLAB_TC_UNROLL
-    for (int e = 0; e < acc[f].num_elements; ++e) acc[f].x[e] *= scale;  // the same scalar for every element
-    wmma::store_matrix_sync(F + f * kFrag, acc[f], kLdO<D>, wmma::mem_row_major);
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = row0 + g + 8 * (e / 2), col = col0 + 8 * n + 2 * t + e % 2;
+      const int64_t query = transposed ? col : row, key = transposed ? row : col;
+      const bool visible = query < p.T && key < p.S && (!p.causal || key < query + p.S - p.T + 1);
+      if (!visible) s[n][e] = -INFINITY;
+    }
   }
-  __syncwarp();
-  write_rows<D>(F, n, dst, stride);
-  __syncwarp();
+}
+// Whether any element of the tile of queries [q0, q0 + nq) × keys [k0, k0 + nk) is hidden (then mask()).
+__device__ __forceinline__ bool needs_mask(const Problem& p, int64_t q0, int nq, int64_t k0, int nk) {
+  return q0 + nq > p.T || k0 + nk > p.S || (p.causal && k0 + nk - 1 >= q0 + p.S - p.T + 1);
 }
 
-// Score column blocks per pass in tc_dkdv: at D = 128 its dK and dV accumulators take 128 registers,
-// and four more live accumulators pushed it past 255 (spills in ptxas -v).
-template <int D>
-constexpr int kDkdvCols = D > 64 ? 2 : 4;
-
-// Clamps the causal offset to a range where "c < r + lim" for 0 ≤ r, c < kTile keeps its truth value.
-__device__ __forceinline__ int clamp_offset(int64_t lim) {
-  return static_cast<int>(std::min<int64_t>(std::max<int64_t>(lim, -2 * kTile), 2 * kTile));
+// Sum over the four lanes of a group (the lanes that share rows g and g + 8).
+__device__ __forceinline__ float group_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+__device__ __forceinline__ float group_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 #endif  // SEQLAB_TC_ATTENTION
 
-// Forward; see the file comment. Grid (⌈T/64⌉, H, B), kThreads threads, FwdLayout<D>::bytes of shared
-// memory: K and V tiles [64][D+8] bf16 (the Q tile passes through the K tile before the key loop), per
-// warp an f32 scratch [16][max(68, D+4)] and a bf16 P tile [16][72].
+// Forward; see the file comment. Grid (⌈T/64⌉, H, B), kThreads threads, FwdLayout<D>::bytes of shared memory.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     tc_forward(Problem p, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
@@ -211,242 +265,278 @@ __global__ void __launch_bounds__(kThreads)
 #if SEQLAB_TC_ATTENTION
   using L = FwdLayout<D>;
   SEQLAB_TC_SHARED_MEMORY(smem);
-  bf16_t* Ks = reinterpret_cast<bf16_t*>(smem + L::k);
-  bf16_t* Vs = reinterpret_cast<bf16_t*>(smem + L::v);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float* F = reinterpret_cast<float*>(smem + L::scratch) + warp * L::kScratchFloats;
-  bf16_t* P = reinterpret_cast<bf16_t*>(smem + L::prob) + warp * L::kProbElems;
+  // Buffer `buf` of a double-buffered piece (the two lie back to back); computed, not an array of two
+  // pointers indexed at run time (which could go to local memory).
+  auto Ks = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::k0 + buf * L::kTileBytes); };
+  auto Vs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::v0 + buf * L::kTileBytes); };
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
 
   const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / (p.H / p.Hk), i0 = int64_t{blockIdx.x} * kTile;
   const int rows = static_cast<int>(std::min<int64_t>(kTile, p.T - i0));
   const int64_t q_first = (b * p.T + i0) * p.H + h;  // row number of (b, i0, h) in [B, T, H]
   const int64_t kv_first = b * p.S * p.Hk + hk;       // row number of (b, 0, hk) in [B, S, Hk]
+  const int64_t key_end = p.causal ? i0 + rows + p.S - p.T : p.S;  // keys the block's last row sees
+  const int key_tiles = static_cast<int>((key_end + kKeys - 1) / kKeys);
+  auto stage_kv = [&](int j, int buf) {
+    const int64_t j0 = int64_t{j} * kKeys;
+    const int nk = static_cast<int>(std::min<int64_t>(kKeys, p.S - j0));
+    stage_async<D, kKeys>(k + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Ks(buf));
+    stage_async<D, kKeys>(v + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Vs(buf));
+  };
 
-  stage_tile<D>(q + q_first * D, p.H * D, rows, Ks);
+  // Q (through Ks(1)) and the first K/V tile; the warp's 16 query rows stay in registers as A fragments.
+  stage_async<D, kTile>(q + q_first * D, p.H * D, rows, Ks(1));
+  stage_kv(0, 0);
+  tc::cp_async_commit();
+  tc::cp_async_wait<0>();
   __syncthreads();
-  FragA qf[D / kFrag];  // this warp's 16 query rows
+  uint32_t qa[D / 16][4];
 SEQLAB_TC_UNROLL
-  for (int kk = 0; kk < D / kFrag; ++kk) wmma::load_matrix_sync(qf[kk], Ks + warp * kFrag * kLdT<D> + kk * kFrag, kLdT<D>);
+  for (int kk = 0; kk < D / 16; ++kk) load_a(qa[kk], Ks(1) + warp * kRows * kLd<D> + kk * 16, kLd<D>);
+  __syncthreads();  // Ks(1) is free for tile 1
 
-  // Lanes 2r and 2r + 1 own row r of the warp's 16 (columns 2t + half of each [16][·] scratch).
-  const int r = lane >> 1, half = lane & 1, row = warp * kFrag + r;
-  const bool valid = row < rows;
-  const int64_t row_key_end = !valid ? 0 : p.causal ? i0 + row + p.S - p.T + 1 : p.S;
-  const int64_t tile_key_end = p.causal ? i0 + rows + p.S - p.T : p.S;  // key_end of the block's last row
-  float m = -INFINITY, l = 0.f, acc[D / 2];
-SEQLAB_TC_UNROLL
-  for (int t = 0; t < D / 2; ++t) acc[t] = 0.f;
+  // Running statistics of rows g and g + 8 of the warp in log2 units (m = max of scale·log2(e)·s seen so
+  // far, ℓ = this lane's share of Σ 2^(that − m)), and the output accumulator o[n] = columns 8n … 8n+7.
+  const float scale2 = p.scale * kLog2e;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, acc[D / 8][4];
+  zero(acc);
+  for (int j = 0; j < key_tiles; ++j) {
+    const int buf = j & 1;
+    if (j + 1 < key_tiles) stage_kv(j + 1, buf ^ 1);  // that buffer's last readers passed the barrier below
+    tc::cp_async_commit();
+    tc::cp_async_wait<1>();  // this thread's copies of tile j have landed …
+    __syncthreads();         // … and everyone's
 
-  for (int64_t j0 = 0; j0 < tile_key_end; j0 += kTile) {
-    const int nk = static_cast<int>(std::min<int64_t>(kTile, tile_key_end - j0));
-    __syncthreads();  // every warp is done with the previous K/V tile (the first time: with Q in Ks)
-    stage_tile<D>(k + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Ks);
-    stage_tile<D>(v + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Vs);
-    __syncthreads();
+    float s[kKeys / 8][4];  // S = Q_w K_jᵀ (raw scores) for the warp's 16 rows × 64 keys
+    zero(s);
+    warp_abt<D, kKeys / 8>(s, qa, Ks(buf), kLd<D>);
+    const int64_t j0 = int64_t{j} * kKeys;
+    if (needs_mask(p, i0 + warp * kRows, kRows, j0, kKeys)) mask(s, p, i0 + warp * kRows, j0, false);
 
-    // 1. S = Q_w K_tileᵀ (unscaled) → F [16][kLdS].
-    {
-      FragC s[kTile / kFrag];
+    // Online softmax: m' = max(m, scale2·max s), α = 2^(m − m'), p = 2^(scale2·s − m'), ℓ ← α ℓ + Σ p,
+    // o ← α o + P V. A row that has seen no key yet keeps m' = −∞; it subtracts 0 instead (p = 0, α = 1·0).
+    float alpha[2], sub[2];
 SEQLAB_TC_UNROLL
-      for (int n = 0; n < kTile / kFrag; ++n) wmma::fill_fragment(s[n], 0.f);
+    for (int half = 0; half < 2; ++half) {
+      float mx = -INFINITY;
 SEQLAB_TC_UNROLL
-      for (int kk = 0; kk < D / kFrag; ++kk) {
+      for (int n = 0; n < kKeys / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
+      const float m_new = fmaxf(m[half], group_max(mx) * scale2);
+      sub[half] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[half] = exp2f(m[half] - sub[half]);
+      m[half] = m_new;
+    }
+    float sum[2] = {0.f, 0.f};
 SEQLAB_TC_UNROLL
-        for (int n = 0; n < kTile / kFrag; ++n) {
-          FragBCol kb;
-          wmma::load_matrix_sync(kb, Ks + n * kFrag * kLdT<D> + kk * kFrag, kLdT<D>);
-          wmma::mma_sync(s[n], qf[kk], kb, s[n]);
-        }
+    for (int n = 0; n < kKeys / 8; ++n) {
+SEQLAB_TC_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = exp2f(fmaf(s[n][e], scale2, -sub[e / 2]));
+        sum[e / 2] += s[n][e];
       }
-SEQLAB_TC_UNROLL
-      for (int n = 0; n < kTile / kFrag; ++n) wmma::store_matrix_sync(F + n * kFrag, s[n], kLdS, wmma::mem_row_major);
     }
-    __syncwarp();
-
-    // 2. Online softmax of row r over the `seen` keys of this tile it sees (scale > 0, so the max of
-    //    the raw scores is the max of the scaled ones).
-    const int seen = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(nk, row_key_end - j0)));
-    const float* Sr = F + r * kLdS;
-    float mx = -INFINITY;
 SEQLAB_TC_UNROLL
-    for (int t = 0; t < kTile / 2; ++t) {
-      const int c = 2 * t + half;
-      if (c < seen) mx = fmaxf(mx, Sr[c]);
+    for (int half = 0; half < 2; ++half) l[half] = l[half] * alpha[half] + sum[half];
+SEQLAB_TC_UNROLL
+    for (int n = 0; n < D / 8; ++n) {
+      acc[n][0] *= alpha[0];
+      acc[n][1] *= alpha[0];
+      acc[n][2] *= alpha[1];
+      acc[n][3] *= alpha[1];
     }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const float m_new = fmaxf(m, p.scale * mx);
-    const float alpha = m_new == -INFINITY ? 1.f : expf(m - m_new);  // 0 on the row's first keys
-    float sum = 0.f;
-SEQLAB_TC_UNROLL
-    for (int t = 0; t < kTile / 2; ++t) {
-      const int c = 2 * t + half;
-      const float pc = c < seen ? expf(p.scale * Sr[c] - m_new) : 0.f;
-      P[r * kLdP + c] = __float2bfloat16(pc);
-      sum += pc;
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    l = l * alpha + sum;
-    m = m_new;
-    __syncwarp();
-
-    // 3. PV = P V_tile → F [16][kLdO] (the scores there are consumed), one 16-column block at a time.
-SEQLAB_TC_UNROLL
-    for (int n = 0; n < D / kFrag; ++n) {
-      FragC pv;
-      wmma::fill_fragment(pv, 0.f);
-SEQLAB_TC_UNROLL
-      for (int kk = 0; kk < kTile / kFrag; ++kk) {
-        FragA pa;
-        FragBRow vb;
-        wmma::load_matrix_sync(pa, P + kk * kFrag, kLdP);
-        wmma::load_matrix_sync(vb, Vs + kk * kFrag * kLdT<D> + n * kFrag, kLdT<D>);
-        wmma::mma_sync(pv, pa, vb, pv);
-      }
-      wmma::store_matrix_sync(F + n * kFrag, pv, kLdO<D>, wmma::mem_row_major);
-    }
-    __syncwarp();
-
-    // 4. o ← α o + PV for row r.
-SEQLAB_TC_UNROLL
-    for (int t = 0; t < D / 2; ++t) acc[t] = acc[t] * alpha + F[r * kLdO<D> + 2 * t + half];
-    // (The next tile's scores overwrite F only after its two __syncthreads; the final o / ℓ below is
-    // written by each lane over exactly the elements it read here.)
+    uint32_t pa[kKeys / 16][4];
+    to_a<kKeys / 8>(pa, s);
+    warp_pb<kKeys / 16, D / 8>(acc, pa, Vs(buf), kLd<D>);
+    __syncthreads();  // every warp is done with tile j before tile j + 2 is staged into its buffers
   }
 
-  const float inv = valid ? 1.f / l : 0.f;
+  // o = acc / ℓ, lse = ln 2 · (m + log2 ℓ) (ℓ summed over the group's four lanes first). Rows past T are
+  // not written; every real row has seen key 0 (causal needs T ≤ S), so ℓ > 0 there.
+  float inv[2];
 SEQLAB_TC_UNROLL
-  for (int t = 0; t < D / 2; ++t) F[r * kLdO<D> + 2 * t + half] = acc[t] * inv;
-  if (valid && half == 0) lse[q_first + row * p.H] = m + logf(l);
-  __syncwarp();
-  write_rows<D>(F, rows - warp * kFrag, o + (q_first + warp * kFrag * p.H) * D, p.H * D);
+  for (int half = 0; half < 2; ++half) {
+    l[half] = group_sum(l[half]);
+    inv[half] = l[half] > 0.f ? 1.f / l[half] : 0.f;
+    const int row = warp * kRows + g + 8 * half;
+    if (threadIdx.x % 4 == 0 && row < rows) lse[q_first + row * p.H] = kLn2 * (m[half] + log2f(l[half]));
+  }
+  store_rows<D / 8>(acc, inv, rows - warp * kRows, o + (q_first + warp * kRows * p.H) * D, p.H * D);
 #else
   __trap();
 #endif
 }
 
-// dK/dV; see the file comment. Grid (⌈S/64⌉, Hk, B), kThreads threads, BwdLayout<D>::bytes of shared
-// memory: K, V, Q, dO tiles [64][D+8] bf16, lse and δ [64] f32, per warp an f32 scratch (Sᵀ and dPᵀ
-// [16][68] each, later the output rows [16][D+4]) and two bf16 tiles [16][72] (Pᵀ, dSᵀ). A null dk or dv
-// is not computed.
-template <int D>
-__global__ void __launch_bounds__(kThreads)
-    tc_dkdv(Problem p, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
-            const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-            bf16_t* __restrict__ dk, bf16_t* __restrict__ dv) {
-#if SEQLAB_TC_ATTENTION
-  using L = BwdLayout<D>;
-  SEQLAB_TC_SHARED_MEMORY(smem);
-  const auto [Ks, Vs, Qs, dOs, Ls, Ds] = backward_tiles<D>(smem);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float* St = reinterpret_cast<float*>(smem + L::scratch) + warp * L::kScratchFloats;  // [16 keys][64 queries]
-  float* dPt = St + kFrag * kLdS;
-  bf16_t* Pt = reinterpret_cast<bf16_t*>(smem + L::prob) + warp * 2 * L::kProbElems;
-  bf16_t* dSt = Pt + L::kProbElems;
-
-  const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = int64_t{blockIdx.x} * kTile, group = p.H / p.Hk;
-  const int nk = static_cast<int>(std::min<int64_t>(kTile, p.S - j0));
-  const int64_t kv_first = (b * p.S + j0) * p.Hk + hk;  // row number of (b, j0, hk) in [B, S, Hk]
-  const bool need_dk = dk != nullptr, need_dv = dv != nullptr;
-  stage_tile<D>(k + kv_first * D, p.Hk * D, nk, Ks);
-  stage_tile<D>(v + kv_first * D, p.Hk * D, nk, Vs);
-
-  FragC dka[D / kFrag], dva[D / kFrag];
-SEQLAB_TC_UNROLL
-  for (int n = 0; n < D / kFrag; ++n) {
-    wmma::fill_fragment(dka[n], 0.f);
-    wmma::fill_fragment(dva[n], 0.f);
-  }
-  // Queries before i_first see none of these keys (causal: i + S − T < j0); later ones see some.
-  const int64_t i_first = p.causal ? std::max<int64_t>(0, j0 - (p.S - p.T)) : 0;
-  for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-    for (int64_t i0 = i_first - i_first % kTile; i0 < p.T; i0 += kTile) {
-      const int rows = static_cast<int>(std::min<int64_t>(kTile, p.T - i0));
-      const int64_t q_first = (b * p.T + i0) * p.H + h;
-      __syncthreads();  // every warp is done with the previous query tile
-      stage_tile<D>(q + q_first * D, p.H * D, rows, Qs);
-      stage_tile<D>(dout + q_first * D, p.H * D, rows, dOs);
-      stage_row_stats(lse, delta, q_first, p.H, rows, Ls, Ds);
-      __syncthreads();  // (the first time this also publishes K and V)
-
-      product_abt<D, kDkdvCols<D>>(Ks + warp * kFrag * kLdT<D>, Qs, St);                  // Sᵀ = K_w Q_tileᵀ
-      if (need_dk) product_abt<D, kDkdvCols<D>>(Vs + warp * kFrag * kLdT<D>, dOs, dPt);   // dPᵀ = V_w dO_tileᵀ
-      __syncwarp();
-      // Element (key c of the warp's 16, query r of the tile): lane owns r = lane + 32·(u & 1).
-      const int lim = clamp_offset(i0 + p.S - p.T + 1 - j0);  // key 16w + c visible to row r iff 16w + c < r + lim
-SEQLAB_TC_UNROLL
-      for (int u = 0; u < 2 * kFrag; ++u) {
-        const int c = u >> 1, r = lane + 32 * (u & 1), key = warp * kFrag + c;
-        const bool visible = r < rows && key < nk && (!p.causal || key < r + lim);
-        const float pr = visible ? expf(p.scale * St[c * kLdS + r] - Ls[r]) : 0.f;
-        Pt[c * kLdP + r] = __float2bfloat16(pr);
-        if (need_dk) dSt[c * kLdP + r] = __float2bfloat16(pr * (dPt[c * kLdS + r] - Ds[r]));
-      }
-      __syncwarp();
-      if (need_dv) product_ab_acc<D>(dva, Pt, dOs);   // dV_w += Pᵀ dO_tile
-      if (need_dk) product_ab_acc<D>(dka, dSt, Qs);   // dK_w += dSᵀ Q_tile
-    }
-  }
-  // The scratch becomes output rows: its last reads (the element step) are behind a __syncwarp already.
-  const int key_rows = nk - warp * kFrag;
-  const int64_t out_first = (kv_first + warp * kFrag * p.Hk) * D;
-  if (need_dv) write_acc<D>(dva, 1.f, St, key_rows, dv + out_first, p.Hk * D);
-  if (need_dk) write_acc<D>(dka, p.scale, St, key_rows, dk + out_first, p.Hk * D);
-#else
-  __trap();
-#endif
-}
-
-// dQ; see the file comment. Grid (⌈T/64⌉, H, B), kThreads threads, BwdLayout<D>::bytes of shared memory
-// (the same pieces as tc_dkdv; one of each warp's two bf16 tiles holds dS).
+// dQ; see the file comment. Grid (⌈T/64⌉, H, B), kThreads threads, DqLayout<D>::bytes of shared memory.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     tc_dq(Problem p, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
           const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
           bf16_t* __restrict__ dq) {
 #if SEQLAB_TC_ATTENTION
-  using L = BwdLayout<D>;
+  using L = DqLayout<D>;
   SEQLAB_TC_SHARED_MEMORY(smem);
-  const auto [Ks, Vs, Qs, dOs, Ls, Ds] = backward_tiles<D>(smem);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float* Sw = reinterpret_cast<float*>(smem + L::scratch) + warp * L::kScratchFloats;  // [16 queries][64 keys]
-  float* dPw = Sw + kFrag * kLdS;
-  bf16_t* dSw = reinterpret_cast<bf16_t*>(smem + L::prob) + warp * 2 * L::kProbElems;
+  bf16_t* const Qs = reinterpret_cast<bf16_t*>(smem + L::q);
+  bf16_t* const dOs = reinterpret_cast<bf16_t*>(smem + L::dout);
+  auto Ks = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::k0 + buf * L::kTileBytes); };
+  auto Vs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::v0 + buf * L::kTileBytes); };
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
 
   const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / (p.H / p.Hk), i0 = int64_t{blockIdx.x} * kTile;
   const int rows = static_cast<int>(std::min<int64_t>(kTile, p.T - i0));
   const int64_t q_first = (b * p.T + i0) * p.H + h;
   const int64_t kv_first = b * p.S * p.Hk + hk;
-  stage_tile<D>(q + q_first * D, p.H * D, rows, Qs);
-  stage_tile<D>(dout + q_first * D, p.H * D, rows, dOs);
-  stage_row_stats(lse, delta, q_first, p.H, rows, Ls, Ds);
+  const int64_t key_end = p.causal ? i0 + rows + p.S - p.T : p.S;
+  const int key_tiles = static_cast<int>((key_end + kKeys - 1) / kKeys);
+  auto stage_kv = [&](int j, int buf) {
+    const int64_t j0 = int64_t{j} * kKeys;
+    const int nk = static_cast<int>(std::min<int64_t>(kKeys, p.S - j0));
+    stage_async<D, kKeys>(k + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Ks(buf));
+    stage_async<D, kKeys>(v + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Vs(buf));
+  };
+  stage_async<D, kTile>(q + q_first * D, p.H * D, rows, Qs);
+  stage_async<D, kTile>(dout + q_first * D, p.H * D, rows, dOs);
+  stage_kv(0, 0);
+  tc::cp_async_commit();
 
-  FragC dqa[D / kFrag];
+  // lse (log2 units) and δ of rows g and g + 8 of the warp (0 for rows past T: never written).
+  float lse2[2], dl[2];
 SEQLAB_TC_UNROLL
-  for (int n = 0; n < D / kFrag; ++n) wmma::fill_fragment(dqa[n], 0.f);
-  const int64_t tile_key_end = p.causal ? i0 + rows + p.S - p.T : p.S;
-  for (int64_t j0 = 0; j0 < tile_key_end; j0 += kTile) {
-    const int nk = static_cast<int>(std::min<int64_t>(kTile, tile_key_end - j0));
-    __syncthreads();  // every warp is done with the previous K/V tile
-    stage_tile<D>(k + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Ks);
-    stage_tile<D>(v + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Vs);
-    __syncthreads();  // (the first time this also publishes Q, dO, lse and δ)
-
-    product_abt<D>(Qs + warp * kFrag * kLdT<D>, Ks, Sw);    // S = Q_w K_tileᵀ
-    product_abt<D>(dOs + warp * kFrag * kLdT<D>, Vs, dPw);  // dP = dO_w V_tileᵀ
-    __syncwarp();
-    // Element (query r of the warp's 16, key c of the tile): lane owns c = lane + 32·(u & 1).
-    const int lim = clamp_offset(i0 + p.S - p.T + 1 - j0);  // key c visible to block row rr iff c < rr + lim
-SEQLAB_TC_UNROLL
-    for (int u = 0; u < 2 * kFrag; ++u) {
-      const int r = u >> 1, c = lane + 32 * (u & 1), rr = warp * kFrag + r;
-      const bool visible = rr < rows && c < nk && (!p.causal || c < rr + lim);
-      const float pr = visible ? expf(p.scale * Sw[r * kLdS + c] - Ls[rr]) : 0.f;
-      dSw[r * kLdP + c] = __float2bfloat16(pr * (dPw[r * kLdS + c] - Ds[rr]));
-    }
-    __syncwarp();
-    product_ab_acc<D>(dqa, dSw, Ks);  // dQ_w += dS K_tile
+  for (int half = 0; half < 2; ++half) {
+    const int row = warp * kRows + g + 8 * half;
+    lse2[half] = row < rows ? lse[q_first + row * p.H] * kLog2e : 0.f;
+    dl[half] = row < rows ? delta[q_first + row * p.H] : 0.f;
   }
-  write_acc<D>(dqa, p.scale, Sw, rows - warp * kFrag, dq + (q_first + warp * kFrag * p.H) * D, p.H * D);
+  const float scale2 = p.scale * kLog2e;
+  const bf16_t* const Qw = Qs + warp * kRows * kLd<D>;
+  const bf16_t* const dOw = dOs + warp * kRows * kLd<D>;
+  float acc[D / 8][4];
+  zero(acc);
+  for (int j = 0; j < key_tiles; ++j) {
+    const int buf = j & 1;
+    if (j + 1 < key_tiles) stage_kv(j + 1, buf ^ 1);
+    tc::cp_async_commit();
+    tc::cp_async_wait<1>();
+    __syncthreads();  // (the first time this also publishes Q and dO)
+
+    float s[kKeys / 8][4], dp[kKeys / 8][4];
+    zero(s);
+    zero(dp);
+    warp_abt<D, kKeys / 8>(s, Qw, kLd<D>, Ks(buf), kLd<D>);    // S = Q_w K_jᵀ
+    warp_abt<D, kKeys / 8>(dp, dOw, kLd<D>, Vs(buf), kLd<D>);  // dP = dO_w V_jᵀ
+    const int64_t j0 = int64_t{j} * kKeys;
+    if (needs_mask(p, i0 + warp * kRows, kRows, j0, kKeys)) mask(s, p, i0 + warp * kRows, j0, false);
+    // dS = P ∘ (dP − δ) with P = 2^(scale2·S − lse2) (0 where hidden); kept in s.
+SEQLAB_TC_UNROLL
+    for (int n = 0; n < kKeys / 8; ++n) {
+SEQLAB_TC_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = exp2f(fmaf(s[n][e], scale2, -lse2[e / 2])) * (dp[n][e] - dl[e / 2]);
+      }
+    }
+    uint32_t da[kKeys / 16][4];
+    to_a<kKeys / 8>(da, s);
+    warp_pb<kKeys / 16, D / 8>(acc, da, Ks(buf), kLd<D>);  // dQ_w += dS K_j
+    __syncthreads();
+  }
+  const float scale[2] = {p.scale, p.scale};
+  store_rows<D / 8>(acc, scale, rows - warp * kRows, dq + (q_first + warp * kRows * p.H) * D, p.H * D);
+#else
+  __trap();
+#endif
+}
+
+// dK/dV; see the file comment. Grid (⌈S/64⌉, Hk, B), kThreads threads, DkdvLayout<D>::bytes of shared
+// memory. A null dk or dv is not computed (dS is needed only for dK).
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    tc_dkdv(Problem p, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+            const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+            bf16_t* __restrict__ dk, bf16_t* __restrict__ dv) {
+#if SEQLAB_TC_ATTENTION
+  using L = DkdvLayout<D>;
+  constexpr int kQ = L::kQ;
+  SEQLAB_TC_SHARED_MEMORY(smem);
+  bf16_t* const Ks = reinterpret_cast<bf16_t*>(smem + L::k);
+  bf16_t* const Vs = reinterpret_cast<bf16_t*>(smem + L::v);
+  auto Qs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::q0 + buf * L::kQBytes); };
+  auto dOs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::dout0 + buf * L::kQBytes); };
+  auto Ls = [&](int buf) { return reinterpret_cast<float*>(smem + L::lse0 + buf * L::kStatBytes); };
+  auto Ds = [&](int buf) { return reinterpret_cast<float*>(smem + L::delta0 + buf * L::kStatBytes); };
+  const int warp = threadIdx.x / 32, t = threadIdx.x % 4;
+
+  const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = int64_t{blockIdx.x} * kTile, group = p.H / p.Hk;
+  const int nk = static_cast<int>(std::min<int64_t>(kTile, p.S - j0));
+  const int64_t kv_first = (b * p.S + j0) * p.Hk + hk;  // row number of (b, j0, hk) in [B, S, Hk]
+  const bool need_dk = dk != nullptr, need_dv = dv != nullptr;
+  // The query tiles that see any of these keys (causal: query i sees key j iff j < i + S − T + 1), for
+  // every query head of the group: iteration it is head hk·group + it / tiles, tile it % tiles.
+  const int64_t i_first = p.causal ? std::max<int64_t>(0, j0 - (p.S - p.T)) : 0;
+  const int64_t i_start = i_first - i_first % kQ;
+  const int query_tiles = static_cast<int>((p.T - i_start + kQ - 1) / kQ);
+  const int iterations = static_cast<int>(group) * query_tiles;
+  auto stage_queries = [&](int it, int buf) {
+    const int64_t h = hk * group + it / query_tiles, i0 = i_start + int64_t{it % query_tiles} * kQ;
+    const int rows = static_cast<int>(std::min<int64_t>(kQ, p.T - i0));
+    const int64_t q_first = (b * p.T + i0) * p.H + h;
+    stage_async<D, kQ>(q + q_first * D, p.H * D, rows, Qs(buf));
+    stage_async<D, kQ>(dout + q_first * D, p.H * D, rows, dOs(buf));
+    stage_stats_async<kQ>(lse, delta, q_first, p.H, rows, Ls(buf), Ds(buf));
+  };
+  stage_async<D, kTile>(k + kv_first * D, p.Hk * D, nk, Ks);
+  stage_async<D, kTile>(v + kv_first * D, p.Hk * D, nk, Vs);
+  stage_queries(0, 0);
+  tc::cp_async_commit();
+
+  const float scale2 = p.scale * kLog2e;
+  const bf16_t* const Kw = Ks + warp * kRows * kLd<D>;
+  const bf16_t* const Vw = Vs + warp * kRows * kLd<D>;
+  float dka[D / 8][4], dva[D / 8][4];
+  zero(dka);
+  zero(dva);
+  for (int it = 0; it < iterations; ++it) {
+    const int buf = it & 1;
+    if (it + 1 < iterations) stage_queries(it + 1, buf ^ 1);
+    tc::cp_async_commit();
+    tc::cp_async_wait<1>();
+    __syncthreads();  // (the first time this also publishes K and V)
+
+    // Sᵀ = K_w Q_itᵀ and dPᵀ = V_w dO_itᵀ: the warp's 16 keys × kQ queries.
+    float st[kQ / 8][4], dpt[kQ / 8][4];
+    zero(st);
+    warp_abt<D, kQ / 8>(st, Kw, kLd<D>, Qs(buf), kLd<D>);
+    if (need_dk) {
+      zero(dpt);
+      warp_abt<D, kQ / 8>(dpt, Vw, kLd<D>, dOs(buf), kLd<D>);
+    }
+    const int64_t i0 = i_start + int64_t{it % query_tiles} * kQ;
+    if (needs_mask(p, i0, kQ, j0 + warp * kRows, kRows)) mask(st, p, j0 + warp * kRows, i0, true);
+    // Pᵀ = 2^(scale2·Sᵀ − log2(e)·lse_query) (0 where hidden), dSᵀ = Pᵀ ∘ (dPᵀ − δ_query); column c of
+    // n-block n is query 8n + 2t + c of the tile.
+SEQLAB_TC_UNROLL
+    for (int n = 0; n < kQ / 8; ++n) {
+SEQLAB_TC_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int col = 8 * n + 2 * t + e % 2;
+        st[n][e] = exp2f(fmaf(st[n][e], scale2, -kLog2e * Ls(buf)[col]));
+        if (need_dk) dpt[n][e] = st[n][e] * (dpt[n][e] - Ds(buf)[col]);
+      }
+    }
+    if (need_dv) {
+      uint32_t pa[kQ / 16][4];
+      to_a<kQ / 8>(pa, st);
+      warp_pb<kQ / 16, D / 8>(dva, pa, dOs(buf), kLd<D>);  // dV_w += Pᵀ dO_it
+    }
+    if (need_dk) {
+      uint32_t da[kQ / 16][4];
+      to_a<kQ / 8>(da, dpt);
+      warp_pb<kQ / 16, D / 8>(dka, da, Qs(buf), kLd<D>);  // dK_w += dSᵀ Q_it
+    }
+    __syncthreads();
+  }
+  const int key_rows = nk - warp * kRows;
+  const int64_t out_first = (kv_first + warp * kRows * p.Hk) * D;
+  if (need_dv) store_rows<D / 8>(dva, {1.f, 1.f}, key_rows, dv + out_first, p.Hk * D);
+  if (need_dk) store_rows<D / 8>(dka, {p.scale, p.scale}, key_rows, dk + out_first, p.Hk * D);
 #else
   __trap();
 #endif
