@@ -3,7 +3,8 @@
 # val_bpb@L (val_acc@L for a synthetic task) for each listed length, finite; at L = train.seq_len the very
 # values of val_loss; the training itself is the run's without eval.seq_len, field for field; and what cannot
 # be evaluated (learned positions past train.seq_len, a val split too short for L, a synthetic task that
-# does not fit in L) is one line naming eval.seq_len[i] and exit code 2, before any step.
+# does not fit in L) is one line naming eval.seq_len[i] and exit code 2, before any step. Sequence
+# parallelism puts no condition on the lengths.
 # Usage: train_eval_lengths_test.sh /path/to/seqlab
 set -u
 SEQLAB="$1"
@@ -96,6 +97,23 @@ grep -q "step 12: at 64 tokens: val_loss" "$WORK/lengths.txt" && pass "the progr
   || fail "no progress line for 64 tokens"
 grep -q '^seq_len = \[16, 32, 64\]' "$WORK/lengths/recipe.toml" && pass "the resolved recipe holds eval.seq_len" \
   || fail "eval.seq_len not in recipe.toml"
+
+# Sequence parallelism leaves the lengths free (evaluation runs on rank 0 alone, on whole sequences): lengths
+# that 2·sp does not divide, under parallel.sp = 2, give the values of one process.
+"$SEQLAB" "$WORK/tiny.toml" --out "$WORK/sp" --nproc 2 --set parallel.sp=2 --set parallel.threads=1 \
+  --set eval.seq_len=17,50 > "$WORK/sp.txt" 2>&1 || { cat "$WORK/sp.txt"; fail "run with parallel.sp = 2"; }
+"$SEQLAB" "$WORK/tiny.toml" --out "$WORK/one" --set parallel.threads=1 --set eval.seq_len=17,50 > "$WORK/one.txt" 2>&1 \
+  || { cat "$WORK/one.txt"; fail "run in one process"; }
+if out=$(check_fields "$WORK/sp" val_loss@17 val_loss@50 2>&1) && python3 - "$WORK/sp/metrics.jsonl" "$WORK/one/metrics.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1]) if "val_loss" in l]
+b = [json.loads(l) for l in open(sys.argv[2]) if "val_loss" in l]
+for x, y in zip(a, b):
+    for k in ("val_loss@17", "val_loss@50"):
+        if abs(x[k] - y[k]) > 1e-5 * abs(y[k]):
+            sys.exit(f"step {x['step']}: {k} {x[k]} with sp = 2, {y[k]} in one process")
+PY
+then pass "parallel.sp = 2: lengths 17 and 50 scored as in one process"; else fail "sequence parallelism: $out"; fi
 
 # A synthetic task at longer sequences: induction generated at 48 tokens for a GLA model trained at 16.
 "$SEQLAB" "$WORK/tiny.toml" --out "$WORK/induction" --set data.source=induction --set data.task_vocab=12 \
