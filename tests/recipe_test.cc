@@ -136,6 +136,8 @@ TEST_F(RecipeTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(r.log.progress, "auto");
   EXPECT_EQ(r.log.out_dir, "");
 
+  EXPECT_TRUE(r.eval.seq_len.empty());
+
   EXPECT_EQ(r.checkpoint.every, 200);
   EXPECT_EQ(r.checkpoint.keep, 3);
   EXPECT_TRUE(r.checkpoint.save_on_signal);
@@ -267,7 +269,7 @@ TEST_F(RecipeTest, UnknownKeysSuggestNearMisses) {
 TEST_F(RecipeTest, UnknownSectionsAndKeysOutsideSections) {
   EXPECT_EQ(error_of("[trian]\nsteps = 5\n"), "FILE:1: unknown section [trian] (did you mean [train]?)");
   EXPECT_EQ(error_of("\n[hardware]\n"),
-            "FILE:2: unknown section [hardware] (sections: model, data, train, optim, parallel, log, checkpoint)");
+            "FILE:2: unknown section [hardware] (sections: model, data, train, optim, parallel, log, eval, checkpoint)");
   EXPECT_EQ(error_of("steps = 5\n"), "FILE:1: steps is outside any section (did you mean train.steps under [train]?)");
   EXPECT_EQ(error_of("train = 5\n"), "FILE:1: train must be a section [train], got an integer 5");
   EXPECT_EQ(error_of("[[train]]\nsteps = 5\n"), "FILE:1: train must be a section [train], got an array");
@@ -362,6 +364,76 @@ TEST_F(RecipeTest, RulesBetweenKeysNameBothKeys) {
                      "[optim]\nwarmup_steps = 1000\n[train]\ndtype = \"bf16\"\n[parallel]\nsp = 4\n");
   EXPECT_EQ(r.model.n_kv_heads, 2);
   EXPECT_EQ(r.parallel.sp, 4);
+}
+
+// eval.seq_len: a list of lengths (one integer is a list of one), each checked and named by its index, in
+// the file and in --set overrides; the model's context grows to the longest, and each length's batches
+// hold about the tokens of train.seq_len's.
+TEST_F(RecipeTest, EvalSeqLenIsAListOfLengths) {
+  const std::string rope = "[model]\npositions = \"rope\"\n[train]\nseq_len = 256\nbatch_size = 8\n";
+  Recipe r = load_ok(rope + "[eval]\nseq_len = [1024, 64, 256]\n");
+  EXPECT_EQ(r.eval.seq_len, (std::vector<int64_t>{1024, 64, 256}));
+  EXPECT_EQ(load_ok(rope + "[eval]\nseq_len = 512\n").eval.seq_len, (std::vector<int64_t>{512}));
+  EXPECT_EQ(load_ok("eval.seq_len = []\n").eval.seq_len, (std::vector<int64_t>{}));
+
+  EXPECT_EQ(error_of("[eval]\nseq_len = [64, 128, 0]\n"), "FILE:2: eval.seq_len[2] must be an integer ≥ 1, got 0");
+  EXPECT_EQ(error_of("[eval]\nseq_len = -3\n"), "FILE:2: eval.seq_len[0] must be an integer ≥ 1, got -3");
+  EXPECT_EQ(error_of("[eval]\nseq_len = [64, \"x\"]\n"),
+            "FILE:2: eval.seq_len[1] must be an integer ≥ 1, got a string \"x\"");
+  EXPECT_EQ(error_of("[eval]\nseq_len = [64, 1.5]\n"),
+            "FILE:2: eval.seq_len[1] must be an integer ≥ 1, got a floating-point number 1.5");
+  EXPECT_EQ(error_of("[eval]\nseq_len = \"long\"\n"),
+            "FILE:2: eval.seq_len must be a list of integers ≥ 1, got a string \"long\"");
+  EXPECT_EQ(error_of("[eval]\nseq_len = [64, 128, 64]\n"), "FILE:2: eval.seq_len[2] = 64 repeats eval.seq_len[0]");
+  EXPECT_EQ(error_of("[eval]\nseqlen = [64]\n"), "FILE:2: unknown key eval.seqlen (did you mean eval.seq_len?)");
+
+  // Learned positions have train.seq_len embeddings: shorter lengths go, longer ones are refused, wherever
+  // the learned positions come from (here "auto" for an attention model).
+  EXPECT_EQ(load_ok("[eval]\nseq_len = [64, 256]\n").eval.seq_len, (std::vector<int64_t>{64, 256}));
+  const std::string learned =
+      "eval.seq_len[1] = 1024 is longer than train.seq_len = 256: model.positions = \"learned\" has embeddings for "
+      "256 positions only; score longer sequences with model.positions = \"rope\" or \"none\"";
+  EXPECT_EQ(error_of("[eval]\nseq_len = [128, 1024]\n"), "FILE:2: " + learned);
+  EXPECT_EQ(error_of("", {"eval.seq_len=[128,1024]"}), "--set eval.seq_len=[128,1024]: " + learned);
+  EXPECT_EQ(load_ok("[model]\nmixer = \"gla\"\n[eval]\nseq_len = [4096]\n").eval.seq_len,
+            (std::vector<int64_t>{4096}));  // no positions: any length
+
+  // Overrides: a TOML list, one integer, the elements without brackets (no shell glob), or nothing.
+  EXPECT_EQ(load_ok(rope, {"eval.seq_len=[256, 1024]"}).eval.seq_len, (std::vector<int64_t>{256, 1024}));
+  EXPECT_EQ(load_ok(rope, {"eval.seq_len=512"}).eval.seq_len, (std::vector<int64_t>{512}));
+  EXPECT_EQ(load_ok(rope, {"eval.seq_len=256,1024"}).eval.seq_len, (std::vector<int64_t>{256, 1024}));
+  EXPECT_EQ(load_ok(rope + "[eval]\nseq_len = [512]\n", {"eval.seq_len="}).eval.seq_len, (std::vector<int64_t>{}));
+  EXPECT_EQ(error_of(rope, {"eval.seq_len=[256,0]"}),
+            "--set eval.seq_len=[256,0]: eval.seq_len[1] must be an integer ≥ 1, got 0");
+  EXPECT_EQ(error_of(rope, {"eval.seq_len=long"}),
+            "--set eval.seq_len=long: eval.seq_len must be a list of integers ≥ 1, got long");
+  EXPECT_EQ(error_of(rope, {"eval.seq_len=[1,[2]]"}),
+            "--set eval.seq_len=[1,[2]]: eval.seq_len[1] must be an integer ≥ 1, got an array");
+
+  // The resolved recipe writes the list and loads back to it.
+  const std::string text = resolved_recipe_toml(r);
+  EXPECT_NE(text.find("\n[eval]\nseq_len = [1024, 64, 256]  # "), std::string::npos) << text;
+  ASSERT_TRUE(write_resolved_recipe(r, dir_.string()).ok());
+  absl::StatusOr<Recipe> again = load_recipe((dir_ / "recipe.toml").string());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->eval.seq_len, r.eval.seq_len);
+  EXPECT_EQ(resolved_recipe_toml(load_ok("")).find("seq_len = []"), resolved_recipe_toml(load_ok("")).find("\n[eval]\n") + 8);
+
+  // The model reaches the longest length; a length's batches hold B·T / L sequences, at least one.
+  EXPECT_EQ(longest_seq_len(r), 1024);
+  EXPECT_EQ(decoder_config(r, 256)->max_seq_len, 1024);
+  EXPECT_EQ(decoder_config(load_ok(rope), 256)->max_seq_len, 256);
+  EXPECT_EQ(eval_batch_size(r, 256), 8);
+  EXPECT_EQ(eval_batch_size(r, 1024), 2);
+  EXPECT_EQ(eval_batch_size(r, 64), 32);
+  EXPECT_EQ(eval_batch_size(r, 4096), 1);
+  EXPECT_EQ(eval_batch_size(r, 300), 6);  // floor(2048 / 300)
+  Recipe induction = r;
+  induction.data.source = "induction";
+  EXPECT_EQ(synthetic_config(induction, 1024).seq_len, 1024);
+  EXPECT_EQ(synthetic_config(induction).seq_len, 256);
+  EXPECT_EQ(loader_options(r, 64).seq_len, 64);
+  EXPECT_EQ(loader_options(r).seq_len, 256);
 }
 
 // A warm-up longer than the run is cut to the run: `--set train.steps=20` tries a recipe that warms up for
@@ -562,7 +634,8 @@ TEST_F(RecipeTest, DocsMatchTheSchema) {
   EXPECT_NE(doc.find("| `schedule` | string | `\"cosine\"` | `\"cosine\"`, `\"linear\"`, `\"constant\"` |"),
             std::string::npos);
   EXPECT_NE(doc.find("| `val_fraction` | number | `0.05` | (0, 0.5] |"), std::string::npos);
-  for (const char* section : {"model", "data", "train", "optim", "parallel", "log", "checkpoint"}) {
+  EXPECT_NE(doc.find("| `seq_len` | list of integers | `[]` | each ≥ 1 |"), std::string::npos);
+  for (const char* section : {"model", "data", "train", "optim", "parallel", "log", "eval", "checkpoint"}) {
     EXPECT_NE(doc.find(std::string("\n## [") + section + "]\n"), std::string::npos) << section;
   }
   EXPECT_NE(doc.find("- model.n_heads divides model.d_model\n"), std::string::npos);

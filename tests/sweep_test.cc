@@ -111,6 +111,33 @@ TEST_F(SweepTest, ReadsAPointsOutcomeFromItsRunFolder) {
   EXPECT_EQ(read_outcome(run, "val_acc", 10).failure, "seqlab train: out of patience");
 }
 
+// A metric at another evaluation length (eval.seq_len): val_acc@1024 is its own field, apart from val_acc
+// (train.seq_len's) and from a longer length's whose name starts the same; higher is better for it too.
+// The eval lengths themselves reach every point as a list in [set].
+TEST_F(SweepTest, SelectsAMetricAtAnEvaluationLength) {
+  absl::StatusOr<Sweep> s = load_sweep(put("len.toml",
+                                           "recipe = \"r.toml\"\nmetric = \"val_acc@1024\"\n[grid]\n"
+                                           "\"model.mixer\" = [\"gla\"]\n[set]\n\"eval.seq_len\" = [256, 1024, 10240]\n"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->metric, "val_acc@1024");
+  EXPECT_TRUE(s->higher_is_better);
+  EXPECT_EQ(expand_grid(*s)[0].overrides,
+            (std::vector<std::string>{"eval.seq_len=[256, 1024, 10240]", "model.mixer=\"gla\""}));
+  const std::string run = dir_ + "/p";
+  put("p/metrics.jsonl",
+      "{\"step\": 2, \"loss\": 2.5, \"elapsed_s\": 1.0, \"val_loss\": 2.75, \"val_acc\": 0.75, "
+      "\"val_loss@1024\": 3.5, \"val_acc@1024\": 0.25, \"val_acc@10240\": 0.125}\n");
+  EXPECT_EQ(*read_outcome(run, "val_acc@1024", 2).metric, 0.25);
+  EXPECT_EQ(*read_outcome(run, "val_acc@10240", 2).metric, 0.125);
+  EXPECT_EQ(*read_outcome(run, "val_acc", 2).metric, 0.75);
+  EXPECT_EQ(*read_outcome(run, "val_loss@1024", 2).metric, 3.5);
+  EXPECT_FALSE(read_outcome(run, "val_acc@512", 2).metric.has_value());  // not evaluated at 512
+  EXPECT_FALSE(read_outcome(run, "val_acc@512", 2).finished);
+  // A list of lists is no recipe value.
+  EXPECT_EQ(error_of("recipe = \"r.toml\"\n[grid]\n\"eval.seq_len\" = [[1, [2]]]\n"),
+            dir_ + "/s.toml: grid.eval.seq_len: values must be strings, numbers, booleans or lists of them");
+}
+
 TEST_F(SweepTest, TheTableTakesTheBestOverLrAndNamesFailures) {
   Sweep s = *load_sweep(put("sweeps/cmp.toml", kSweep));
   std::vector<PointResult> results;

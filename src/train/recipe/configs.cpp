@@ -45,7 +45,7 @@ absl::StatusOr<DecoderConfig> decoder_config(const Recipe& r, int64_t data_vocab
   c.n_heads = m.n_heads;
   c.n_kv_heads = m.n_kv_heads;
   c.d_ff = m.d_ff;
-  c.max_seq_len = r.train.seq_len;
+  c.max_seq_len = longest_seq_len(r);
   c.blocks = *std::move(blocks);
   c.mixer_options = m.mixers;
   c.positions = m.positions == "rope"   ? PositionKind::rope
@@ -209,10 +209,20 @@ LrSchedule lr_schedule(const Recipe& r) {
 
 DType training_dtype(const Recipe& r) { return r.train.dtype == "bf16" ? DType::bf16 : DType::f32; }
 
-SyntheticConfig synthetic_config(const Recipe& r) {
+int64_t longest_seq_len(const Recipe& r) {
+  int64_t longest = r.train.seq_len;
+  for (int64_t l : r.eval.seq_len) longest = std::max(longest, l);
+  return longest;
+}
+
+int64_t eval_batch_size(const Recipe& r, int64_t seq_len) {
+  return std::max<int64_t>(1, r.train.batch_size * r.train.seq_len / seq_len);
+}
+
+SyntheticConfig synthetic_config(const Recipe& r, int64_t seq_len) {
   SyntheticConfig c;
   c.task = parsed(parse_synthetic_task(r.data.source));
-  c.seq_len = r.train.seq_len;
+  c.seq_len = seq_len > 0 ? seq_len : r.train.seq_len;
   c.vocab_size = static_cast<int32_t>(r.data.task_vocab);
   c.num_pairs = r.data.task_num_pairs;
   c.copy_len = r.data.task_copy_len;
@@ -231,9 +241,9 @@ PrepareOptions prepare_options(const Recipe& r) {
   return p;
 }
 
-LoaderOptions loader_options(const Recipe& r) {
+LoaderOptions loader_options(const Recipe& r, int64_t seq_len) {
   LoaderOptions lo;
-  lo.seq_len = r.train.seq_len;
+  lo.seq_len = seq_len > 0 ? seq_len : r.train.seq_len;
   lo.seed = static_cast<uint64_t>(r.train.seed);
   return lo;
 }

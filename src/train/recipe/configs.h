@@ -22,7 +22,9 @@
 namespace seqlab {
 
 // The model of [model] and [model.<mixer>], for data with `data_vocab` ids (model.vocab_size, when
-// set, must hold them); max_seq_len is train.seq_len. InvalidArgument naming the recipe key.
+// set, must hold them); max_seq_len is longest_seq_len: train.seq_len, or a longer eval.seq_len, which
+// attention then reaches (a learned position table stays at train.seq_len: the recipe refuses longer
+// eval lengths with it). InvalidArgument naming the recipe key.
 absl::StatusOr<DecoderConfig> decoder_config(const Recipe& recipe, int64_t data_vocab);
 // The model built from decoder_config, its weights drawn from train.seed and its dropout masks from a
 // stream of its own. InvalidArgument, prefixed with the recipe's file, for a model that does not fit
@@ -61,11 +63,19 @@ LrSchedule lr_schedule(const Recipe& recipe);    // [optim] with train.steps
 // train.dtype: the dtype of weights and activations (bf16: mixed precision, with f32 masters).
 DType training_dtype(const Recipe& recipe);
 
-// [data] with a synthetic task as source (data.source names one).
-SyntheticConfig synthetic_config(const Recipe& recipe);
+// The longest sequence the model sees: train.seq_len and every eval.seq_len.
+int64_t longest_seq_len(const Recipe& recipe);
+// Sequences per evaluation batch at `seq_len` tokens: max(1, floor(train.batch_size · train.seq_len /
+// seq_len)), so that every eval.seq_len scores about the tokens (and the time and activation memory)
+// of an evaluation at train.seq_len; train.batch_size itself at train.seq_len.
+int64_t eval_batch_size(const Recipe& recipe, int64_t seq_len);
+
+// [data] with a synthetic task as source (data.source names one), generating sequences of `seq_len`
+// tokens (0: train.seq_len; an eval.seq_len for evaluation at that length).
+SyntheticConfig synthetic_config(const Recipe& recipe, int64_t seq_len = 0);
 // [data] with text files as source.
 PrepareOptions prepare_options(const Recipe& recipe);
-// Windows of train.seq_len + 1 tokens, shuffled from train.seed.
-LoaderOptions loader_options(const Recipe& recipe);
+// Windows of seq_len + 1 tokens (0: train.seq_len), shuffled from train.seed.
+LoaderOptions loader_options(const Recipe& recipe, int64_t seq_len = 0);
 
 }  // namespace seqlab

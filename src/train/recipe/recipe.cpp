@@ -23,8 +23,11 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <variant>
+#include <vector>
 
 namespace seqlab {
 namespace {
@@ -32,9 +35,27 @@ namespace {
 namespace fs = std::filesystem;
 
 // kSwitch: true, false, or the string "auto" (held as a bool or as the string in a Value).
-enum class KeyType { kInteger, kNumber, kBoolean, kString, kSwitch };
-// A key's value; the alternative held always matches the key's KeyType.
-using Value = std::variant<int64_t, double, bool, std::string>;
+// kIntegerList: a TOML array of integers, each within the key's bounds (one integer reads as a list of one).
+enum class KeyType { kInteger, kNumber, kBoolean, kString, kSwitch, kIntegerList };
+using IntegerList = std::vector<int64_t>;
+// A key's value; the alternative held always matches the key's KeyType. The first four are a mixer
+// option's OptionValue (layers/mixer.h); lists exist only in the recipe's own sections.
+using Value = std::variant<int64_t, double, bool, std::string, IntegerList>;
+
+Value from_option(const OptionValue& v) {
+  return std::visit([](const auto& x) { return Value(x); }, v);
+}
+OptionValue to_option(const Value& v) {
+  return std::visit(
+      [](const auto& x) -> OptionValue {
+        if constexpr (std::is_same_v<std::decay_t<decltype(x)>, IntegerList>) {
+          throw std::logic_error("recipe: a mixer option cannot hold a list");
+        } else {
+          return x;
+        }
+      },
+      v);
+}
 
 // The interval allowed for an integer or number key; an open end excludes its bound.
 struct Bounds {
@@ -51,7 +72,7 @@ struct KeySpec {
   std::string section, key;
   KeyType type;
   Value default_value;
-  Bounds bounds;                     // integer and number keys
+  Bounds bounds;                     // integer and number keys; each element of an integer list
   std::vector<std::string> choices;  // string keys: the allowed values; empty: any text
   std::string doc;
   std::function<Value(const Recipe&)> get;
@@ -105,6 +126,10 @@ class SectionBuilder {
   SectionBuilder& text(const char* key, std::string S::*field, std::string def, const char* doc) {
     return add(key, KeyType::kString, field, std::move(def), {}, {}, doc);
   }
+  // A list of integers, each in `each`; empty by default.
+  SectionBuilder& integer_list(const char* key, IntegerList S::*field, Bounds each, const char* doc) {
+    return add(key, KeyType::kIntegerList, field, IntegerList(), each, {}, doc);
+  }
   // The first choice is the default.
   SectionBuilder& choice(const char* key, std::string S::*field, std::vector<std::string> choices, const char* doc,
                          std::map<std::string, std::string> value_aliases = {}) {
@@ -157,7 +182,8 @@ MixerOptions& mixer_options(Recipe& r, const MixerSpec& mixer) {
 
 Value option_value(const Recipe& r, const MixerSpec& mixer, const std::string& key) {
   auto it = r.model.mixers.find(mixer.name);
-  return it != r.model.mixers.end() ? it->second.values().at(key) : MixerOptions(mixer.options).values().at(key);
+  return from_option(it != r.model.mixers.end() ? it->second.values().at(key)
+                                                : MixerOptions(mixer.options).values().at(key));
 }
 
 KeySpec option_key(const std::string& section, const OptionSpec& o) {
@@ -170,7 +196,7 @@ KeySpec option_key(const std::string& section, const OptionSpec& o) {
     case OptionType::boolean: k.type = KeyType::kBoolean; break;
     case OptionType::text: k.type = KeyType::kString; break;
   }
-  k.default_value = o.default_value;
+  k.default_value = from_option(o.default_value);
   k.bounds = {o.min, o.max, o.min_open, o.max_open};
   k.choices = o.choices;
   k.doc = o.doc;
@@ -195,7 +221,7 @@ void add_mixer_sections(Schema& s) {
     for (const OptionSpec& o : m->options) {
       KeySpec k = option_key(section, o);
       k.get = [m, key = o.key](const Recipe& r) { return option_value(r, *m, key); };
-      k.set = [m, key = o.key](Recipe& r, const Value& v) { mixer_options(r, *m).set(key, v); };
+      k.set = [m, key = o.key](Recipe& r, const Value& v) { mixer_options(r, *m).set(key, to_option(v)); };
       s.keys.push_back(std::move(k));
     }
   }
@@ -217,7 +243,7 @@ void add_mixer_sections(Schema& s) {
     k.older_spelling = true;
     k.get = [owner = owners.front(), key = std::string(flat)](const Recipe& r) { return option_value(r, *owner, key); };
     k.set = [owners, key = std::string(flat)](Recipe& r, const Value& v) {
-      for (const MixerSpec* m : owners) mixer_options(r, *m).set(key, v);
+      for (const MixerSpec* m : owners) mixer_options(r, *m).set(key, to_option(v));
       r.model.flat_mixer_keys = true;
     };
     s.keys.push_back(std::move(k));
@@ -354,6 +380,21 @@ Schema build_schema() {
       .text("out_dir", &RecipeLog::out_dir, "",
             "run directory: metrics, samples, checkpoints, the resolved recipe; \"\": runs/<recipe name>");
 
+  SectionBuilder<RecipeEval>(
+      s, "eval", &Recipe::eval,
+      "Evaluation at other lengths than training (docs/scaling.md, length extrapolation). At every evaluation "
+      "(log.eval_every) the model is scored at train.seq_len, as val_loss, val_acc, ...; each length L of "
+      "eval.seq_len adds the same fields named val_loss@L, val_acc@L, ... (at L = train.seq_len the very same "
+      "values). A text or shard corpus is scored on validation windows of L + 1 tokens, a synthetic task on "
+      "examples its generator makes at length L. Every length sees about the tokens of train.seq_len: "
+      "log.eval_batches batches of max(1, floor(train.batch_size · train.seq_len / L)) sequences each. "
+      "Evaluation runs on rank 0 alone, outside sequence parallelism (parallel.sp), so any length goes; attention "
+      "models take the longest length as their context (samples too). Learned positions have no embedding past "
+      "train.seq_len: with them, the lengths stop there.")
+      .integer_list("seq_len", &RecipeEval::seq_len, at_least(1),
+                    "lengths (tokens per sequence) to score the model at besides train.seq_len, e.g. [256, 1024]; "
+                    "one integer is a list of one; []: train.seq_len only");
+
   SectionBuilder<RecipeCheckpoint>(s, "checkpoint", &Recipe::checkpoint, "Saving and resuming.")
       .integer("every", &RecipeCheckpoint::every, 200, at_least(0), "steps between checkpoints; 0: only at the end")
       .integer("keep", &RecipeCheckpoint::keep, 3, at_least(1), "how many of the latest checkpoints are kept")
@@ -416,6 +457,33 @@ Schema build_schema() {
          return absl::StrCat("parallel.sp = ", r.parallel.sp, " needs train.seq_len divisible by 2·sp = ",
                              2 * r.parallel.sp, " (each rank holds 2 of the sequence's 2·sp chunks); train.seq_len = ",
                              r.train.seq_len, " is not");
+       }},
+      {"eval.seq_len names each length once",
+       {"eval.seq_len"},
+       [](const Recipe& r) {
+         const IntegerList& l = r.eval.seq_len;
+         for (size_t i = 0; i < l.size(); ++i) {
+           for (size_t j = 0; j < i; ++j) {
+             if (l[i] == l[j]) return absl::StrCat("eval.seq_len[", i, "] = ", l[i], " repeats eval.seq_len[", j, "]");
+           }
+         }
+         return std::string();
+       }},
+      // A learned position table has train.seq_len rows, all trained. Sizing it to the longest eval length
+      // instead would make the parameter count, the weights' initial draws and the checkpoint's shapes depend
+      // on an evaluation setting, for rows that training never reaches; so longer lengths are refused.
+      {"eval.seq_len stays within train.seq_len with model.positions = \"learned\" (no embedding past it)",
+       {"eval.seq_len", "model.positions", "train.seq_len"},
+       [](const Recipe& r) {
+         if (r.model.positions != "learned") return std::string();
+         const IntegerList& l = r.eval.seq_len;
+         for (size_t i = 0; i < l.size(); ++i) {
+           if (l[i] <= r.train.seq_len) continue;
+           return absl::StrCat("eval.seq_len[", i, "] = ", l[i], " is longer than train.seq_len = ", r.train.seq_len,
+                               ": model.positions = \"learned\" has embeddings for ", r.train.seq_len,
+                               " positions only; score longer sequences with model.positions = \"rope\" or \"none\"");
+         }
+         return std::string();
        }},
   };
   return s;
@@ -496,6 +564,7 @@ std::string format_value(const Value& v) {
     std::string operator()(double d) const { return format_number(d); }
     std::string operator()(bool b) const { return b ? "true" : "false"; }
     std::string operator()(const std::string& s) const { return quote(s); }
+    std::string operator()(const IntegerList& l) const { return "[" + absl::StrJoin(l, ", ") + "]"; }
   } visitor;
   return std::visit(visitor, v);
 }
@@ -531,6 +600,7 @@ std::string describe_allowed(const KeySpec& k) {
     case KeyType::kBoolean: return "true or false";
     case KeyType::kSwitch: return "true, false or \"auto\"";
     case KeyType::kString: return k.choices.empty() ? "a string" : "one of " + join_choices(k.choices);
+    case KeyType::kIntegerList: return range.empty() ? "a list of integers" : "a list of integers " + range;
   }
   return "";
 }
@@ -542,6 +612,7 @@ const char* type_name(KeyType t) {
     case KeyType::kBoolean: return "boolean";
     case KeyType::kSwitch: return "boolean or \"auto\"";
     case KeyType::kString: return "string";
+    case KeyType::kIntegerList: return "list of integers";
   }
   return "";
 }
@@ -613,6 +684,17 @@ std::string unknown_key_message(const std::string& section, const std::string& k
 // Checks a value of the key's type against its range or choices: "" when allowed, else the message.
 std::string check_value(const KeySpec& k, const Value& v) {
   std::string must = absl::StrCat(k.name(), " must be ", describe_allowed(k), ", got ");
+  if (k.type == KeyType::kIntegerList) {
+    // The element is named by its index, as the user counts in the file: eval.seq_len[2].
+    const IntegerList& list = std::get<IntegerList>(v);
+    const Bounds& b = k.bounds;
+    for (size_t i = 0; i < list.size(); ++i) {
+      const double x = static_cast<double>(list[i]);
+      if ((b.lo_open ? x > b.lo : x >= b.lo) && (b.hi_open ? x < b.hi : x <= b.hi)) continue;
+      return absl::StrCat(k.name(), "[", i, "] must be an integer ", describe_bounds(b), ", got ", list[i]);
+    }
+    return "";
+  }
   if (k.type == KeyType::kInteger || k.type == KeyType::kNumber) {
     double x = k.type == KeyType::kInteger ? static_cast<double>(std::get<int64_t>(v)) : std::get<double>(v);
     const Bounds& b = k.bounds;
@@ -663,6 +745,23 @@ Value to_value(const KeySpec& k, const toml::node& n, std::string* error) {
     case KeyType::kSwitch:
       if (auto b = n.as_boolean()) v = b->get();
       if (auto s = n.as_string()) v = s->get();
+      break;
+    case KeyType::kIntegerList:
+      if (auto i = n.as_integer()) v = IntegerList{i->get()};  // one length needs no brackets
+      if (auto a = n.as_array()) {
+        IntegerList list;
+        for (size_t i = 0; i < a->size(); ++i) {
+          const toml::node& e = *a->get(i);
+          if (!e.is_integer()) {
+            std::string range = describe_bounds(k.bounds);
+            *error = absl::StrCat(k.name(), "[", i, "] must be an integer", range.empty() ? "" : " " + range, ", got ",
+                                  describe_node(e));
+            return {};
+          }
+          list.push_back(*e.value<int64_t>());
+        }
+        v = std::move(list);
+      }
       break;
   }
   if (!v) {
@@ -789,6 +888,9 @@ std::string apply_override(const std::string& assignment, Recipe& recipe, Origin
 
   std::string raw = assignment.substr(eq + 1), error;
   std::optional<toml::table> parsed = parse_toml_value(raw);
+  // A list key also takes its elements without brackets (--set eval.seq_len=256,1024), which a shell
+  // leaves alone, where [256,1024] is a glob pattern to it.
+  if (!parsed && k->type == KeyType::kIntegerList) parsed = parse_toml_value("[" + raw + "]");
   const toml::node* node = parsed ? parsed->get("v") : nullptr;
   Value v;
   const bool takes_text = k->type == KeyType::kString || (k->type == KeyType::kSwitch && !(node && node->is_boolean()));
@@ -927,8 +1029,9 @@ std::string recipe_reference_markdown() {
       "`--set section.key=value` (repeatable, applied in order after the file) overrides any key:\n"
       "`./train recipes/gpt_small.toml --set optim.lr=3e-4 --set optim.schedule=linear`, or\n"
       "`--set model.gla.chunk_size=32` for a key of a sub-table. The value is read\n"
-      "as a TOML value (`3e-4`, `true`, `\"a b\"`); for a string key, text that is not a TOML string is\n"
-      "taken as written, so `--set data.path=corpus/books` needs no quotes.\n"
+      "as a TOML value (`3e-4`, `true`, `\"a b\"`, `[256, 1024]`); for a string key, text that is not a TOML\n"
+      "string is taken as written, so `--set data.path=corpus/books` needs no quotes, and a list key takes its\n"
+      "elements without brackets too, `--set eval.seq_len=256,1024` (a shell reads `[...]` as a pattern).\n"
       "\n"
       "Every key is checked before anything runs. An unknown section or key (with a did-you-mean for near\n"
       "misses, across sections too), a value of the wrong type, out of range or not among the choices, or a\n"
@@ -956,6 +1059,9 @@ std::string recipe_reference_markdown() {
         allowed = "true, false";
       } else if (k.type == KeyType::kSwitch) {
         allowed = "true, false, `\"auto\"`";
+      } else if (k.type == KeyType::kIntegerList) {
+        allowed = describe_bounds(k.bounds);
+        allowed = allowed.empty() ? "any" : "each " + allowed;
       } else if (k.type == KeyType::kString) {
         std::vector<std::string> choices;
         for (const std::string& c : k.choices) choices.push_back("`" + quote(c) + "`");

@@ -86,6 +86,11 @@ struct RecipeLog {
   std::string out_dir;  // "": runs/<recipe name>; see Recipe::run_dir
 };
 
+struct RecipeEval {
+  // Lengths to score the model at besides train.seq_len (metrics val_loss@L, ...); empty: none.
+  std::vector<int64_t> seq_len;
+};
+
 struct RecipeCheckpoint {
   int64_t every = 0;  // 0: only at the end
   int64_t keep = 0;
@@ -103,6 +108,7 @@ struct Recipe {
   RecipeOptim optim;
   RecipeParallel parallel;
   RecipeLog log;
+  RecipeEval eval;
   RecipeCheckpoint checkpoint;
 
   std::string run_dir() const { return log.out_dir.empty() ? "runs/" + name : log.out_dir; }

@@ -38,6 +38,17 @@ std::optional<std::string> literal_of(const toml::node& node) {
   if (node.is_integer()) return std::to_string(*node.value<int64_t>());
   if (node.is_floating_point()) return absl::StrCat(*node.value<double>());
   if (node.is_boolean()) return *node.value<bool>() ? "true" : "false";
+  // A list of such values (eval.seq_len = [256, 1024]), flat: recipe keys hold no nested lists.
+  if (const toml::array* a = node.as_array()) {
+    std::vector<std::string> items;
+    for (const toml::node& n : *a) {
+      if (n.is_array() || n.is_table()) return std::nullopt;
+      std::optional<std::string> item = literal_of(n);
+      if (!item) return std::nullopt;
+      items.push_back(*item);
+    }
+    return "[" + absl::StrJoin(items, ", ") + "]";
+  }
   return std::nullopt;
 }
 
@@ -104,7 +115,7 @@ absl::StatusOr<Sweep> load_sweep(const std::string& path) {
         }
         for (const toml::node& n : *gv.as_array()) {
           std::optional<std::string> lit = literal_of(n);
-          if (!lit) return bad(path, "grid." + axis.key + ": values must be strings, numbers or booleans");
+          if (!lit) return bad(path, "grid." + axis.key + ": values must be strings, numbers, booleans or lists of them");
           axis.values.push_back(*lit);
         }
         s.axes.push_back(std::move(axis));
@@ -112,7 +123,9 @@ absl::StatusOr<Sweep> load_sweep(const std::string& path) {
     } else if (key == "set" && v.is_table()) {
       for (const auto& [sk, sv] : *v.as_table()) {
         std::optional<std::string> lit = literal_of(sv);
-        if (!lit) return bad(path, "set." + std::string(sk.str()) + ": a value must be a string, number or boolean");
+        if (!lit) {
+          return bad(path, "set." + std::string(sk.str()) + ": a value must be a string, number, boolean or a list of them");
+        }
         s.fixed.push_back(std::string(sk.str()) + "=" + *lit);
       }
     } else {

@@ -7,7 +7,8 @@
 //
 //   name = "mqar"                        # optional: the sweep's folder runs/<name> (default: the file's stem)
 //   recipe = "../mqar_small.toml"        # the base recipe, relative to this file
-//   metric = "val_acc"                   # a field of the run's final evaluation: val_loss, val_acc, ...
+//   metric = "val_acc"                   # a field of the run's final evaluation: val_loss, val_acc, ...,
+//                                        # val_acc@1024 (at an eval.seq_len length)
 //   best_over = ["optim.lr"]             # axes each table cell takes its best over (optional)
 //   rows = "model.mixer"                 # the table's rows and columns (optional: the first axes, in
 //   columns = "model.d_model"            # key order, that best_over does not name)
@@ -29,7 +30,7 @@ namespace seqlab {
 
 struct SweepAxis {
   std::string key;                  // "model.mixer"
-  std::vector<std::string> values;  // TOML literals: "\"gla\"", "0.001", "64"
+  std::vector<std::string> values;  // TOML literals: "\"gla\"", "0.001", "64", "[256, 1024]"
 };
 
 struct Sweep {
