@@ -10,6 +10,7 @@
 // launch. Median of --reps after 3 warm-ups. --dtype bf16 on the CPU runs through f32 stand-ins (the
 // reference, not a fast path).
 // FLOPs: 4·B·H·T²·d for the forward over the causal half (Q Kᵀ and P V), ×3.5 for forward + backward.
+// The forward alone is timed too (fwd_ms, the same way), so the backward's share is the difference.
 //
 // Usage: attention_bench [--B 4] [--H 8] [--T 1024] [--d 64] [--device cpu|cuda] [--dtype f32|bf16]
 //                        [--reps 10] [--threads 0]
@@ -78,16 +79,22 @@ int bench_main(const Flags& f) {
     kernel::attention_backward(dout, dlse, q, k, v, out.o, out.lse, opts, true, true, true);
     sync();
   };
+  auto forward_only = [&] {
+    const AttentionOutput out = kernel::attention_forward(q, k, v, opts);
+    sync();
+  };
   sync();
   const double seconds = bench::time_median(rep, 3, static_cast<int>(f.reps));
+  const double forward_seconds = bench::time_median(forward_only, 3, static_cast<int>(f.reps));
 
   const double ms = 1000.0 * seconds;
   // Forward: Q Kᵀ and P V over the causal half, 2 · (2·B·H·T·T·d) / 2; backward ≈ 2.5× the forward.
   const double flops = 3.5 * 2.0 * static_cast<double>(f.B * f.H) * static_cast<double>(f.T) *
                        static_cast<double>(f.T) * static_cast<double>(f.d);
-  std::printf("seqlab device=%s dtype=%s B=%ld H=%ld T=%ld d=%ld fwd+bwd_ms=%.2f TFLOP/s=%.3f\n",
+  std::printf("seqlab device=%s dtype=%s B=%ld H=%ld T=%ld d=%ld fwd+bwd_ms=%.2f TFLOP/s=%.3f fwd_ms=%.3f\n",
               f.on.device.is_cuda() ? "cuda" : "cpu", dtype_name(f.on.dtype), static_cast<long>(f.B),
-              static_cast<long>(f.H), static_cast<long>(f.T), static_cast<long>(f.d), ms, flops / ms / 1e9);
+              static_cast<long>(f.H), static_cast<long>(f.T), static_cast<long>(f.d), ms, flops / ms / 1e9,
+              1000.0 * forward_seconds);
   return 0;
 }
 

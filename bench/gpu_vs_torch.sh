@@ -16,15 +16,18 @@
 # Every program runs under a time limit (SEQLAB_BENCH_RUN_LIMIT seconds, default 90; three times that for
 # the GPT runs, as torch.compile compiles in its run). Exits non-zero if a run failed.
 #
+# --narrow also times seqlab with its narrow attention tile shapes (SEQLAB_ATTENTION_TC_SHAPE=narrow: one m-tile
+# per warp; the default is wide, src/cuda/attention/attention_tc.cu) in the gpt and attention sections.
+#
 # Usage: bench/gpu_vs_torch.sh [--rounds 3] [--gpt-rounds N (default: --rounds)] [--steps 10] [--B 8] [--no-compile] [--no-gpt] [--no-attention]
-#                              [--no-gla] [--no-fla] [--attn "B H T d" (repeatable; default T = 1024 … 8192 at
+#                              [--no-gla] [--no-fla] [--narrow] [--attn "B H T d" (repeatable; default T = 1024 … 8192 at
 #                              B·T = 16384, H 16, d 64: "16 16 1024 64" … "2 16 8192 64")]
 # Environment: SEQLAB_BUILD (build folder with gpt_train_bench, attention_bench and gla_kernel_bench,
 # default build-gpu/, else build/), TORCH_PYTHON (default python3), TORCH_PEERS (folder of the peers, default
 # bench/peers), SEQLAB_PEAK_TFLOPS (dense bf16 peak for MFU; default from the GPU's name).
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-rounds=3 gpt_rounds="" steps=10 B=8 compile=1 do_gpt=1 do_attn=1 do_gla=1 do_fla=1 shapes=()
+rounds=3 gpt_rounds="" steps=10 B=8 compile=1 do_gpt=1 do_attn=1 do_gla=1 do_fla=1 do_narrow=0 shapes=()
 fail() { printf 'gpu_vs_torch: %s\n' "$*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -38,6 +41,7 @@ while [ $# -gt 0 ]; do
     --no-attention) do_attn=0; shift ;;
     --no-gla) do_gla=0; shift ;;
     --no-fla) do_fla=0; shift ;;
+    --narrow) do_narrow=1; shift ;;
     *) fail "unknown argument $1 (see the usage at the top of $0)" ;;
   esac
 done
@@ -96,10 +100,11 @@ run() {
 results=()
 if [ "$do_gpt" = 1 ]; then
   shape=(--d 768 --layers 12 --heads 12 --T 1024 --vocab 50304 --B "$B" --steps "$steps")
-  ours=() eager=() compiled=()
+  ours=() eager=() compiled=() narrow=()
   run_limit=$((3 * limit))  # torch.compile compiles the model in its first run
   for ((r = 1; r <= gpt_rounds; r++)); do
     run ours "$build/gpt_train_bench" "${shape[@]}" --device cuda --dtype bf16
+    [ "$do_narrow" = 1 ] && run narrow env SEQLAB_ATTENTION_TC_SHAPE=narrow "$build/gpt_train_bench" "${shape[@]}" --device cuda --dtype bf16
     run eager "$python" "$peers/torch_gpt.py" "${shape[@]}" --device cuda --dtype bf16
     [ "$compile" = 1 ] && run compiled "$python" "$peers/torch_gpt.py" "${shape[@]}" --device cuda --dtype bf16 --compile
   done
@@ -117,6 +122,10 @@ if [ "$do_gpt" = 1 ]; then
   if [ "$compile" = 1 ]; then
     line+=", $(summarise torch.compile "${compiled[@]}")"
     tail_+=", seqlab/torch.compile $(ratio "$a" "$(tps_of "${compiled[@]}")")"
+  fi
+  if [ "$do_narrow" = 1 ]; then
+    line+=", $(summarise "seqlab (narrow tiles)" "${narrow[@]}")"
+    tail_+=", narrow/torch $(ratio "$(tps_of "${narrow[@]}")" "$b")"
   fi
   results+=("$line; $tail_")
 fi
@@ -136,10 +145,11 @@ if [ "$do_attn" = 1 ] || [ "$do_gla" = 1 ]; then
   for s in "${shapes[@]}"; do
     read -r b h t d <<<"$s"
     args=(--B "$b" --H "$h" --T "$t" --d "$d" --device cuda --dtype bf16 --reps 10)
-    ours=() sdpa=() gla=() chunk=() fla=()
+    ours=() sdpa=() gla=() chunk=() fla=() narrow=()
     for ((r = 1; r <= rounds; r++)); do
       if [ "$do_attn" = 1 ] || [ "$do_gla" = 1 ]; then run sdpa "$python" "$peers/torch_attention.py" "${args[@]}"; fi
       [ "$do_attn" = 1 ] && run ours "$build/attention_bench" "${args[@]}"
+      [ "$do_attn" = 1 ] && [ "$do_narrow" = 1 ] && run narrow env SEQLAB_ATTENTION_TC_SHAPE=narrow "$build/attention_bench" "${args[@]}"
       if [ "$do_gla" = 1 ]; then
         run gla "$build/gla_kernel_bench" "${args[@]}"
         run chunk "$python" "$peers/torch_gla.py" "${args[@]}" --impl chunk
@@ -151,6 +161,10 @@ if [ "$do_attn" = 1 ] || [ "$do_gla" = 1 ]; then
       a="$(for l in "${ours[@]}"; do field 'TFLOP/s' "$l"; done | median)"
       results+=("$(printf 'attention bf16 causal B=%s H=%s T=%s d=%s, median of %s: seqlab %.1f TFLOP/s (%s ms), torch SDPA %.1f TFLOP/s (%s ms); ratio seqlab/SDPA %s' \
         "$b" "$h" "$t" "$d" "$rounds" "$a" "$(ms_of "${ours[@]}")" "$c" "$(ms_of "${sdpa[@]}")" "$(ratio "$a" "$c")")")
+      if [ "$do_narrow" = 1 ]; then
+        n="$(for l in "${narrow[@]}"; do field 'TFLOP/s' "$l"; done | median)"
+        results[-1]+="$(printf '; narrow tiles %.1f TFLOP/s (%s ms), ratio %s' "$n" "$(ms_of "${narrow[@]}")" "$(ratio "$n" "$c")")"
+      fi
     fi
     if [ "$do_gla" = 1 ]; then
       mine="$(ms_of "${gla[@]}")" line="gla bf16 B=$b H=$h T=$t d=$d fwd+bwd, median of $rounds: seqlab $mine ms"

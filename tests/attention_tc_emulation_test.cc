@@ -61,6 +61,7 @@ const Case kCases[] = {
     {1, 1, 200, 2, 1, 128, 128, true, 0},      // decoding
     {1, 128, 192, 2, 1, 64, 64, true, 0},      // exact multiples of the tile, S − T = 64
     {1, 90, 90, 2, 2, 128, 128, false, 0.05},  // bidirectional, explicit scale
+    {1, 300, 300, 4, 2, 64, 64, true, 0},      // several tiles of every kernel's loop (the double buffers turn over), GQA
 };
 
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
@@ -77,23 +78,24 @@ void expect_close(const Tensor& got, const Tensor& want, const std::string& what
 
 Tensor nans(const Shape& shape, DType dtype = DType::bf16) { return Tensor::full(shape, std::nan(""), dtype); }
 
-template <int D>
-void run_case(const Case& c, Generator& gen) {
-  const std::string what = c.name();
+// One case through one set of kernel shapes (Fwd, Dq, Dkdv: atc::kernels::Shape).
+template <class Fwd, class Dq, class Dkdv>
+void run_case(const Case& c, Generator& gen, const std::string& shapes) {
+  constexpr int D = Fwd::D;
+  const std::string what = c.name() + " (" + shapes + " shapes)";
   const atc::Problem p{c.B, c.T, c.S, c.H, c.Hk, D, c.causal, static_cast<float>(c.params().scale)};
   // bf16 q, k, v, dO; dlse f32 (lse and dlse: f32 for bf16).
   const testing::AttentionInputs in = testing::attention_inputs(c, DType::bf16, gen, true);
   const Tensor &q = in.q, &k = in.k, &v = in.v, &dout = in.dout, &dlse = in.dlse;
   const bf16 *Q = q.data<bf16>(), *K = k.data<bf16>(), *V = v.data<bf16>(), *dO = dout.data<bf16>();
-  const unsigned query_tiles = static_cast<unsigned>((c.T + 63) / 64),
-                 key_tiles = static_cast<unsigned>((c.S + 63) / 64);
+  auto tiles = [](int64_t n, int rows) { return static_cast<unsigned>((n + rows - 1) / rows); };
 
   // Forward.
   Tensor o = nans({c.B, c.T, c.H, D}), lse = nans({c.B, c.T, c.H}, DType::f32);  // lse: f32 for bf16
   const dim3 block(atc::kernels::kThreads);
-  emu::launch(dim3(query_tiles, static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)), block,
-              atc::kernels::FwdLayout<D>::bytes,
-              [&] { atc::kernels::tc_forward<D>(p, Q, K, V, o.data<bf16>(), lse.data<float>()); });
+  emu::launch(dim3(tiles(c.T, Fwd::BR), static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)), block,
+              atc::kernels::FwdLayout<Fwd>::bytes,
+              [&] { atc::kernels::tc_forward<Fwd>(p, Q, K, V, o.data<bf16>(), lse.data<float>()); });
   const testing::AttentionOutputs want = testing::attention_forward_reference(c, in);
   EXPECT_FALSE(cuda::tc::tensor_core_copies_pending()) << what << ": forward left cp.async copies unwaited";
   expect_close(o, want.o, what + " o");
@@ -118,14 +120,14 @@ void run_case(const Case& c, Generator& gen) {
     bf16* dV = need.dv ? dv.data<bf16>() : nullptr;
     const float* L = saved.lse.data<float>();
     if (dK || dV) {
-      emu::launch(dim3(key_tiles, static_cast<unsigned>(c.Hk), static_cast<unsigned>(c.B)), block,
-                  atc::kernels::DkdvLayout<D>::bytes,
-                  [&] { atc::kernels::tc_dkdv<D>(p, Q, K, V, dO, L, delta.data(), dK, dV); });
+      emu::launch(dim3(tiles(c.S, Dkdv::BR), static_cast<unsigned>(c.Hk), static_cast<unsigned>(c.B)), block,
+                  atc::kernels::DkdvLayout<Dkdv>::bytes,
+                  [&] { atc::kernels::tc_dkdv<Dkdv>(p, Q, K, V, dO, L, delta.data(), dK, dV); });
     }
     if (dQ) {
-      emu::launch(dim3(query_tiles, static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)), block,
-                  atc::kernels::DqLayout<D>::bytes,
-                  [&] { atc::kernels::tc_dq<D>(p, Q, K, V, dO, L, delta.data(), dQ); });
+      emu::launch(dim3(tiles(c.T, Dq::BR), static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)), block,
+                  atc::kernels::DqLayout<Dq>::bytes,
+                  [&] { atc::kernels::tc_dq<Dq>(p, Q, K, V, dO, L, delta.data(), dQ); });
     }
     EXPECT_FALSE(cuda::tc::tensor_core_copies_pending()) << with << ": backward left cp.async copies unwaited";
     const kernel::AttentionGrads grads = testing::attention_backward_reference(c, in, saved, need);
@@ -147,11 +149,17 @@ void run_case(const Case& c, Generator& gen) {
 
 TEST(AttentionTensorCoreEmulation, MatchesTheCpuKernels) {
   Generator gen(testing::test_seed(97));
+  // Both sets of shapes attention_tc.cu launches (SEQLAB_ATTENTION_TC_SHAPE), on every case.
+  auto both = [&](auto d, const Case& c) {
+    using Sh = atc::kernels::Shapes<decltype(d)::value>;
+    run_case<typename Sh::Forward, typename Sh::Dq, typename Sh::Dkdv>(c, gen, "narrow");
+    run_case<typename Sh::WideForward, typename Sh::WideDq, typename Sh::WideDkdv>(c, gen, "wide");
+  };
   for (const Case& c : kCases) {
     if (c.Dk == 64) {
-      run_case<64>(c, gen);
+      both(std::integral_constant<int, 64>{}, c);
     } else {
-      run_case<128>(c, gen);
+      both(std::integral_constant<int, 128>{}, c);
     }
   }
 }

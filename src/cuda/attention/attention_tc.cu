@@ -55,6 +55,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -98,11 +99,55 @@ void allow_shared(Kernel kernel_fn, size_t bytes) {
       cudaFuncSetAttribute(kernel_fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-unsigned tiles(int64_t n) { return static_cast<unsigned>((n + kTile - 1) / kTile); }
+unsigned tiles(int64_t n, int rows) { return static_cast<unsigned>((n + rows - 1) / rows); }
 
 // seqlab's bf16 and CUDA's __nv_bfloat16 are the same 16 bits (common.cuh).
 const bf16_t* dev(const bf16* x) { return reinterpret_cast<const bf16_t*>(x); }
 bf16_t* dev(bf16* x) { return reinterpret_cast<bf16_t*>(x); }
+
+// Which of the compiled tile shapes (kernels::Shapes) the launches use: SEQLAB_ATTENTION_TC_SHAPE = "wide"
+// (two m-tiles per warp, the default: faster on the H100/H200 measured in docs/perf.md) or "narrow" (one),
+// read once. For benchmarking the two against each other; results agree to bf16 rounding either way.
+bool wide_shapes() {
+  static const bool wide = [] {
+    const char* env = std::getenv("SEQLAB_ATTENTION_TC_SHAPE");
+    const std::string value = env ? env : "";
+    if (value.empty() || value == "wide") return true;
+    if (value == "narrow") return false;
+    throw std::invalid_argument("SEQLAB_ATTENTION_TC_SHAPE = \"" + value + "\": expected \"wide\" or \"narrow\"");
+  }();
+  return wide;
+}
+
+template <class Sh>
+void launch_forward(const Problem& p, cudaStream_t st, const bf16* q, const bf16* k, const bf16* v, bf16* o,
+                    float* lse) {
+  constexpr size_t smem = FwdLayout<Sh>::bytes;
+  allow_shared(tc_forward<Sh>, smem);
+  const dim3 grid(tiles(p.T, Sh::BR), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+  tc_forward<Sh><<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(o), lse);
+  SEQLAB_CUDA_CHECK_LAUNCH("attention forward kernel (tensor cores)");
+}
+
+template <class Sh>
+void launch_dkdv(const Problem& p, cudaStream_t st, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                 const float* lse, const float* delta, bf16* dk, bf16* dv) {
+  constexpr size_t smem = DkdvLayout<Sh>::bytes;
+  allow_shared(tc_dkdv<Sh>, smem);
+  const dim3 grid(tiles(p.S, Sh::BR), static_cast<unsigned>(p.Hk), static_cast<unsigned>(p.B));
+  tc_dkdv<Sh><<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(dout), lse, delta, dev(dk), dev(dv));
+  SEQLAB_CUDA_CHECK_LAUNCH("attention backward dK/dV kernel (tensor cores)");
+}
+
+template <class Sh>
+void launch_dq(const Problem& p, cudaStream_t st, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+               const float* lse, const float* delta, bf16* dq) {
+  constexpr size_t smem = DqLayout<Sh>::bytes;
+  allow_shared(tc_dq<Sh>, smem);
+  const dim3 grid(tiles(p.T, Sh::BR), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+  tc_dq<Sh><<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(dout), lse, delta, dev(dq));
+  SEQLAB_CUDA_CHECK_LAUNCH("attention backward dQ kernel (tensor cores)");
+}
 
 }  // namespace
 
@@ -117,46 +162,50 @@ bool supports(const Problem& p, int device, std::initializer_list<const void*> p
   if (major < 8) return false;
   bool ok = false;
   dispatch_head_dim(p.D, [&](auto d) {
-    constexpr int D = decltype(d)::value;
+    using Sh = Shapes<decltype(d)::value>;
     // The binary the driver picked for this device must hold the real kernels, not the pre-8.0 trap.
     cudaFuncAttributes attr{};
-    SEQLAB_CUDA_CHECK(cudaFuncGetAttributes(&attr, tc_forward<D>));
+    SEQLAB_CUDA_CHECK(cudaFuncGetAttributes(&attr, tc_forward<typename Sh::Forward>));
     ok = attr.binaryVersion >= 80 &&
-         std::max({FwdLayout<D>::bytes, DqLayout<D>::bytes, DkdvLayout<D>::bytes}) <=
+         std::max({FwdLayout<typename Sh::Forward>::bytes, DqLayout<typename Sh::Dq>::bytes,
+                   DkdvLayout<typename Sh::Dkdv>::bytes, FwdLayout<typename Sh::WideForward>::bytes,
+                   DqLayout<typename Sh::WideDq>::bytes, DkdvLayout<typename Sh::WideDkdv>::bytes}) <=
              static_cast<size_t>(shared_optin);
   });
   return ok;
 }
 
 void forward(const Problem& p, int device, const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse) {
+  const bool wide = wide_shapes();
   dispatch_head_dim(p.D, [&](auto d) {
-    constexpr int D = decltype(d)::value;
-    constexpr size_t smem = FwdLayout<D>::bytes;
-    allow_shared(tc_forward<D>, smem);
-    const dim3 grid(tiles(p.T), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-    tc_forward<D><<<grid, kThreads, smem, stream(device)>>>(p, dev(q), dev(k), dev(v), dev(o), lse);
-    SEQLAB_CUDA_CHECK_LAUNCH("attention forward kernel (tensor cores)");
+    using Sh = Shapes<decltype(d)::value>;
+    if (wide) {
+      launch_forward<typename Sh::WideForward>(p, stream(device), q, k, v, o, lse);
+    } else {
+      launch_forward<typename Sh::Forward>(p, stream(device), q, k, v, o, lse);
+    }
   });
 }
 
 void backward(const Problem& p, int device, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
               const float* lse, const float* delta, bf16* dq, bf16* dk, bf16* dv) {
+  const bool wide = wide_shapes();
   dispatch_head_dim(p.D, [&](auto d) {
-    constexpr int D = decltype(d)::value;
+    using Sh = Shapes<decltype(d)::value>;
     cudaStream_t st = stream(device);
     if (dk || dv) {
-      constexpr size_t smem = DkdvLayout<D>::bytes;
-      allow_shared(tc_dkdv<D>, smem);
-      const dim3 grid(tiles(p.S), static_cast<unsigned>(p.Hk), static_cast<unsigned>(p.B));
-      tc_dkdv<D><<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(dout), lse, delta, dev(dk), dev(dv));
-      SEQLAB_CUDA_CHECK_LAUNCH("attention backward dK/dV kernel (tensor cores)");
+      if (wide) {
+        launch_dkdv<typename Sh::WideDkdv>(p, st, q, k, v, dout, lse, delta, dk, dv);
+      } else {
+        launch_dkdv<typename Sh::Dkdv>(p, st, q, k, v, dout, lse, delta, dk, dv);
+      }
     }
     if (dq) {
-      constexpr size_t smem = DqLayout<D>::bytes;
-      allow_shared(tc_dq<D>, smem);
-      const dim3 grid(tiles(p.T), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-      tc_dq<D><<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(dout), lse, delta, dev(dq));
-      SEQLAB_CUDA_CHECK_LAUNCH("attention backward dQ kernel (tensor cores)");
+      if (wide) {
+        launch_dq<typename Sh::WideDq>(p, st, q, k, v, dout, lse, delta, dq);
+      } else {
+        launch_dq<typename Sh::Dq>(p, st, q, k, v, dout, lse, delta, dq);
+      }
     }
   });
 }

@@ -30,53 +30,66 @@ namespace seqlab::cuda::attention_tc::kernels {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kRows = 16;                // rows of the block's tile that one warp owns (one mma M)
-constexpr int kTile = kWarps * kRows;    // query rows per forward / dQ block, keys per dK/dV block
-constexpr int kKeys = 64;                // keys per K/V tile (forward, dQ)
+constexpr int kRows = 16;  // rows of one m-tile (the mma's M); a warp owns MT m-tiles of its block's tile
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
-
-// Queries per Q/dO tile in the dK/dV kernel: at D = 128 its dK and dV accumulators take 128 registers a
-// thread, and 64-query score tiles on top would leave ptxas too few.
-template <int D>
-constexpr int kDkdvQueries = D > 64 ? 32 : 64;
 
 // Staged tiles are rows of D bf16 with a pitch of D + 8: consecutive rows start 16 bytes apart modulo the
 // 128 bytes of the 32 banks, so the eight 16-byte rows one ldmatrix phase reads hit eight different bank
 // quads (no conflicts).
 template <int D>
 constexpr int kLd = D + 8;
-template <int D, int kRowCount>
-constexpr size_t tile_bytes() {
-  return size_t{kRowCount} * kLd<D> * 2;
+template <int D>
+constexpr size_t tile_bytes(int rows) {
+  return size_t(rows) * kLd<D> * 2;
 }
 
-// Byte offsets of the dynamic shared memory pieces (multiples of 128).
-template <int D>
-struct FwdLayout {  // K and V tiles, two of each (double buffering); Q passes through k1 first
-  static constexpr size_t kTileBytes = tile_bytes<D, kKeys>();
-  static constexpr size_t k0 = 0, k1 = kTileBytes, v0 = 2 * kTileBytes, v1 = 3 * kTileBytes, bytes = 4 * kTileBytes;
-  static_assert(kTile == kKeys, "Q passes through a K buffer");
+// A kernel's tile shape. MT m-tiles per warp: the block owns BR = 64·MT rows (queries for the forward and
+// dQ kernels, keys for dK/dV), and every right-hand tile a warp loads from shared memory feeds MT products
+// (MT = 2 halves the shared-memory traffic per product, for twice the accumulator registers). N rows per
+// streamed tile: keys for forward and dQ, queries for dK/dV.
+template <int D_, int MT_, int N_>
+struct Shape {
+  static constexpr int D = D_, MT = MT_, N = N_, BR = kWarps * kRows * MT;
+  static_assert(D % 16 == 0 && N % 16 == 0, "tiles are whole 16 × 16 fragments");
 };
-template <int D>
-struct DqLayout {  // Q and dO tiles of the block's rows; K and V tiles, two of each
-  static constexpr size_t kTileBytes = tile_bytes<D, kKeys>();
-  static constexpr size_t q = 0, dout = kTileBytes, k0 = 2 * kTileBytes, k1 = 3 * kTileBytes, v0 = 4 * kTileBytes,
-                          v1 = 5 * kTileBytes, bytes = 6 * kTileBytes;
-  static_assert(kTile == kKeys, "tiles of one size");
+
+// Byte offsets of the dynamic shared memory pieces (multiples of 128). Double-buffered pieces lie back to
+// back: buffer b of piece X is at X + b · its size.
+template <class S>
+struct FwdLayout {  // Q of the block's rows; K and V tiles, two of each
+  static constexpr size_t kTileBytes = tile_bytes<S::D>(S::N);
+  static constexpr size_t q = 0, k = tile_bytes<S::D>(S::BR), v = k + 2 * kTileBytes, bytes = v + 2 * kTileBytes;
 };
+template <class S>
+struct DqLayout {  // Q and dO of the block's rows; K and V tiles, two of each
+  static constexpr size_t kTileBytes = tile_bytes<S::D>(S::N);
+  static constexpr size_t q = 0, dout = tile_bytes<S::D>(S::BR), k = 2 * dout, v = k + 2 * kTileBytes,
+                          bytes = v + 2 * kTileBytes;
+};
+template <class S>
+struct DkdvLayout {  // K and V of the block's keys; Q, dO, lse and δ of a query tile, two of each
+  static constexpr size_t kTileBytes = tile_bytes<S::D>(S::N), kStatBytes = (S::N * sizeof(float) + 127) / 128 * 128;
+  static constexpr size_t k = 0, v = tile_bytes<S::D>(S::BR), q = 2 * v, dout = q + 2 * kTileBytes,
+                          lse = dout + 2 * kTileBytes, delta = lse + 2 * kStatBytes, bytes = delta + 2 * kStatBytes;
+};
+
+// The shapes compiled, by head dim: the default (one m-tile per warp) and the wide one (two), chosen at
+// run time (attention_tc.cu). At D = 128 the dK and dV accumulators of two m-tiles would take 256 registers
+// a thread, so that kernel keeps one there; streamed tiles shrink to 32 rows where two m-tiles' score and
+// gradient tiles would otherwise crowd the accumulators.
 template <int D>
-struct DkdvLayout {  // K and V tiles of the block's keys; Q, dO, lse and δ of a query tile, two of each
-  static constexpr int kQ = kDkdvQueries<D>;
-  static constexpr size_t kKvBytes = tile_bytes<D, kTile>(), kQBytes = tile_bytes<D, kQ>(),
-                          kStatBytes = (kQ * sizeof(float) + 127) / 128 * 128;
-  static constexpr size_t k = 0, v = kKvBytes, q0 = 2 * kKvBytes, q1 = q0 + kQBytes, dout0 = q1 + kQBytes,
-                          dout1 = dout0 + kQBytes, lse0 = dout1 + kQBytes, lse1 = lse0 + kStatBytes,
-                          delta0 = lse1 + kStatBytes, delta1 = delta0 + kStatBytes, bytes = delta1 + kStatBytes;
-  static_assert(kKvBytes % 128 == 0 && kQBytes % 128 == 0, "pieces start 128-byte aligned");
+struct Shapes {
+  using Forward = Shape<D, 1, 64>;
+  using Dq = Shape<D, 1, 64>;
+  using Dkdv = Shape<D, 1, D == 128 ? 32 : 64>;
+  using WideForward = Shape<D, 2, D == 128 ? 32 : 64>;
+  using WideDq = Shape<D, 2, 32>;
+  using WideDkdv = Shape<D, D == 128 ? 1 : 2, 32>;
 };
 
 #if SEQLAB_TC_ATTENTION
 // ---- warp-level tile products (src/cuda/tensor_core.cuh has the fragment layouts) -------------------------
+// Each takes MT m-tiles at once: the right-hand fragments are loaded once and used by all MT.
 
 // This lane's part of ldmatrix addressing: row l % 8 of matrix l / 8.
 struct LaneRow {
@@ -95,48 +108,63 @@ __device__ __forceinline__ void load_a(uint32_t (&af)[4], const bf16_t* a, int l
   tc::ldmatrix_x4(af, a + ((l.m & 1) * 8 + l.i) * lda + (l.m >> 1) * 8);
 }
 
-// acc[n] += A · Bᵀ over one 16-deep slice: A's fragment af (16 rows × 16 of the inner dimension), B the
-// 8·N rows × 16 at `b` (row-major, pitch ldb, shared memory); acc[n] is columns 8n … 8n+7 of the 16 × 8N
-// product. B row-major is Bᵀ column-major, the "col" operand of mma: matrices (rows 8n–8n+7, cols 0–7),
-// (same rows, cols 8–15), then rows 8n+8 … give b0, b1 of n-blocks n and n+1.
-template <int N>
-__device__ __forceinline__ void mma_abt_slice(float (&acc)[N][4], const uint32_t (&af)[4], const bf16_t* b, int ldb) {
+// acc[mt][n] += A_mt · Bᵀ over one 16-deep slice: af[mt] the A fragment of m-tile mt (16 rows × 16 of the
+// inner dimension), B the 8·N rows × 16 at `b` (row-major, pitch ldb, shared memory); acc[mt][n] is
+// columns 8n … 8n+7 of m-tile mt's 16 × 8N product. B row-major is Bᵀ column-major, the "col" operand of
+// mma: ldmatrix matrices (rows 8n–8n+7, cols 0–7), (same rows, cols 8–15), then rows 8n+8 … give b0, b1
+// of n-blocks n and n+1.
+template <int MT, int N>
+__device__ __forceinline__ void mma_abt_slice(float (&acc)[MT][N][4], const uint32_t (&af)[MT][4], const bf16_t* b,
+                                              int ldb) {
   static_assert(N % 2 == 0, "n-blocks come in pairs (one ldmatrix.x4)");
   const LaneRow l = lane_row();
 SEQLAB_TC_UNROLL
   for (int n = 0; n < N; n += 2) {
     uint32_t bf[4];
     tc::ldmatrix_x4(bf, b + (n * 8 + (l.m >> 1) * 8 + l.i) * ldb + (l.m & 1) * 8);
-    tc::mma_16816(acc[n], af, bf[0], bf[1]);
-    tc::mma_16816(acc[n + 1], af, bf[2], bf[3]);
+SEQLAB_TC_UNROLL
+    for (int mt = 0; mt < MT; ++mt) {
+      tc::mma_16816(acc[mt][n], af[mt], bf[0], bf[1]);
+      tc::mma_16816(acc[mt][n + 1], af[mt], bf[2], bf[3]);
+    }
   }
 }
 
-// acc += A · Bᵀ, A the warp's 16 rows × K at `a` (pitch lda), B 8·N rows × K at `b` (pitch ldb), both
+// acc += A · Bᵀ, A the warp's 16·MT rows × K at `a` (pitch lda), B 8·N rows × K at `b` (pitch ldb), both
 // row-major bf16 in shared memory.
-template <int K, int N>
-__device__ __forceinline__ void warp_abt(float (&acc)[N][4], const bf16_t* a, int lda, const bf16_t* b, int ldb) {
+template <int K, int MT, int N>
+__device__ __forceinline__ void warp_abt(float (&acc)[MT][N][4], const bf16_t* a, int lda, const bf16_t* b, int ldb) {
 SEQLAB_TC_UNROLL
   for (int kk = 0; kk < K / 16; ++kk) {
-    uint32_t af[4];
-    load_a(af, a + kk * 16, lda);
-    mma_abt_slice<N>(acc, af, b + kk * 16, ldb);
+    uint32_t af[MT][4];
+SEQLAB_TC_UNROLL
+    for (int mt = 0; mt < MT; ++mt) load_a(af[mt], a + mt * kRows * lda + kk * 16, lda);
+    mma_abt_slice<MT, N>(acc, af, b + kk * 16, ldb);
   }
 }
-// The same with A's fragments already in registers (af[kk] the 16-deep slice kk).
-template <int K, int N>
-__device__ __forceinline__ void warp_abt(float (&acc)[N][4], const uint32_t (&af)[K / 16][4], const bf16_t* b,
+// The same with A's fragments already in registers (af[mt][kk]: m-tile mt, 16-deep slice kk).
+template <int K, int MT, int N>
+__device__ __forceinline__ void warp_abt(float (&acc)[MT][N][4], const uint32_t (&af)[MT][K / 16][4], const bf16_t* b,
                                          int ldb) {
 SEQLAB_TC_UNROLL
-  for (int kk = 0; kk < K / 16; ++kk) mma_abt_slice<N>(acc, af[kk], b + kk * 16, ldb);
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t slice[MT][4];
+SEQLAB_TC_UNROLL
+    for (int mt = 0; mt < MT; ++mt) {
+SEQLAB_TC_UNROLL
+      for (int r = 0; r < 4; ++r) slice[mt][r] = af[mt][kk][r];
+    }
+    mma_abt_slice<MT, N>(acc, slice, b + kk * 16, ldb);
+  }
 }
 
-// acc += P · B: P the warp's 16 rows × 16·KK in registers as A fragments, B 16·KK rows × 8·N at `b`
-// (row-major, pitch ldb, shared memory). Row-major B is what ldmatrix.trans turns into the "col"
+// acc[mt] += P_mt · B: P_mt m-tile mt's 16 rows × 16·KK in registers as A fragments, B 16·KK rows × 8·N at
+// `b` (row-major, pitch ldb, shared memory). Row-major B is what ldmatrix.trans turns into the "col"
 // operand: matrices (rows 16kk + 0–7, cols 8n …), (rows 16kk + 8–15, cols 8n …), then cols 8n + 8 … give
 // b0, b1 of n-blocks n and n+1.
-template <int KK, int N>
-__device__ __forceinline__ void warp_pb(float (&acc)[N][4], const uint32_t (&pa)[KK][4], const bf16_t* b, int ldb) {
+template <int KK, int MT, int N>
+__device__ __forceinline__ void warp_pb(float (&acc)[MT][N][4], const uint32_t (&pa)[MT][KK][4], const bf16_t* b,
+                                        int ldb) {
   static_assert(N % 2 == 0, "n-blocks come in pairs (one ldmatrix.x4)");
   const LaneRow l = lane_row();
 SEQLAB_TC_UNROLL
@@ -145,36 +173,45 @@ SEQLAB_TC_UNROLL
     for (int n = 0; n < N; n += 2) {
       uint32_t bf[4];
       tc::ldmatrix_x4_trans(bf, b + (kk * 16 + (l.m & 1) * 8 + l.i) * ldb + n * 8 + (l.m >> 1) * 8);
-      tc::mma_16816(acc[n], pa[kk], bf[0], bf[1]);
-      tc::mma_16816(acc[n + 1], pa[kk], bf[2], bf[3]);
+SEQLAB_TC_UNROLL
+      for (int mt = 0; mt < MT; ++mt) {
+        tc::mma_16816(acc[mt][n], pa[mt][kk], bf[0], bf[1]);
+        tc::mma_16816(acc[mt][n + 1], pa[mt][kk], bf[2], bf[3]);
+      }
     }
   }
 }
 
-// The A fragments of a 16 × 8N f32 product held in C layout, rounded to bf16: slice kk is n-blocks 2kk and
+// The A fragments of MT 16 × 8N f32 products held in C layout, rounded to bf16: slice kk is n-blocks 2kk and
 // 2kk + 1 (the registers line up; see src/cuda/tensor_core.cuh).
-template <int N>
-__device__ __forceinline__ void to_a(uint32_t (&pa)[N / 2][4], const float (&c)[N][4]) {
+template <int MT, int N>
+__device__ __forceinline__ void to_a(uint32_t (&pa)[MT][N / 2][4], const float (&c)[MT][N][4]) {
 SEQLAB_TC_UNROLL
-  for (int kk = 0; kk < N / 2; ++kk) {
-    pa[kk][0] = tc::pack_bf16x2(c[2 * kk][0], c[2 * kk][1]);
-    pa[kk][1] = tc::pack_bf16x2(c[2 * kk][2], c[2 * kk][3]);
-    pa[kk][2] = tc::pack_bf16x2(c[2 * kk + 1][0], c[2 * kk + 1][1]);
-    pa[kk][3] = tc::pack_bf16x2(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+  for (int mt = 0; mt < MT; ++mt) {
+SEQLAB_TC_UNROLL
+    for (int kk = 0; kk < N / 2; ++kk) {
+      pa[mt][kk][0] = tc::pack_bf16x2(c[mt][2 * kk][0], c[mt][2 * kk][1]);
+      pa[mt][kk][1] = tc::pack_bf16x2(c[mt][2 * kk][2], c[mt][2 * kk][3]);
+      pa[mt][kk][2] = tc::pack_bf16x2(c[mt][2 * kk + 1][0], c[mt][2 * kk + 1][1]);
+      pa[mt][kk][3] = tc::pack_bf16x2(c[mt][2 * kk + 1][2], c[mt][2 * kk + 1][3]);
+    }
   }
 }
 
-template <int N>
-__device__ __forceinline__ void zero(float (&acc)[N][4]) {
+template <int MT, int N>
+__device__ __forceinline__ void zero(float (&acc)[MT][N][4]) {
 SEQLAB_TC_UNROLL
-  for (int n = 0; n < N; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  for (int mt = 0; mt < MT; ++mt) {
+SEQLAB_TC_UNROLL
+    for (int n = 0; n < N; ++n) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
+  }
 }
 
 // ---- staging tiles -----------------------------------------------------------------------------------------
 
-// dst rows [0, kRowCount) (pitch kLd<D>) ← src + r·stride for r < n, by cp.async 16 bytes at a time (the
-// caller commits and waits); rows r ≥ n are zeroed with plain stores, so a padded row never feeds NaN from
-// stale shared memory into a product (0 · NaN would poison the sums).
+// dst rows [0, rows) (pitch kLd<D>) ← src + r·stride for r < n, by cp.async 16 bytes at a time (the caller
+// commits and waits); rows r ≥ n are zeroed with plain stores, so a padded row never feeds NaN from stale
+// shared memory into a product (0 · NaN would poison the sums).
 template <int D, int kRowCount>
 __device__ __forceinline__ void stage_async(const bf16_t* __restrict__ src, int64_t stride, int n, bf16_t* dst) {
   constexpr int kVecs = D / 8;  // 16-byte vectors per row
@@ -205,7 +242,7 @@ __device__ __forceinline__ void stage_stats_async(const float* __restrict__ lse,
   }
 }
 
-// The warp's 16 output rows from a 16 × 8N accumulator in C layout: dst[r·stride + c] = bf16(acc · scale_r)
+// One m-tile's 16 output rows from a 16 × 8N accumulator in C layout: dst[r·stride + c] = bf16(acc · scale_r)
 // for rows r < n (scale[0] for row g, scale[1] for row g + 8). Each lane stores its pairs of columns.
 template <int N>
 __device__ __forceinline__ void store_rows(const float (&acc)[N][4], const float (&scale)[2], int n,
@@ -223,10 +260,10 @@ SEQLAB_TC_UNROLL
   }
 }
 
-// Sets s[n][e] = −∞ where element e of n-block n (row row0 + g + 8·(e/2), column col0 + 8n + 2t + e%2) is
-// not visible: column ≥ the row's key end, which is min(S, row + S − T + 1) when causal, else S (rows
-// past T get S). Rows and columns here are query and key positions; `transposed` swaps which index is
-// the query (the dK/dV kernel's tiles are keys × queries) and also hides queries ≥ T.
+// Sets s[n][e] = −∞ where element e of n-block n of one m-tile (row row0 + g + 8·(e/2), column
+// col0 + 8n + 2t + e%2) is not visible: column ≥ the row's key end, which is min(S, row + S − T + 1) when
+// causal, else S (rows past T get S). Rows and columns here are query and key positions; `transposed`
+// swaps which index is the query (the dK/dV kernel's tiles are keys × queries) and also hides queries ≥ T.
 template <int N>
 __device__ __forceinline__ void mask(float (&s)[N][4], const Problem& p, int64_t row0, int64_t col0, bool transposed) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
@@ -246,7 +283,7 @@ __device__ __forceinline__ bool needs_mask(const Problem& p, int64_t q0, int nq,
   return q0 + nq > p.T || k0 + nk > p.S || (p.causal && k0 + nk - 1 >= q0 + p.S - p.T + 1);
 }
 
-// Sum over the four lanes of a group (the lanes that share rows g and g + 8).
+// Sum and max over the four lanes of a group (the lanes that share rows g and g + 8).
 __device__ __forceinline__ float group_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
@@ -257,159 +294,188 @@ __device__ __forceinline__ float group_max(float x) {
 }
 #endif  // SEQLAB_TC_ATTENTION
 
-// Forward; see the file comment. Grid (⌈T/64⌉, H, B), kThreads threads, FwdLayout<D>::bytes of shared memory.
-template <int D>
+// Forward; see the file comment. Grid (⌈T/BR⌉, H, B), kThreads threads, FwdLayout<Sh>::bytes of shared memory.
+template <class Sh>
 __global__ void __launch_bounds__(kThreads)
     tc_forward(Problem p, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                bf16_t* __restrict__ o, float* __restrict__ lse) {
 #if SEQLAB_TC_ATTENTION
-  using L = FwdLayout<D>;
+  constexpr int D = Sh::D, MT = Sh::MT, N = Sh::N, BR = Sh::BR;
+  // The warp's Q fragments stay in registers where they fit beside the scores and the output (D·MT ≤ 128:
+  // up to 32 registers); otherwise they are reloaded from shared memory for every key tile.
+  constexpr bool kQInRegisters = D * MT <= 128;
+  using L = FwdLayout<Sh>;
   SEQLAB_TC_SHARED_MEMORY(smem);
-  // Buffer `buf` of a double-buffered piece (the two lie back to back); computed, not an array of two
-  // pointers indexed at run time (which could go to local memory).
-  auto Ks = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::k0 + buf * L::kTileBytes); };
-  auto Vs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::v0 + buf * L::kTileBytes); };
+  bf16_t* const Qs = reinterpret_cast<bf16_t*>(smem + L::q);
+  // Buffer `buf` of a double-buffered piece: computed, not an array of two pointers indexed at run time
+  // (which could go to local memory).
+  auto Ks = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::k + buf * L::kTileBytes); };
+  auto Vs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::v + buf * L::kTileBytes); };
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
 
-  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / (p.H / p.Hk), i0 = int64_t{blockIdx.x} * kTile;
-  const int rows = static_cast<int>(std::min<int64_t>(kTile, p.T - i0));
+  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / (p.H / p.Hk), i0 = int64_t{blockIdx.x} * BR;
+  const int rows = static_cast<int>(std::min<int64_t>(BR, p.T - i0));
   const int64_t q_first = (b * p.T + i0) * p.H + h;  // row number of (b, i0, h) in [B, T, H]
   const int64_t kv_first = b * p.S * p.Hk + hk;       // row number of (b, 0, hk) in [B, S, Hk]
   const int64_t key_end = p.causal ? i0 + rows + p.S - p.T : p.S;  // keys the block's last row sees
-  const int key_tiles = static_cast<int>((key_end + kKeys - 1) / kKeys);
+  const int key_tiles = static_cast<int>((key_end + N - 1) / N);
+  const int w0 = warp * kRows * MT;  // the warp's first row in the block
   auto stage_kv = [&](int j, int buf) {
-    const int64_t j0 = int64_t{j} * kKeys;
-    const int nk = static_cast<int>(std::min<int64_t>(kKeys, p.S - j0));
-    stage_async<D, kKeys>(k + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Ks(buf));
-    stage_async<D, kKeys>(v + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Vs(buf));
+    const int64_t j0 = int64_t{j} * N;
+    const int nk = static_cast<int>(std::min<int64_t>(N, p.S - j0));
+    stage_async<D, N>(k + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Ks(buf));
+    stage_async<D, N>(v + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Vs(buf));
   };
 
-  // Q (through Ks(1)) and the first K/V tile; the warp's 16 query rows stay in registers as A fragments.
-  stage_async<D, kTile>(q + q_first * D, p.H * D, rows, Ks(1));
+  stage_async<D, BR>(q + q_first * D, p.H * D, rows, Qs);
   stage_kv(0, 0);
   tc::cp_async_commit();
-  tc::cp_async_wait<0>();
-  __syncthreads();
-  uint32_t qa[D / 16][4];
+  uint32_t qa[MT][kQInRegisters ? D / 16 : 1][4];
+  if constexpr (kQInRegisters) {
+    tc::cp_async_wait<0>();
+    __syncthreads();
 SEQLAB_TC_UNROLL
-  for (int kk = 0; kk < D / 16; ++kk) load_a(qa[kk], Ks(1) + warp * kRows * kLd<D> + kk * 16, kLd<D>);
-  __syncthreads();  // Ks(1) is free for tile 1
+    for (int mt = 0; mt < MT; ++mt) {
+SEQLAB_TC_UNROLL
+      for (int kk = 0; kk < D / 16; ++kk) load_a(qa[mt][kk], Qs + (w0 + mt * kRows) * kLd<D> + kk * 16, kLd<D>);
+    }
+  }
 
-  // Running statistics of rows g and g + 8 of the warp in log2 units (m = max of scale·log2(e)·s seen so
-  // far, ℓ = this lane's share of Σ 2^(that − m)), and the output accumulator o[n] = columns 8n … 8n+7.
+  // Running statistics of rows g and g + 8 of each m-tile in log2 units (m = max of scale·log2(e)·s seen
+  // so far, ℓ = this lane's share of Σ 2^(that − m)), and the output accumulator, acc[mt][n] = columns
+  // 8n … 8n+7.
   const float scale2 = p.scale * kLog2e;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, acc[D / 8][4];
+  float m[MT][2], l[MT][2], acc[MT][D / 8][4];
+SEQLAB_TC_UNROLL
+  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
   zero(acc);
   for (int j = 0; j < key_tiles; ++j) {
     const int buf = j & 1;
     if (j + 1 < key_tiles) stage_kv(j + 1, buf ^ 1);  // that buffer's last readers passed the barrier below
     tc::cp_async_commit();
     tc::cp_async_wait<1>();  // this thread's copies of tile j have landed …
-    __syncthreads();         // … and everyone's
+    __syncthreads();         // … and everyone's (the first time, Q's too)
 
-    float s[kKeys / 8][4];  // S = Q_w K_jᵀ (raw scores) for the warp's 16 rows × 64 keys
+    float s[MT][N / 8][4];  // S = Q_w K_jᵀ (raw scores) for the warp's 16·MT rows × N keys
     zero(s);
-    warp_abt<D, kKeys / 8>(s, qa, Ks(buf), kLd<D>);
-    const int64_t j0 = int64_t{j} * kKeys;
-    if (needs_mask(p, i0 + warp * kRows, kRows, j0, kKeys)) mask(s, p, i0 + warp * kRows, j0, false);
+    if constexpr (kQInRegisters) {
+      warp_abt<D, MT, N / 8>(s, qa, Ks(buf), kLd<D>);
+    } else {
+      warp_abt<D, MT, N / 8>(s, Qs + w0 * kLd<D>, kLd<D>, Ks(buf), kLd<D>);
+    }
+    const int64_t j0 = int64_t{j} * N;
+SEQLAB_TC_UNROLL
+    for (int mt = 0; mt < MT; ++mt) {
+      const int64_t r0 = i0 + w0 + mt * kRows;
+      if (needs_mask(p, r0, kRows, j0, N)) mask(s[mt], p, r0, j0, false);
+    }
 
     // Online softmax: m' = max(m, scale2·max s), α = 2^(m − m'), p = 2^(scale2·s − m'), ℓ ← α ℓ + Σ p,
-    // o ← α o + P V. A row that has seen no key yet keeps m' = −∞; it subtracts 0 instead (p = 0, α = 1·0).
-    float alpha[2], sub[2];
+    // o ← α o + P V. A row that has seen no key yet keeps m' = −∞; it subtracts 0 instead (p = 0, α = 0).
 SEQLAB_TC_UNROLL
-    for (int half = 0; half < 2; ++half) {
-      float mx = -INFINITY;
+    for (int mt = 0; mt < MT; ++mt) {
+      float alpha[2], sub[2], sum[2] = {0.f, 0.f};
 SEQLAB_TC_UNROLL
-      for (int n = 0; n < kKeys / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
-      const float m_new = fmaxf(m[half], group_max(mx) * scale2);
-      sub[half] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[half] = exp2f(m[half] - sub[half]);
-      m[half] = m_new;
-    }
-    float sum[2] = {0.f, 0.f};
+      for (int half = 0; half < 2; ++half) {
+        float mx = -INFINITY;
 SEQLAB_TC_UNROLL
-    for (int n = 0; n < kKeys / 8; ++n) {
+        for (int n = 0; n < N / 8; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * half], s[mt][n][2 * half + 1]));
+        const float m_new = fmaxf(m[mt][half], group_max(mx) * scale2);
+        sub[half] = m_new == -INFINITY ? 0.f : m_new;
+        alpha[half] = exp2f(m[mt][half] - sub[half]);
+        m[mt][half] = m_new;
+      }
 SEQLAB_TC_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = exp2f(fmaf(s[n][e], scale2, -sub[e / 2]));
-        sum[e / 2] += s[n][e];
+      for (int n = 0; n < N / 8; ++n) {
+SEQLAB_TC_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          s[mt][n][e] = exp2f(fmaf(s[mt][n][e], scale2, -sub[e / 2]));
+          sum[e / 2] += s[mt][n][e];
+        }
+      }
+SEQLAB_TC_UNROLL
+      for (int half = 0; half < 2; ++half) l[mt][half] = l[mt][half] * alpha[half] + sum[half];
+SEQLAB_TC_UNROLL
+      for (int n = 0; n < D / 8; ++n) {
+        acc[mt][n][0] *= alpha[0];
+        acc[mt][n][1] *= alpha[0];
+        acc[mt][n][2] *= alpha[1];
+        acc[mt][n][3] *= alpha[1];
       }
     }
-SEQLAB_TC_UNROLL
-    for (int half = 0; half < 2; ++half) l[half] = l[half] * alpha[half] + sum[half];
-SEQLAB_TC_UNROLL
-    for (int n = 0; n < D / 8; ++n) {
-      acc[n][0] *= alpha[0];
-      acc[n][1] *= alpha[0];
-      acc[n][2] *= alpha[1];
-      acc[n][3] *= alpha[1];
-    }
-    uint32_t pa[kKeys / 16][4];
-    to_a<kKeys / 8>(pa, s);
-    warp_pb<kKeys / 16, D / 8>(acc, pa, Vs(buf), kLd<D>);
+    uint32_t pa[MT][N / 16][4];
+    to_a<MT, N / 8>(pa, s);
+    warp_pb<N / 16, MT, D / 8>(acc, pa, Vs(buf), kLd<D>);
     __syncthreads();  // every warp is done with tile j before tile j + 2 is staged into its buffers
   }
 
   // o = acc / ℓ, lse = ln 2 · (m + log2 ℓ) (ℓ summed over the group's four lanes first). Rows past T are
   // not written; every real row has seen key 0 (causal needs T ≤ S), so ℓ > 0 there.
-  float inv[2];
 SEQLAB_TC_UNROLL
-  for (int half = 0; half < 2; ++half) {
-    l[half] = group_sum(l[half]);
-    inv[half] = l[half] > 0.f ? 1.f / l[half] : 0.f;
-    const int row = warp * kRows + g + 8 * half;
-    if (threadIdx.x % 4 == 0 && row < rows) lse[q_first + row * p.H] = kLn2 * (m[half] + log2f(l[half]));
+  for (int mt = 0; mt < MT; ++mt) {
+    float inv[2];
+SEQLAB_TC_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const float sum = group_sum(l[mt][half]);
+      inv[half] = sum > 0.f ? 1.f / sum : 0.f;
+      const int row = w0 + mt * kRows + g + 8 * half;
+      if (threadIdx.x % 4 == 0 && row < rows) lse[q_first + row * p.H] = kLn2 * (m[mt][half] + log2f(sum));
+    }
+    const int r0 = w0 + mt * kRows;
+    store_rows<D / 8>(acc[mt], inv, rows - r0, o + (q_first + r0 * p.H) * D, p.H * D);
   }
-  store_rows<D / 8>(acc, inv, rows - warp * kRows, o + (q_first + warp * kRows * p.H) * D, p.H * D);
 #else
   __trap();
 #endif
 }
 
-// dQ; see the file comment. Grid (⌈T/64⌉, H, B), kThreads threads, DqLayout<D>::bytes of shared memory.
-template <int D>
+// dQ; see the file comment. Grid (⌈T/BR⌉, H, B), kThreads threads, DqLayout<Sh>::bytes of shared memory.
+template <class Sh>
 __global__ void __launch_bounds__(kThreads)
     tc_dq(Problem p, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
           const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
           bf16_t* __restrict__ dq) {
 #if SEQLAB_TC_ATTENTION
-  using L = DqLayout<D>;
+  constexpr int D = Sh::D, MT = Sh::MT, N = Sh::N, BR = Sh::BR;
+  using L = DqLayout<Sh>;
   SEQLAB_TC_SHARED_MEMORY(smem);
   bf16_t* const Qs = reinterpret_cast<bf16_t*>(smem + L::q);
   bf16_t* const dOs = reinterpret_cast<bf16_t*>(smem + L::dout);
-  auto Ks = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::k0 + buf * L::kTileBytes); };
-  auto Vs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::v0 + buf * L::kTileBytes); };
+  auto Ks = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::k + buf * L::kTileBytes); };
+  auto Vs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::v + buf * L::kTileBytes); };
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
 
-  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / (p.H / p.Hk), i0 = int64_t{blockIdx.x} * kTile;
-  const int rows = static_cast<int>(std::min<int64_t>(kTile, p.T - i0));
+  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / (p.H / p.Hk), i0 = int64_t{blockIdx.x} * BR;
+  const int rows = static_cast<int>(std::min<int64_t>(BR, p.T - i0));
   const int64_t q_first = (b * p.T + i0) * p.H + h;
   const int64_t kv_first = b * p.S * p.Hk + hk;
   const int64_t key_end = p.causal ? i0 + rows + p.S - p.T : p.S;
-  const int key_tiles = static_cast<int>((key_end + kKeys - 1) / kKeys);
+  const int key_tiles = static_cast<int>((key_end + N - 1) / N);
+  const int w0 = warp * kRows * MT;
   auto stage_kv = [&](int j, int buf) {
-    const int64_t j0 = int64_t{j} * kKeys;
-    const int nk = static_cast<int>(std::min<int64_t>(kKeys, p.S - j0));
-    stage_async<D, kKeys>(k + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Ks(buf));
-    stage_async<D, kKeys>(v + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Vs(buf));
+    const int64_t j0 = int64_t{j} * N;
+    const int nk = static_cast<int>(std::min<int64_t>(N, p.S - j0));
+    stage_async<D, N>(k + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Ks(buf));
+    stage_async<D, N>(v + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Vs(buf));
   };
-  stage_async<D, kTile>(q + q_first * D, p.H * D, rows, Qs);
-  stage_async<D, kTile>(dout + q_first * D, p.H * D, rows, dOs);
+  stage_async<D, BR>(q + q_first * D, p.H * D, rows, Qs);
+  stage_async<D, BR>(dout + q_first * D, p.H * D, rows, dOs);
   stage_kv(0, 0);
   tc::cp_async_commit();
 
-  // lse (log2 units) and δ of rows g and g + 8 of the warp (0 for rows past T: never written).
-  float lse2[2], dl[2];
+  // lse (log2 units) and δ of rows g and g + 8 of each m-tile (0 for rows past T: never written).
+  float lse2[MT][2], dl[MT][2];
 SEQLAB_TC_UNROLL
-  for (int half = 0; half < 2; ++half) {
-    const int row = warp * kRows + g + 8 * half;
-    lse2[half] = row < rows ? lse[q_first + row * p.H] * kLog2e : 0.f;
-    dl[half] = row < rows ? delta[q_first + row * p.H] : 0.f;
+  for (int mt = 0; mt < MT; ++mt) {
+SEQLAB_TC_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const int row = w0 + mt * kRows + g + 8 * half;
+      lse2[mt][half] = row < rows ? lse[q_first + row * p.H] * kLog2e : 0.f;
+      dl[mt][half] = row < rows ? delta[q_first + row * p.H] : 0.f;
+    }
   }
   const float scale2 = p.scale * kLog2e;
-  const bf16_t* const Qw = Qs + warp * kRows * kLd<D>;
-  const bf16_t* const dOw = dOs + warp * kRows * kLd<D>;
-  float acc[D / 8][4];
+  float acc[MT][D / 8][4];
   zero(acc);
   for (int j = 0; j < key_tiles; ++j) {
     const int buf = j & 1;
@@ -418,79 +484,86 @@ SEQLAB_TC_UNROLL
     tc::cp_async_wait<1>();
     __syncthreads();  // (the first time this also publishes Q and dO)
 
-    float s[kKeys / 8][4], dp[kKeys / 8][4];
+    float s[MT][N / 8][4], dp[MT][N / 8][4];
     zero(s);
     zero(dp);
-    warp_abt<D, kKeys / 8>(s, Qw, kLd<D>, Ks(buf), kLd<D>);    // S = Q_w K_jᵀ
-    warp_abt<D, kKeys / 8>(dp, dOw, kLd<D>, Vs(buf), kLd<D>);  // dP = dO_w V_jᵀ
-    const int64_t j0 = int64_t{j} * kKeys;
-    if (needs_mask(p, i0 + warp * kRows, kRows, j0, kKeys)) mask(s, p, i0 + warp * kRows, j0, false);
-    // dS = P ∘ (dP − δ) with P = 2^(scale2·S − lse2) (0 where hidden); kept in s.
+    warp_abt<D, MT, N / 8>(s, Qs + w0 * kLd<D>, kLd<D>, Ks(buf), kLd<D>);    // S = Q_w K_jᵀ
+    warp_abt<D, MT, N / 8>(dp, dOs + w0 * kLd<D>, kLd<D>, Vs(buf), kLd<D>);  // dP = dO_w V_jᵀ
+    const int64_t j0 = int64_t{j} * N;
 SEQLAB_TC_UNROLL
-    for (int n = 0; n < kKeys / 8; ++n) {
+    for (int mt = 0; mt < MT; ++mt) {
+      const int64_t r0 = i0 + w0 + mt * kRows;
+      if (needs_mask(p, r0, kRows, j0, N)) mask(s[mt], p, r0, j0, false);
+      // dS = P ∘ (dP − δ) with P = 2^(scale2·S − lse2) (0 where hidden); kept in s.
 SEQLAB_TC_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = exp2f(fmaf(s[n][e], scale2, -lse2[e / 2])) * (dp[n][e] - dl[e / 2]);
+      for (int n = 0; n < N / 8; ++n) {
+SEQLAB_TC_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          s[mt][n][e] = exp2f(fmaf(s[mt][n][e], scale2, -lse2[mt][e / 2])) * (dp[mt][n][e] - dl[mt][e / 2]);
+        }
       }
     }
-    uint32_t da[kKeys / 16][4];
-    to_a<kKeys / 8>(da, s);
-    warp_pb<kKeys / 16, D / 8>(acc, da, Ks(buf), kLd<D>);  // dQ_w += dS K_j
+    uint32_t da[MT][N / 16][4];
+    to_a<MT, N / 8>(da, s);
+    warp_pb<N / 16, MT, D / 8>(acc, da, Ks(buf), kLd<D>);  // dQ_w += dS K_j
     __syncthreads();
   }
   const float scale[2] = {p.scale, p.scale};
-  store_rows<D / 8>(acc, scale, rows - warp * kRows, dq + (q_first + warp * kRows * p.H) * D, p.H * D);
+SEQLAB_TC_UNROLL
+  for (int mt = 0; mt < MT; ++mt) {
+    const int r0 = w0 + mt * kRows;
+    store_rows<D / 8>(acc[mt], scale, rows - r0, dq + (q_first + r0 * p.H) * D, p.H * D);
+  }
 #else
   __trap();
 #endif
 }
 
-// dK/dV; see the file comment. Grid (⌈S/64⌉, Hk, B), kThreads threads, DkdvLayout<D>::bytes of shared
+// dK/dV; see the file comment. Grid (⌈S/BR⌉, Hk, B), kThreads threads, DkdvLayout<Sh>::bytes of shared
 // memory. A null dk or dv is not computed (dS is needed only for dK).
-template <int D>
+template <class Sh>
 __global__ void __launch_bounds__(kThreads)
     tc_dkdv(Problem p, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
             const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
             bf16_t* __restrict__ dk, bf16_t* __restrict__ dv) {
 #if SEQLAB_TC_ATTENTION
-  using L = DkdvLayout<D>;
-  constexpr int kQ = L::kQ;
+  constexpr int D = Sh::D, MT = Sh::MT, N = Sh::N, BR = Sh::BR;
+  using L = DkdvLayout<Sh>;
   SEQLAB_TC_SHARED_MEMORY(smem);
   bf16_t* const Ks = reinterpret_cast<bf16_t*>(smem + L::k);
   bf16_t* const Vs = reinterpret_cast<bf16_t*>(smem + L::v);
-  auto Qs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::q0 + buf * L::kQBytes); };
-  auto dOs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::dout0 + buf * L::kQBytes); };
-  auto Ls = [&](int buf) { return reinterpret_cast<float*>(smem + L::lse0 + buf * L::kStatBytes); };
-  auto Ds = [&](int buf) { return reinterpret_cast<float*>(smem + L::delta0 + buf * L::kStatBytes); };
+  auto Qs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::q + buf * L::kTileBytes); };
+  auto dOs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::dout + buf * L::kTileBytes); };
+  auto Ls = [&](int buf) { return reinterpret_cast<float*>(smem + L::lse + buf * L::kStatBytes); };
+  auto Ds = [&](int buf) { return reinterpret_cast<float*>(smem + L::delta + buf * L::kStatBytes); };
   const int warp = threadIdx.x / 32, t = threadIdx.x % 4;
 
-  const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = int64_t{blockIdx.x} * kTile, group = p.H / p.Hk;
-  const int nk = static_cast<int>(std::min<int64_t>(kTile, p.S - j0));
+  const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = int64_t{blockIdx.x} * BR, group = p.H / p.Hk;
+  const int nk = static_cast<int>(std::min<int64_t>(BR, p.S - j0));
   const int64_t kv_first = (b * p.S + j0) * p.Hk + hk;  // row number of (b, j0, hk) in [B, S, Hk]
   const bool need_dk = dk != nullptr, need_dv = dv != nullptr;
+  const int w0 = warp * kRows * MT;  // the warp's first key in the block
   // The query tiles that see any of these keys (causal: query i sees key j iff j < i + S − T + 1), for
   // every query head of the group: iteration it is head hk·group + it / tiles, tile it % tiles.
   const int64_t i_first = p.causal ? std::max<int64_t>(0, j0 - (p.S - p.T)) : 0;
-  const int64_t i_start = i_first - i_first % kQ;
-  const int query_tiles = static_cast<int>((p.T - i_start + kQ - 1) / kQ);
+  const int64_t i_start = i_first - i_first % N;
+  const int query_tiles = static_cast<int>((p.T - i_start + N - 1) / N);
   const int iterations = static_cast<int>(group) * query_tiles;
   auto stage_queries = [&](int it, int buf) {
-    const int64_t h = hk * group + it / query_tiles, i0 = i_start + int64_t{it % query_tiles} * kQ;
-    const int rows = static_cast<int>(std::min<int64_t>(kQ, p.T - i0));
+    const int64_t h = hk * group + it / query_tiles, i0 = i_start + int64_t{it % query_tiles} * N;
+    const int rows = static_cast<int>(std::min<int64_t>(N, p.T - i0));
     const int64_t q_first = (b * p.T + i0) * p.H + h;
-    stage_async<D, kQ>(q + q_first * D, p.H * D, rows, Qs(buf));
-    stage_async<D, kQ>(dout + q_first * D, p.H * D, rows, dOs(buf));
-    stage_stats_async<kQ>(lse, delta, q_first, p.H, rows, Ls(buf), Ds(buf));
+    stage_async<D, N>(q + q_first * D, p.H * D, rows, Qs(buf));
+    stage_async<D, N>(dout + q_first * D, p.H * D, rows, dOs(buf));
+    stage_stats_async<N>(lse, delta, q_first, p.H, rows, Ls(buf), Ds(buf));
   };
-  stage_async<D, kTile>(k + kv_first * D, p.Hk * D, nk, Ks);
-  stage_async<D, kTile>(v + kv_first * D, p.Hk * D, nk, Vs);
+  stage_async<D, BR>(k + kv_first * D, p.Hk * D, nk, Ks);
+  stage_async<D, BR>(v + kv_first * D, p.Hk * D, nk, Vs);
   stage_queries(0, 0);
   tc::cp_async_commit();
 
   const float scale2 = p.scale * kLog2e;
-  const bf16_t* const Kw = Ks + warp * kRows * kLd<D>;
-  const bf16_t* const Vw = Vs + warp * kRows * kLd<D>;
-  float dka[D / 8][4], dva[D / 8][4];
+  float dka[MT][D / 8][4], dva[MT][D / 8][4];
   zero(dka);
   zero(dva);
   for (int it = 0; it < iterations; ++it) {
@@ -500,43 +573,50 @@ __global__ void __launch_bounds__(kThreads)
     tc::cp_async_wait<1>();
     __syncthreads();  // (the first time this also publishes K and V)
 
-    // Sᵀ = K_w Q_itᵀ and dPᵀ = V_w dO_itᵀ: the warp's 16 keys × kQ queries.
-    float st[kQ / 8][4], dpt[kQ / 8][4];
+    // Sᵀ = K_w Q_itᵀ and dPᵀ = V_w dO_itᵀ: the warp's 16·MT keys × N queries.
+    float st[MT][N / 8][4], dpt[MT][N / 8][4];
     zero(st);
-    warp_abt<D, kQ / 8>(st, Kw, kLd<D>, Qs(buf), kLd<D>);
+    warp_abt<D, MT, N / 8>(st, Ks + w0 * kLd<D>, kLd<D>, Qs(buf), kLd<D>);
     if (need_dk) {
       zero(dpt);
-      warp_abt<D, kQ / 8>(dpt, Vw, kLd<D>, dOs(buf), kLd<D>);
+      warp_abt<D, MT, N / 8>(dpt, Vs + w0 * kLd<D>, kLd<D>, dOs(buf), kLd<D>);
     }
-    const int64_t i0 = i_start + int64_t{it % query_tiles} * kQ;
-    if (needs_mask(p, i0, kQ, j0 + warp * kRows, kRows)) mask(st, p, j0 + warp * kRows, i0, true);
+    const int64_t i0 = i_start + int64_t{it % query_tiles} * N;
     // Pᵀ = 2^(scale2·Sᵀ − log2(e)·lse_query) (0 where hidden), dSᵀ = Pᵀ ∘ (dPᵀ − δ_query); column c of
     // n-block n is query 8n + 2t + c of the tile.
 SEQLAB_TC_UNROLL
-    for (int n = 0; n < kQ / 8; ++n) {
+    for (int mt = 0; mt < MT; ++mt) {
+      const int64_t r0 = j0 + w0 + mt * kRows;
+      if (needs_mask(p, i0, N, r0, kRows)) mask(st[mt], p, r0, i0, true);
 SEQLAB_TC_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int col = 8 * n + 2 * t + e % 2;
-        st[n][e] = exp2f(fmaf(st[n][e], scale2, -kLog2e * Ls(buf)[col]));
-        if (need_dk) dpt[n][e] = st[n][e] * (dpt[n][e] - Ds(buf)[col]);
+      for (int n = 0; n < N / 8; ++n) {
+SEQLAB_TC_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int col = 8 * n + 2 * t + e % 2;
+          st[mt][n][e] = exp2f(fmaf(st[mt][n][e], scale2, -kLog2e * Ls(buf)[col]));
+          if (need_dk) dpt[mt][n][e] = st[mt][n][e] * (dpt[mt][n][e] - Ds(buf)[col]);
+        }
       }
     }
     if (need_dv) {
-      uint32_t pa[kQ / 16][4];
-      to_a<kQ / 8>(pa, st);
-      warp_pb<kQ / 16, D / 8>(dva, pa, dOs(buf), kLd<D>);  // dV_w += Pᵀ dO_it
+      uint32_t pa[MT][N / 16][4];
+      to_a<MT, N / 8>(pa, st);
+      warp_pb<N / 16, MT, D / 8>(dva, pa, dOs(buf), kLd<D>);  // dV_w += Pᵀ dO_it
     }
     if (need_dk) {
-      uint32_t da[kQ / 16][4];
-      to_a<kQ / 8>(da, dpt);
-      warp_pb<kQ / 16, D / 8>(dka, da, Qs(buf), kLd<D>);  // dK_w += dSᵀ Q_it
+      uint32_t da[MT][N / 16][4];
+      to_a<MT, N / 8>(da, dpt);
+      warp_pb<N / 16, MT, D / 8>(dka, da, Qs(buf), kLd<D>);  // dK_w += dSᵀ Q_it
     }
     __syncthreads();
   }
-  const int key_rows = nk - warp * kRows;
-  const int64_t out_first = (kv_first + warp * kRows * p.Hk) * D;
-  if (need_dv) store_rows<D / 8>(dva, {1.f, 1.f}, key_rows, dv + out_first, p.Hk * D);
-  if (need_dk) store_rows<D / 8>(dka, {p.scale, p.scale}, key_rows, dk + out_first, p.Hk * D);
+SEQLAB_TC_UNROLL
+  for (int mt = 0; mt < MT; ++mt) {
+    const int r0 = w0 + mt * kRows;
+    const int64_t out_first = (kv_first + r0 * p.Hk) * D;
+    if (need_dv) store_rows<D / 8>(dva[mt], {1.f, 1.f}, nk - r0, dv + out_first, p.Hk * D);
+    if (need_dk) store_rows<D / 8>(dka[mt], {p.scale, p.scale}, nk - r0, dk + out_first, p.Hk * D);
+  }
 #else
   __trap();
 #endif
