@@ -13,7 +13,9 @@
 // missing to_a conversion or a C layout read as if it were another shows up as a wrong result; cp.async
 // lands only when the issuing thread waits for its group, so reading a tile before waiting for it, or
 // staging into a buffer another warp still reads, computes with stale data and fails the comparison.
-// (Checked by breaking the kernels on purpose: see the commit that introduced these kernels.)
+// Checked by breaking the kernels on purpose, one change at a time: two registers of to_a's A fragments
+// swapped, the barrier at the end of the forward's key loop removed, the dK/dV loop waiting for all but two
+// copy groups, the dQ kernel's mask dropped, one m-tile's fragment used for the other's product: each fails.
 // What this cannot check: the real compiler, the hardware's scheduling and memory system, and performance.
 //
 // Shapes: head dims 64 and 128, T and S not multiples of the 64-row tiles, T < S and T > S, causal and

@@ -6,15 +6,15 @@
 //
 // What runs where:
 // - bf16 with Dk = Dv ∈ {64, 128} on compute capability ≥ 8.0 (and 16-byte aligned tensors, enough
-//   shared memory): the tensor-core kernels of src/cuda/attention/attention_tc.cu (wmma 16×16×16 bf16 products
-//   with f32 accumulation; forward, and after this file's δ kernel, dK/dV and dQ), chosen by
-//   attention_tc::supports(). Compiled for sm_80/sm_90 but not yet run on a GPU.
+//   shared memory): the tensor-core kernels of src/cuda/attention/attention_tc.cu (mma.sync m16n8k16 bf16
+//   products with f32 accumulation, the softmax in registers; forward, and after this file's δ kernel,
+//   dK/dV and dQ), chosen by attention_tc::supports(). Validated on an H200 (docs/perf.md, GPU).
 // - Everything else (f32, f64, other bf16 shapes): the FMA kernels of attention_kernels.cuh (described
 //   below; a header of their own so tests/attention_emulation_test.cc runs them on the CPU, over
 //   tests/cuda_emulation.h, against the CPU kernels). Plain FMA arithmetic, no tensor
 //   cores, no asynchronous copies. f32 and bf16 compute and accumulate in f32 (bf16 rounded on
 //   store), f64 in f64. lse and dlse are in the compute type (f32 for bf16: accumulate_dtype). Head
-//   dims up to 128 (each lane of a warp owns ≤ 4 of a row's dims). Also not yet run on a GPU.
+//   dims up to 128 (each lane of a warp owns ≤ 4 of a row's dims). Pass tests/attention_gpu_test.cc on an H200.
 // Either way the T × S matrix is never formed in global memory, and every output element is written
 // by exactly one thread in a fixed order, so results are deterministic (no atomics).
 //
