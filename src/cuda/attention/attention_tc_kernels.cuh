@@ -292,6 +292,51 @@ __device__ __forceinline__ float group_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
+// The part of the forward and dQ kernels' set-up they share: the block's query rows (b, h, rows i0 …
+// i0 + rows − 1 of the block's BR), where they and the kv head start in memory, and the key tiles of N
+// that the block's last row sees.
+template <class Sh>
+struct QueryBlock {
+  int64_t b, h, hk, i0, q_first, kv_first;
+  int rows, key_tiles;
+  __device__ __forceinline__ explicit QueryBlock(const Problem& p)
+      : b(blockIdx.z), h(blockIdx.y), hk(h / (p.H / p.Hk)), i0(int64_t{blockIdx.x} * Sh::BR),
+        q_first((b * p.T + i0) * p.H + h),  // row number of (b, i0, h) in [B, T, H]
+        kv_first(b * p.S * p.Hk + hk),      // row number of (b, 0, hk) in [B, S, Hk]
+        rows(static_cast<int>(std::min<int64_t>(Sh::BR, p.T - i0))) {
+    const int64_t key_end = p.causal ? i0 + rows + p.S - p.T : p.S;  // keys the block's last row sees
+    key_tiles = static_cast<int>((key_end + Sh::N - 1) / Sh::N);
+  }
+  // Stages key tile j (keys j·N …, zero rows past S) of k and v into Kdst and Vdst.
+  __device__ __forceinline__ void stage_kv(const Problem& p, const bf16_t* __restrict__ k,
+                                           const bf16_t* __restrict__ v, int j, bf16_t* Kdst, bf16_t* Vdst) const {
+    const int64_t j0 = int64_t{j} * Sh::N;
+    const int nk = static_cast<int>(std::min<int64_t>(Sh::N, p.S - j0));
+    stage_async<Sh::D, Sh::N>(k + (kv_first + j0 * p.Hk) * Sh::D, p.Hk * Sh::D, nk, Kdst);
+    stage_async<Sh::D, Sh::N>(v + (kv_first + j0 * p.Hk) * Sh::D, p.Hk * Sh::D, nk, Vdst);
+  }
+};
+
+// The top of every streamed loop's iteration `it` of `count`: stage_next() stages iteration it + 1 into the
+// other buffer (whose last readers passed the barrier that ended iteration it − 1), then this thread
+// waits for its copies of iteration it, and the barrier makes everyone's visible.
+template <class StageNext>
+__device__ __forceinline__ void next_tile(int it, int count, StageNext&& stage_next) {
+  if (it + 1 < count) stage_next();
+  tc::cp_async_commit();  // an empty group on the last iteration keeps the wait below uniform
+  tc::cp_async_wait<1>();
+  __syncthreads();
+}
+
+// Masks (−∞) the hidden elements of a warp's MT m-tiles of scores: query rows r0 + 16·mt …, keys j0 … j0 + N − 1.
+template <int MT, int N>
+__device__ __forceinline__ void mask_queries(float (&s)[MT][N / 8][4], const Problem& p, int64_t r0, int64_t j0) {
+SEQLAB_TC_UNROLL
+  for (int mt = 0; mt < MT; ++mt) {
+    const int64_t rows0 = r0 + mt * kRows;
+    if (needs_mask(p, rows0, kRows, j0, N)) mask(s[mt], p, rows0, j0, false);
+  }
+}
 #endif  // SEQLAB_TC_ATTENTION
 
 // Forward; see the file comment. Grid (⌈T/BR⌉, H, B), kThreads threads, FwdLayout<Sh>::bytes of shared memory.
@@ -312,23 +357,12 @@ __global__ void __launch_bounds__(kThreads)
   auto Ks = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::k + buf * L::kTileBytes); };
   auto Vs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::v + buf * L::kTileBytes); };
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
-
-  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / (p.H / p.Hk), i0 = int64_t{blockIdx.x} * BR;
-  const int rows = static_cast<int>(std::min<int64_t>(BR, p.T - i0));
-  const int64_t q_first = (b * p.T + i0) * p.H + h;  // row number of (b, i0, h) in [B, T, H]
-  const int64_t kv_first = b * p.S * p.Hk + hk;       // row number of (b, 0, hk) in [B, S, Hk]
-  const int64_t key_end = p.causal ? i0 + rows + p.S - p.T : p.S;  // keys the block's last row sees
-  const int key_tiles = static_cast<int>((key_end + N - 1) / N);
-  const int w0 = warp * kRows * MT;  // the warp's first row in the block
-  auto stage_kv = [&](int j, int buf) {
-    const int64_t j0 = int64_t{j} * N;
-    const int nk = static_cast<int>(std::min<int64_t>(N, p.S - j0));
-    stage_async<D, N>(k + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Ks(buf));
-    stage_async<D, N>(v + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Vs(buf));
-  };
+  const QueryBlock<Sh> blk(p);
+  const int64_t i0 = blk.i0, q_first = blk.q_first;
+  const int rows = blk.rows, w0 = warp * kRows * MT;  // w0: the warp's first row in the block
 
   stage_async<D, BR>(q + q_first * D, p.H * D, rows, Qs);
-  stage_kv(0, 0);
+  blk.stage_kv(p, k, v, 0, Ks(0), Vs(0));
   tc::cp_async_commit();
   uint32_t qa[MT][kQInRegisters ? D / 16 : 1][4];
   if constexpr (kQInRegisters) {
@@ -349,12 +383,9 @@ SEQLAB_TC_UNROLL
 SEQLAB_TC_UNROLL
   for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
   zero(acc);
-  for (int j = 0; j < key_tiles; ++j) {
+  for (int j = 0; j < blk.key_tiles; ++j) {
     const int buf = j & 1;
-    if (j + 1 < key_tiles) stage_kv(j + 1, buf ^ 1);  // that buffer's last readers passed the barrier below
-    tc::cp_async_commit();
-    tc::cp_async_wait<1>();  // this thread's copies of tile j have landed …
-    __syncthreads();         // … and everyone's (the first time, Q's too)
+    next_tile(j, blk.key_tiles, [&] { blk.stage_kv(p, k, v, j + 1, Ks(buf ^ 1), Vs(buf ^ 1)); });  // (Q's too, at j = 0)
 
     float s[MT][N / 8][4];  // S = Q_w K_jᵀ (raw scores) for the warp's 16·MT rows × N keys
     zero(s);
@@ -363,12 +394,7 @@ SEQLAB_TC_UNROLL
     } else {
       warp_abt<D, MT, N / 8>(s, Qs + w0 * kLd<D>, kLd<D>, Ks(buf), kLd<D>);
     }
-    const int64_t j0 = int64_t{j} * N;
-SEQLAB_TC_UNROLL
-    for (int mt = 0; mt < MT; ++mt) {
-      const int64_t r0 = i0 + w0 + mt * kRows;
-      if (needs_mask(p, r0, kRows, j0, N)) mask(s[mt], p, r0, j0, false);
-    }
+    mask_queries<MT, N>(s, p, i0 + w0, int64_t{j} * N);
 
     // Online softmax: m' = max(m, scale2·max s), α = 2^(m − m'), p = 2^(scale2·s − m'), ℓ ← α ℓ + Σ p,
     // o ← α o + P V. A row that has seen no key yet keeps m' = −∞; it subtracts 0 instead (p = 0, α = 0).
@@ -444,23 +470,12 @@ __global__ void __launch_bounds__(kThreads)
   auto Ks = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::k + buf * L::kTileBytes); };
   auto Vs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::v + buf * L::kTileBytes); };
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
-
-  const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / (p.H / p.Hk), i0 = int64_t{blockIdx.x} * BR;
-  const int rows = static_cast<int>(std::min<int64_t>(BR, p.T - i0));
-  const int64_t q_first = (b * p.T + i0) * p.H + h;
-  const int64_t kv_first = b * p.S * p.Hk + hk;
-  const int64_t key_end = p.causal ? i0 + rows + p.S - p.T : p.S;
-  const int key_tiles = static_cast<int>((key_end + N - 1) / N);
-  const int w0 = warp * kRows * MT;
-  auto stage_kv = [&](int j, int buf) {
-    const int64_t j0 = int64_t{j} * N;
-    const int nk = static_cast<int>(std::min<int64_t>(N, p.S - j0));
-    stage_async<D, N>(k + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Ks(buf));
-    stage_async<D, N>(v + (kv_first + j0 * p.Hk) * D, p.Hk * D, nk, Vs(buf));
-  };
+  const QueryBlock<Sh> blk(p);
+  const int64_t i0 = blk.i0, q_first = blk.q_first;
+  const int rows = blk.rows, w0 = warp * kRows * MT;
   stage_async<D, BR>(q + q_first * D, p.H * D, rows, Qs);
   stage_async<D, BR>(dout + q_first * D, p.H * D, rows, dOs);
-  stage_kv(0, 0);
+  blk.stage_kv(p, k, v, 0, Ks(0), Vs(0));
   tc::cp_async_commit();
 
   // lse (log2 units) and δ of rows g and g + 8 of each m-tile (0 for rows past T: never written).
@@ -477,24 +492,19 @@ SEQLAB_TC_UNROLL
   const float scale2 = p.scale * kLog2e;
   float acc[MT][D / 8][4];
   zero(acc);
-  for (int j = 0; j < key_tiles; ++j) {
+  for (int j = 0; j < blk.key_tiles; ++j) {
     const int buf = j & 1;
-    if (j + 1 < key_tiles) stage_kv(j + 1, buf ^ 1);
-    tc::cp_async_commit();
-    tc::cp_async_wait<1>();
-    __syncthreads();  // (the first time this also publishes Q and dO)
+    next_tile(j, blk.key_tiles, [&] { blk.stage_kv(p, k, v, j + 1, Ks(buf ^ 1), Vs(buf ^ 1)); });  // (Q, dO at j = 0)
 
     float s[MT][N / 8][4], dp[MT][N / 8][4];
     zero(s);
     zero(dp);
     warp_abt<D, MT, N / 8>(s, Qs + w0 * kLd<D>, kLd<D>, Ks(buf), kLd<D>);    // S = Q_w K_jᵀ
     warp_abt<D, MT, N / 8>(dp, dOs + w0 * kLd<D>, kLd<D>, Vs(buf), kLd<D>);  // dP = dO_w V_jᵀ
-    const int64_t j0 = int64_t{j} * N;
+    mask_queries<MT, N>(s, p, i0 + w0, int64_t{j} * N);
+    // dS = P ∘ (dP − δ) with P = 2^(scale2·S − lse2) (0 where hidden); kept in s.
 SEQLAB_TC_UNROLL
     for (int mt = 0; mt < MT; ++mt) {
-      const int64_t r0 = i0 + w0 + mt * kRows;
-      if (needs_mask(p, r0, kRows, j0, N)) mask(s[mt], p, r0, j0, false);
-      // dS = P ∘ (dP − δ) with P = 2^(scale2·S − lse2) (0 where hidden); kept in s.
 SEQLAB_TC_UNROLL
       for (int n = 0; n < N / 8; ++n) {
 SEQLAB_TC_UNROLL
@@ -568,10 +578,7 @@ __global__ void __launch_bounds__(kThreads)
   zero(dva);
   for (int it = 0; it < iterations; ++it) {
     const int buf = it & 1;
-    if (it + 1 < iterations) stage_queries(it + 1, buf ^ 1);
-    tc::cp_async_commit();
-    tc::cp_async_wait<1>();
-    __syncthreads();  // (the first time this also publishes K and V)
+    next_tile(it, iterations, [&] { stage_queries(it + 1, buf ^ 1); });  // (K and V too, at it = 0)
 
     // Sᵀ = K_w Q_itᵀ and dPᵀ = V_w dO_itᵀ: the warp's 16·MT keys × N queries.
     float st[MT][N / 8][4], dpt[MT][N / 8][4];
