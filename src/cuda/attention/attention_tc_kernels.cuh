@@ -328,7 +328,8 @@ __device__ __forceinline__ void next_tile(int it, int count, StageNext&& stage_n
   __syncthreads();
 }
 
-// Masks (−∞) the hidden elements of a warp's MT m-tiles of scores: query rows r0 + 16·mt …, keys j0 … j0 + N − 1.
+// Masks (−∞) the hidden elements of a warp's MT m-tiles of scores: query rows r0 + 16·mt …, keys
+// j0 … j0 + N − 1.
 template <int MT, int N>
 __device__ __forceinline__ void mask_queries(float (&s)[MT][N / 8][4], const Problem& p, int64_t r0, int64_t j0) {
 SEQLAB_TC_UNROLL
@@ -385,7 +386,8 @@ SEQLAB_TC_UNROLL
   zero(acc);
   for (int j = 0; j < blk.key_tiles; ++j) {
     const int buf = j & 1;
-    next_tile(j, blk.key_tiles, [&] { blk.stage_kv(p, k, v, j + 1, Ks(buf ^ 1), Vs(buf ^ 1)); });  // (Q's too, at j = 0)
+    // (At j = 0 the barrier also publishes Q where it stays in shared memory.)
+    next_tile(j, blk.key_tiles, [&] { blk.stage_kv(p, k, v, j + 1, Ks(buf ^ 1), Vs(buf ^ 1)); });
 
     float s[MT][N / 8][4];  // S = Q_w K_jᵀ (raw scores) for the warp's 16·MT rows × N keys
     zero(s);
@@ -494,7 +496,8 @@ SEQLAB_TC_UNROLL
   zero(acc);
   for (int j = 0; j < blk.key_tiles; ++j) {
     const int buf = j & 1;
-    next_tile(j, blk.key_tiles, [&] { blk.stage_kv(p, k, v, j + 1, Ks(buf ^ 1), Vs(buf ^ 1)); });  // (Q, dO at j = 0)
+    // (At j = 0 the barrier also publishes Q and dO.)
+    next_tile(j, blk.key_tiles, [&] { blk.stage_kv(p, k, v, j + 1, Ks(buf ^ 1), Vs(buf ^ 1)); });
 
     float s[MT][N / 8][4], dp[MT][N / 8][4];
     zero(s);
