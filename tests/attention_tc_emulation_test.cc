@@ -69,7 +69,7 @@ const CaseRun kCases[] = {
     {{1, 1, 200, 2, 1, 128, 128, true, 0}, true},      // decoding
     {{1, 128, 192, 2, 1, 64, 64, true, 0}, true},      // exact multiples of the tile, S − T = 64
     {{1, 90, 90, 2, 2, 128, 128, false, 0.05}, true},  // bidirectional, explicit scale
-    {{1, 300, 300, 4, 2, 64, 64, true, 0}, false},     // several tiles of every loop (the double buffers turn over), GQA
+    {{1, 300, 300, 4, 2, 64, 64, true, 0}, false},     // every loop over several tiles (double buffers turn over)
 };
 
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {

@@ -112,7 +112,9 @@ inline void ldmatrix(uint32_t (&r)[4], const void* row, bool trans) {
   const WarpSlots& s = offer({}, row);
   const int lane = static_cast<int>(emu::linear_thread() % 32), g = lane / 4, t = lane % 4;
   for (int i = 0; i < 4; ++i) {
-    auto at = [&](int mrow, int mcol) { return bits_of(static_cast<const seqlab::bf16*>(s.address[8 * i + mrow])[mcol]); };
+    auto at = [&](int mrow, int mcol) {
+      return bits_of(static_cast<const seqlab::bf16*>(s.address[8 * i + mrow])[mcol]);
+    };
     r[i] = trans ? at(2 * t, g) | at(2 * t + 1, g) << 16 : at(g, 2 * t) | at(g, 2 * t + 1) << 16;
   }
 }
