@@ -4,7 +4,8 @@
 # values of val_loss; the training itself is the run's without eval.seq_len, field for field; and what cannot
 # be evaluated (learned positions past train.seq_len, a val split too short for L, a synthetic task that
 # does not fit in L) is one line naming eval.seq_len[i] and exit code 2, before any step. Sequence
-# parallelism puts no condition on the lengths.
+# parallelism puts no condition on the lengths. `seqlab eval RUN` scores a finished run's checkpoint the same
+# way, at the recipe's lengths or others given with --set.
 # Usage: train_eval_lengths_test.sh /path/to/seqlab
 set -u
 SEQLAB="$1"
@@ -153,5 +154,46 @@ expect_usage_error "a synthetic task that does not fit" "eval.seq_len[0] = 8: da
   "$WORK/tiny.toml" --set data.source=mqar --set data.task_vocab=16 --set data.task_num_pairs=4 --set eval.seq_len=8
 expect_usage_error "a length of 0" "--set eval.seq_len=[32,0]: eval.seq_len[1] must be an integer ≥ 1, got 0" \
   "$WORK/tiny.toml" --set 'eval.seq_len=[32,0]'
+
+# seqlab eval: a finished run scored again from its last checkpoint gives its last evaluation's fields, bit for
+# bit; at lengths the run never evaluated, the same fields named @L; what cannot be scored, exit 2 and one line.
+"$SEQLAB" eval "$WORK/plain" > "$WORK/eval.txt" 2>&1 || { cat "$WORK/eval.txt"; fail "seqlab eval RUN"; }
+if python3 - "$WORK/plain/metrics.jsonl" "$WORK/eval.txt" <<'PY'
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1]) if "val_loss" in l][-1]
+got = json.loads(open(sys.argv[2]).read().splitlines()[-1])
+want = {k: v for k, v in last.items() if k == "step" or k.startswith("val_")}
+if got != want:
+    sys.exit(f"seqlab eval printed {got}, the run's last evaluation was {want}")
+PY
+then pass "seqlab eval RUN: the run's last evaluation again"; else fail "seqlab eval RUN: $(tail -n 1 "$WORK/eval.txt")"; fi
+"$SEQLAB" eval "$WORK/lengths" --set 'eval.seq_len=[64,128]' > "$WORK/eval2.txt" 2>&1 \
+  || { cat "$WORK/eval2.txt"; fail "seqlab eval RUN --set eval.seq_len"; }
+if python3 - "$WORK/lengths/metrics.jsonl" "$WORK/eval2.txt" <<'PY'
+import json, math, sys
+last = [json.loads(l) for l in open(sys.argv[1]) if "val_loss" in l][-1]
+got = json.loads(open(sys.argv[2]).read().splitlines()[-1])
+if got["val_loss"] != last["val_loss"] or got["val_loss@64"] != last["val_loss@64"]:
+    sys.exit(f"{got} against the run's {last}")
+if "val_loss@16" in got or not math.isfinite(got.get("val_loss@128", math.nan)):
+    sys.exit(f"expected the lengths 64 and 128 only: {got}")
+PY
+then pass "seqlab eval --set eval.seq_len=[64,128]: 64 as the run scored it, 128 new"; else fail "seqlab eval at new lengths"; fi
+expect_eval_error() {  # NAME WANT ARGS...
+  local name=$1 want=$2
+  shift 2
+  "$SEQLAB" eval "$@" > /dev/null 2> "$WORK/stderr"
+  local rc=$?
+  if [ "$rc" -eq 2 ] && [ "$(wc -l < "$WORK/stderr")" -eq 1 ] && grep -qF -- "$want" "$WORK/stderr"; then
+    pass "seqlab eval, $name: $(cat "$WORK/stderr")"
+  else
+    fail "seqlab eval, $name: exit $rc: $(cat "$WORK/stderr")"
+  fi
+}
+expect_eval_error "no run" "no such run directory" "$WORK/none"
+expect_eval_error "a missing checkpoint" "cannot open" "$WORK/plain" --checkpoint "$WORK/none.safetensors"
+expect_eval_error "a model the checkpoint does not hold" "the recipe's model has" "$WORK/plain" --set model.d_model=32
+expect_eval_error "learned positions past train.seq_len" "is longer than train.seq_len = 32" \
+  "$WORK/plain" --set model.positions=learned --set 'eval.seq_len=[64]'
 echo "failures: $failures"
 [ "$failures" -eq 0 ]

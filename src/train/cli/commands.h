@@ -26,6 +26,9 @@ int op_command(const std::vector<std::string>& args);
 int recipe_command(const std::vector<std::string>& args);
 // `seqlab sample RUN ...` with the arguments after "sample": text from a run's checkpoint.
 int sample_command(const std::vector<std::string>& args);
+// `seqlab eval RUN ...` with the arguments after "eval": a run's checkpoint scored on its held-out data,
+// at train.seq_len and at every eval.seq_len (--set can give others).
+int eval_command(const std::vector<std::string>& args);
 // `seqlab plot RUN ...` with the arguments after "plot": the loss curves as a PNG.
 int plot_command(const std::vector<std::string>& args);
 // `seqlab sweep SWEEP.toml ...` with the arguments after "sweep": every point of a grid of runs, and the

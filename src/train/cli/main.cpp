@@ -53,6 +53,7 @@ int dispatch(const std::vector<std::string>& args) {
   if (command == "prepare") return prepare_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (command == "recipe") return recipe_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (command == "sample") return sample_command(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (command == "eval") return eval_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (command == "plot") return plot_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (command == "sweep") return sweep_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (absl::EndsWith(command, ".toml") || command == "--resume") return train_command(args);

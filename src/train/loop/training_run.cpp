@@ -37,6 +37,7 @@
 #include "train/data/tokenizer.h"
 #include "train/launch/data_parallel.h"
 #include "train/launch/launcher.h"
+#include "train/loop/evaluation.h"
 #include "train/loop/progress.h"
 #include "train/loop/sampling.h"
 #include "train/loop/trainer.h"
@@ -81,133 +82,6 @@ class StopSignals {
   void (*previous_term_)(int) = SIG_DFL;
 };
 
-// ---- data: a prepared corpus or a synthetic task ----
-
-// One length of eval.seq_len: validation sequences of seq_len tokens, batch_size of them a batch.
-struct EvalLength {
-  int64_t seq_len = 0;
-  int64_t batch_size = 0;  // eval_batch_size: about the tokens of a batch at train.seq_len
-  int64_t batches = 0;
-  // Windows of seq_len + 1 tokens of the val split, or the synthetic task's evaluation stream generated
-  // at seq_len; nullptr for train.seq_len itself, whose values are those of the main evaluation.
-  std::unique_ptr<BatchSource> val;
-};
-
-struct Data {
-  std::unique_ptr<BatchSource> train;
-  std::unique_ptr<BatchSource> val;  // for synthetic tasks, the train source's own evaluation stream
-  int64_t vocab_size = 0;
-  int64_t eval_batches = 0;
-  std::vector<EvalLength> eval_lengths;  // eval.seq_len, in the recipe's order
-  std::unique_ptr<TokenDecoder> tokenizer;  // text data only: decodes samples
-  std::vector<int32_t> sample_prompt;       // end-of-text, then log.sample_prompt's ids
-  bool synthetic = false;
-  std::string description;
-};
-
-// "FILE: eval.seq_len[1] = 1024: ", the start of an error about one evaluation length.
-std::string eval_length_where(const Recipe& r, size_t i) {
-  return absl::StrCat(r.source_path, ": eval.seq_len[", i, "] = ", r.eval.seq_len[i], ": ");
-}
-
-// Rank `rank` of `world` reads its share of the training windows (loader.h); every rank opens the whole
-// evaluation split, and its windows at each eval.seq_len, which rank 0 alone walks.
-Data open_data(const Recipe& r, int rank = 0, int world = 1) {
-  Data d;
-  for (const int64_t len : r.eval.seq_len) d.eval_lengths.push_back({len, eval_batch_size(r, len), 0, nullptr});
-  if (r.data.source != "text" && r.data.source != "shards") {
-    const SyntheticConfig c = synthetic_config(r);
-    if (absl::Status s = validate(c); !s.ok()) throw UserError(absl::StrCat(r.source_path, ": data: ", s.message()));
-    auto source = std::make_unique<SyntheticSource>(
-        value_or_throw(SyntheticSource::create(c, static_cast<uint64_t>(r.train.seed))));
-    d.val = std::make_unique<SyntheticSource>(*source);
-    d.train = std::move(source);
-    d.vocab_size = c.vocab_size;
-    d.eval_batches = r.log.eval_batches;
-    // Each length: the same task and seed, generated at that length (an MQAR or copy example keeps its
-    // layout at the start and is padded with blanks; induction and selective_copy spread over it).
-    for (size_t i = 0; i < d.eval_lengths.size(); ++i) {
-      EvalLength& e = d.eval_lengths[i];
-      e.batches = r.log.eval_batches;
-      if (e.seq_len == r.train.seq_len) continue;
-      absl::StatusOr<SyntheticSource> at = SyntheticSource::create(synthetic_config(r, e.seq_len),
-                                                                   static_cast<uint64_t>(r.train.seed));
-      if (!at.ok()) throw UserError(absl::StrCat(eval_length_where(r, i), "data: ", at.status().message()));
-      e.val = std::make_unique<SyntheticSource>(*std::move(at));
-    }
-    d.synthetic = true;
-    d.description = absl::StrCat("synthetic task ", r.data.source);
-    return d;
-  }
-  std::string dir = r.data.path;
-  DatasetInfo info;
-  if (r.data.source == "text") {
-    info = value_or_throw(prepare_cached(prepare_options(r), r.data.cache_dir));
-    dir = info.dir;
-  } else {
-    info = value_or_throw(open_shard_folder(dir, r.data.vocab_size, r.data.tokenizer_path));
-  }
-  d.vocab_size = info.vocab_size;
-  d.tokenizer = value_or_throw(open_decoder(info));
-  absl::StatusOr<std::vector<int32_t>> prompt = sample_prompt_ids(*d.tokenizer, r.log.sample_prompt);
-  if (!prompt.ok()) throw UserError(absl::StrCat(r.source_path, ": log.sample_prompt: ", prompt.status().message()));
-  d.sample_prompt = std::move(*prompt);
-  LoaderOptions lo = loader_options(r);
-  lo.vocab_size = info.vocab_size;  // every id of every shard is checked against it as the shards open
-  lo.rank = rank;
-  lo.world = world;
-  auto train = std::make_unique<TokenLoader>(value_or_throw(TokenLoader::open_split(dir, "train", lo)));
-  lo.rank = 0;
-  lo.world = 1;
-  lo.shuffle = false;
-  auto val = std::make_unique<TokenLoader>(value_or_throw(TokenLoader::open_split(dir, "val", lo)));
-  d.eval_batches = std::min(r.log.eval_batches, val->eval_batches(r.train.batch_size));
-  if (d.eval_batches < 1) {
-    throw UserError(absl::StrFormat("%s: the val split holds fewer than %d sequences of %d tokens (one batch)", dir,
-                                    r.train.batch_size, r.train.seq_len + 1));
-  }
-  // Each length: the val split cut into windows of L + 1 tokens, walked from its start as at train.seq_len.
-  for (size_t i = 0; i < d.eval_lengths.size(); ++i) {
-    EvalLength& e = d.eval_lengths[i];
-    if (e.seq_len == r.train.seq_len) {
-      e.batches = d.eval_batches;
-      continue;
-    }
-    LoaderOptions at = lo;
-    at.seq_len = e.seq_len;
-    absl::StatusOr<TokenLoader> loader = TokenLoader::open_split(dir, "val", at);
-    if (!loader.ok()) throw UserError(eval_length_where(r, i) + std::string(loader.status().message()));
-    e.batches = std::min(r.log.eval_batches, loader->eval_batches(e.batch_size));
-    if (e.batches < 1) {
-      throw UserError(absl::StrFormat("%s%s: the val split holds fewer than %d sequences of %d tokens (one batch)",
-                                      eval_length_where(r, i), dir, e.batch_size, e.seq_len + 1));
-    }
-    e.val = std::make_unique<TokenLoader>(*std::move(loader));
-  }
-  d.description = absl::StrFormat("%d train tokens in %s", train->num_tokens(), dir);
-  if (info.source_format == "llm.c") {
-    absl::StrAppend(&d.description, absl::StrFormat(
-        " (llm.c shards: vocabulary %d, samples %s)", info.vocab_size,
-        info.tokenizer == "ids" ? std::string("as token ids") : "decoded by " + info.tokenizer_path));
-  }
-  d.train = std::move(train);
-  d.val = std::move(val);
-  return d;
-}
-
-// ---- the device ----
-
-// train.device: "cpu"; "cuda" (an error without a usable GPU); "auto": the first GPU if one is usable.
-Device training_device(const Recipe& r) {
-  if (r.train.device == "cpu") return cpu_device();
-  if (cuda_available()) return cuda_device(0);
-  if (r.train.device == "cuda") {
-    throw UserError(r.source_path + ": train.device = \"cuda\" but no GPU is usable here (no CUDA device, or a " +
-                    "build without the CUDA backend: ./train --version says which); use \"auto\" or \"cpu\"");
-  }
-  return cpu_device();
-}
-
 // Moves the model to `wanted` in the training dtype and checks, with one forward and backward on a
 // tiny batch in evaluation mode (no dropout draws, gradients cleared after), that every kernel it
 // needs exists there. Where one does not: an error for train.device = "cuda", the CPU for "auto"
@@ -237,58 +111,7 @@ Device place_model(LanguageModel& model, const Recipe& r, Device wanted) {
   }
 }
 
-// ---- evaluation and sampling ----
-
-struct Evaluation {
-  double loss = 0;
-  std::optional<double> accuracy;  // synthetic tasks
-};
-
-// The mean loss (and, for synthetic tasks, the accuracy) over the first `batches` evaluation batches
-// of `val`.
-Evaluation evaluate(LanguageModel& model, const BatchSource& val, int64_t batches, int64_t batch_size, bool synthetic,
-                    Device device) {
-  NoGradGuard no_grad;
-  model.set_training(false);
-  double total = 0;
-  AccuracyCount count;
-  for (int64_t i = 0; i < batches; ++i) {
-    Batch b = val.eval_batch(i, batch_size).to(device);
-    Tensor logits = model.logits(b);
-    total += model.loss_from_logits(b, logits).item();
-    if (synthetic) {
-      AccuracyCount c = count_correct(logits, ignore_past_lengths(b.scored_targets(), b.scored_lengths()));
-      count.correct += c.correct;
-      count.scored += c.scored;
-    }
-  }
-  model.set_training(true);
-  Evaluation e;
-  e.loss = total / static_cast<double>(batches);
-  if (synthetic) e.accuracy = count.fraction();
-  return e;
-}
-
-// The fields of one evaluation in a metrics line, their names ending in `suffix` ("" at train.seq_len,
-// "@L" at an eval.seq_len), and the same for the progress line.
-struct EvalFields {
-  std::string json, shown;
-};
-EvalFields eval_fields(const Evaluation& e, bool bytes, const std::string& suffix) {
-  const double v = e.loss;
-  EvalFields f;
-  f.json = absl::StrFormat(", \"val_loss%s\": %.6f, \"val_ppl%s\": %.4f", suffix, v, suffix, std::exp(v));
-  f.shown = absl::StrFormat("val_loss %.4f  val_ppl %.2f", v, std::exp(v));
-  if (bytes) {
-    f.json += absl::StrFormat(", \"val_bpb%s\": %.5f", suffix, v / std::log(2.0));
-    f.shown += absl::StrFormat("  bits/byte %.4f", v / std::log(2.0));
-  }
-  if (e.accuracy) {
-    f.json += absl::StrFormat(", \"val_acc%s\": %.5f", suffix, *e.accuracy);
-    f.shown += absl::StrFormat("  accuracy %.2f%%", 100.0 * *e.accuracy);
-  }
-  return f;
-}
+// ---- sampling ----
 
 // The text of one sample: the recipe's prompt (after end-of-text, as documents start) continued.
 std::string sample_text(LanguageModel& model, const Data& data, const RecipeLog& log, uint64_t seed) {
@@ -731,19 +554,11 @@ int train(const std::vector<std::string>& args) {
       }
       if (eval_now && writer) {
         if (line.empty()) line = absl::StrFormat("{\"step\": %d", done);
-        last_eval = evaluate(*model, *data.val, data.eval_batches, r.train.batch_size, data.synthetic, device);
-        const bool bytes = data.tokenizer && data.tokenizer->name() == "byte";
-        const EvalFields at_train = eval_fields(last_eval, bytes, "");
-        line += at_train.json;
-        progress.line(absl::StrFormat("step %d: %s", done, at_train.shown));
-        // eval.seq_len: the same fields at each length, named NAME@L; train.seq_len's are the ones above.
-        for (const EvalLength& e : data.eval_lengths) {
-          const Evaluation at = e.val ? evaluate(*model, *e.val, e.batches, e.batch_size, data.synthetic, device)
-                                      : last_eval;
-          const EvalFields f = eval_fields(at, bytes, absl::StrCat("@", e.seq_len));
-          line += f.json;
-          progress.line(absl::StrFormat("step %d: at %d tokens: %s", done, e.seq_len, f.shown));
-        }
+        // At train.seq_len, then the same fields at each eval.seq_len, named NAME@L.
+        const EvalReport report = evaluate_all(*model, data, r, device);
+        last_eval = report.main;
+        line += report.json;
+        for (const std::string& shown : report.shown) progress.line(absl::StrFormat("step %d: %s", done, shown));
       }
       if (!line.empty()) {
         line_written = true;
