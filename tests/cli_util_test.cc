@@ -2,7 +2,7 @@
 // every exception into one line and an exit code (2 for the user's mistakes, 1 otherwise, also for
 // std::bad_alloc and exceptions that are not std::exception); the terminate handler turns an exception
 // that cannot propagate (thrown in a noexcept function; an OpenMP region is one too) into one line and
-// exit code 70 instead of SIGABRT.
+// exit code 70 instead of SIGABRT. metrics_field reads one number of a metrics line.
 #include "train/cli/util.h"
 
 #include <gtest/gtest.h>
@@ -29,6 +29,17 @@ TEST(CliFlags, NumbersMustBeFinite) {
   EXPECT_EQ(ok.number<double>("--temperature", 0.8), 0.5);
   Flags bad({"--tokens", "12x"}, "sample", {"--tokens"}, {}, {}, 0);
   EXPECT_THROW(bad.number<int64_t>("--tokens", 1), UserError);
+}
+
+TEST(MetricsField, TheNumberAfterAKeyOfAMetricsLine) {
+  const std::string line = R"({"step": 20, "loss": 5.3151, "val_loss": 5.28, "val_loss@64": 5.29, "mfu": 1e-3})";
+  EXPECT_EQ(metrics_field(line, "step"), 20.0);
+  EXPECT_EQ(metrics_field(line, "loss"), 5.3151);      // not val_loss's: the key is matched with its quotes
+  EXPECT_EQ(metrics_field(line, "val_loss"), 5.28);    // not val_loss@64's
+  EXPECT_EQ(metrics_field(line, "val_loss@64"), 5.29);
+  EXPECT_EQ(metrics_field(line, "mfu"), 1e-3);         // the last field, before the brace
+  EXPECT_EQ(metrics_field(line, "val_acc"), std::nullopt);
+  EXPECT_EQ(metrics_field(R"({"step": "x"})", "step"), std::nullopt);
 }
 
 TEST(CliGuard, EveryExceptionBecomesOneLineAndAnExitCode) {

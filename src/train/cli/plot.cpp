@@ -25,18 +25,6 @@ constexpr char kPlotUsage[] =
     "directory RUN from its metrics.jsonl, with the validation accuracy on a second axis for synthetic\n"
     "tasks, into RUN/loss.png (or FILE). Needs gnuplot (Debian: gnuplot-nox; ./train installs it).\n";
 
-// The number after "key": in a metrics line, if present.
-std::optional<double> field(const std::string& line, const std::string& key) {
-  const std::string tag = "\"" + key + "\": ";
-  size_t at = line.find(tag);
-  if (at == std::string::npos) return std::nullopt;
-  at += tag.size();
-  size_t end = line.find_first_of(",}", at);
-  double v;
-  if (!absl::SimpleAtod(line.substr(at, end - at), &v)) return std::nullopt;
-  return v;
-}
-
 void plot(const std::vector<std::string>& args) {
   Flags f(args, "plot", {"--out"}, {"--help", "-h"}, {}, 1);
   if (f.has("--help") || f.has("-h")) {
@@ -58,8 +46,8 @@ void plot(const std::vector<std::string>& args) {
   int64_t train_points = 0, val_points = 0;
   bool accuracy = false;
   while (std::getline(in, line)) {
-    auto step = field(line, "step"), loss = field(line, "loss"), val = field(line, "val_loss");
-    auto acc = field(line, "val_acc");
+    auto step = metrics_field(line, "step"), loss = metrics_field(line, "loss"), val = metrics_field(line, "val_loss");
+    auto acc = metrics_field(line, "val_acc");
     if (!step) continue;
     if (loss) {
       train_data << *step << " " << *loss << "\n";

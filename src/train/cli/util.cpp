@@ -1,6 +1,7 @@
 #include "train/cli/util.h"
 
 #include <absl/strings/match.h>
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_replace.h>
 
@@ -79,6 +80,17 @@ int run_guarded(const std::string& command, const std::function<void()>& body) {
     report("internal error: an exception that is not a std::exception");
     return 1;
   }
+}
+
+std::optional<double> metrics_field(const std::string& line, const std::string& key) {
+  const std::string tag = "\"" + key + "\": ";
+  size_t at = line.find(tag);
+  if (at == std::string::npos) return std::nullopt;
+  at += tag.size();
+  const size_t end = line.find_first_of(",}", at);
+  double v;
+  if (!absl::SimpleAtod(line.substr(at, end - at), &v)) return std::nullopt;
+  return v;
 }
 
 std::string gnuplot_quote(const std::string& s) { return "'" + absl::StrReplaceAll(s, {{"'", "''"}}) + "'"; }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <type_traits>
@@ -74,6 +75,9 @@ inline void ok_or_throw(const absl::Status& s) {
 // check) is printed as "seqlab COMMAND: message" on one line and gives exit code 2; any other
 // exception is a broken invariant inside seqlab, reported as an internal error with exit code 1.
 int run_guarded(const std::string& command, const std::function<void()>& body);
+
+// The number after "key": in a line of metrics.jsonl (the training loop's JSON lines), if present.
+std::optional<double> metrics_field(const std::string& line, const std::string& key);
 
 // A string as a gnuplot string literal (single quotes, doubled inside).
 std::string gnuplot_quote(const std::string& s);

@@ -14,6 +14,8 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "train/cli/util.h"
+
 namespace seqlab {
 
 namespace fs = std::filesystem;
@@ -50,18 +52,6 @@ std::optional<std::string> literal_of(const toml::node& node) {
     return "[" + absl::StrJoin(items, ", ") + "]";
   }
   return std::nullopt;
-}
-
-// The number after "key": in a metrics line, if present.
-std::optional<double> field(const std::string& line, const std::string& key) {
-  const std::string tag = "\"" + key + "\": ";
-  size_t at = line.find(tag);
-  if (at == std::string::npos) return std::nullopt;
-  at += tag.size();
-  const size_t end = line.find_first_of(",}", at);
-  double v;
-  if (!absl::SimpleAtod(line.substr(at, end - at), &v)) return std::nullopt;
-  return v;
 }
 
 std::string slurp(const fs::path& p) {
@@ -194,12 +184,12 @@ PointOutcome read_outcome(const std::string& run_dir, const std::string& metric,
   std::ifstream metrics(fs::path(run_dir) / "metrics.jsonl");
   std::string line;
   while (std::getline(metrics, line)) {
-    const std::optional<double> step = field(line, "step");
+    const std::optional<double> step = cli::metrics_field(line, "step");
     if (!step) continue;
     o.last_step = static_cast<int64_t>(*step);
-    if (std::optional<double> e = field(line, "elapsed_s")) o.wall_s = *e;
+    if (std::optional<double> e = cli::metrics_field(line, "elapsed_s")) o.wall_s = *e;
     if (o.last_step == steps) {
-      if (std::optional<double> m = field(line, metric)) o.metric = m;
+      if (std::optional<double> m = cli::metrics_field(line, metric)) o.metric = m;
     }
   }
   o.finished = o.last_step == steps && o.metric.has_value();
