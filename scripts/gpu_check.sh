@@ -340,8 +340,11 @@ fi
 
 # ---- summary ----
 {
-  echo "seqlab GPU check: commit $(git -C "$root" rev-parse --short HEAD 2> /dev/null || echo unknown) on ${gpu_name:-no GPU}," \
-       "$(elapsed "$start") in all"
+  # What ran: a prebuilt build's own commit (its manifest), else the checkout's. (A checkout copied to the
+  # GPU machine may carry an older .git than its files, so its HEAD does not name a prebuilt build.)
+  what="commit $(git -C "$root" rev-parse --short HEAD 2> /dev/null || echo unknown)"
+  [ "${prebuilt:-0}" = 1 ] && what="prebuilt build of commit $(sed -n 's/^commit=//p' <<<"$manifest")"
+  echo "seqlab GPU check: $what on ${gpu_name:-no GPU}, $(elapsed "$start") in all"
   printf '%s\n' "${summary[@]}"
   if [ "$failed" -gt 0 ]; then
     echo "RESULT: $failed stage(s) FAILED"
