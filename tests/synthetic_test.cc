@@ -66,6 +66,64 @@ TEST(Synthetic, MqarAnswersAreTheValuesBoundToTheQueriedKeys) {
   }
 }
 
+// Zoology's layout (synthetic.h): pairs from disjoint halves first, then each query key alone in a slot
+// chosen with P(slot g) ∝ (g+1)^(a-1), scored with its value; nothing else scored.
+TEST(Synthetic, MqarZoologyLayoutPutsQueriesAtPowerLawGaps) {
+  SyntheticConfig c;
+  c.task = SyntheticTask::mqar, c.mqar_layout = MqarLayout::zoology;
+  c.seq_len = 128, c.vocab_size = 64, c.num_pairs = 8;  // 56 slots of 2 tokens after the 16 of the pairs
+  const int64_t rows_n = 400;
+  Batch b = make(c).next_batch(rows_n);
+  auto in = rows(b.inputs), tg = rows(b.targets);
+  std::vector<int64_t> slot_count(56, 0);
+  int64_t adjacent_rows = 0;
+  for (size_t r = 0; r < in.size(); ++r) {
+    std::map<int64_t, int64_t> bound;
+    std::set<int64_t> values;
+    for (int i = 0; i < 8; ++i) {
+      int64_t k = in[r][2 * i], v = in[r][2 * i + 1];
+      EXPECT_TRUE(k >= 1 && k < 32) << k;  // keys [1, 32), values [32, 64): disjoint halves
+      EXPECT_TRUE(v >= 32 && v < 64) << v;
+      EXPECT_TRUE(bound.emplace(k, v).second) << "key " << k << " bound twice";
+      EXPECT_TRUE(values.insert(v).second) << "value " << v << " bound twice";
+      EXPECT_EQ(tg[r][2 * i], kIgnoreIndex);
+      EXPECT_EQ(tg[r][2 * i + 1], kIgnoreIndex);
+    }
+    std::set<int64_t> asked;
+    std::vector<int64_t> slots;
+    for (int64_t p = 16; p < 128; ++p) {
+      EXPECT_TRUE(in[r][p] >= 0 && in[r][p] < 64);
+      if (tg[r][p] == kIgnoreIndex) continue;
+      ASSERT_EQ((p - 16) % 2, 0) << "a query at the second token of a slot";
+      ASSERT_TRUE(bound.count(in[r][p])) << "query " << in[r][p] << " was never bound";
+      EXPECT_EQ(tg[r][p], bound[in[r][p]]);
+      EXPECT_TRUE(asked.insert(in[r][p]).second) << "key " << in[r][p] << " asked twice";
+      slots.push_back((p - 16) / 2);
+      ++slot_count[(p - 16) / 2];
+    }
+    EXPECT_EQ(asked.size(), 8u);  // num_queries 0: every pair once
+    EXPECT_EQ(scored(tg[r]), 8);
+    adjacent_rows += slots.back() == 7;  // the 8 queries in slots 0..7: the packed layout's places
+  }
+  // The law: slot 0 is the likeliest and the weights fall with the gap, yet queries reach the far half.
+  // P ∝ (g+1)^-0.99 over 56 slots gives slot 0 about a fifth of the weight on the first draw.
+  EXPECT_LT(adjacent_rows, rows_n / 2);
+  int64_t near = 0, far = 0;
+  for (int g = 0; g < 8; ++g) near += slot_count[g];
+  for (int g = 28; g < 56; ++g) far += slot_count[g];
+  EXPECT_GT(slot_count[0], slot_count[10]);
+  EXPECT_GT(slot_count[0], slot_count[55]);
+  EXPECT_GT(near, far);
+  EXPECT_GT(far, 0);
+  // a = 1 is uniform: the far half holds about half the queries.
+  c.mqar_power = 1.0;
+  auto tu = rows(make(c).next_batch(rows_n).targets);
+  int64_t far_uniform = 0;
+  for (const Row& t : tu)
+    for (int64_t p = 16 + 2 * 28; p < 128; ++p) far_uniform += t[p] != kIgnoreIndex;
+  EXPECT_NEAR(static_cast<double>(far_uniform) / (rows_n * 8), 0.5, 0.05);
+}
+
 TEST(Synthetic, CopyReproducesTheSequenceAfterTheSeparator) {
   SyntheticConfig c;
   c.task = SyntheticTask::copy;
@@ -216,6 +274,10 @@ TEST(Synthetic, ConfigurationErrorsNameTheConstraint) {
   c.task = SyntheticTask::induction, c.vocab_size = 2;
   EXPECT_EQ(err(c), "induction: vocab_size 2 must be at least 3 (blank, separator, data)");
   EXPECT_FALSE(SyntheticSource::create(c, 0).ok());
+  c.task = SyntheticTask::mqar, c.vocab_size = 64, c.mqar_layout = MqarLayout::zoology, c.mqar_power = 0;
+  EXPECT_EQ(err(c), "mqar: mqar_power 0 must be in (0, 1]");
+  EXPECT_EQ(*parse_mqar_layout("zoology"), MqarLayout::zoology);
+  EXPECT_EQ(parse_mqar_layout("spread").status().message(), "unknown mqar layout 'spread' (packed, zoology)");
   EXPECT_EQ(*parse_synthetic_task("selective_copy"), SyntheticTask::selective_copy);
   EXPECT_EQ(parse_synthetic_task("sort").status().message(),
             "unknown synthetic task 'sort' (mqar, copy, selective_copy, induction)");

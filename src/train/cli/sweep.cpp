@@ -126,6 +126,8 @@ std::vector<std::string> write_plots(const Sweep& sweep, const fs::path& out, co
   }
   const SweepTable t = best_table(sweep, results);
   const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
+  // Each key title is noenhanced: mixer names hold underscores, which gnuplot's enhanced text would set as
+  // subscripts (linear_attention as linear·attention); the terminal stays enhanced for the 10^{%L} ticks.
   auto row_name = [&](size_t r) { return t.row_axis >= 0 ? display_value(t.rows[r]) : sweep.metric; };
   auto data_file = [&](const std::string& tag, size_t r) { return (out / absl::StrCat(".", tag, r, ".dat")).string(); };
   std::vector<std::string> written, temporary;
@@ -156,7 +158,8 @@ std::vector<std::string> write_plots(const Sweep& sweep, const fs::path& out, co
       temporary.push_back(data_file("c", r));
       if (n == 0) continue;
       absl::StrAppend(&plots, plots.empty() ? "plot " : ", ", gnuplot_quote(data_file("c", r)),
-                      " using 1:2 with linespoints pt 7 lw 2 lc rgb '", colors[r % 8], "' title ", gnuplot_quote(row_name(r)));
+                      " using 1:2 with linespoints pt 7 lw 2 lc rgb '", colors[r % 8], "' title ",
+                      gnuplot_quote(row_name(r)), " noenhanced");
     }
     const std::string key = sweep.axes[t.column_axis].key;
     if (!plots.empty()) {
@@ -182,11 +185,13 @@ std::vector<std::string> write_plots(const Sweep& sweep, const fs::path& out, co
     temporary.push_back(data_file("f", r));
     if (n == 0) continue;
     absl::StrAppend(&plots, plots.empty() ? "plot " : ", ", gnuplot_quote(data_file("f", r)),
-                    " using 1:2 with points pt 7 ps 1.2 lc rgb '", colors[r % 8], "' title ", gnuplot_quote(row_name(r)));
+                    " using 1:2 with points pt 7 ps 1.2 lc rgb '", colors[r % 8], "' title ",
+                      gnuplot_quote(row_name(r)), " noenhanced");
     for (const PowerLaw& f : fits) {
       if (f.row != t.rows[r]) continue;
       absl::StrAppend(&plots, ", ", absl::StrFormat("%.10g*x**(%.10g)", f.a, f.b), " with lines lw 1.5 dt 2 lc rgb '",
-                      colors[r % 8], "' title ", gnuplot_quote(absl::StrFormat("%s fit: b = %.3g", row_name(r), f.b)));
+                      colors[r % 8], "' title ",
+                      gnuplot_quote(absl::StrFormat("%s fit: b = %.3g", row_name(r), f.b)), " noenhanced");
     }
   }
   if (!plots.empty()) {
@@ -208,13 +213,14 @@ std::vector<std::string> write_plots(const Sweep& sweep, const fs::path& out, co
     temporary.push_back(data_file("s", r));
     if (n == 0) continue;
     absl::StrAppend(&plots, plots.empty() ? "plot " : ", ", gnuplot_quote(data_file("s", r)),
-                    " using 1:2 with linespoints pt 7 lw 2 lc rgb '", colors[r % 8], "' title ", gnuplot_quote(row_name(r)));
+                    " using 1:2 with linespoints pt 7 lw 2 lc rgb '", colors[r % 8], "' title ",
+                      gnuplot_quote(row_name(r)), " noenhanced");
   }
   if (!plots.empty()) {
     draw(absl::StrCat(sweep.metric, "_vs_state_size.png"),
          absl::StrCat("set title ", gnuplot_quote(sweep.name + ": " + sweep.metric + " against the decoding state"),
                       " noenhanced\nset xlabel 'state per sequence (elements, all layers; attention: its KV cache at "
-                      "train.seq_len)'\nset ylabel ",
+                      "train.seq_len)' noenhanced\nset ylabel ",
                       gnuplot_quote(sweep.metric), " noenhanced\nset logscale x 2\n", plots, "\n"));
   }
   std::error_code ec;

@@ -3,6 +3,7 @@
 #include <absl/strings/str_cat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <vector>
 
@@ -45,6 +46,42 @@ void mqar_row(const SyntheticConfig& c, Generator& gen, int32_t* in, int32_t* tg
     int64_t p = 2 * n + 2 * j;
     in[p] = keys[asked[j]];
     in[p + 1] = values[asked[j]];
+    tg[p] = values[asked[j]];
+  }
+}
+
+// A uniform double in [0, 1) from random_below, so the draw is the same on every platform (see data_io.h).
+double unit(Generator& gen) { return static_cast<double>(random_below(gen, uint64_t{1} << 53)) / 9007199254740992.0; }
+
+// Zoology's layout (synthetic.h): numpy's choice(space, size=m, replace=False, p) as Zoology calls it,
+// i.e. m draws in turn, each from the weights of the slots not yet taken.
+void mqar_zoology_row(const SyntheticConfig& c, Generator& gen, int32_t* in, int32_t* tg) {
+  const int32_t num_keys = (c.vocab_size - 1) / 2;
+  const int64_t n = c.num_pairs, m = c.num_queries ? c.num_queries : c.num_pairs;
+  const int64_t context = 2 * n, slots = (c.seq_len - context) / 2;
+  std::vector<int32_t> keys = distinct(gen, 1, num_keys, n);
+  // Distinct values: there are V-1-K >= K of them, so the check on the keys covers them too.
+  std::vector<int32_t> values = distinct(gen, 1 + num_keys, c.vocab_size - 1 - num_keys, n);
+  for (int64_t i = 0; i < n; ++i) {
+    in[2 * i] = keys[i];
+    in[2 * i + 1] = values[i];
+  }
+  for (int64_t p = context; p < c.seq_len; ++p) in[p] = draw(gen, 0, c.vocab_size);  // noise
+  std::vector<double> weight(static_cast<size_t>(slots));
+  double total = 0;
+  for (int64_t g = 0; g < slots; ++g) total += weight[g] = std::pow(static_cast<double>(g + 1), c.mqar_power - 1);
+  std::vector<int32_t> asked = distinct(gen, 0, n, m);  // which pairs are queried, in query order
+  for (int64_t j = 0; j < m; ++j) {
+    double u = unit(gen) * total;
+    int64_t g = 0;
+    while (g + 1 < slots && (weight[g] == 0 || u >= weight[g])) u -= weight[g++];
+    if (weight[g] == 0) {  // rounding left u past the last free slot: take the last free one
+      while (weight[g] == 0) --g;
+    }
+    total -= weight[g];
+    weight[g] = 0;
+    const int64_t p = context + 2 * g;
+    in[p] = keys[asked[j]];
     tg[p] = values[asked[j]];
   }
 }
@@ -93,6 +130,17 @@ absl::StatusOr<SyntheticTask> parse_synthetic_task(const std::string& name) {
   return absl::InvalidArgumentError("unknown synthetic task '" + name + "' (mqar, copy, selective_copy, induction)");
 }
 
+absl::StatusOr<MqarLayout> parse_mqar_layout(const std::string& name) {
+  for (MqarLayout l : {MqarLayout::packed, MqarLayout::zoology}) {
+    if (name == mqar_layout_name(l)) return l;
+  }
+  return absl::InvalidArgumentError("unknown mqar layout '" + name + "' (packed, zoology)");
+}
+
+const char* mqar_layout_name(MqarLayout layout) {
+  return layout == MqarLayout::zoology ? "zoology" : "packed";
+}
+
 const char* synthetic_task_name(SyntheticTask task) {
   switch (task) {
     case SyntheticTask::mqar: return "mqar";
@@ -118,6 +166,11 @@ absl::Status validate(const SyntheticConfig& c) {
       if (c.num_pairs > keys) {
         return fail(absl::StrCat("num_pairs ", c.num_pairs, " distinct keys need vocab_size >= ", 2 * c.num_pairs + 2,
                                  ", not ", c.vocab_size));
+      }
+      if (c.mqar_layout == MqarLayout::zoology) {
+        if (!(c.mqar_power > 0 && c.mqar_power <= 1)) {
+          return fail(absl::StrCat("mqar_power ", c.mqar_power, " must be in (0, 1]"));
+        }
       }
       if (2 * (c.num_pairs + m) > c.seq_len) {
         return fail(absl::StrCat("2 × (num_pairs + num_queries) = ", 2 * (c.num_pairs + m), " tokens exceed seq_len ",
@@ -155,7 +208,13 @@ Batch SyntheticSource::generate(uint64_t stream_seed, int64_t batch_size) const 
     std::fill(row_in.begin(), row_in.end(), kBlank);
     std::fill(row_tg.begin(), row_tg.end(), kIgnoreIndex);
     switch (config_.task) {
-      case SyntheticTask::mqar: mqar_row(config_, gen, row_in.data(), row_tg.data()); break;
+      case SyntheticTask::mqar:
+        if (config_.mqar_layout == MqarLayout::zoology) {
+          mqar_zoology_row(config_, gen, row_in.data(), row_tg.data());
+        } else {
+          mqar_row(config_, gen, row_in.data(), row_tg.data());
+        }
+        break;
       case SyntheticTask::copy: copy_row(config_, gen, row_in.data(), row_tg.data()); break;
       case SyntheticTask::selective_copy: selective_copy_row(config_, gen, row_in.data(), row_tg.data()); break;
       case SyntheticTask::induction: induction_row(config_, gen, row_in.data(), row_tg.data()); break;

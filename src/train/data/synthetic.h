@@ -14,6 +14,18 @@
 //     inputs   3 6 1 8 | 1 8 3 6 | 0 0
 //     targets  . . . . | 8 . 6 . | . .
 //
+// mqar, layout zoology — the definition of Zoology (Arora et al. 2023, `multiquery_ar`): the pairs
+//   (keys distinct, values distinct too) fill the first 2n tokens; the rest of the row is S = (T-2n)/2
+//   two-token slots, and the queries take m distinct slots drawn without replacement with P(slot g) ∝
+//   (g+1)^(a-1) (a = mqar_power, Zoology's power_a = 0.01: nearly 1/(g+1), so most queries come soon
+//   after the pairs and a few far away). A query key sits at the slot's first token, scored with its
+//   value; every other token after the pairs is random noise from [0, V) (Zoology's
+//   random_non_queries), never scored, so the model must recall from the key alone, not copy the token
+//   after an earlier occurrence. Unlike the packed layout, a longer T spreads the queries further from
+//   the pairs. V=9, 2 pairs, T=12 (S=4 slots, queries in slots 0 and 2; n: noise):
+//     inputs   3 6 1 8 | 1 n n n 3 n n n
+//     targets  . . . . | 8 . . . 6 . . .
+//
 // copy — copy_len data tokens from [2, V), the separator, then the same tokens again; the separator
 //   and each copied token predict the next token of the copy. V=6, copy_len=3, T=8:
 //     inputs   4 2 5 1 4 2 5 0
@@ -46,12 +58,19 @@ enum class SyntheticTask { mqar, copy, selective_copy, induction };
 absl::StatusOr<SyntheticTask> parse_synthetic_task(const std::string& name);  // "mqar", "copy", ...
 const char* synthetic_task_name(SyntheticTask task);
 
+// Where mqar puts its queries (the layouts above): packed right after the pairs, or Zoology's.
+enum class MqarLayout { packed, zoology };
+absl::StatusOr<MqarLayout> parse_mqar_layout(const std::string& name);  // "packed", "zoology"
+const char* mqar_layout_name(MqarLayout layout);
+
 struct SyntheticConfig {
   SyntheticTask task = SyntheticTask::mqar;
   int64_t seq_len = 64;
   int32_t vocab_size = 64;
   int64_t num_pairs = 8;    // mqar
   int64_t num_queries = 0;  // mqar; 0 queries every pair
+  MqarLayout mqar_layout = MqarLayout::packed;
+  double mqar_power = 0.01;  // mqar, zoology layout: the a of P(gap g) ∝ (g+1)^(a-1), in (0, 1]
   int64_t copy_len = 8;     // copy, selective_copy
 };
 

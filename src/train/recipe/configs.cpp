@@ -225,6 +225,8 @@ SyntheticConfig synthetic_config(const Recipe& r, int64_t seq_len) {
   c.seq_len = seq_len > 0 ? seq_len : r.train.seq_len;
   c.vocab_size = static_cast<int32_t>(r.data.task_vocab);
   c.num_pairs = r.data.task_num_pairs;
+  c.mqar_layout = parsed(parse_mqar_layout(r.data.task_mqar_layout));
+  c.mqar_power = r.data.task_mqar_power;
   c.copy_len = r.data.task_copy_len;
   return c;
 }

@@ -316,6 +316,13 @@ Schema build_schema() {
       .text("cache_dir", &RecipeData::cache_dir, "data/cache", "where prepared token shards are written")
       .integer("task_vocab", &RecipeData::task_vocab, 64, at_least(2), "synthetic tasks: number of distinct symbols")
       .integer("task_num_pairs", &RecipeData::task_num_pairs, 8, at_least(1), "mqar: key-value pairs per sequence")
+      .choice("task_mqar_layout", &RecipeData::task_mqar_layout, {"packed", "zoology"},
+              "mqar: packed, every query right after the pairs and blanks after them; zoology, Zoology's "
+              "definition (Arora et al. 2023): distinct values too, the queries at power-law gaps over the rest "
+              "of the sequence and random tokens between them, so a longer sequence puts queries further away")
+      .number("task_mqar_power", &RecipeData::task_mqar_power, 0.01, open_closed(0, 1),
+              "mqar, zoology layout: a in P(query in slot g) ∝ (g+1)^(a-1); Zoology's 0.01 favours short gaps, "
+              "1 is uniform")
       .integer("task_copy_len", &RecipeData::task_copy_len, 16, at_least(1),
                "copy, selective_copy: tokens to be copied");
 

@@ -50,6 +50,8 @@ struct RecipeData {
   std::string cache_dir;
   int64_t vocab_size = 0;  // shards without meta.json; 0: the tokenizer file's, else GPT-2's 50257
   int64_t task_vocab = 0, task_num_pairs = 0, task_copy_len = 0;
+  std::string task_mqar_layout;  // "packed" or "zoology" (synthetic.h)
+  double task_mqar_power = 0;
 };
 
 struct RecipeTrain {
