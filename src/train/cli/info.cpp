@@ -50,7 +50,7 @@ std::string usage_text() {
          "  --version           version, git commit and the compiled backends\n"
          "  --help              this text\n"
          "\n"
-         "planned: plots and FLOP fits of sweeps, the published comparisons as sweep files (docs/scaling.md)\n";
+         "Sweep files that rerun published comparisons at CPU scale: recipes/sweeps/ (docs/scaling.md).\n";
 }
 
 namespace {
