@@ -23,7 +23,11 @@
 // ldmatrix: a row-major tile read plainly is the Bᵀ of S = Q Kᵀ-style products, read with .trans it is the
 // B of P V-style products; warp_abt and warp_pb are the two shapes every product below takes.
 //
-// Shared memory: tiles are 64 (or, for dK/dV's query tiles at D = 128, 32) rows of D bf16 at a pitch of
+// Tile shapes (kernels::Shape<D, MT, N>): a block of 4 warps owns BR = 64·MT rows, each warp MT m-tiles of 16
+// rows; the streamed tiles hold N = 32 or 64 rows (kernels::Shapes lists the wide and narrow sets; the
+// launches below pick one by SEQLAB_ATTENTION_TC_SHAPE). Below, "16 rows" of a warp means each of its m-tiles.
+//
+// Shared memory: tiles are BR or N rows of D bf16 at a pitch of
 // D + 8 (conflict-free ldmatrix), staged by cp.async 16 bytes a thread at a time; rows past the end of
 // q/k/v are zeroed, so a padded row never brings NaN from stale memory into a product. The tile streamed
 // in the inner loop is double-buffered: while the warps multiply tile j, tile j + 1's copies are in
@@ -31,8 +35,9 @@
 // in), __syncthreads (everyone's copies of j are in), compute, __syncthreads (no warp still reads j's
 // buffer when iteration j + 1 stages j + 2 into it).
 //
-// Forward (tc_forward): block (64 query rows, h, b), 4 warps; warp w's 16 query rows stay in registers as
-// A fragments. Over the key tiles up to the causal limit of the block's last row (64 keys):
+// Forward (tc_forward): block (BR query rows, h, b), 4 warps; warp w's query rows stay in registers as
+// A fragments where they fit (D·MT ≤ 128), else are reloaded from shared memory. Over the key tiles (N keys)
+// up to the causal limit of the block's last row:
 //   S = Q_w K_jᵀ (raw scores, f32); masked to −∞ where hidden (only on tiles that hide anything);
 //   in log2 units (scale2 = scale·log2 e): m' = max(m, scale2·max S), α = 2^(m − m'),
 //   P = 2^(scale2·S − m'), ℓ ← α ℓ + Σ P, o ← α o + P V_j (P rounded to bf16; V_j via ldmatrix.trans).
@@ -41,12 +46,12 @@
 // instead of −∞ (no ∞ − ∞). Reads q once, k and v once per query tile; writes o and lse once.
 //
 // Backward (δ_i = dO_i·O_i − dlse_i is computed first by attention.cu's delta kernel, f32 [B, T, H]):
-//   tc_dkdv: block (64 keys, hk, b), warp w owns keys 16w … 16w + 15 (K and V staged once). For every query
+//   tc_dkdv: block (BR keys, hk, b), warp w owns 16·MT of them (K and V staged once). For every query
 //     head of the group and every query tile that sees the key tile (Q, dO, lse, δ double-buffered):
 //       Sᵀ = K_w Q_tileᵀ, dPᵀ = V_w dO_tileᵀ; Pᵀ = 2^(scale2·Sᵀ − log2(e)·lse_query) (0 where hidden),
 //       dSᵀ = Pᵀ (dPᵀ − δ_query); dV_w += Pᵀ dO_tile, dK_w += dSᵀ Q_tile (accumulators in registers).
 //     Then dK = scale · dK_w and dV are written once per key. No atomics: the block alone owns these rows.
-//   tc_dq: block (64 query rows, h, b) (Q, dO staged once; lse, δ of the lane's two rows in registers);
+//   tc_dq: block (BR query rows, h, b) (Q, dO staged once; lse, δ of the lane's rows in registers);
 //     over the key tiles the block's last row sees: S = Q_w K_jᵀ, dP = dO_w V_jᵀ, dS = P (dP − δ) with
 //     P = 2^(scale2·S − log2(e)·lse) (masked), dQ_w += dS K_j; dQ = scale · dQ_w written once.
 // P and dS are rounded to bf16 before their products (as flash attention does); every sum is f32.
