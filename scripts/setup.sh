@@ -5,8 +5,8 @@ SEQLAB_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SEQLAB_BUILD="${SEQLAB_BUILD:-$SEQLAB_ROOT/build}"
 
 # Debian packages the build, the tests, the default corpus and `seqlab plot` need (libgloo-dev: the
-# CPU collectives of src/dist).
-SEQLAB_PACKAGES=(cmake ninja-build g++ git libabsl-dev googletest libgtest-dev libtomlplusplus-dev
+# CPU collectives of src/dist; ccache: the compiler cache the build uses where it is installed).
+SEQLAB_PACKAGES=(cmake ninja-build ccache g++ git libabsl-dev googletest libgtest-dev libtomlplusplus-dev
                  libopenblas-dev libgloo-dev python3 fortunes fortunes-min gnuplot-nox)
 
 # What ./test.sh adds for the fuzzing and sanitizer builds (scripts/fuzz.sh, scripts/sanitize.sh): clang,

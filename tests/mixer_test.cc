@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "autograd/op_registry.h"
+#include "source_dir.h"
 
 namespace seqlab {
 namespace {

@@ -14,6 +14,7 @@
 
 #include "train/recipe/blocks.h"
 #include "train/recipe/configs.h"
+#include "source_dir.h"
 
 namespace seqlab {
 namespace {

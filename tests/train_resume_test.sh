@@ -69,13 +69,13 @@ sys.exit(0 if dtypes <= {"F32", "I64"} and "F32" in dtypes else 1)
 PY
 
 # 2. Killed with SIGKILL between checkpoints, then resumed.
-LONG=(--set train.steps=3000 --set checkpoint.every=10 --set log.eval_every=1000 --set log.sample_every=0
+LONG=(--set train.steps=1500 --set checkpoint.every=10 --set log.eval_every=1000 --set log.sample_every=0
       --set log.progress=plain)
 "$SEQLAB" "$WORK/tiny.toml" "${LONG[@]}" --out "$WORK/long" > /dev/null || { echo "FAIL long run"; exit 1; }
 # kill_after SIGNAL RUN: starts the long run into RUN with its progress lines (one per step) going into
 # a pipe read here, and sends SIGNAL once step 25 has been printed. The run cannot finish first: once
-# this script stops reading, the pipe fills (64 KiB, under 1000 lines) and blocks the run thousands of
-# steps before its end. After the signal the rest is drained into RUN.log, so a run that saves a
+# this script stops reading, the pipe fills (64 KiB, about 1000 lines of ~65 bytes) and blocks the run
+# hundreds of steps before its end. After the signal the rest is drained into RUN.log, so a run that saves a
 # checkpoint and exits can do so.
 kill_after() {
   local line
@@ -91,7 +91,7 @@ kill_after() {
 }
 kill_after KILL "$WORK/killed" 2> /dev/null  # (no "Killed" job notice)
 rc=$?
-if [ "$rc" -eq 137 ] && [ ! -f "$WORK/killed/ckpt_0003000.safetensors" ]; then
+if [ "$rc" -eq 137 ] && [ ! -f "$WORK/killed/ckpt_0001500.safetensors" ]; then
   pass "SIGKILL ended the run at $(tail -n 1 "$WORK/killed/metrics.jsonl" | cut -d, -f1) }"
   "$SEQLAB" --resume "$WORK/killed" > /dev/null || fail "resume after SIGKILL"
   same_losses "killed with SIGKILL and resumed" "$WORK/long" "$WORK/killed"

@@ -5,6 +5,7 @@
 // vocabulary as `sample` does, its weights, optimizer state and loader position restored as a resume
 // does, and a few tokens sampled from the restored model.
 #include "fuzz_util.h"
+#include "source_dir.h"
 #include "train/checkpoint/checkpoint.h"
 #include "train/cli/commands.h"
 #include "train/loop/sampling.h"
