@@ -482,6 +482,31 @@ TEST_F(RecipeTest, ResolvedRecipeReproducesTheRun) {
   EXPECT_EQ(resolved_recipe_toml(renamed), text);
 }
 
+// recipe_differences names every key whose final value differs, with both values exactly as written,
+// and nothing for a recipe and its resolved copy loaded from another file.
+TEST_F(RecipeTest, DifferencesNameEveryKeyThatDiffers) {
+  const Recipe a = load_ok("[optim]\nlr = 0.00012345678\n");
+  EXPECT_TRUE(recipe_differences(a, a).empty());
+  ASSERT_TRUE(write_resolved_recipe(a, dir_.string()).ok());
+  absl::StatusOr<Recipe> copy = load_recipe((dir_ / "recipe.toml").string());
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_TRUE(recipe_differences(a, *copy).empty());
+
+  // The 7th significant digit and beyond count; sub-table keys are keys too.
+  const Recipe b = load_ok("[optim]\nlr = 0.00012345679\n[model.gla]\nchunk_size = 32\n", {"train.steps=7"});
+  const std::vector<RecipeDifference> d = recipe_differences(a, b);
+  ASSERT_EQ(d.size(), 3u);
+  std::vector<std::string> keys;
+  for (const RecipeDifference& x : d) keys.push_back(x.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"model.gla.chunk_size", "train.steps", "optim.lr"}));
+  EXPECT_EQ(d[2].a, "0.00012345678");
+  EXPECT_EQ(d[2].b, "0.00012345679");
+  EXPECT_EQ(d[1].a, "1000");
+  EXPECT_EQ(d[1].b, "7");
+  // Ignored keys are left out.
+  EXPECT_EQ(recipe_differences(a, b, {"train.steps", "model.gla.chunk_size"}).size(), 1u);
+}
+
 // model.norm, model.mlp, model.positions and model.bias default to "auto", which loading resolves from
 // the model's mixers: GPT-2's choices when every block is attention, the recurrent models' otherwise.
 // What a recipe sets stays.

@@ -1011,6 +1011,20 @@ std::string resolved_recipe_toml(const Recipe& recipe) {
   return out;
 }
 
+std::vector<RecipeDifference> recipe_differences(const Recipe& a, const Recipe& b,
+                                                 const std::vector<std::string>& ignored) {
+  std::vector<RecipeDifference> out;
+  for (const KeySpec& k : schema().keys) {
+    if (k.older_spelling || std::find(ignored.begin(), ignored.end(), k.name()) != ignored.end()) continue;
+    // log.out_dir as the run directory it names ("" and "runs/<name>" are the same folder).
+    const bool out_dir = k.name() == "log.out_dir";
+    const std::string va = out_dir ? quote(a.run_dir()) : format_value(k.get(a));
+    const std::string vb = out_dir ? quote(b.run_dir()) : format_value(k.get(b));
+    if (va != vb) out.push_back({k.name(), va, vb});
+  }
+  return out;
+}
+
 absl::Status write_resolved_recipe(const Recipe& recipe, const std::string& dir) {
   return cli::write_file_atomically((fs::path(dir) / "recipe.toml").string(), resolved_recipe_toml(recipe));
 }

@@ -126,6 +126,17 @@ absl::StatusOr<Recipe> load_recipe(const std::string& path, const std::vector<st
 // as the run directory itself, so loading the text from anywhere reproduces the run.
 std::string resolved_recipe_toml(const Recipe& recipe);
 
+// A key whose final value differs between two recipes: its name ("optim.lr") and each recipe's value as
+// the resolved recipe writes it (exact: numbers round-trip).
+struct RecipeDifference {
+  std::string key, a, b;
+};
+// Every key of the schema (the [model.<mixer>] options of every mixer included) whose value differs
+// between `a` and `b`, in the order the resolved recipe writes them; keys named in `ignored` are skipped.
+// Empty when the two recipes would train the same run. Recipe::name and source_path are not keys.
+std::vector<RecipeDifference> recipe_differences(const Recipe& a, const Recipe& b,
+                                                 const std::vector<std::string>& ignored = {});
+
 // Writes resolved_recipe_toml into DIR/recipe.toml atomically (temporary name, flush, rename).
 absl::Status write_resolved_recipe(const Recipe& recipe, const std::string& dir);
 
