@@ -3,6 +3,7 @@
 // best-over-lr selection of the results table with a failed point, and results.csv read back.
 #include "train/sweep/sweep.h"
 
+#include <absl/strings/numbers.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -209,6 +211,117 @@ TEST_F(SweepTest, PowerLawFitsOverTrainingFlops) {
   EXPECT_EQ(fits[0].points, 3);
   EXPECT_NE(results_table(*s, results).find("- gla: a = 5, b = -0.1 (3 cells)"), std::string::npos)
       << results_table(*s, results);
+}
+
+// A point is its recipe: every grid and [set] number reaches the point's --set exactly (the shortest text
+// that reads back to the same double, beyond 6 digits), floats stay floats, and inf and nan are TOML's.
+TEST_F(SweepTest, ValuesReachThePointExactly) {
+  absl::StatusOr<Sweep> s = load_sweep(put("x.toml",
+                                           "recipe = \"r.toml\"\n[grid]\n"
+                                           "\"optim.lr\" = [0.00012345678, 0.00012345679, 1e30, 1.0]\n"
+                                           "[set]\n\"optim.beta2\" = 0.9999999\n\"optim.eps\" = 2.2250738585072014e-308\n"
+                                           "\"model.norm_eps\" = inf\n"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->axes[0].values, (std::vector<std::string>{"0.00012345678", "0.00012345679", "1e+30", "1.0"}));
+  EXPECT_EQ(s->fixed, (std::vector<std::string>{"model.norm_eps=inf", "optim.beta2=0.9999999",
+                                                "optim.eps=2.2250738585072014e-308"}));
+  const std::vector<SweepPoint> points = expand_grid(*s);
+  ASSERT_EQ(points.size(), 4u);
+  // Values equal to 6 digits are two points in two folders.
+  EXPECT_EQ(points[0].name, "lr=0.00012345678");
+  EXPECT_EQ(points[1].name, "lr=0.00012345679");
+  EXPECT_EQ(points[0].overrides.back(), "optim.lr=0.00012345678");
+  for (const std::string& v : s->axes[0].values) {
+    double x;
+    ASSERT_TRUE(absl::SimpleAtod(v, &x)) << v;
+    EXPECT_EQ(v.find_first_of(".e") == std::string::npos, false) << v << " would read as an integer";
+  }
+}
+
+// Folder names are unique for their values: values that clean up alike get a hash of the exact values,
+// and so does a name too long for a file name; other names stay as they were.
+TEST_F(SweepTest, EveryPointHasAFolderOfItsOwn) {
+  absl::StatusOr<Sweep> s = load_sweep(put("x.toml",
+                                           "recipe = \"r.toml\"\n[grid]\n"
+                                           "\"log.sample_prompt\" = [\"a b\", \"a_b\", \"a/b\", \"ab\", \"" +
+                                               std::string(300, 'x') + "\", \"" + std::string(299, 'x') + "y\"]\n"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::vector<SweepPoint> points = expand_grid(*s);
+  ASSERT_EQ(points.size(), 6u);
+  std::set<std::string> names;
+  for (const SweepPoint& p : points) {
+    names.insert(p.name);
+    EXPECT_LE(p.name.size(), kMaxPointName) << p.name;
+  }
+  EXPECT_EQ(names.size(), 6u);
+  EXPECT_EQ(points[0].name, "sample_prompt=a_b,hash=" + point_hash({"\"a b\""}));
+  EXPECT_EQ(points[1].name, "sample_prompt=a_b,hash=" + point_hash({"\"a_b\""}));
+  EXPECT_NE(points[0].name, points[1].name);
+  EXPECT_EQ(points[3].name, "sample_prompt=ab");  // unique as it is
+  EXPECT_EQ(points[4].name.substr(0, 20), "sample_prompt=xxxxxx");
+}
+
+// A metric logged as null (not finite) finishes the point but is never a cell's best, whatever the order
+// of the points; a cell with nothing else says "not finite"; the CSV leaves the metric empty.
+TEST_F(SweepTest, ANonFiniteMetricIsNeverTheBest) {
+  const std::string run = dir_ + "/p";
+  put("p/metrics.jsonl", "{\"step\": 2, \"loss\": null, \"elapsed_s\": 1.0, \"val_loss\": null}\n");
+  PointOutcome o = read_outcome(run, "val_loss", 2);
+  EXPECT_TRUE(o.finished);
+  ASSERT_TRUE(o.metric.has_value());
+  EXPECT_TRUE(std::isnan(*o.metric));
+  EXPECT_FALSE(o.usable());
+  EXPECT_EQ(point_status(o), "not_finite");
+  // What runs wrote before null: -nan and inf read as not finite too.
+  put("p/metrics.jsonl", "{\"step\": 2, \"loss\": -nan, \"elapsed_s\": 1.0, \"val_loss\": inf}\n");
+  EXPECT_EQ(point_status(read_outcome(run, "val_loss", 2)), "not_finite");
+
+  absl::StatusOr<Sweep> s = load_sweep(put("x.toml",
+                                           "recipe = \"r.toml\"\nbest_over = [\"optim.lr\"]\n[grid]\n"
+                                           "\"model.mixer\" = [\"gla\", \"attention\"]\n\"optim.lr\" = [1, 2, 3]\n"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::vector<PointResult> results;
+  for (const SweepPoint& p : expand_grid(*s)) {
+    PointResult r;
+    r.point = p;
+    r.flops = 1e9;
+    r.outcome.finished = true;
+    // gla: NaN, 2.5, NaN (the NaN first and last); attention: NaN at every lr.
+    const bool finite = p.name == "mixer=gla,lr=2";
+    r.outcome.metric = finite ? 2.5 : std::nan("");
+    results.push_back(r);
+  }
+  const SweepTable t = best_table(*s, results);
+  ASSERT_NE(t.cells[0].best, nullptr);
+  EXPECT_EQ(t.cells[0].best->point.name, "mixer=gla,lr=2");
+  EXPECT_EQ(t.cells[1].best, nullptr);
+  EXPECT_TRUE(t.cells[1].not_finite);
+  const std::string table = results_table(*s, results);
+  EXPECT_NE(table.find("| gla | 2.5 (lr=2) |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| attention | not finite |"), std::string::npos) << table;
+  EXPECT_NE(table.find("- mixer=attention,lr=1\n"), std::string::npos) << table;
+  EXPECT_TRUE(power_law_fits(t).empty() || power_law_fits(t)[0].points == 1);
+  const std::string csv = results_csv(*s, results);
+  EXPECT_NE(csv.find("\"mixer=attention,lr=1\",attention,1,not_finite,0,0,1e+09,0,0.0,\n"), std::string::npos) << csv;
+  EXPECT_NE(csv.find(",ok,0,0,1e+09,0,0.0,2.5\n"), std::string::npos) << csv;
+}
+
+// A point stopped by the sweep (RUN.stopped) is "stopped", not failed, and results.md says it resumes.
+TEST_F(SweepTest, AStoppedPointIsNotAFailure) {
+  const std::string run = dir_ + "/p";
+  put("p/metrics.jsonl", "{\"step\": 1, \"loss\": 3.0, \"elapsed_s\": 0.5}\n");
+  put("p.stopped", "stopped by the sweep's Terminated after step 1 (a checkpoint saved)\n");
+  PointOutcome o = read_outcome(run, "val_loss", 4);
+  EXPECT_EQ(point_status(o), "stopped");
+  EXPECT_EQ(o.stopped, "stopped by the sweep's Terminated after step 1 (a checkpoint saved)");
+  Sweep s = *load_sweep(put("x.toml", "recipe = \"r.toml\"\n[grid]\n\"optim.lr\" = [1]\n"));
+  PointResult r;
+  r.point = expand_grid(s)[0];
+  r.outcome = o;
+  const std::string table = results_table(s, {r});
+  EXPECT_NE(table.find("Stopped points (the next run of the sweep resumes them):\n- lr=1: stopped by"),
+            std::string::npos) << table;
+  EXPECT_EQ(table.find("Failed points"), std::string::npos) << table;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <omp.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,9 +24,12 @@
 
 #include "layers/model/decoder.h"
 #include "train/cli/commands.h"
+#include "train/checkpoint/run_folder.h"
 #include "train/cli/util.h"
+#include "train/loop/evaluation.h"
 #include "train/loop/progress.h"
 #include "train/recipe/configs.h"
+#include "train/recipe/edit_distance.h"
 #include "train/recipe/recipe.h"
 #include "train/sweep/sweep.h"
 
@@ -35,21 +39,31 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kSweepUsage[] =
-    "usage: seqlab sweep SWEEP.toml [--jobs N] [--out DIR] [--dry-run]\n"
+    "usage: seqlab sweep SWEEP.toml [--jobs N] [--out DIR] [--dry-run] [--rerun-changed]\n"
     "       seqlab sweep --report DIR\n"
     "\n"
     "Runs every point of the grid of SWEEP.toml (a base recipe, [grid] of recipe keys and their values,\n"
     "[set] for every point, the metric, best_over; docs/scaling.md) as an ordinary run in DIR/<point>/\n"
     "(DIR: runs/<sweep name>), --jobs N at a time (each with cores/N threads), skipping points that\n"
-    "finished earlier and resuming those that stopped with a checkpoint; a failing point is recorded\n"
-    "(DIR/<point>.failed) and the sweep goes on. Then writes DIR/results.csv, DIR/results.md (the metric\n"
-    "per cell, the best over best_over; power-law fits over training FLOPs) and the plots (the metric\n"
-    "against the column axis and against FLOPs), and prints the table. Exit 0 when every point finished.\n"
-    "  --dry-run   print the points, their sizes and an estimated time; run nothing\n"
-    "  --report    write results.csv and results.md again from the finished runs of DIR\n";
+    "finished earlier and resuming those that stopped with a checkpoint — a point's folder is reused only\n"
+    "when the recipe it trained is the one the sweep gives it now (else the sweep stops before running\n"
+    "anything, naming the point and the key); a failing point is recorded (DIR/<point>.failed) and the\n"
+    "sweep goes on. Ctrl-C or SIGTERM stops the running points at once, each saving a checkpoint\n"
+    "(recorded as stopped: run the sweep again to resume them). Then writes DIR/results.csv,\n"
+    "DIR/results.md (the metric per cell, the best over best_over of the points whose metric is finite;\n"
+    "power-law fits over training FLOPs) and the plots (the metric against the column axis and against\n"
+    "FLOPs), and prints the table. Exit 0 when every point finished.\n"
+    "  --dry-run         print the points, their sizes and an estimated time; run nothing\n"
+    "  --rerun-changed   retrain the points whose folder holds a run of another recipe (the sweep file\n"
+    "                    changed since); their old folders are moved to DIR/replaced/\n"
+    "  --report          write results.csv and results.md again from the finished runs of DIR\n";
 
-volatile sig_atomic_t g_interrupted = 0;
-void on_interrupt(int) { g_interrupted = 1; }
+volatile sig_atomic_t g_interrupted = 0;  // the signal that stops the sweep (SIGINT, SIGTERM), 0 while none
+void on_interrupt(int signal) { g_interrupted = signal; }
+
+// Keys a point may run with other values than the plan's without being another run: the sweep sets them
+// per launch (threads from --jobs, plain progress lines), and the folder is the point's own.
+const std::vector<std::string> kPerLaunchKeys = {"parallel.threads", "log.progress", "log.out_dir"};
 
 // What each point needs to run and to be reported.
 struct Planned {
@@ -57,7 +71,9 @@ struct Planned {
   std::string dir;
   int64_t steps = 0;
   double mixing_flops = 0;   // per token, beyond 6 per weight
-  std::string recipe_error;  // the point's recipe does not load: it fails without running
+  std::string recipe_error;  // the point's recipe does not load, or training would refuse it: it fails
+                             // without running
+  std::optional<Recipe> recipe;  // as loaded (when it loads)
 };
 
 std::vector<Planned> plan(const Sweep& sweep, const fs::path& out) {
@@ -70,6 +86,7 @@ std::vector<Planned> plan(const Sweep& sweep, const fs::path& out) {
     if (!r.ok()) {
       q.recipe_error = std::string(r.status().message());
     } else {
+      q.recipe = *r;
       q.steps = r->train.steps;
       q.result.tokens = r->train.steps * r->train.grad_accum * r->train.batch_size * r->train.seq_len;
       absl::StatusOr<DecoderConfig> cfg = decoder_config(*r, r->model.vocab_size > 0 ? r->model.vocab_size : 256);
@@ -79,6 +96,18 @@ std::vector<Planned> plan(const Sweep& sweep, const fs::path& out) {
           q.mixing_flops = decoder_mixing_flops_per_token(*cfg, r->train.seq_len);
           q.result.flops = (6 * q.result.outcome.params + q.mixing_flops) * static_cast<double>(q.result.tokens);
           q.result.state_size = decoder_state_size(*cfg, r->train.seq_len);
+          // What training would refuse before allocating (its memory check, on the CPU the point would
+          // run on), refused here: the dry run says so, and the sweep does not start it.
+          Device device = cpu_device();
+          try {
+            device = training_device(*r);
+          } catch (const UserError& e) {
+            q.recipe_error = e.what();
+          }
+          const absl::Status fits = check_memory(*r, r->model.vocab_size > 0 ? r->model.vocab_size : 256,
+                                                 available_memory(device), true,
+                                                 device.is_cpu() ? "the host" : device.str());
+          if (q.recipe_error.empty() && !fits.ok()) q.recipe_error = std::string(fits.message());
         } catch (const std::invalid_argument& e) {
           q.recipe_error = e.what();
         }
@@ -96,6 +125,12 @@ std::vector<Planned> plan(const Sweep& sweep, const fs::path& out) {
 void refresh(const Sweep& sweep, Planned& q) {
   const double planned_params = q.result.outcome.params;
   q.result.outcome = read_outcome(q.dir, sweep.metric, q.steps);
+  if (q.result.outcome.finished) {
+    // A failure or a stop recorded by an earlier attempt does not outlive the run that finished after it.
+    std::error_code ec;
+    fs::remove(q.dir + ".failed", ec);
+    fs::remove(q.dir + ".stopped", ec);
+  }
   if (q.result.outcome.params == 0) q.result.outcome.params = planned_params;
   q.result.flops = (6 * q.result.outcome.params + q.mixing_flops) * static_cast<double>(q.result.tokens);
   if (!q.recipe_error.empty()) q.result.outcome.failure = q.recipe_error;
@@ -228,6 +263,74 @@ std::vector<std::string> write_plots(const Sweep& sweep, const fs::path& out, co
   return written;
 }
 
+// Why the run in a point's folder is not the point the sweep plans ("" when it is, or when the folder
+// holds no run yet): its resolved recipe (RUN/recipe.toml, written when the run started) against the
+// plan's, but for the keys set per launch.
+std::string changed_point(const Planned& q) {
+  const fs::path file = fs::path(q.dir) / "recipe.toml";
+  std::error_code ec;
+  if (!q.recipe || !fs::exists(file, ec)) return "";
+  absl::StatusOr<Recipe> ran = load_recipe(file.string());
+  if (!ran.ok()) return absl::StrCat(file.string(), " does not load (", ran.status().message(), ")");
+  const std::vector<RecipeDifference> d = recipe_differences(*ran, *q.recipe, kPerLaunchKeys);
+  if (d.empty()) return "";
+  std::string text = absl::StrFormat("%s was trained with %s = %s, the sweep now gives %s", q.dir, d[0].key, d[0].a, d[0].b);
+  if (d.size() > 1) absl::StrAppend(&text, absl::StrFormat(" (and %d more key%s)", d.size() - 1, d.size() > 2 ? "s" : ""));
+  return text;
+}
+
+// The points whose folder holds a run of another recipe: refused (one line naming the first, the key and
+// both values) unless `rerun`, which moves each such folder (and its log and markers) to DIR/replaced/
+// so that the point trains anew; what was there is kept, never deleted.
+void settle_changed_points(std::vector<Planned>& points, const fs::path& out, bool rerun, bool report) {
+  std::vector<std::pair<Planned*, std::string>> changed;
+  for (Planned& q : points) {
+    std::string why = changed_point(q);
+    if (!why.empty()) changed.emplace_back(&q, std::move(why));
+  }
+  if (changed.empty()) return;
+  const std::string more =
+      changed.size() > 1 ? absl::StrFormat("; %d points differ so", changed.size()) : std::string();
+  if (report) {
+    throw UserError(absl::StrCat(changed[0].second, more,
+                                 ": the sweep file changed since they ran; run the sweep with --rerun-changed to "
+                                 "retrain them"));
+  }
+  if (!rerun) {
+    throw UserError(absl::StrCat(changed[0].second, more,
+                                 ": retrain such points with --rerun-changed (their folders move to ",
+                                 (out / "replaced").string(), "/) or sweep into a new --out DIR"));
+  }
+  const fs::path aside = out / "replaced";
+  std::error_code ec;
+  fs::create_directories(aside, ec);
+  if (ec) throw UserError("cannot create " + aside.string() + ": " + ec.message());
+  for (const auto& [q, why] : changed) {
+    const std::string name = fs::path(q->dir).filename().string();
+    for (const std::string suffix : {"", ".log", ".failed", ".stopped"}) {
+      const fs::path from = q->dir + suffix, to = aside / (name + suffix);
+      if (!fs::exists(from, ec)) continue;
+      fs::remove_all(to, ec);
+      fs::rename(from, to, ec);
+      if (ec) throw UserError("cannot move " + from.string() + " to " + to.string() + ": " + ec.message());
+    }
+    std::cout << "rerun: " << why << "; the old run moved to " << (aside / name).string() << "\n";
+  }
+}
+
+// The sweep's metric is one the points' runs log (reported_metrics), checked before any point runs.
+void check_metric(const Sweep& sweep, const std::vector<Planned>& points) {
+  for (const Planned& q : points) {
+    if (!q.recipe) continue;
+    const std::vector<std::string> known = reported_metrics(*q.recipe);
+    if (std::find(known.begin(), known.end(), sweep.metric) != known.end()) continue;
+    const std::string near = nearest(sweep.metric, known);
+    throw UserError(absl::StrCat(sweep.file, ": metric = \"", sweep.metric, "\" is not logged by the runs of point ",
+                                 q.result.point.name, near.empty() ? "" : " (did you mean \"" + near + "\"?)",
+                                 "; they log ", absl::StrJoin(known, ", ")));
+  }
+}
+
 bool has_checkpoint(const std::string& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -252,29 +355,36 @@ std::string failure_reason(const std::string& log, int status) {
 }
 
 // Starts one point: `seqlab RECIPE --set ... --out DIR`, or `seqlab --resume DIR` when it stopped with a
-// checkpoint; its output appended to DIR.log.
-pid_t launch(const Sweep& sweep, const Planned& q, int threads) {
+// checkpoint (its recipe is the plan's: settle_changed_points saw to it); its output appended to DIR.log.
+// The point runs in a process group of its own, so that a Ctrl-C at the terminal reaches the sweep alone,
+// which stops each point once (SIGTERM: it saves a checkpoint); and it gets SIGTERM when the sweep dies,
+// even by SIGKILL (the parent-death signal), so no point trains on as an orphan.
+pid_t launch(const Planned& q, const Sweep& sweep, int threads) {
   std::vector<std::string> argv{"/proc/self/exe"};
   const bool resume = has_checkpoint(q.dir);
-  // The base recipe and the point's overrides, on a resume too (`RECIPE --resume RUN`: the run continues
-  // to the sweep's settings, its steps say, whatever it was started with).
-  argv.push_back(sweep.recipe);
   if (resume) {
     argv.insert(argv.end(), {"--resume", q.dir});
   } else {
     std::error_code ec;
     fs::remove_all(q.dir, ec);  // an attempt that wrote no checkpoint: nothing to keep
+    argv.push_back(sweep.recipe);
+    for (const std::string& o : q.result.point.overrides) argv.insert(argv.end(), {"--set", o});
   }
-  for (const std::string& o : q.result.point.overrides) argv.insert(argv.end(), {"--set", o});
   bool threads_set = false;
   for (const std::string& o : q.result.point.overrides) threads_set = threads_set || o.rfind("parallel.threads=", 0) == 0;
   if (!threads_set) argv.insert(argv.end(), {"--set", absl::StrCat("parallel.threads=", threads)});
   argv.insert(argv.end(), {"--set", "log.progress=\"plain\""});
   if (!resume) argv.insert(argv.end(), {"--out", q.dir});
   std::fflush(nullptr);
+  const pid_t sweep_pid = ::getpid();
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("sweep: fork failed");
   if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != sweep_pid) _exit(128 + SIGTERM);  // the sweep died before the line above
+    signal(SIGINT, SIG_DFL);  // the sweep's handlers are not the point's (exec resets them anyway)
+    signal(SIGTERM, SIG_DFL);
     const int fd = ::open((q.dir + ".log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd >= 0) {
       dup2(fd, STDOUT_FILENO);
@@ -287,43 +397,56 @@ pid_t launch(const Sweep& sweep, const Planned& q, int threads) {
     execv(cargv[0], cargv.data());
     _exit(127);
   }
+  ::setpgid(pid, pid);  // also here: whichever of the two runs first, the group exists before any signal
   return pid;
 }
 
 std::string describe(const Sweep& sweep, const Planned& q) {
   const PointOutcome& o = q.result.outcome;
-  if (o.finished) return absl::StrFormat("%s %.4g (%.0f s)", sweep.metric, *o.metric, o.wall_s);
+  if (o.usable()) return absl::StrFormat("%s %.4g (%.0f s)", sweep.metric, *o.metric, o.wall_s);
+  if (o.finished) return absl::StrFormat("%s not finite (%.0f s)", sweep.metric, o.wall_s);
+  if (!o.stopped.empty()) return "STOPPED: " + o.stopped;
   return "FAILED: " + o.failure;
 }
 
-int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run) {
+int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run, bool rerun_changed) {
   std::vector<Planned> points = plan(sweep, out);
+  check_metric(sweep, points);
   const int cores = omp_get_num_procs();
   const int threads = std::max(1, cores / jobs);
   if (dry_run) {
     double flops = 0;
     std::cout << absl::StrFormat("sweep %s: %d points of %s, into %s\n", sweep.name, points.size(), sweep.recipe,
                                  out.string());
-    for (const Planned& q : points) {
+    for (Planned& q : points) {
       std::cout << "  " << q.result.point.name << ": ";
       if (!q.recipe_error.empty()) {
-        std::cout << "REFUSED: " << q.recipe_error << "\n";
+        std::cout << "REFUSED (training would refuse it): " << q.recipe_error << "\n";
+        continue;
+      }
+      const std::string changed = changed_point(q);
+      refresh(sweep, q);
+      if (changed.empty() && q.result.outcome.finished) {
+        std::cout << "finished earlier, " << describe(sweep, q) << "\n";
         continue;
       }
       flops += q.result.flops;
-      std::cout << absl::StrFormat("%.3gM parameters, %d tokens, %.3g training FLOPs\n", q.result.outcome.params / 1e6,
-                                   q.result.tokens, q.result.flops);
+      std::cout << absl::StrFormat("%.3gM parameters, %d tokens, %.3g training FLOPs%s\n", q.result.outcome.params / 1e6,
+                                   q.result.tokens, q.result.flops,
+                                   changed.empty() ? "" : " (CHANGED: " + changed + "; needs --rerun-changed)");
     }
     const double peak = measured_peak_flops(cpu_device(), DType::f32);
     std::cout << absl::StrFormat(
-        "estimated %.1f min on this machine's CPU (at 40%% of its measured %.0f GFLOP/s, %d job(s) of %d thread(s))\n",
+        "estimated %.1f min on this machine's CPU for the points left (at 40%% of its measured %.0f GFLOP/s, %d job(s) "
+        "of %d thread(s))\n",
         flops / (0.4 * peak) / 60.0, peak / 1e9, jobs, threads);
     return 0;
   }
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec) throw UserError("cannot create the sweep folder " + out.string() + ": " + ec.message());
-  std::ofstream(out / "sweep_file") << fs::absolute(sweep.file).string() << "\n";
+  settle_changed_points(points, out, rerun_changed, false);
+  ok_or_throw(write_file_atomically((out / "sweep_file").string(), fs::absolute(sweep.file).string() + "\n"));
   struct sigaction sa {};
   sa.sa_handler = on_interrupt;
   sigaction(SIGINT, &sa, nullptr);
@@ -332,6 +455,7 @@ int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run) {
   const size_t n = points.size();
   size_t done = 0, next = 0;
   std::map<pid_t, size_t> running;
+  bool stopping = false;  // the running points were sent SIGTERM
   auto report = [&](size_t i, const std::string& what) {
     ++done;
     std::cout << absl::StrFormat("[%d/%d] %s: %s\n", done, n, points[i].result.point.name, what) << std::flush;
@@ -349,27 +473,44 @@ int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run) {
         ++next;
       } else {
         fs::remove(q.dir + ".failed", ec);
-        running[launch(sweep, q, threads)] = next++;
+        fs::remove(q.dir + ".stopped", ec);
+        running[launch(q, sweep, threads)] = next++;
       }
+    }
+    if (g_interrupted && !stopping) {
+      // Stop every running point now (each saves a checkpoint of the step it is on), not when it ends.
+      for (const auto& [pid, i] : running) ::kill(pid, SIGTERM);
+      stopping = true;
     }
     if (running.empty()) {
       if (g_interrupted) break;
       continue;
     }
+    // Polled, so that a signal arriving just before a blocking wait cannot leave the points running.
     int status = 0;
-    const pid_t pid = waitpid(-1, &status, 0);
-    if (pid < 0) {
-      if (errno == EINTR) continue;
-      break;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid == 0 || (pid < 0 && errno == EINTR)) {
+      ::usleep(50 * 1000);
+      continue;
     }
+    if (pid < 0) break;
     auto it = running.find(pid);
     if (it == running.end()) continue;
     Planned& q = points[it->second];
     running.erase(it);
     refresh(sweep, q);
     if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0 && q.result.outcome.finished)) {
-      const std::string reason = failure_reason(q.dir + ".log", status);
-      std::ofstream(q.dir + ".failed") << reason << "\n";
+      const bool by_signal = (WIFEXITED(status) && (WEXITSTATUS(status) == 128 + SIGTERM ||
+                                                    WEXITSTATUS(status) == 128 + SIGINT)) ||
+                             (WIFSIGNALED(status) && (WTERMSIG(status) == SIGTERM || WTERMSIG(status) == SIGINT));
+      if (stopping && by_signal) {
+        const std::string why = absl::StrFormat(
+            "stopped by the sweep's %s after step %d%s", strsignal(g_interrupted), q.result.outcome.last_step,
+            has_checkpoint(q.dir) ? " (a checkpoint saved)" : " (before its first checkpoint: it starts again)");
+        ok_or_throw(write_file_atomically(q.dir + ".stopped", why + "\n"));
+      } else {
+        ok_or_throw(write_file_atomically(q.dir + ".failed", failure_reason(q.dir + ".log", status) + "\n"));
+      }
       refresh(sweep, q);
     }
     report(static_cast<size_t>(&q - points.data()), describe(sweep, q));
@@ -384,8 +525,9 @@ int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run) {
   size_t unfinished = 0;
   for (const Planned& q : points) unfinished += q.result.outcome.finished ? 0 : 1;
   if (g_interrupted) {
-    std::cout << "sweep interrupted: run it again to finish the " << unfinished << " points left\n";
-    return 130;
+    std::cout << absl::StrFormat("sweep stopped (%s): run it again to finish the %d points left\n",
+                                 strsignal(g_interrupted), unfinished);
+    return 128 + g_interrupted;
   }
   if (unfinished > 0) {
     std::cerr << absl::StrFormat("seqlab sweep: %d of %d points did not finish (their reasons are in results.md)\n",
@@ -400,7 +542,7 @@ int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run) {
 int sweep_command(const std::vector<std::string>& args) {
   int code = 0;
   const int guarded = run_guarded("sweep", [&] {
-    Flags f(args, "sweep", {"--jobs", "--out", "--report"}, {"--dry-run", "--help", "-h"}, {}, 1);
+    Flags f(args, "sweep", {"--jobs", "--out", "--report"}, {"--dry-run", "--rerun-changed", "--help", "-h"}, {}, 1);
     if (f.has("--help") || f.has("-h")) {
       std::cout << kSweepUsage;
       return;
@@ -414,6 +556,7 @@ int sweep_command(const std::vector<std::string>& args) {
       }
       const Sweep sweep = value_or_throw(load_sweep(file));
       std::vector<Planned> points = plan(sweep, dir);
+      settle_changed_points(points, dir, false, true);
       for (Planned& q : points) refresh(sweep, q);
       write_results(sweep, dir, points);
       std::vector<PointResult> results;
@@ -431,7 +574,7 @@ int sweep_command(const std::vector<std::string>& args) {
     const int jobs = f.number<int>("--jobs", 1);
     if (jobs < 1) throw UserError("--jobs expects 1 or more, got " + f.get("--jobs"));
     const fs::path out = f.has("--out") ? fs::path(f.get("--out")) : fs::path("runs") / sweep.name;
-    code = run_sweep(sweep, out, jobs, f.has("--dry-run"));
+    code = run_sweep(sweep, out, jobs, f.has("--dry-run"), f.has("--rerun-changed"));
   });
   return guarded != 0 ? guarded : code;
 }

@@ -173,4 +173,18 @@ EvalReport evaluate_all(LanguageModel& model, const Data& data, const Recipe& r,
   return report;
 }
 
+std::vector<std::string> reported_metrics(const Recipe& r) {
+  std::vector<std::string> out{"loss", "lr", "grad_norm", "tokens_per_s", "mfu", "elapsed_s", "tokens", "train_flops"};
+  const bool synthetic = r.data.source != "text" && r.data.source != "shards";
+  const bool bytes = (r.data.source == "text" && r.data.tokenizer == "byte") || r.data.source == "shards";
+  std::vector<std::string> eval{"val_loss", "val_ppl"};
+  if (bytes) eval.push_back("val_bpb");
+  if (synthetic) eval.push_back("val_acc");
+  out.insert(out.end(), eval.begin(), eval.end());
+  for (int64_t len : r.eval.seq_len) {
+    for (const std::string& name : eval) out.push_back(absl::StrCat(name, "@", len));
+  }
+  return out;
+}
+
 }  // namespace seqlab::cli

@@ -7,6 +7,7 @@
 #include <absl/strings/str_join.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +27,16 @@ absl::Status bad(const std::string& file, const std::string& what) {
   return absl::InvalidArgumentError(file + ": " + what);
 }
 
+// A double as the shortest TOML literal that reads back to the same bits (0.00012345678, 1e+30, 1.0,
+// inf, nan): a point trains at its grid value to the last digit.
+std::string exact_number(double x) {
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, x);
+  std::string s(buf, ec == std::errc() ? end : buf);
+  if (s.find_first_of(".eni") == std::string::npos) s += ".0";  // a float, not an integer, in TOML
+  return s;
+}
+
 // A TOML value as the literal a --set override takes (strings quoted, numbers as TOML writes them).
 std::optional<std::string> literal_of(const toml::node& node) {
   if (node.is_string()) {
@@ -38,7 +49,7 @@ std::optional<std::string> literal_of(const toml::node& node) {
     return out + "\"";
   }
   if (node.is_integer()) return std::to_string(*node.value<int64_t>());
-  if (node.is_floating_point()) return absl::StrCat(*node.value<double>());
+  if (node.is_floating_point()) return exact_number(*node.value<double>());
   if (node.is_boolean()) return *node.value<bool>() ? "true" : "false";
   // A list of such values (eval.seq_len = [256, 1024]), flat: recipe keys hold no nested lists.
   if (const toml::array* a = node.as_array()) {
@@ -161,6 +172,7 @@ std::vector<SweepPoint> expand_grid(const Sweep& sweep) {
   // Short keys name the folders unless two axes share one (then the whole key).
   std::map<std::string, int> uses;
   for (const SweepAxis& a : sweep.axes) ++uses[short_key(a.key)];
+  std::map<std::string, int> names;  // how many points each cleaned name would serve
   for (SweepPoint& p : points) {
     std::vector<std::string> parts;
     p.overrides = sweep.fixed;
@@ -175,9 +187,48 @@ std::vector<SweepPoint> expand_grid(const Sweep& sweep) {
       p.overrides.push_back(key + "=" + p.values[i]);
     }
     p.name = absl::StrJoin(parts, ",");
+    ++names[p.name];
+  }
+  // A folder is one point's: where cleaning made two names alike ("a b" and "a_b"), or a name is too long
+  // for a file name with its ".failed" beside it, the name is cut and a hash of the exact values added.
+  for (SweepPoint& p : points) {
+    if (names[p.name] == 1 && p.name.size() <= kMaxPointName) continue;
+    const std::string tag = ",hash=" + point_hash(p.values);
+    if (p.name.size() + tag.size() > kMaxPointName) p.name.resize(kMaxPointName - tag.size());
+    p.name += tag;
   }
   return points;
 }
+
+std::string point_hash(const std::vector<std::string>& values) {
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a over the literals, each ended by a NUL
+  for (const std::string& v : values) {
+    for (char c : v) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
+    h = (h ^ 0) * 0x100000001b3ULL;
+  }
+  return absl::StrFormat("%016x", h);
+}
+
+namespace {
+// The number a metrics line logs under `key`: NaN for null (a value that was not finite) and for the
+// nan/inf that runs before null wrote; nullopt when the line has no such field.
+std::optional<double> logged_number(const std::string& line, const std::string& key) {
+  const std::string tag = "\"" + key + "\": ";
+  const size_t at = line.find(tag);
+  if (at == std::string::npos) return std::nullopt;
+  if (line.compare(at + tag.size(), 4, "null") == 0) return std::nan("");
+  if (std::optional<double> v = cli::metrics_field(line, key)) return std::isfinite(*v) ? *v : std::nan("");
+  return std::nullopt;
+}
+
+std::string first_line_of(const std::string& file) {
+  std::string text = slurp(file);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  return text;
+}
+}  // namespace
+
+bool PointOutcome::usable() const { return finished && metric && std::isfinite(*metric); }
 
 PointOutcome read_outcome(const std::string& run_dir, const std::string& metric, int64_t steps) {
   PointOutcome o;
@@ -189,7 +240,7 @@ PointOutcome read_outcome(const std::string& run_dir, const std::string& metric,
     o.last_step = static_cast<int64_t>(*step);
     if (std::optional<double> e = cli::metrics_field(line, "elapsed_s")) o.wall_s = *e;
     if (o.last_step == steps) {
-      if (std::optional<double> m = cli::metrics_field(line, metric)) o.metric = m;
+      if (std::optional<double> m = logged_number(line, metric)) o.metric = m;
     }
   }
   o.finished = o.last_step == steps && o.metric.has_value();
@@ -202,14 +253,19 @@ PointOutcome read_outcome(const std::string& run_dir, const std::string& metric,
     if (begin != std::string::npos && absl::SimpleAtod(log.substr(begin + 1, at - begin - 1), &n)) o.params = n;
   }
   if (!o.finished) {
-    o.failure = slurp(run_dir + ".failed");
-    while (!o.failure.empty() && o.failure.back() == '\n') o.failure.pop_back();
+    o.failure = first_line_of(run_dir + ".failed");
+    o.stopped = first_line_of(run_dir + ".stopped");
   }
   return o;
 }
 
+std::string point_status(const PointOutcome& o) {
+  if (o.finished) return o.usable() ? "ok" : "not_finite";
+  if (!o.failure.empty()) return "failed";
+  return o.stopped.empty() ? "unfinished" : "stopped";
+}
+
 namespace {
-std::string status_of(const PointOutcome& o) { return o.finished ? "ok" : !o.failure.empty() ? "failed" : "unfinished"; }
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
   std::string q = "\"";
@@ -227,13 +283,14 @@ std::string results_csv(const Sweep& sweep, const std::vector<PointResult>& resu
   for (const PointResult& r : results) {
     std::vector<std::string> row{csv_field(r.point.name)};
     for (const std::string& v : r.point.values) row.push_back(csv_field(display_value(v)));
-    row.push_back(status_of(r.outcome));
+    row.push_back(point_status(r.outcome));
     row.push_back(absl::StrFormat("%.0f", r.outcome.params));
     row.push_back(std::to_string(r.tokens));
     row.push_back(absl::StrFormat("%.4g", r.flops));
     row.push_back(absl::StrFormat("%.0f", r.state_size));
     row.push_back(absl::StrFormat("%.1f", r.outcome.wall_s));
-    row.push_back(r.outcome.metric ? absl::StrFormat("%.6g", *r.outcome.metric) : "");
+    // Exact (the shortest text that reads back to the logged double); empty when missing or not finite.
+    row.push_back(r.outcome.usable() ? exact_number(*r.outcome.metric) : "");
     out += absl::StrJoin(row, ",") + "\n";
   }
   return out;
@@ -269,6 +326,10 @@ SweepTable best_table(const Sweep& sweep, const std::vector<PointResult>& result
         if (t.column_axis >= 0 && r.point.values[t.column_axis] != col) continue;
         if (!r.outcome.finished) {
           cell.failed = cell.failed || !r.outcome.failure.empty();
+          continue;
+        }
+        if (!r.outcome.usable()) {  // NaN compares false both ways: never let it near the comparison
+          cell.not_finite = true;
           continue;
         }
         const double m = *r.outcome.metric;
@@ -308,7 +369,7 @@ std::vector<PowerLaw> power_law_fits(const SweepTable& table) {
 std::string results_table(const Sweep& sweep, const std::vector<PointResult>& results) {
   const SweepTable t = best_table(sweep, results);
   auto text_of = [&](const SweepCell& c) {
-    if (c.best == nullptr) return std::string(c.failed ? "failed" : "—");
+    if (c.best == nullptr) return std::string(c.failed ? "failed" : c.not_finite ? "not finite" : "—");
     std::vector<std::string> at;  // where the best sits on the other axes
     for (size_t i = 0; i < sweep.axes.size(); ++i) {
       if (static_cast<int>(i) == t.row_axis || static_cast<int>(i) == t.column_axis || sweep.axes[i].values.size() < 2) continue;
@@ -340,11 +401,17 @@ std::string results_table(const Sweep& sweep, const std::vector<PointResult>& re
       out += absl::StrFormat("- %s: a = %.4g, b = %.4g (%d cells)\n", display_value(f.row), f.a, f.b, f.points);
     }
   }
-  std::string failures;
+  // The points that give no number, each with its own reason.
+  std::string failures, not_finite, stopped;
   for (const PointResult& r : results) {
-    if (!r.outcome.finished && !r.outcome.failure.empty()) failures += "- " + r.point.name + ": " + r.outcome.failure + "\n";
+    const std::string status = point_status(r.outcome);
+    if (status == "failed") failures += "- " + r.point.name + ": " + r.outcome.failure + "\n";
+    if (status == "stopped") stopped += "- " + r.point.name + ": " + r.outcome.stopped + "\n";
+    if (status == "not_finite") not_finite += "- " + r.point.name + "\n";
   }
   if (!failures.empty()) out += "\nFailed points:\n" + failures;
+  if (!not_finite.empty()) out += "\nPoints that finished with " + sweep.metric + " not finite (never a best):\n" + not_finite;
+  if (!stopped.empty()) out += "\nStopped points (the next run of the sweep resumes them):\n" + stopped;
   return out;
 }
 

@@ -56,8 +56,13 @@ struct SweepPoint {
   std::vector<std::string> overrides;  // the --set arguments: fixed ones, then the point's
 };
 
-// Every combination of the axes' values, the first axis varying slowest.
+// Every combination of the axes' values, the first axis varying slowest. Each point's folder name is its
+// own: "key=value" parts with the values cleaned to [A-Za-z0-9.+_-]; where cleaning makes two names alike,
+// or a name is longer than kMaxPointName bytes, the name (cut to fit) ends in ",hash=" and point_hash.
 std::vector<SweepPoint> expand_grid(const Sweep& sweep);
+constexpr size_t kMaxPointName = 200;  // a file name holds 255 bytes; "NAME.failed", "NAME.log" fit beside
+// 16 hex digits of a 64-bit FNV-1a hash of a point's exact literals.
+std::string point_hash(const std::vector<std::string>& values);
 
 // A value as a folder name and a table shows it: strings unquoted, numbers as written.
 std::string display_value(const std::string& literal);
@@ -65,14 +70,21 @@ std::string display_value(const std::string& literal);
 // What a point's run folder says (nothing of it is trusted beyond the metrics it logged).
 struct PointOutcome {
   bool finished = false;  // its metrics.jsonl logged the last step and, there, the metric
+  // The metric at the last step: a number, or NaN where the run logged it as not finite (null); such a
+  // point finished but is never a cell's best nor a point of a fit.
   std::optional<double> metric;
   double params = 0;    // from the run's start line ("N parameters"), 0 when unknown
   double wall_s = 0;    // elapsed_s of its last logged step
   int64_t last_step = 0;
-  std::string failure;  // the reason recorded by the runner when the last attempt failed
+  std::string failure;  // RUN.failed: the reason recorded by the runner when the last attempt failed
+  std::string stopped;  // RUN.stopped: the sweep was stopped (a signal) while the point ran; it resumes
+  bool usable() const;  // finished with a finite metric
 };
-// Reads RUN/metrics.jsonl, RUN.log (the start line) and RUN.failed; `steps` is the point's train.steps.
+// Reads RUN/metrics.jsonl, RUN.log (the start line), RUN.failed and RUN.stopped; `steps` is the point's
+// train.steps.
 PointOutcome read_outcome(const std::string& run_dir, const std::string& metric, int64_t steps);
+// "ok", "not_finite" (finished, the metric not finite), "failed", "stopped" or "unfinished".
+std::string point_status(const PointOutcome& outcome);
 
 struct PointResult {
   SweepPoint point;
@@ -82,12 +94,14 @@ struct PointResult {
   double state_size = 0;  // decoding state per sequence at train.seq_len (MixerSpec::state_size, summed)
 };
 
-// The table: for each (row value, column value) of the table's axes, the best finished point over the other
-// axes (null when none finished) and whether a point of the cell failed.
+// The table: for each (row value, column value) of the table's axes, the best finished point with a finite
+// metric over the other axes (null when none), whether a point of the cell failed, and whether one
+// finished with a metric that is not finite.
 struct SweepCell {
   std::string row, column;  // literals
   const PointResult* best = nullptr;
   bool failed = false;
+  bool not_finite = false;
 };
 struct SweepTable {
   int row_axis = -1, column_axis = -1;  // indices into Sweep::axes; -1: none (one row, or one column)
