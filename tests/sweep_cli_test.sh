@@ -5,6 +5,10 @@
 # sweep's steps; a point that fails at run time (a diverging learning rate) and one whose recipe is refused
 # are recorded with their reasons while the others finish, and the sweep exits 1; --report writes the same
 # results again; --dry-run runs nothing; a missing or broken sweep file is refused with exit 2 and one line.
+# Results that never lie (docs/reliability.md): values reach the points exactly, a non-finite metric is never
+# the best, every JSON file strict, a changed sweep file refused (--rerun-changed), a misspelt metric refused
+# before anything runs, unique folder names, SIGTERM stops the points (stopped, not failed), SIGKILL takes
+# them along, no stale .failed, no gnuplot chatter, and the refusals of training named in the dry run.
 # Usage: sweep_cli_test.sh /path/to/seqlab
 set -u
 SEQLAB="$1"
@@ -69,14 +73,19 @@ rm -rf "$OUT/mixer=gla,lr=0.003" "$OUT/mixer=gla,lr=0.003.log"
 "$SEQLAB" sweep "$WORK/s.toml" --out "$OUT" > "$WORK/3.out" 2>&1
 [ $? -eq 0 ] && [ "$(grep -c 'finished earlier' "$WORK/3.out")" -eq 3 ] && grep -q 'mixer=gla,lr=0.003: val_loss' "$WORK/3.out" &&
   pass "a removed point runs again, alone" || { fail "the removed point"; cat "$WORK/3.out"; }
-# 4. A point stopped with a checkpoint at step 2 of 4 resumes to the sweep's 4 steps.
-rm -rf "$OUT/mixer=attention,lr=0.001" "$OUT/mixer=attention,lr=0.001.log"
-"$SEQLAB" "$WORK/base.toml" --set 'model.mixer="attention"' --set optim.lr=0.001 --set train.steps=2 \
-  --out "$OUT/mixer=attention,lr=0.001" > /dev/null 2>&1 || fail "the partial run"
+# 4. A point stopped with a checkpoint at step 2 of 4 resumes to the sweep's 4 steps: the point's own run,
+# its step-4 checkpoint and log lines removed as a stop after step 2 leaves them.
+P4="$OUT/mixer=attention,lr=0.001"
+rm -rf "$P4" "$P4.log"
+"$SEQLAB" "$WORK/base.toml" --set 'model.mixer="attention"' --set optim.lr=0.001 --set parallel.threads=1 \
+  --set log.progress=plain --out "$P4" > /dev/null 2>&1 || fail "the partial run"
+rm -f "$P4/ckpt_0000004.safetensors"
+python3 -c 'import json,sys; p=sys.argv[1]; k=[l for l in open(p) if json.loads(l)["step"] <= 2]; open(p,"w").writelines(k)' \
+  "$P4/metrics.jsonl"
 "$SEQLAB" sweep "$WORK/s.toml" --out "$OUT" > "$WORK/4.out" 2>&1
 steps=$(python3 -c 'import json,sys; print([json.loads(l)["step"] for l in open(sys.argv[1]) if "loss" in l])' \
-  "$OUT/mixer=attention,lr=0.001/metrics.jsonl")
-[ $? -eq 0 ] && grep -q 'resumed at step 2' "$OUT/mixer=attention,lr=0.001.log" && [ "$steps" = "[1, 2, 3, 4]" ] &&
+  "$P4/metrics.jsonl")
+[ $? -eq 0 ] && grep -q 'resumed at step 2' "$P4.log" && [ "$steps" = "[1, 2, 3, 4]" ] &&
   pass "a point stopped at step 2 resumed to step 4: steps $steps" || { fail "resume of a point: $steps"; cat "$WORK/4.out"; }
 # 5. --report writes the same results again.
 cp "$OUT/results.md" "$WORK/results.before"
@@ -121,5 +130,133 @@ refused "--jobs 0" "--jobs expects 1 or more" "$WORK/s.toml" --jobs 0
 printf 'recipe = "nowhere.toml"\n[grid]\n"optim.lr" = [1]\n' > "$WORK/norecipe.toml"
 refused "a base recipe that does not exist" "its recipe $WORK/nowhere.toml does not exist" "$WORK/norecipe.toml"
 refused "--report of a folder that is no sweep" "is not a sweep folder" --report "$WORK"
+# 9. A point is its recipe, and a metric that is not finite is never the best: lr = 0.00012345678 trains at
+# that value to the last digit (the 6-digit 0.000123457 before), 1e30 diverges and, with on_nonfinite =
+# "skip", finishes with val_loss null; the best over lr is the finite point, exit 0, every JSON file strict.
+cat > "$WORK/exact.toml" <<'TOML'
+name = "exact"
+recipe = "base.toml"
+best_over = ["optim.lr"]
+[grid]
+"optim.lr" = [0.00012345678, 1e30]
+[set]
+"train.on_nonfinite" = "skip"
+"train.max_skipped" = 1000
+TOML
+"$SEQLAB" sweep "$WORK/exact.toml" --out "$WORK/exact" > "$WORK/exact.out" 2>&1
+rc=$?
+lr=$(sed -n 's/^lr = \([^ ]*\) .*/\1/p' "$WORK/exact/lr=0.00012345678/recipe.toml")
+if [ "$rc" -eq 0 ] && [ "$lr" = "0.00012345678" ] && grep -q '^|  | [0-9.]* (lr=0.00012345678) |$' "$WORK/exact/results.md" \
+   && grep -q '^lr=1e+30,1e+30,not_finite,.*,$' "$WORK/exact/results.csv" && grep -q '^lr=0.00012345678,.*,ok,.*,[0-9.]*$' "$WORK/exact/results.csv"; then
+  pass "exact lr ($lr), the finite point is the best, the diverged one not_finite, exit 0"
+else
+  fail "exact values and a non-finite metric (exit $rc, lr '$lr')"; cat "$WORK/exact.out" "$WORK/exact/results.csv"
+fi
+if python3 - "$WORK/exact" <<'PY'
+import json, pathlib, sys
+def refuse(name):
+    raise ValueError(f"not JSON: {name}")
+files = [p for p in pathlib.Path(sys.argv[1]).rglob("*") if p.suffix in (".json", ".jsonl")]
+assert files, "no JSON files"
+for p in files:
+    text = p.read_text()
+    for line in (text.splitlines() if p.suffix == ".jsonl" else [text]):
+        json.loads(line, parse_constant=refuse)
+PY
+then pass "every .json and .jsonl of a sweep with a diverged point parses strictly"; else fail "strict JSON"; fi
+# 10. The sweep file changed since its points ran ([set] train.seed): refused before anything runs, naming
+# the point, the key and both values; --rerun-changed moves the old runs aside and trains them anew.
+sed 's/^"train.max_skipped" = 1000$/"train.max_skipped" = 1000\n"train.seed" = 5/' "$WORK/exact.toml" > "$WORK/exact2.toml"
+before=$(cat "$WORK/exact"/*.log | md5sum)
+"$SEQLAB" sweep "$WORK/exact2.toml" --out "$WORK/exact" > "$WORK/changed.out" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && [ "$(wc -l < "$WORK/changed.out")" -eq 1 ] &&
+  grep -qF "exact/lr=0.00012345678 was trained with train.seed = 1337, the sweep now gives 5; 2 points differ so: retrain such points with --rerun-changed" "$WORK/changed.out" &&
+  [ "$(cat "$WORK/exact"/*.log | md5sum)" = "$before" ] &&
+  pass "a changed [set] is refused: $(cat "$WORK/changed.out")" || { fail "changed [set] (exit $rc)"; cat "$WORK/changed.out"; }
+"$SEQLAB" sweep "$WORK/exact2.toml" --out "$WORK/exact" --rerun-changed > "$WORK/rerun.out" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && [ -f "$WORK/exact/replaced/lr=0.00012345678/recipe.toml" ] &&
+  grep -q '^seed = 5 ' "$WORK/exact/lr=0.00012345678/recipe.toml" && [ "$(grep -c '^rerun: ' "$WORK/rerun.out")" -eq 2 ] &&
+  pass "--rerun-changed: the old runs in replaced/, the points trained anew with seed 5" ||
+  { fail "--rerun-changed (exit $rc)"; cat "$WORK/rerun.out"; }
+# 11. A misspelt metric is refused before any point runs (no folder made), with the near miss.
+printf 'recipe = "base.toml"\nmetric = "val_los"\n[grid]\n"optim.lr" = [1e-3]\n' > "$WORK/metric.toml"
+refused_before() {
+  "$SEQLAB" sweep "$WORK/metric.toml" --out "$WORK/metric" > "$WORK/m.out" 2>&1
+  local rc=$?
+  [ "$rc" -eq 2 ] && [ "$(wc -l < "$WORK/m.out")" -eq 1 ] && [ ! -e "$WORK/metric" ] &&
+    grep -qF 'metric = "val_los" is not logged by the runs of point lr=0.001 (did you mean "val_loss"?)' "$WORK/m.out" &&
+    pass "a misspelt metric, before any point: $(cat "$WORK/m.out")" || { fail "misspelt metric (exit $rc)"; cat "$WORK/m.out"; }
+}
+refused_before
+# 12. Values whose folder names clean up alike are two points in two folders; a name too long for a file
+# name is cut and hashed; each point trained its own value.
+long=$(printf 'x%.0s' $(seq 300))
+printf 'recipe = "base.toml"\n[grid]\n"log.sample_prompt" = ["a b", "a_b", "%s"]\n' "$long" > "$WORK/names.toml"
+"$SEQLAB" sweep "$WORK/names.toml" --out "$WORK/names" > "$WORK/names.out" 2>&1
+rc=$?
+n_dirs=$(find "$WORK/names" -mindepth 1 -maxdepth 1 -type d | wc -l)
+prompts=$(cat "$WORK/names"/*/recipe.toml | sed -n 's/^sample_prompt = "\([^"]*\)".*/\1/p' | sort | cut -c1-5 | tr '\n' '|')
+[ "$rc" -eq 0 ] && [ "$n_dirs" -eq 3 ] && [ "$prompts" = "a b|a_b|xxxxx|" ] && [ "$(grep -c ',ok,' "$WORK/names/results.csv")" -eq 3 ] &&
+  pass "colliding and over-long folder names: 3 folders, each its own value" ||
+  { fail "folder names (exit $rc, $n_dirs folders, prompts $prompts)"; cat "$WORK/names.out"; ls "$WORK/names"; }
+# 13. A sweep owns its points: SIGTERM stops the running points at once (each saves a checkpoint, recorded
+# as stopped, not failed); SIGKILL of the sweep takes its points with it (none trains on as an orphan).
+printf 'recipe = "base.toml"\n[grid]\n"optim.lr" = [1e-3, 2e-3]\n[set]\n"train.steps" = 1000000\n"checkpoint.every" = 0\n"log.eval_every" = 1000000\n' \
+  > "$WORK/long.toml"
+started() {  # SWEEP_PID: waits until both points have logged a step
+  for _ in $(seq 300); do
+    [ -s "$WORK/long/lr=0.001/metrics.jsonl" ] && [ -s "$WORK/long/lr=0.002/metrics.jsonl" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+"$SEQLAB" sweep "$WORK/long.toml" --jobs 2 --out "$WORK/long" > "$WORK/long.out" 2>&1 &
+sp=$!
+started && kill -TERM $sp
+wait $sp
+rc=$?
+[ "$rc" -eq 143 ] && [ "$(grep -c ',stopped,' "$WORK/long/results.csv")" -eq 2 ] && ! ls "$WORK/long"/*.failed > /dev/null 2>&1 &&
+  ls "$WORK/long/lr=0.001"/ckpt_*.safetensors > /dev/null 2>&1 && grep -q 'stopped by SIGTERM to the sweep after step' "$WORK/long/lr=0.002.stopped" &&
+  pass "SIGTERM: both points stopped at once with a checkpoint, recorded as stopped, exit 143" ||
+  { fail "SIGTERM (exit $rc)"; cat "$WORK/long.out"; }
+"$SEQLAB" sweep "$WORK/long.toml" --jobs 2 --out "$WORK/long" > "$WORK/long2.out" 2>&1 &
+sp=$!
+for _ in $(seq 300); do  # both points resumed from their stop
+  grep -q 'resumed at step' "$WORK/long/lr=0.001.log" && grep -q 'resumed at step' "$WORK/long/lr=0.002.log" && break
+  sleep 0.1
+done
+kids=$(pgrep -P $sp | tr '\n' ' ')
+kill -KILL $sp
+wait $sp 2> /dev/null
+alive=""
+for _ in $(seq 100); do
+  alive=""
+  for k in $kids; do kill -0 "$k" 2> /dev/null && alive="$alive $k"; done
+  [ -z "$alive" ] && break
+  sleep 0.1
+done
+[ -n "$kids" ] && [ -z "$alive" ] && grep -q 'resumed at step' "$WORK/long/lr=0.001.log" &&
+  pass "SIGKILL of the sweep: its points ($kids) ended with it; they had resumed from the stop" ||
+  { fail "SIGKILL: points '$kids', alive '$alive'"; for k in $alive; do kill -KILL "$k"; done; }
+# 14. A stale .failed beside a point that finished is gone after the next sweep, its status ok.
+echo "seqlab train: an old failure" > "$OUT/mixer=gla,lr=0.001.failed"
+"$SEQLAB" sweep "$WORK/s.toml" --out "$OUT" > "$WORK/stale.out" 2>&1
+[ $? -eq 0 ] && [ ! -e "$OUT/mixer=gla,lr=0.001.failed" ] && grep -q '^"mixer=gla,lr=0.001",.*,ok,' "$OUT/results.csv" &&
+  pass "a stale .failed does not outlive the finished point" || { fail "stale .failed"; cat "$WORK/stale.out"; }
+# 15. gnuplot's own warnings (one point per line: "empty x range") stay out of the sweep's output.
+! grep -qi 'warning' "$WORK/1.out" "$WORK/exact.out" && pass "no gnuplot warnings in the sweep's output" ||
+  { fail "gnuplot warnings"; grep -i warning "$WORK/1.out" "$WORK/exact.out"; }
+# 16. The dry run says which points training would refuse (a model too big for the host), and the sweep
+# records that reason, not an exit status.
+printf 'recipe = "base.toml"\n[grid]\n"model.d_model" = [16, 65536]\n[set]\n"model.n_layers" = 64\n' > "$WORK/big.toml"
+"$SEQLAB" sweep "$WORK/big.toml" --out "$WORK/big" --dry-run > "$WORK/big.out" 2>&1
+grep -q '^  d_model=65536: REFUSED (training would refuse it): .*model.d_model = 65536 makes the model too big' "$WORK/big.out" &&
+  pass "--dry-run names the point training would refuse" || { fail "dry run of a model too big"; cat "$WORK/big.out"; }
+"$SEQLAB" sweep "$WORK/big.toml" --out "$WORK/big" > "$WORK/big.out" 2>&1
+rc=$?
+[ "$rc" -eq 1 ] && grep -q '^- d_model=65536: .*makes the model too big' "$WORK/big/results.md" &&
+  pass "a point refused for its size: its own reason in results.md" || { fail "too big (exit $rc)"; cat "$WORK/big/results.md"; }
 echo "failures: $failures"
 [ "$failures" -eq 0 ]

@@ -60,6 +60,7 @@ constexpr char kSweepUsage[] =
 
 volatile sig_atomic_t g_interrupted = 0;  // the signal that stops the sweep (SIGINT, SIGTERM), 0 while none
 void on_interrupt(int signal) { g_interrupted = signal; }
+std::string signal_name(int signal) { return signal == SIGINT ? "SIGINT (Ctrl-C)" : signal == SIGTERM ? "SIGTERM" : strsignal(signal); }
 
 // Keys a point may run with other values than the plan's without being another run: the sweep sets them
 // per launch (threads from --jobs, plain progress lines), and the folder is the point's own.
@@ -74,6 +75,7 @@ struct Planned {
   std::string recipe_error;  // the point's recipe does not load, or training would refuse it: it fails
                              // without running
   std::optional<Recipe> recipe;  // as loaded (when it loads)
+  std::streamoff log_start = 0;  // where the running attempt's output starts in DIR.log
 };
 
 std::vector<Planned> plan(const Sweep& sweep, const fs::path& out) {
@@ -339,19 +341,22 @@ bool has_checkpoint(const std::string& dir) {
   return false;
 }
 
-// The last line of a point's log that says why it failed ("seqlab ...: ..."), or the exit status.
-std::string failure_reason(const std::string& log, int status) {
+// Why a point's attempt failed: the last error line its process wrote into the log after `from` (where
+// the attempt's output starts: the log gathers every attempt) — "seqlab COMMAND: ...", the form every
+// refusal and error takes; notices and the start line are "seqlab: ..." — else its last line, with the
+// exit status; never empty.
+std::string failure_reason(const std::string& log, std::streamoff from, int status) {
   std::ifstream in(log);
-  std::string line, reason;
+  in.seekg(from);
+  std::string line, reason, last;
   while (std::getline(in, line)) {
-    if (line.rfind("seqlab", 0) == 0 && line.find(": ") != std::string::npos && line.find(" parameters;") == std::string::npos &&
-        line.rfind("seqlab: removed", 0) != 0) {
-      reason = line;
-    }
+    if (line.rfind("seqlab ", 0) == 0 && line.find(": ") != std::string::npos) reason = line;
+    if (!line.empty()) last = line;
   }
   if (!reason.empty()) return reason;
-  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
-  return absl::StrCat("exit ", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  const std::string exit = WIFSIGNALED(status) ? absl::StrCat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")")
+                                               : absl::StrCat("exit ", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  return last.empty() ? exit : absl::StrCat(exit, "; its last line: ", last);
 }
 
 // Starts one point: `seqlab RECIPE --set ... --out DIR`, or `seqlab --resume DIR` when it stopped with a
@@ -359,13 +364,15 @@ std::string failure_reason(const std::string& log, int status) {
 // The point runs in a process group of its own, so that a Ctrl-C at the terminal reaches the sweep alone,
 // which stops each point once (SIGTERM: it saves a checkpoint); and it gets SIGTERM when the sweep dies,
 // even by SIGKILL (the parent-death signal), so no point trains on as an orphan.
-pid_t launch(const Planned& q, const Sweep& sweep, int threads) {
+pid_t launch(Planned& q, const Sweep& sweep, int threads) {
   std::vector<std::string> argv{"/proc/self/exe"};
+  std::error_code ec;
+  const auto size = fs::file_size(q.dir + ".log", ec);
+  q.log_start = ec ? 0 : static_cast<std::streamoff>(size);
   const bool resume = has_checkpoint(q.dir);
   if (resume) {
     argv.insert(argv.end(), {"--resume", q.dir});
   } else {
-    std::error_code ec;
     fs::remove_all(q.dir, ec);  // an attempt that wrote no checkpoint: nothing to keep
     argv.push_back(sweep.recipe);
     for (const std::string& o : q.result.point.overrides) argv.insert(argv.end(), {"--set", o});
@@ -505,11 +512,11 @@ int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run, b
                              (WIFSIGNALED(status) && (WTERMSIG(status) == SIGTERM || WTERMSIG(status) == SIGINT));
       if (stopping && by_signal) {
         const std::string why = absl::StrFormat(
-            "stopped by the sweep's %s after step %d%s", strsignal(g_interrupted), q.result.outcome.last_step,
+            "stopped by %s to the sweep after step %d%s", signal_name(g_interrupted), q.result.outcome.last_step,
             has_checkpoint(q.dir) ? " (a checkpoint saved)" : " (before its first checkpoint: it starts again)");
         ok_or_throw(write_file_atomically(q.dir + ".stopped", why + "\n"));
       } else {
-        ok_or_throw(write_file_atomically(q.dir + ".failed", failure_reason(q.dir + ".log", status) + "\n"));
+        ok_or_throw(write_file_atomically(q.dir + ".failed", failure_reason(q.dir + ".log", q.log_start, status) + "\n"));
       }
       refresh(sweep, q);
     }
@@ -525,8 +532,8 @@ int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run, b
   size_t unfinished = 0;
   for (const Planned& q : points) unfinished += q.result.outcome.finished ? 0 : 1;
   if (g_interrupted) {
-    std::cout << absl::StrFormat("sweep stopped (%s): run it again to finish the %d points left\n",
-                                 strsignal(g_interrupted), unfinished);
+    std::cout << absl::StrFormat("sweep stopped by %s: run it again to finish the %d points left\n",
+                                 signal_name(g_interrupted), unfinished);
     return 128 + g_interrupted;
   }
   if (unfinished > 0) {

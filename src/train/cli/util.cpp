@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <new>
 #include <stdexcept>
@@ -100,14 +101,27 @@ void run_gnuplot(const std::string& script, const std::string& out) {
     throw UserError("gnuplot is not installed (Debian: apt-get install gnuplot-nox; ./train installs it)");
   }
   const std::string tmp = out + ".tmp";
-  FILE* gp = popen("gnuplot 2>&1", "w");
+  // gnuplot's own messages (its warnings about a range of one point, say) go to a file beside the plot,
+  // not to the command's output; they are shown only when the plot fails.
+  const std::string messages = out + ".gnuplot.tmp";
+  FILE* gp = popen(("gnuplot > '" + absl::StrReplaceAll(messages, {{"'", "'\\''"}}) + "' 2>&1").c_str(), "w");
   if (gp == nullptr) throw UserError("could not start gnuplot");
   std::fputs(script.c_str(), gp);
   const int status = pclose(gp);
   std::error_code ec;
   if (status == 0) std::filesystem::rename(tmp, out, ec);
   std::filesystem::remove(tmp, ec);
-  if (status != 0 || !std::filesystem::exists(out)) throw UserError("gnuplot failed to draw " + out);
+  std::string said;
+  {
+    std::ifstream in(messages);
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty()) said = line;  // the last thing gnuplot said
+    }
+  }
+  std::filesystem::remove(messages, ec);
+  if (status != 0 || !std::filesystem::exists(out)) {
+    throw UserError("gnuplot failed to draw " + out + (said.empty() ? "" : " (" + said + ")"));
+  }
 }
 
 std::string describe_current_exception() {
