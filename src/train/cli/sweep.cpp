@@ -432,7 +432,9 @@ int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run, b
         continue;
       }
       const std::string changed = changed_point(q);
-      refresh(sweep, q);
+      const double planned_params = q.result.outcome.params;
+      q.result.outcome = read_outcome(q.dir, sweep.metric, q.steps);  // reads only: a dry run changes nothing
+      if (q.result.outcome.params == 0) q.result.outcome.params = planned_params;
       if (changed.empty() && q.result.outcome.finished) {
         std::cout << "finished earlier, " << describe(sweep, q) << "\n";
         continue;
