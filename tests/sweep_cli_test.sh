@@ -215,6 +215,12 @@ started() {  # SWEEP_PID: waits until both points have logged a step
 "$SEQLAB" sweep "$WORK/long.toml" --jobs 2 --out "$WORK/long" > "$WORK/long.out" 2>&1 &
 sp=$!
 started && kill -TERM $sp
+# The sweep and its points end at once (a few seconds at most); one that does not is a failure, not a hang.
+for _ in $(seq 300); do kill -0 $sp 2> /dev/null || break; sleep 0.1; done
+if kill -0 $sp 2> /dev/null; then
+  fail "SIGTERM: the sweep still runs 30 s later"
+  pkill -KILL -P $sp; kill -KILL $sp
+fi
 wait $sp
 rc=$?
 [ "$rc" -eq 143 ] && [ "$(grep -c ',stopped,' "$WORK/long/results.csv")" -eq 2 ] && ! ls "$WORK/long"/*.failed > /dev/null 2>&1 &&
