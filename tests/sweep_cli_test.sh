@@ -264,5 +264,34 @@ grep -q '^  d_model=65536: REFUSED (training would refuse it): .*model.d_model =
 rc=$?
 [ "$rc" -eq 1 ] && grep -q '^- d_model=65536: .*makes the model too big' "$WORK/big/results.md" &&
   pass "a point refused for its size: its own reason in results.md" || { fail "too big (exit $rc)"; cat "$WORK/big/results.md"; }
+# 17. A fair comparison (docs/scaling.md): the base recipe leaves norm, FFN, positions and biases at "auto",
+# which would resolve to GPT-2's block for attention and RMSNorm/SwiGLU for GLA; the sweep pins them to the
+# base's resolution, says so, and the points' recipes are equal in every key but model.mixer.
+if python3 - "$OUT/mixer=attention,lr=0.001/recipe.toml" "$OUT/mixer=gla,lr=0.001/recipe.toml" <<'PY'
+import sys, tomllib
+def flat(path):
+    out = {}
+    def walk(t, prefix):
+        for k, v in t.items():
+            if isinstance(v, dict):
+                walk(v, prefix + k + ".")
+            else:
+                out[prefix + k] = v
+    walk(tomllib.load(open(path, "rb")), "")
+    return out
+a, b = flat(sys.argv[1]), flat(sys.argv[2])
+differ = sorted(k for k in a.keys() & b.keys() if a[k] != b[k] and k not in ("log.out_dir", "parallel.threads"))
+assert differ == ["model.mixer"], differ
+assert a["model.norm"] == b["model.norm"] == "layernorm" and a["model.mlp"] == "gelu", a
+PY
+then
+  grep -q '^fair comparison: model.mlp = "gelu", model.norm = "layernorm", model.positions = "learned", model.bias = true for every point' "$WORK/1.out" &&
+    grep -q "^Every point's block and training settings (resolved), besides the grid's keys: .*model.norm = \"layernorm\"" "$OUT/results.md" &&
+    ! grep -q 'Not a fair comparison' "$OUT/results.md" &&
+    pass "mixers compared on one block: the points' recipes differ in model.mixer alone, the pins said" ||
+    { fail "fair comparison: the note or results.md"; head -3 "$WORK/1.out"; tail -5 "$OUT/results.md"; }
+else
+  fail "fair comparison: the points' recipes differ in more than model.mixer"
+fi
 echo "failures: $failures"
 [ "$failures" -eq 0 ]

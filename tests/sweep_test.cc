@@ -324,5 +324,40 @@ TEST_F(SweepTest, AStoppedPointIsNotAFailure) {
   EXPECT_EQ(table.find("Failed points"), std::string::npos) << table;
 }
 
+// Fair comparisons: results.md lists the settings every point shares, and flags a key other than the
+// grid's (or the per-launch ones) whose value differs between points, with each value and where it is.
+TEST_F(SweepTest, ResultsListTheSharedSettingsAndFlagConfounds) {
+  Sweep s = *load_sweep(put("x.toml", "recipe = \"r.toml\"\n[grid]\n\"model.mixer\" = [\"attention\", \"gla\"]\n"));
+  std::vector<PointResult> results;
+  for (const SweepPoint& p : expand_grid(s)) {
+    PointResult r;
+    r.point = p;
+    const bool gla = p.name == "mixer=gla";
+    r.settings = {{"model.mixer", gla ? "\"gla\"" : "\"attention\""},
+                  {"model.norm", "\"rmsnorm\""},
+                  {"model.n_layers", "4"},
+                  {"parallel.threads", gla ? "1" : "2"},  // per launch: never a confound
+                  {"optim.warmup_steps", gla ? "10" : "30"}};
+    results.push_back(r);
+  }
+  std::vector<Confound> c = confounds(s, results);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].key, "optim.warmup_steps");
+  EXPECT_EQ(c[0].values, (std::vector<std::pair<std::string, std::string>>{{"30", "mixer=attention"}, {"10", "mixer=gla"}}));
+  std::string table = results_table(s, results);
+  EXPECT_NE(table.find("Every point's block and training settings (resolved), besides the grid's keys: "
+                       "model.n_layers = 4, model.norm = \"rmsnorm\"\n"),
+            std::string::npos) << table;
+  EXPECT_NE(table.find("**Not a fair comparison**: the points differ in more than the grid's keys:\n"
+                       "- optim.warmup_steps: 30 (mixer=attention), 10 (mixer=gla)\n"),
+            std::string::npos) << table;
+  // Equal but for the grid's keys: nothing flagged.
+  results[1].settings[4].second = "30";
+  EXPECT_TRUE(confounds(s, results).empty());
+  table = results_table(s, results);
+  EXPECT_EQ(table.find("Not a fair comparison"), std::string::npos) << table;
+  EXPECT_NE(table.find("optim.warmup_steps = 30"), std::string::npos) << table;
+}
+
 }  // namespace
 }  // namespace seqlab

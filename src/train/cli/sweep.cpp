@@ -20,6 +20,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "layers/model/decoder.h"
@@ -28,6 +29,7 @@
 #include "train/cli/util.h"
 #include "train/loop/evaluation.h"
 #include "train/loop/progress.h"
+#include "train/recipe/blocks.h"
 #include "train/recipe/configs.h"
 #include "train/recipe/edit_distance.h"
 #include "train/recipe/recipe.h"
@@ -62,9 +64,7 @@ volatile sig_atomic_t g_interrupted = 0;  // the signal that stops the sweep (SI
 void on_interrupt(int signal) { g_interrupted = signal; }
 std::string signal_name(int signal) { return signal == SIGINT ? "SIGINT (Ctrl-C)" : signal == SIGTERM ? "SIGTERM" : strsignal(signal); }
 
-// Keys a point may run with other values than the plan's without being another run: the sweep sets them
-// per launch (threads from --jobs, plain progress lines), and the folder is the point's own.
-const std::vector<std::string> kPerLaunchKeys = {"parallel.threads", "log.progress", "log.out_dir"};
+
 
 // What each point needs to run and to be reported.
 struct Planned {
@@ -78,9 +78,46 @@ struct Planned {
   std::streamoff log_start = 0;  // where the running attempt's output starts in DIR.log
 };
 
-std::vector<Planned> plan(const Sweep& sweep, const fs::path& out) {
+// A fair comparison holds everything but its axes fixed. The block settings that load_recipe resolves
+// from the mixers when a recipe leaves them "auto" (convention_keys: norm, FFN, positions, biases) would
+// follow a grid over the mixers — GPT-2's block for attention, RMSNorm/SwiGLU for the recurrences —, so
+// that the rows compared two blocks, not two mixers. Where such a key is not an axis and would resolve
+// differently across the points, every point takes the base recipe's resolution (the base with [set]):
+// the returned overrides, said in `note`.
+std::vector<std::string> convention_pins(const Sweep& sweep, const std::vector<SweepPoint>& grid, std::string* note) {
+  absl::StatusOr<Recipe> base = load_recipe(sweep.recipe, sweep.fixed);
+  if (!base.ok()) return {};
+  std::map<std::string, std::set<std::string>> seen;
+  for (const SweepPoint& p : grid) {
+    absl::StatusOr<Recipe> r = load_recipe(sweep.recipe, p.overrides);
+    if (!r.ok()) continue;
+    for (const auto& [key, value] : recipe_values(*r)) {
+      if (std::find(convention_keys().begin(), convention_keys().end(), key) != convention_keys().end()) seen[key].insert(value);
+    }
+  }
+  std::vector<std::string> pins, said;
+  for (const auto& [key, value] : recipe_values(*base)) {
+    const bool axis = std::any_of(sweep.axes.begin(), sweep.axes.end(), [&](const SweepAxis& a) { return a.key == key; });
+    if (axis || seen[key].size() < 2) continue;
+    pins.push_back(key + "=" + value);
+    said.push_back(key + " = " + value);
+  }
+  if (!pins.empty() && note != nullptr) {
+    *note = absl::StrCat("fair comparison: ", absl::StrJoin(said, ", "),
+                         " for every point — the base recipe's resolution of keys it leaves \"auto\", which would "
+                         "otherwise follow the grid's mixers (name them in [set] or [grid] to choose)");
+  }
+  return pins;
+}
+
+std::vector<Planned> plan(const Sweep& sweep, const fs::path& out, std::string* note = nullptr) {
   std::vector<Planned> points;
-  for (const SweepPoint& p : expand_grid(sweep)) {
+  std::vector<SweepPoint> grid = expand_grid(sweep);
+  const std::vector<std::string> pins = convention_pins(sweep, grid, note);
+  for (SweepPoint& p : grid) {
+    p.overrides.insert(p.overrides.begin() + static_cast<std::ptrdiff_t>(sweep.fixed.size()), pins.begin(), pins.end());
+  }
+  for (const SweepPoint& p : grid) {
     Planned q;
     q.result.point = p;
     q.dir = (out / p.name).string();
@@ -89,6 +126,7 @@ std::vector<Planned> plan(const Sweep& sweep, const fs::path& out) {
       q.recipe_error = std::string(r.status().message());
     } else {
       q.recipe = *r;
+      q.result.settings = recipe_values(*r);
       q.steps = r->train.steps;
       q.result.tokens = r->train.steps * r->train.grad_accum * r->train.batch_size * r->train.seq_len;
       absl::StatusOr<DecoderConfig> cfg = decoder_config(*r, r->model.vocab_size > 0 ? r->model.vocab_size : 256);
@@ -274,7 +312,7 @@ std::string changed_point(const Planned& q) {
   if (!q.recipe || !fs::exists(file, ec)) return "";
   absl::StatusOr<Recipe> ran = load_recipe(file.string());
   if (!ran.ok()) return absl::StrCat(file.string(), " does not load (", ran.status().message(), ")");
-  const std::vector<RecipeDifference> d = recipe_differences(*ran, *q.recipe, kPerLaunchKeys);
+  const std::vector<RecipeDifference> d = recipe_differences(*ran, *q.recipe, per_launch_keys());
   if (d.empty()) return "";
   std::string text = absl::StrFormat("%s was trained with %s = %s, the sweep now gives %s", q.dir, d[0].key, d[0].a, d[0].b);
   if (d.size() > 1) absl::StrAppend(&text, absl::StrFormat(" (and %d more key%s)", d.size() - 1, d.size() > 2 ? "s" : ""));
@@ -417,8 +455,10 @@ std::string describe(const Sweep& sweep, const Planned& q) {
 }
 
 int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run, bool rerun_changed) {
-  std::vector<Planned> points = plan(sweep, out);
+  std::string pinned;
+  std::vector<Planned> points = plan(sweep, out, &pinned);
   check_metric(sweep, points);
+  if (!pinned.empty()) std::cout << pinned << "\n";
   const int cores = omp_get_num_procs();
   const int threads = std::max(1, cores / jobs);
   if (dry_run) {

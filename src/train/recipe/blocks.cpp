@@ -93,6 +93,11 @@ absl::Status resolve_conventions(RecipeModel& m) {
   return absl::OkStatus();
 }
 
+const std::vector<std::string>& convention_keys() {
+  static const std::vector<std::string> keys = {"model.mlp", "model.norm", "model.positions", "model.bias"};
+  return keys;
+}
+
 absl::StatusOr<std::vector<BlockSpec>> block_pattern(const RecipeModel& m) {
   std::optional<FfnKind> ffn = parse_ffn(m.mlp);
   if (!ffn) return absl::InvalidArgumentError("model.mlp = \"" + m.mlp + "\" is not resolved to gelu, swiglu or none");

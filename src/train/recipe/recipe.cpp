@@ -1011,16 +1011,24 @@ std::string resolved_recipe_toml(const Recipe& recipe) {
   return out;
 }
 
+std::vector<std::pair<std::string, std::string>> recipe_values(const Recipe& recipe) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const KeySpec& k : schema().keys) {
+    if (k.older_spelling) continue;
+    // log.out_dir as the run directory it names ("" and "runs/<name>" are the same folder).
+    out.emplace_back(k.name(), k.name() == "log.out_dir" ? quote(recipe.run_dir()) : format_value(k.get(recipe)));
+  }
+  return out;
+}
+
 std::vector<RecipeDifference> recipe_differences(const Recipe& a, const Recipe& b,
                                                  const std::vector<std::string>& ignored) {
+  const std::vector<std::pair<std::string, std::string>> va = recipe_values(a), vb = recipe_values(b);
   std::vector<RecipeDifference> out;
-  for (const KeySpec& k : schema().keys) {
-    if (k.older_spelling || std::find(ignored.begin(), ignored.end(), k.name()) != ignored.end()) continue;
-    // log.out_dir as the run directory it names ("" and "runs/<name>" are the same folder).
-    const bool out_dir = k.name() == "log.out_dir";
-    const std::string va = out_dir ? quote(a.run_dir()) : format_value(k.get(a));
-    const std::string vb = out_dir ? quote(b.run_dir()) : format_value(k.get(b));
-    if (va != vb) out.push_back({k.name(), va, vb});
+  for (size_t i = 0; i < va.size(); ++i) {
+    if (va[i].second == vb[i].second) continue;
+    if (std::find(ignored.begin(), ignored.end(), va[i].first) != ignored.end()) continue;
+    out.push_back({va[i].first, va[i].second, vb[i].second});
   }
   return out;
 }

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <absl/status/status.h>
@@ -125,6 +126,11 @@ absl::StatusOr<Recipe> load_recipe(const std::string& path, const std::vector<st
 // Every key with its final value, by section, each with its doc as a comment; log.out_dir is written
 // as the run directory itself, so loading the text from anywhere reproduces the run.
 std::string resolved_recipe_toml(const Recipe& recipe);
+
+// Every key of the schema (the [model.<mixer>] options of every mixer included) with its final value as
+// the resolved recipe writes it (exact: numbers round-trip), in that order; log.out_dir as the run
+// directory it names.
+std::vector<std::pair<std::string, std::string>> recipe_values(const Recipe& recipe);
 
 // A key whose final value differs between two recipes: its name ("optim.lr") and each recipe's value as
 // the resolved recipe writes it (exact: numbers round-trip).

@@ -342,6 +342,41 @@ SweepTable best_table(const Sweep& sweep, const std::vector<PointResult>& result
   return t;
 }
 
+const std::vector<std::string>& per_launch_keys() {
+  static const std::vector<std::string> keys = {"parallel.threads", "log.progress", "log.out_dir"};
+  return keys;
+}
+
+std::vector<Confound> confounds(const Sweep& sweep, const std::vector<PointResult>& results) {
+  std::vector<Confound> out;
+  const PointResult* first = nullptr;
+  for (const PointResult& r : results) {
+    if (!r.settings.empty()) {
+      first = &r;
+      break;
+    }
+  }
+  if (first == nullptr) return out;
+  auto varied = [&](const std::string& key) {
+    if (std::find(per_launch_keys().begin(), per_launch_keys().end(), key) != per_launch_keys().end()) return true;
+    return std::any_of(sweep.axes.begin(), sweep.axes.end(), [&](const SweepAxis& a) { return a.key == key; });
+  };
+  for (size_t k = 0; k < first->settings.size(); ++k) {
+    const std::string& key = first->settings[k].first;
+    if (varied(key)) continue;
+    Confound c{key, {}};
+    for (const PointResult& r : results) {
+      if (r.settings.size() != first->settings.size()) continue;
+      const std::string& v = r.settings[k].second;
+      if (std::none_of(c.values.begin(), c.values.end(), [&](const auto& seen) { return seen.first == v; })) {
+        c.values.emplace_back(v, r.point.name);
+      }
+    }
+    if (c.values.size() > 1) out.push_back(std::move(c));
+  }
+  return out;
+}
+
 std::vector<PowerLaw> power_law_fits(const SweepTable& table) {
   std::vector<PowerLaw> fits;
   for (const std::string& row : table.rows) {
@@ -399,6 +434,38 @@ std::string results_table(const Sweep& sweep, const std::vector<PointResult>& re
     out += "\nFits of " + sweep.metric + " = a·C^b, C the training FLOPs, over each row's cells:\n";
     for (const PowerLaw& f : fits) {
       out += absl::StrFormat("- %s: a = %.4g, b = %.4g (%d cells)\n", display_value(f.row), f.a, f.b, f.points);
+    }
+  }
+  // What every point shares: the block settings a reader needs to know what was compared, as resolved
+  // ("auto" pinned by the sweep where it would follow the grid), and anything else that differs between
+  // points besides the grid's keys, flagged.
+  const PointResult* loaded = nullptr;
+  for (const PointResult& r : results) {
+    if (!r.settings.empty()) {
+      loaded = &r;
+      break;
+    }
+  }
+  if (loaded != nullptr) {
+    const std::vector<Confound> unfair = confounds(sweep, results);
+    std::vector<std::string> shared;
+    for (const std::string& key : kBlockSettingKeys) {
+      const bool axis = std::any_of(sweep.axes.begin(), sweep.axes.end(), [&](const SweepAxis& a) { return a.key == key; });
+      const bool differs = std::any_of(unfair.begin(), unfair.end(), [&](const Confound& c) { return c.key == key; });
+      if (axis || differs) continue;
+      for (const auto& [k, v] : loaded->settings) {
+        if (k == key) shared.push_back(key + " = " + v);
+      }
+    }
+    out += "\nEvery point's block and training settings (resolved), besides the grid's keys: " +
+           absl::StrJoin(shared, ", ") + "\n";
+    if (!unfair.empty()) {
+      out += "\n**Not a fair comparison**: the points differ in more than the grid's keys:\n";
+      for (const Confound& c : unfair) {
+        std::vector<std::string> values;
+        for (const auto& [v, at] : c.values) values.push_back(v + " (" + at + ")");
+        out += "- " + c.key + ": " + absl::StrJoin(values, ", ") + "\n";
+      }
     }
   }
   // The points that give no number, each with its own reason.

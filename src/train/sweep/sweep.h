@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace seqlab {
@@ -89,6 +90,9 @@ std::string point_status(const PointOutcome& outcome);
 struct PointResult {
   SweepPoint point;
   PointOutcome outcome;
+  // Every recipe key of the point with its resolved value (recipe_values), to show the block settings and
+  // find keys other than the grid's that differ between points; empty when its recipe does not load.
+  std::vector<std::pair<std::string, std::string>> settings;
   int64_t tokens = 0;   // trained: steps × batch_size × seq_len × grad_accum
   double flops = 0;     // training FLOPs: tokens × (6·params + mixing FLOPs per token)
   double state_size = 0;  // decoding state per sequence at train.seq_len (MixerSpec::state_size, summed)
@@ -119,13 +123,35 @@ struct PowerLaw {
 };
 std::vector<PowerLaw> power_law_fits(const SweepTable& table);
 
+// The settings results.md lists for every sweep (those the grid does not vary): what a reader needs to
+// know what the rows were compared at.
+inline const std::vector<std::string> kBlockSettingKeys = {
+    "model.n_layers", "model.d_model", "model.n_heads", "model.n_kv_heads", "model.d_ff", "model.mlp",
+    "model.norm", "model.positions", "model.bias", "model.tie_embeddings", "model.dropout", "model.init_std",
+    "optim.name", "optim.lr", "optim.weight_decay", "optim.schedule", "optim.warmup_steps", "train.steps",
+    "train.batch_size", "train.seq_len", "train.seed"};
+
+// Keys the sweep sets per launch, which may differ between points and attempts without making another run
+// (threads from --jobs, plain progress lines, the point's folder).
+const std::vector<std::string>& per_launch_keys();
+
+// Keys other than the grid's (and per_launch_keys) whose resolved values differ between the points that
+// loaded: a comparison that is not fair. Each with its values, in the order met, and the first point
+// holding each ("optim.warmup_steps": {("30", "d_model=32,lr=0.001"), ("10", ...)}).
+struct Confound {
+  std::string key;
+  std::vector<std::pair<std::string, std::string>> values;  // (value, first point with it)
+};
+std::vector<Confound> confounds(const Sweep& sweep, const std::vector<PointResult>& results);
+
 // results.csv: a header, then one row a point: its name, every axis's value, status (ok / failed /
 // unfinished), params, tokens, training FLOPs, state size, wall seconds and the metric (empty when none).
 std::string results_csv(const Sweep& sweep, const std::vector<PointResult>& results);
 // results.md: the metric per cell of the table's two axes (rows, columns; one column when the grid has one
 // axis besides best_over's), each cell the best over the other axes' points that finished (where those
 // sit, in brackets), "failed" or "—" where no point finished; the power-law fits of each row over training
-// FLOPs; then the failed points with their reasons.
+// FLOPs; the block settings every point shares (kBlockSettingKeys that the grid does not vary) and any
+// confounds, flagged; then the failed points with their reasons.
 std::string results_table(const Sweep& sweep, const std::vector<PointResult>& results);
 
 }  // namespace seqlab
