@@ -10,6 +10,10 @@
 // refused by name, with the newest older checkpoint that passes its checks; a checkpoint that cannot
 // be written leaves the older ones and no temporary file; weights that are not finite are never saved
 // nor restored; checkpoints after a resumed one are set aside.
+//
+// Identity (issue 26): every checkpoint records its run's id, and a checkpoint of another run is refused
+// naming both; a run from before ids is given one; a resumed run's recipe is its checkpoint's, named as
+// the run was, and a damaged recipe.toml is refused; a refused run removes the folder its lock created.
 #include "train/checkpoint/checkpoint.h"
 
 #include <absl/strings/str_format.h>
@@ -23,6 +27,7 @@
 #include <vector>
 
 #include "tensor/kernels.h"
+#include "train/checkpoint/run_folder.h"
 #include "train/cli/commands.h"
 #include "train/recipe/configs.h"
 
@@ -311,6 +316,78 @@ TEST_F(CheckpointTest, CheckpointsAfterAResumedOneAreSetAside) {
   EXPECT_EQ(moved, (std::vector<std::string>{(dir_ / "ckpt_0000004.safetensors.abandoned").string(),
                                              (dir_ / "ckpt_0000006.safetensors.abandoned").string()}));
   EXPECT_EQ(newest_checkpoint(dir_.string()), (dir_ / "ckpt_0000002.safetensors").string());
+}
+
+// Every checkpoint records its run's identity, under the metadata's CRC32C; open_run_checkpoint takes the
+// run's from run.json and refuses a checkpoint of another run, naming both.
+TEST_F(CheckpointTest, ACheckpointCarriesItsRunsIdentity) {
+  SmallRun run(dir_);
+  const RunIdentity id = new_run_identity();
+  ASSERT_EQ(id.id.size(), 32u);
+  EXPECT_EQ(id.id.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_NE(new_run_identity().id, id.id);
+  write_run_identity(dir_.string(), id);
+  save_checkpoint(dir_.string(), 2, *run.model, *run.optimizer, LoaderState{0, 2}, run.recipe, 5, {}, id);
+  const std::string file = (dir_ / "ckpt_0000002.safetensors").string();
+  const Checkpoint c = read_checkpoint_metadata(file);
+  EXPECT_EQ(c.run.id, id.id);
+  EXPECT_EQ(c.run.started, id.started);
+  EXPECT_TRUE(c.contents.tensors.empty());
+  EXPECT_EQ(read_checkpoint(file).run.id, id.id);
+  const RunCheckpoint opened = open_run_checkpoint(dir_.string(), "", {}, false);
+  EXPECT_EQ(opened.identity.id, id.id);
+  EXPECT_FALSE(opened.new_identity);
+
+  const RunIdentity other = new_run_identity();
+  write_run_identity(dir_.string(), other);
+  const std::string message = user_error([&] { open_run_checkpoint(dir_.string(), file, {}, false); });
+  EXPECT_NE(message.find("--checkpoint " + file + " belongs to another run: it is run " + id.id), std::string::npos)
+      << message;
+  EXPECT_NE(message.find(dir_.string() + " is run " + other.id), std::string::npos) << message;
+  // Without run.json, the run is the one its newest checkpoint records.
+  fs::remove(dir_ / "run.json");
+  EXPECT_EQ(open_run_checkpoint(dir_.string(), "", {}, false).identity.id, id.id);
+}
+
+// A run whose checkpoints were written before identities (none in their metadata) still resumes, and is
+// given a new identity then.
+TEST_F(CheckpointTest, ARunFromBeforeIdentitiesIsGivenOne) {
+  SmallRun run(dir_);
+  run.save(dir_, 2);
+  const RunCheckpoint opened = open_run_checkpoint(dir_.string(), "", {}, true);
+  EXPECT_TRUE(opened.checkpoint.run.empty());
+  EXPECT_TRUE(opened.new_identity);
+  EXPECT_EQ(opened.identity.id.size(), 32u);
+  EXPECT_FALSE(opened.checkpoint.contents.tensors.empty());
+}
+
+// The recipe of a resumed run is its checkpoint's, named as the run was; recipe.toml must agree with it.
+TEST_F(CheckpointTest, TheRecipeComesFromTheCheckpointAndKeepsItsName) {
+  SmallRun run(dir_);
+  run.recipe.name = "tiny";
+  run.save(dir_, 2);
+  ASSERT_TRUE(write_resolved_recipe(run.recipe, dir_.string()).ok());
+  EXPECT_EQ(load_run_recipe(dir_.string()).name, "tiny");
+  const RunCheckpoint opened = open_run_checkpoint(dir_.string(), "", {"train.steps=77"}, false);
+  EXPECT_EQ(opened.recipe.name, "tiny");
+  EXPECT_EQ(opened.recipe.train.steps, 77);
+  std::ofstream(dir_ / "recipe.toml", std::ios::app) << "\n[optim]\nlr = 0.5\n";  // a second [optim]: damaged
+  EXPECT_NE(user_error([&] { open_run_checkpoint(dir_.string(), "", {}, false); }).find("recipe.toml is damaged"),
+            std::string::npos);
+}
+
+// A refused run removes the run folder its lock created (and the parents created with it) when the folder
+// holds nothing but the lock; a folder that existed, or one that holds a file, stays.
+TEST_F(CheckpointTest, ARefusedRunLeavesNoFolderItCreated) {
+  RunLock::acquire((dir_ / "new" / "run").string()).remove_if_unused();
+  EXPECT_FALSE(fs::exists(dir_ / "new"));
+  fs::create_directories(dir_ / "old");
+  RunLock::acquire((dir_ / "old").string()).remove_if_unused();
+  EXPECT_TRUE(fs::is_directory(dir_ / "old"));
+  RunLock written = RunLock::acquire((dir_ / "written").string());
+  std::ofstream(dir_ / "written" / "recipe.toml") << "[train]\n";
+  written.remove_if_unused();
+  EXPECT_TRUE(fs::exists(dir_ / "written" / "recipe.toml"));
 }
 
 }  // namespace

@@ -2,11 +2,13 @@
 // every exception into one line and an exit code (2 for the user's mistakes, 1 otherwise, also for
 // std::bad_alloc and exceptions that are not std::exception); the terminate handler turns an exception
 // that cannot propagate (thrown in a noexcept function; an OpenMP region is one too) into one line and
-// exit code 70 instead of SIGABRT. metrics_field reads one number of a metrics line.
+// exit code 70 instead of SIGABRT. metrics_field reads one number of a metrics line (null: none);
+// json_number writes one (null for NaN and infinity).
 #include "train/cli/util.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -40,6 +42,17 @@ TEST(MetricsField, TheNumberAfterAKeyOfAMetricsLine) {
   EXPECT_EQ(metrics_field(line, "mfu"), 1e-3);         // the last field, before the brace
   EXPECT_EQ(metrics_field(line, "val_acc"), std::nullopt);
   EXPECT_EQ(metrics_field(R"({"step": "x"})", "step"), std::nullopt);
+  EXPECT_EQ(metrics_field(R"({"step": 3, "val_loss": null, "val_ppl": null})", "val_loss"), std::nullopt);
+}
+
+// JSON has no NaN or infinity: json_number writes null for them, the number as formatted otherwise.
+TEST(JsonNumber, NullForWhatIsNotFinite) {
+  EXPECT_EQ(json_number("%.6f", 5.3151), "5.315100");
+  EXPECT_EQ(json_number("%.6g", 1e30), "1e+30");
+  EXPECT_EQ(json_number("%.4f", std::nan("")), "null");
+  EXPECT_EQ(json_number("%.4f", -std::nan("")), "null");
+  EXPECT_EQ(json_number("%.1f", HUGE_VAL), "null");
+  EXPECT_EQ(json_number("%.1f", -HUGE_VAL), "null");
 }
 
 TEST(CliGuard, EveryExceptionBecomesOneLineAndAnExitCode) {

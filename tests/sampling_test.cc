@@ -1,6 +1,7 @@
 // Decoding: the token rules (greedy, top-k, top-p, temperature) on fixed logits, the empirical
 // distribution of many draws against the renormalised softmax, and generate() with the KV cache
-// against decoding by full forwards, including past the model's window.
+// against decoding by full forwards, including past the model's window; logits that are not finite
+// are refused, by sample_token and by generate().
 #include "train/loop/sampling.h"
 
 #include <gtest/gtest.h>
@@ -103,6 +104,25 @@ TEST(SampleToken, RejectsBadOptions) {
   EXPECT_THROW(sample_token({}, SamplingOptions(), gen), std::invalid_argument);
 }
 
+// NaN or +infinity among the candidates leaves the softmax undefined: refused, greedy or not (a NaN
+// used to lose every comparison, so id 0 was drawn every time). −infinity only rules an id out, and a
+// suppressed id's logit is never looked at.
+TEST(SampleToken, NonFiniteLogitsAreRefused) {
+  Generator gen(0);
+  const double nan = std::nan("");
+  SamplingOptions greedy;
+  greedy.temperature = 0;
+  for (const SamplingOptions& o : {SamplingOptions(), greedy}) {
+    EXPECT_THROW(sample_token({0.5, nan, 1.0}, o, gen), NonFiniteLogits);
+    EXPECT_THROW(sample_token({0.5, HUGE_VAL}, o, gen), NonFiniteLogits);
+    EXPECT_THROW(sample_token({-HUGE_VAL, -HUGE_VAL}, o, gen), NonFiniteLogits);
+    EXPECT_EQ(sample_token({-HUGE_VAL, 1.0}, o, gen), 1);
+    SamplingOptions suppressed = o;
+    suppressed.suppressed = {1};
+    EXPECT_EQ(sample_token({0.5, nan}, suppressed, gen), 0);
+  }
+}
+
 DecoderConfig tiny_config() {
   DecoderConfig cfg = gpt2_config(13, 8, 2, 2, 8);
   cfg.init_std = 0.3;  // large weights: the next token depends strongly on the context
@@ -160,6 +180,29 @@ TEST(Generate, SameSeedSameTextAndStopToken) {
   std::vector<int32_t> stopped = generate(model, {4}, o, c);
   const size_t first_stop = static_cast<size_t>(std::find(first.begin(), first.end(), first[2]) - first.begin());
   EXPECT_EQ(stopped, std::vector<int32_t>(first.begin(), first.begin() + static_cast<std::ptrdiff_t>(first_stop) + 1));
+}
+
+// A model whose logits are NaN (here a NaN final norm; in a run, finite weights so large that the forward
+// overflows) has no sample: generate() names the token and restores the training flag.
+TEST(Generate, AModelWhoseLogitsAreNanIsRefused) {
+  Generator init(7);
+  Decoder model(tiny_config(), init);
+  model.set_training(true);
+  for (const Parameter& p : model.parameters()) {
+    if (p.name.rfind("norm_f.", 0) == 0) kernel::fill_(*p.tensor, std::nan(""));
+  }
+  SamplingOptions o;
+  o.tokens = 4;
+  Generator gen(1);
+  try {
+    generate(model, {3}, o, gen);
+    ADD_FAILURE() << "NaN logits were sampled";
+  } catch (const NonFiniteLogits& e) {
+    EXPECT_NE(std::string(e.what()).find("token 1 of the sample: the model's logits are not finite (NaN"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(model.training());
 }
 
 }  // namespace

@@ -7,6 +7,11 @@
 #include <absl/strings/str_split.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <iterator>
+#include <random>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +23,7 @@
 #include "train/checkpoint/crc32c.h"
 #include "train/checkpoint/run_folder.h"
 #include "train/cli/util.h"
+#include "train/data/documents.h"
 
 namespace seqlab::cli {
 namespace {
@@ -194,7 +200,8 @@ std::string newest_checkpoint(const std::string& run_dir) {
 }
 
 void save_checkpoint(const std::string& run_dir, int64_t step, LanguageModel& model, const Optimizer& optimizer,
-                     const LoaderState& loader, const Recipe& recipe, int64_t keep, const SkippedUpdates& skipped) {
+                     const LoaderState& loader, const Recipe& recipe, int64_t keep, const SkippedUpdates& skipped,
+                     const RunIdentity& identity) {
   // Weights are saved in f32 whatever train.dtype is: a bf16 parameter's f32 master stands for it.
   std::vector<std::pair<std::string, Tensor>> tensors;
   const std::map<std::string, Tensor> masters = optimizer.master_weights();
@@ -212,6 +219,10 @@ void save_checkpoint(const std::string& run_dir, int64_t step, LanguageModel& mo
                                              {"recipe", resolved_recipe_toml(recipe)},
                                              {"skipped_updates", std::to_string(skipped.total)},
                                              {"skipped_in_a_row", std::to_string(skipped.in_a_row)}};
+  if (!identity.empty()) {
+    meta["run_id"] = identity.id;
+    meta["run_started"] = identity.started;
+  }
   const std::vector<fs::path> before = checkpoints(run_dir);
   const std::string file = (fs::path(run_dir) / checkpoint_name(step)).string();
   const std::string kept = before.empty() ? std::string("")
@@ -249,22 +260,16 @@ void save_checkpoint(const std::string& run_dir, int64_t step, LanguageModel& mo
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove(all[i]);
 }
 
-Checkpoint read_checkpoint(const std::string& file) {
-  Checkpoint c;
-  c.file = file;
-  absl::StatusOr<SafetensorsContents> contents = read_safetensors(file);
-  if (!contents.ok()) {
-    // A file that is there but does not parse is damaged (truncated, overwritten).
-    const bool damaged = absl::IsInvalidArgument(contents.status());
-    throw UserError(absl::StrCat(contents.status().message(), damaged ? older_intact_hint(file) : ""));
-  }
-  c.contents = *std::move(contents);
-  const auto& meta = c.contents.metadata;
+namespace {
+
+// The checks of a checkpoint's metadata against its tensors' CRC32C (`crcs`, by name), then its fields
+// into `c`. Shared by read_checkpoint and read_checkpoint_metadata.
+void check_and_parse_metadata(Checkpoint& c, const std::map<std::string, std::string>& meta,
+                              const std::map<std::string, uint32_t>& crcs) {
+  const std::string& file = c.file;
   const std::string format = meta_text(meta, "format");
   if (!known_format(format)) throw UserError(unknown_format_message(file, format));
   if (format == kCheckpointFormat) {
-    std::map<std::string, uint32_t> crcs;
-    for (const auto& [name, t] : c.contents.tensors) crcs[name] = crc32c(t.raw_data(), t.nbytes());
     const std::string problem = checksum_problem(meta, crcs);
     if (!problem.empty()) throw UserError(file + ": damaged: " + problem + older_intact_hint(file));
   } else {
@@ -275,11 +280,6 @@ Checkpoint read_checkpoint(const std::string& file) {
       said = true;
     }
   }
-  if (format == kCheckpointFormatBeforeBlocks) {
-    std::map<std::string, Tensor> renamed;
-    for (auto& [name, t] : c.contents.tensors) renamed.emplace(current_tensor_name(name), std::move(t));
-    c.contents.tensors = std::move(renamed);
-  }
   c.step = meta_int(meta, "step", file);
   c.vocab_size = meta_int(meta, "vocab_size", file);
   c.loader = {meta_int(meta, "loader_epoch", file), meta_int(meta, "loader_position", file)};
@@ -288,6 +288,43 @@ Checkpoint read_checkpoint(const std::string& file) {
   if (meta.count("skipped_updates")) {
     c.skipped = {meta_int(meta, "skipped_updates", file), meta_int(meta, "skipped_in_a_row", file)};
   }
+  c.run = {meta_text(meta, "run_id"), meta_text(meta, "run_started")};
+}
+
+// A file that is there but does not parse is damaged (truncated, overwritten): the message says which
+// older checkpoint beside it passes its checks.
+[[noreturn]] void throw_unreadable(const std::string& file, const absl::Status& status) {
+  throw UserError(absl::StrCat(status.message(), absl::IsInvalidArgument(status) ? older_intact_hint(file) : ""));
+}
+
+}  // namespace
+
+Checkpoint read_checkpoint(const std::string& file) {
+  Checkpoint c;
+  c.file = file;
+  absl::StatusOr<SafetensorsContents> contents = read_safetensors(file);
+  if (!contents.ok()) throw_unreadable(file, contents.status());
+  c.contents = *std::move(contents);
+  std::map<std::string, uint32_t> crcs;
+  if (meta_text(c.contents.metadata, "format") == kCheckpointFormat) {
+    for (const auto& [name, t] : c.contents.tensors) crcs[name] = crc32c(t.raw_data(), t.nbytes());
+  }
+  check_and_parse_metadata(c, c.contents.metadata, crcs);
+  if (meta_text(c.contents.metadata, "format") == kCheckpointFormatBeforeBlocks) {
+    std::map<std::string, Tensor> renamed;
+    for (auto& [name, t] : c.contents.tensors) renamed.emplace(current_tensor_name(name), std::move(t));
+    c.contents.tensors = std::move(renamed);
+  }
+  return c;
+}
+
+Checkpoint read_checkpoint_metadata(const std::string& file) {
+  Checkpoint c;
+  c.file = file;
+  absl::StatusOr<SafetensorsChecksums> sums = read_safetensors_checksums(file);
+  if (!sums.ok()) throw_unreadable(file, sums.status());
+  check_and_parse_metadata(c, sums->metadata, sums->crc32c);
+  c.contents.metadata = sums->metadata;
   return c;
 }
 
@@ -335,7 +372,158 @@ Recipe load_run_recipe(const std::string& run_dir, const std::vector<std::string
   std::error_code ec;
   if (!fs::is_directory(run_dir, ec)) throw UserError(run_dir + ": no such run directory");
   if (!fs::exists(file, ec)) throw UserError(run_dir + ": not a run directory (it holds no recipe.toml)");
-  return value_or_throw(load_recipe(file.string(), overrides));
+  Recipe r = value_or_throw(load_recipe(file.string(), overrides));
+  std::ifstream in(file);
+  std::string first_line;
+  std::getline(in, first_line);
+  if (std::string name = resolved_recipe_name(first_line + "\n"); !name.empty()) r.name = name;
+  return r;
+}
+
+// ---- the run's identity ----
+
+namespace {
+
+constexpr const char* kRunIdentityFile = "run.json";
+
+bool is_run_id(const std::string& id) {
+  return id.size() == 32 && id.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+std::string utc_now() {
+  char when[32] = "?";
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  if (::gmtime_r(&now, &tm)) std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return when;
+}
+
+// "run 3f2a... (started 2026-11-27T16:06:29Z)"
+std::string describe_run(const RunIdentity& r) {
+  return absl::StrCat("run ", r.id, r.started.empty() ? "" : " (started " + r.started + ")");
+}
+
+// How a run folder's recipe.toml is put back from a checkpoint.
+std::string restore_hint(const std::string& checkpoint, const std::string& recipe_file) {
+  return absl::StrCat("restore ", recipe_file, " with `seqlab recipe check ", checkpoint, " > ", recipe_file, "`");
+}
+
+}  // namespace
+
+RunIdentity new_run_identity() {
+  std::random_device device;
+  std::string id;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::StrFormat("%08x", static_cast<uint32_t>(device())));
+  return {id, utc_now()};
+}
+
+std::optional<RunIdentity> read_run_identity(const std::string& run_dir) {
+  const std::string file = (fs::path(run_dir) / kRunIdentityFile).string();
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    std::error_code ec;
+    if (!fs::exists(file, ec)) return std::nullopt;
+    throw UserError(file + ": cannot be read (" + std::strerror(errno) + ")");
+  }
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto damaged = [&](const std::string& what) {
+    return UserError(absl::StrCat(file, ": damaged (", what, "): it holds the run's identity; remove it to take the ",
+                                  "identity its checkpoints record"));
+  };
+  absl::StatusOr<std::map<std::string, JsonValue>> obj = parse_json_object(text);
+  if (!obj.ok()) throw damaged(std::string(obj.status().message()));
+  auto id = obj->find("run_id");
+  auto started = obj->find("started");
+  if (id == obj->end() || !id->second.is_string || !is_run_id(id->second.text)) {
+    throw damaged("\"run_id\" must be 32 lowercase hex digits");
+  }
+  if (started == obj->end() || !started->second.is_string) throw damaged("\"started\" must be a string");
+  return RunIdentity{id->second.text, started->second.text};
+}
+
+void write_run_identity(const std::string& run_dir, const RunIdentity& identity) {
+  ok_or_throw(write_file_atomically((fs::path(run_dir) / kRunIdentityFile).string(),
+                                    absl::StrCat("{\"run_id\": ", json_quote(identity.id), ", \"started\": ",
+                                                 json_quote(identity.started), "}\n")));
+}
+
+std::string checkpoint_flag_file(const std::string& file) {
+  std::error_code ec;
+  if (!fs::is_directory(file, ec)) return file;
+  std::vector<std::string> names;
+  for (const fs::path& p : checkpoints(file)) names.push_back(p.string());
+  throw UserError(absl::StrCat("--checkpoint expects a checkpoint file, ", file, " is a folder; ",
+                               names.empty() ? "it holds no checkpoint (ckpt_*.safetensors)"
+                                             : "its checkpoints: " + absl::StrJoin(names, ", ")));
+}
+
+RunCheckpoint open_run_checkpoint(const std::string& run_dir, const std::string& checkpoint_file,
+                                  const std::vector<std::string>& overrides, bool tensors, bool check_recipe_file) {
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec)) throw UserError(run_dir + ": no such run directory");
+  const std::string recipe_file = (fs::path(run_dir) / "recipe.toml").string();
+  const bool has_recipe_file = fs::exists(recipe_file, ec);
+  if (checkpoint_file.empty() && checkpoints(run_dir).empty() && !has_recipe_file) {
+    throw UserError(run_dir + ": not a run directory (it holds no recipe.toml)");
+  }
+  const std::string file = checkpoint_file.empty() ? newest_checkpoint(run_dir) : checkpoint_flag_file(checkpoint_file);
+  RunCheckpoint out;
+  out.checkpoint = tensors ? read_checkpoint(file) : read_checkpoint_metadata(file);
+  const Checkpoint& c = out.checkpoint;
+
+  // The run's identity: run.json's, else (the file lost, or a run from before identities) that of its
+  // newest checkpoint; the checkpoint must not be another run's.
+  std::optional<RunIdentity> folder = read_run_identity(run_dir);
+  std::string folder_source = (fs::path(run_dir) / kRunIdentityFile).string();
+  if (!folder && !c.run.empty()) {
+    const std::vector<fs::path> own = checkpoints(run_dir);
+    if (!own.empty() && !fs::equivalent(own.back(), file, ec)) {
+      const RunIdentity newest = read_checkpoint_metadata(own.back().string()).run;
+      if (!newest.empty()) folder = newest, folder_source = own.back().string();
+    }
+  }
+  if (folder && !c.run.empty() && folder->id != c.run.id) {
+    throw UserError(absl::StrCat(checkpoint_file.empty() ? "" : "--checkpoint ", file, " belongs to another run: it is ",
+                                 describe_run(c.run), ", ", run_dir, " is ", describe_run(*folder), " (",
+                                 folder_source, "); use a checkpoint of ", run_dir));
+  }
+  if (folder) {
+    out.identity = *folder;
+  } else if (!c.run.empty()) {
+    out.identity = c.run;
+  } else {
+    out.identity = new_run_identity();
+    out.new_identity = true;
+  }
+
+  // The recipe: the checkpoint's, which the run trained with. RUN/recipe.toml must say the same.
+  if (c.recipe_toml.empty()) {
+    // No checkpoint seqlab wrote lacks it; a file that does is not a run's.
+    throw UserError(file + ": not a seqlab checkpoint (its metadata holds no recipe)");
+  }
+  out.recipe = value_or_throw(load_recipe_text(c.recipe_toml, file, overrides));
+  if (std::string name = resolved_recipe_name(c.recipe_toml); !name.empty()) out.recipe.name = name;
+  out.recipe.source_path = recipe_file;
+  if (!check_recipe_file) return out;
+  if (!has_recipe_file) {
+    throw UserError(absl::StrCat(recipe_file, " is missing: it records the run's recipe, which its checkpoint ", file,
+                                 " holds; ", restore_hint(file, recipe_file), ", then run again"));
+  }
+  absl::StatusOr<Recipe> recorded = load_recipe(recipe_file, overrides);
+  if (!recorded.ok()) {
+    throw UserError(absl::StrCat(recipe_file, " is damaged (", recorded.status().message(), "); its checkpoint ",
+                                 file, " holds the run's recipe: ", restore_hint(file, recipe_file), ", then run again"));
+  }
+  const std::vector<RecipeDifference> d = recipe_differences(out.recipe, *recorded);
+  if (!d.empty()) {
+    throw UserError(absl::StrCat(
+        recipe_file, " differs from the recipe of the run's checkpoint ", file, ": ", d[0].key, " = ", d[0].b,
+        " in recipe.toml, ", d[0].a, " in the checkpoint",
+        d.size() > 1 ? absl::StrCat(" (and ", d.size() - 1, " other key", d.size() > 2 ? "s" : "", ")") : "",
+        "; the checkpoint's recipe is what the run trained with: to change ", d[0].key, " give --set ", d[0].key, "=",
+        d[0].b, ", or ", restore_hint(file, recipe_file)));
+  }
+  return out;
 }
 
 void truncate_logs_after(const std::string& run_dir, int64_t step) {

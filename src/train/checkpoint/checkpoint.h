@@ -1,12 +1,13 @@
 // A run directory and what it holds between processes:
 //   .lock                       held by the process that trains into the folder (run_folder.h)
+//   run.json                    the run's identity: {"run_id": 32 hex digits, "started": UTC time}
 //   recipe.toml                 the resolved recipe (every key, final values)
 //   metrics.jsonl               one JSON object per logged step
 //   samples.txt                 text generated during training, one block per sampling step
 //   ckpt_NNNNNNN.safetensors    checkpoints: the weights under their dotted names, the optimiser state
 //                               under optim.*, and in the metadata the step, the loader position, the
 //                               dropout generator, the vocabulary size, the resolved recipe, the
-//                               skipped-update counts and the checksums
+//                               skipped-update counts, the run's identity and the checksums
 //   loss.png                    `seqlab plot RUN`
 // A checkpoint is written under a temporary name, flushed, fsynced and renamed, so a run killed at any
 // moment leaves only whole checkpoints; the last `checkpoint.keep` are kept.
@@ -22,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,12 +57,28 @@ struct SkippedUpdates {
   int64_t in_a_row = 0;
 };
 
+// Who a run is, so that nothing of another run is taken for its own: a random 128-bit id (32 hex digits)
+// and the time it started (UTC, 2026-11-27T16:06:29Z), given when a fresh run starts, kept in RUN/run.json
+// and in the metadata of every checkpoint (run_id, run_started: under the metadata's CRC32C). Checkpoints
+// written before identities have none; a run resumed from one is given one then.
+struct RunIdentity {
+  std::string id, started;
+  bool empty() const { return id.empty(); }
+};
+// A fresh identity: 16 bytes of std::random_device, and now.
+RunIdentity new_run_identity();
+// RUN/run.json: nullopt when the file is missing; UserError naming it when it is damaged.
+std::optional<RunIdentity> read_run_identity(const std::string& run_dir);
+// Writes RUN/run.json atomically (write_file_atomically); UserError when that fails.
+void write_run_identity(const std::string& run_dir, const RunIdentity& identity);
+
 // Writes RUN/ckpt_<step>.safetensors (atomically), reads it back and checks its checksums, then
 // deletes all but the newest `keep` checkpoints. UserError when it cannot be written or reads back
 // differently: the message names the file and the reason, nothing is rotated away, and no temporary
 // or partial file is left.
 void save_checkpoint(const std::string& run_dir, int64_t step, LanguageModel& model, const Optimizer& optimizer,
-                     const LoaderState& loader, const Recipe& recipe, int64_t keep, const SkippedUpdates& skipped = {});
+                     const LoaderState& loader, const Recipe& recipe, int64_t keep, const SkippedUpdates& skipped = {},
+                     const RunIdentity& identity = {});
 
 // A checkpoint read and checked: its metadata parsed; weights and optimiser state still in `contents`.
 struct Checkpoint {
@@ -72,12 +90,16 @@ struct Checkpoint {
   std::string dropout_rng;  // Generator::state() of the model's dropout generator
   std::string recipe_toml;
   SkippedUpdates skipped;
+  RunIdentity run;  // empty for a checkpoint written before identities
 };
 // UserError for a missing, truncated or corrupted file, a failed checksum, or metadata that is not
 // seqlab's. A damaged checkpoint's message names the file and what failed, and the newest older
 // checkpoint beside it that passes its checks (which --checkpoint FILE can use). A format-1
 // checkpoint's tensors are renamed to the current names.
 Checkpoint read_checkpoint(const std::string& file);
+// The same checks without keeping the tensors (read in pieces: no more memory than 1 MiB): the metadata
+// of a checkpoint that passes its checks; `contents` stays empty.
+Checkpoint read_checkpoint_metadata(const std::string& file);
 // "" when the checkpoint on disk passes every check (read in pieces, without loading its tensors),
 // else what is wrong with it.
 std::string checkpoint_damage(const std::string& file);
@@ -89,8 +111,33 @@ std::vector<std::string> set_aside_checkpoints_after(const std::string& run_dir,
 // misshapen weight.
 void restore_weights(const Checkpoint& checkpoint, LanguageModel& model);
 
-// RUN/recipe.toml loaded with `overrides` applied (what `--resume RUN` and `seqlab sample RUN` use).
+// RUN/recipe.toml loaded with `overrides` applied; its name is the run's (resolved_recipe_name), not the
+// file's stem. For a run that has no checkpoint yet; a run with one is opened by open_run_checkpoint.
 Recipe load_run_recipe(const std::string& run_dir, const std::vector<std::string>& overrides = {});
+
+// A run folder opened to continue its training or use its model (`--resume RUN`, `eval RUN`, `sample RUN`).
+// The checkpoint is RUN's newest or `checkpoint_file` (--checkpoint), read and checked; the recipe is the
+// one the checkpoint holds — what the run trained with — with `overrides` (--set) applied, named as the
+// run was. RUN/recipe.toml must agree with it (both taken with the overrides): when it is missing,
+// damaged or differs, a UserError says which (for a difference, the first key and both values) and how
+// to go on; nothing is changed silently. The checkpoint must belong to RUN: its run id, when it has one,
+// must be RUN's (run.json's, else that of RUN's newest checkpoint), else a UserError names both.
+// `tensors`: keep the checkpoint's tensors (to restore them), else only its metadata.
+struct RunCheckpoint {
+  Checkpoint checkpoint;
+  Recipe recipe;
+  RunIdentity identity;       // the run's; for a run from before identities, a new one
+  bool new_identity = false;  // given now: the run had none
+};
+// `check_recipe_file` false skips the comparison with RUN/recipe.toml: for `RECIPE --resume RUN`, whose
+// given recipe is compared with the checkpoint's instead (and replaces recipe.toml).
+RunCheckpoint open_run_checkpoint(const std::string& run_dir, const std::string& checkpoint_file,
+                                  const std::vector<std::string>& overrides, bool tensors,
+                                  bool check_recipe_file = true);
+
+// The checkpoint `--checkpoint FILE` names: FILE itself, or a UserError when FILE is a folder (listing
+// the checkpoints in it).
+std::string checkpoint_flag_file(const std::string& file);
 
 // On resume: drops the lines of metrics.jsonl (and samples.txt) logged after `step`, which the resumed
 // run logs again; a half-written last line of a killed run goes too. Rewritten atomically

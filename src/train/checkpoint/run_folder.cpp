@@ -75,6 +75,12 @@ RunLock RunLock::acquire(const std::string& run_dir) {
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
     throw UserError(run_dir + ": exists and is not a folder; name a run folder (new or existing) with --out DIR");
   }
+  // The folders about to be created (the run folder, then its missing parents), for remove_if_unused.
+  std::vector<std::string> created;
+  for (fs::path p = dir; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    created.push_back(p.string());
+    if (p == p.parent_path()) break;
+  }
   fs::create_directories(dir, ec);
   if (ec) throw UserError(absl::StrCat(run_dir, ": cannot create the run folder (", ec.message(), ")"));
   const std::string file = (dir / kRunLockFile).string();
@@ -110,11 +116,29 @@ RunLock RunLock::acquire(const std::string& run_dir) {
     ::close(fd);
     throw UserError(absl::StrCat(run_dir, ": cannot write into the run folder (", file, ": ", std::strerror(err), ")"));
   }
-  return RunLock(fd);
+  return RunLock(fd, run_dir, std::move(created));
 }
 
 RunLock::~RunLock() {
   if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+}
+
+void RunLock::remove_if_unused() {
+  if (fd_ < 0 || created_.empty()) return;
+  const fs::path dir(dir_);
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().filename() != kRunLockFile) return;  // something was written: the folder stays
+  }
+  if (ec) return;
+  // Removed while still locked, so no other process can have started to write here meanwhile; one that
+  // opened the lock file already finds it unlinked and its folder gone, and fails to write.
+  fs::remove(dir / kRunLockFile, ec);
+  for (const std::string& folder : created_) {
+    if (!fs::remove(folder, ec)) break;  // fs::remove deletes only an empty folder
+  }
+  ::close(fd_);
+  fd_ = -1;
 }
 
 std::vector<std::string> remove_leftover_temporaries(const std::string& run_dir) {

@@ -30,15 +30,26 @@ class RunLock {
   // holds the lock (the message names its pid and host).
   static RunLock acquire(const std::string& run_dir);
 
-  RunLock(RunLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  RunLock(RunLock&& other) noexcept
+      : fd_(other.fd_), dir_(std::move(other.dir_)), created_(std::move(other.created_)) {
+    other.fd_ = -1;
+  }
   RunLock(const RunLock&) = delete;
   RunLock& operator=(const RunLock&) = delete;
   RunLock& operator=(RunLock&&) = delete;
   ~RunLock();  // releases the lock
 
+  // For a run that was refused or failed before it wrote anything: when acquire created the folder and
+  // it still holds nothing but the lock file, removes both (and the parents acquire created, when empty),
+  // then releases the lock. A folder that existed before, or that holds anything else, is left as it is.
+  void remove_if_unused();
+
  private:
-  explicit RunLock(int fd) : fd_(fd) {}
+  RunLock(int fd, std::string dir, std::vector<std::string> created)
+      : fd_(fd), dir_(std::move(dir)), created_(std::move(created)) {}
   int fd_ = -1;
+  std::string dir_;
+  std::vector<std::string> created_;  // the folders acquire created, the run folder first
 };
 
 // The name of the lock file inside a run folder.

@@ -17,7 +17,7 @@ namespace {
 constexpr char kEvalUsage[] =
     "usage: seqlab eval RUN [--set section.key=value]... [--checkpoint FILE]\n"
     "\n"
-    "Scores the model of the run directory RUN (its recipe.toml and newest checkpoint, or FILE) on the run's\n"
+    "Scores the model of the run directory RUN (its newest checkpoint, or FILE, with the recipe it holds) on the run's\n"
     "validation data, as the run's own evaluations do: val_loss and val_ppl (val_bpb for byte-level text,\n"
     "val_acc for a synthetic task) at train.seq_len, and the same fields named NAME@L at every length L of\n"
     "eval.seq_len. Prints a line per length, then the fields as one JSON line (metrics.jsonl's format, with\n"
@@ -38,8 +38,10 @@ void eval(const std::vector<std::string>& args) {
   }
   if (f.positional().empty()) throw UserError("expected the run directory: seqlab eval RUN (see seqlab eval --help)");
   const std::string run = f.positional()[0];
-  const Recipe recipe = load_run_recipe(run, f.all("--set"));
-  const Checkpoint checkpoint = read_checkpoint(f.has("--checkpoint") ? f.get("--checkpoint") : newest_checkpoint(run));
+  // The recipe the checkpoint holds (checked against RUN/recipe.toml), with the --set overrides.
+  RunCheckpoint opened = open_run_checkpoint(run, f.get("--checkpoint"), f.all("--set"), true);
+  const Recipe& recipe = opened.recipe;
+  const Checkpoint& checkpoint = opened.checkpoint;
   const Data data = open_data(recipe);
   if (data.vocab_size != checkpoint.vocab_size) {
     throw UserError(absl::StrFormat("%s: the checkpoint's vocabulary has %d tokens, the run's data %d", checkpoint.file,

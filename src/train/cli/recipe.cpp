@@ -1,10 +1,14 @@
 // `seqlab recipe --doc` prints the reference of every recipe key (docs/recipes.md is its output);
-// `seqlab recipe check FILE [--set section.key=value]...` validates a recipe and prints it resolved.
+// `seqlab recipe check FILE [--set section.key=value]...` validates a recipe and prints it resolved;
+// FILE may be a checkpoint (ckpt_*.safetensors), whose run's recipe is printed.
 // A bad recipe is reported as load_recipe words it: one line starting with the file or the --set.
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include <absl/strings/match.h>
+
+#include "train/checkpoint/checkpoint.h"
 #include "train/cli/commands.h"
 #include "train/recipe/recipe.h"
 
@@ -16,7 +20,9 @@ constexpr char kRecipeUsage[] =
     "       seqlab recipe --doc\n"
     "\n"
     "  check FILE   validate the recipe (and the overrides) and print it resolved: every key with its\n"
-    "               final value; exit code 2 and one line on stderr when something is wrong\n"
+    "               final value; exit code 2 and one line on stderr when something is wrong. FILE may be a\n"
+    "               checkpoint (ckpt_*.safetensors): the recipe its run trained with (to restore a run's\n"
+    "               recipe.toml: seqlab recipe check RUN/ckpt_N.safetensors > RUN/recipe.toml)\n"
     "  --doc        every key of every section with its type, default and meaning (docs/recipes.md)\n";
 
 int usage_error(const std::string& message) {
@@ -43,7 +49,20 @@ int check_command(const std::vector<std::string>& args) {
     }
   }
   if (file.empty()) return usage_error("check needs a recipe file");
-  absl::StatusOr<Recipe> recipe = load_recipe(file, overrides);
+  absl::StatusOr<Recipe> recipe;
+  if (absl::EndsWith(file, ".safetensors")) {
+    // A checkpoint's recipe, named as its run was: what puts back a run folder's lost recipe.toml.
+    try {
+      const Checkpoint c = read_checkpoint_metadata(file);
+      recipe = load_recipe_text(c.recipe_toml, file, overrides);
+      if (recipe.ok() && !resolved_recipe_name(c.recipe_toml).empty()) recipe->name = resolved_recipe_name(c.recipe_toml);
+    } catch (const UserError& e) {
+      std::cerr << "seqlab recipe: " << e.what() << "\n";
+      return kUsageError;
+    }
+  } else {
+    recipe = load_recipe(file, overrides);
+  }
   if (!recipe.ok()) {
     std::cerr << recipe.status().message() << "\n";
     return kUsageError;

@@ -18,7 +18,7 @@ constexpr char kSampleUsage[] =
     "usage: seqlab sample RUN [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
     "                         [--checkpoint FILE]\n"
     "\n"
-    "Continues TEXT with the model of the run directory RUN (its recipe.toml and newest checkpoint) and\n"
+    "Continues TEXT with the model of the run directory RUN (its newest checkpoint and the recipe it holds) and\n"
     "prints the prompt and the continuation. The prompt follows an end-of-text token, as every document\n"
     "of the training data does; special tokens other than end-of-text are never drawn.\n"
     "\n"
@@ -65,15 +65,23 @@ void sample(const std::vector<std::string>& args) {
   if (!(o.top_p > 0 && o.top_p <= 1)) throw UserError("--top-p must be in (0, 1]");
   Generator gen(f.number<uint64_t>("--seed", 0));
 
-  Recipe recipe = load_run_recipe(run);
+  // The recipe the checkpoint holds, checked against RUN/recipe.toml.
+  RunCheckpoint opened = open_run_checkpoint(run, f.get("--checkpoint"), {}, true);
+  const Recipe& recipe = opened.recipe;
+  const Checkpoint& checkpoint = opened.checkpoint;
   std::unique_ptr<TokenDecoder> tokenizer = run_tokenizer(recipe);
   const std::vector<int32_t> prompt = value_or_throw(sample_prompt_ids(*tokenizer, f.get("--prompt")));
-  Checkpoint checkpoint = read_checkpoint(f.has("--checkpoint") ? f.get("--checkpoint") : newest_checkpoint(run));
   std::unique_ptr<LanguageModel> model = value_or_throw(build_model(recipe, checkpoint.vocab_size));
   restore_weights(checkpoint, *model);
   o.suppressed = non_text_ids(*tokenizer, model->vocab_size());
 
-  std::cout << decode_sample(*tokenizer, prompt, generate(*model, prompt, o, gen)) << "\n";
+  std::vector<int32_t> generated;
+  try {
+    generated = generate(*model, prompt, o, gen);
+  } catch (const NonFiniteLogits& e) {
+    throw UserError(checkpoint.file + ": " + e.what());
+  }
+  std::cout << decode_sample(*tokenizer, prompt, generated) << "\n";
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_replace.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -92,6 +93,10 @@ std::optional<double> metrics_field(const std::string& line, const std::string& 
   double v;
   if (!absl::SimpleAtod(line.substr(at, end - at), &v)) return std::nullopt;
   return v;
+}
+
+std::string json_number(const absl::FormatSpec<double>& format, double value) {
+  return std::isfinite(value) ? absl::StrFormat(format, value) : std::string("null");
 }
 
 std::string gnuplot_quote(const std::string& s) { return "'" + absl::StrReplaceAll(s, {{"'", "''"}}) + "'"; }

@@ -5,6 +5,7 @@
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
 #include <absl/strings/numbers.h>
+#include <absl/strings/str_format.h>
 
 #include <cmath>
 #include <functional>
@@ -76,8 +77,14 @@ inline void ok_or_throw(const absl::Status& s) {
 // exception is a broken invariant inside seqlab, reported as an internal error with exit code 1.
 int run_guarded(const std::string& command, const std::function<void()>& body);
 
-// The number after "key": in a line of metrics.jsonl (the training loop's JSON lines), if present.
+// The number after "key": in a line of metrics.jsonl (the training loop's JSON lines), if present;
+// nullopt for a field that is null (a value that was not finite, json_number).
 std::optional<double> metrics_field(const std::string& line, const std::string& key);
+
+// `value` as a JSON number, formatted by `format` ("%.6f", "%g", ...), or null when it is NaN or infinite:
+// JSON has no such numbers, and printf's "nan", "-nan" and "inf" make a line that JSON readers refuse.
+// Every number a run writes into a JSON or JSONL file goes through here.
+std::string json_number(const absl::FormatSpec<double>& format, double value);
 
 // A string as a gnuplot string literal (single quotes, doubled inside).
 std::string gnuplot_quote(const std::string& s);

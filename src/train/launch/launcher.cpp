@@ -4,6 +4,9 @@
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
+#include <absl/strings/str_split.h>
+#include <sys/mman.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
@@ -17,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <random>
 
 #include "train/cli/commands.h"
 
@@ -31,6 +35,9 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kRankVar = "SEQLAB_RANK";
 constexpr const char* kWorldVar = "SEQLAB_WORLD_SIZE";
 constexpr const char* kRendezvousVar = "SEQLAB_RENDEZVOUS";
+// "PID:FD:TOKEN": the launcher's pid, and a memory file it holds open (inherited by its ranks as FD) whose
+// bytes are TOKEN, 32 random hex digits of this job. The three variables above are honoured only with it.
+constexpr const char* kTokenVar = "SEQLAB_LAUNCH_TOKEN";
 
 // How long a rank told to stop (SIGTERM) after another rank failed has before it is killed: enough to
 // notice the failure in its next collective and exit on its own.
@@ -130,12 +137,12 @@ void pump_stderr(RankProcess& p, int r) {
 
 // The environment of rank `rank`: the launcher's, without any launcher variables it inherited itself,
 // plus this job's.
-std::vector<std::string> rank_environment(int rank, int world, const std::string& rendezvous) {
+std::vector<std::string> rank_environment(int rank, int world, const std::string& rendezvous, const std::string& token) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
     if (absl::StartsWith(entry, absl::StrCat(kRankVar, "=")) || absl::StartsWith(entry, absl::StrCat(kWorldVar, "=")) ||
-        absl::StartsWith(entry, absl::StrCat(kRendezvousVar, "="))) {
+        absl::StartsWith(entry, absl::StrCat(kRendezvousVar, "=")) || absl::StartsWith(entry, absl::StrCat(kTokenVar, "="))) {
       continue;
     }
     env.push_back(entry);
@@ -143,7 +150,44 @@ std::vector<std::string> rank_environment(int rank, int world, const std::string
   env.push_back(absl::StrCat(kRankVar, "=", rank));
   env.push_back(absl::StrCat(kWorldVar, "=", world));
   env.push_back(absl::StrCat(kRendezvousVar, "=", rendezvous));
+  env.push_back(absl::StrCat(kTokenVar, "=", token));
   return env;
+}
+
+// The launcher's token (kTokenVar): a memory file holding 32 random hex digits, left open without
+// close-on-exec so that the ranks inherit it. Closed when the launcher is done.
+struct LaunchToken {
+  int fd = -1;
+  std::string value;  // "PID:FD:TOKEN"
+  LaunchToken() {
+    std::random_device device;
+    std::string secret;
+    for (int i = 0; i < 4; ++i) absl::StrAppend(&secret, absl::StrFormat("%08x", static_cast<uint32_t>(device())));
+    fd = ::memfd_create("seqlab-launch-token", 0);
+    if (fd < 0 || ::pwrite(fd, secret.data(), secret.size(), 0) != static_cast<ssize_t>(secret.size())) {
+      throw UserError(absl::StrCat("cannot start the ranks: memfd_create failed (", std::strerror(errno), ")"));
+    }
+    value = absl::StrCat(::getpid(), ":", fd, ":", secret);
+  }
+  ~LaunchToken() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Whether this process was started by a live seqlab launcher: kTokenVar names its parent (the launcher
+// forks every rank itself and the kernel kills the rank when it dies) and a descriptor inherited from it
+// that holds the token. Variables copied into another shell or left in an environment fail both.
+bool started_by_launcher() {
+  const char* value = std::getenv(kTokenVar);
+  if (value == nullptr) return false;
+  const std::vector<std::string> parts = absl::StrSplit(value, ':');
+  int pid = 0, fd = -1;
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &pid) || !absl::SimpleAtoi(parts[1], &fd) ||
+      parts[2].size() != 32 || pid != ::getppid() || fd < 0) {
+    return false;
+  }
+  char held[33] = {};
+  return ::pread(fd, held, 33, 0) == 32 && parts[2] == std::string(held, 32);
 }
 
 std::vector<char*> c_strings(std::vector<std::string>& strings) {
@@ -184,7 +228,17 @@ std::shared_ptr<gloo::rendezvous::Store> open_rendezvous(const std::string& spec
 }
 
 std::optional<LaunchedRank> launched_rank() {
-  if (std::getenv(kRankVar) == nullptr) return std::nullopt;
+  std::vector<std::string> set;
+  for (const char* name : {kRankVar, kWorldVar, kRendezvousVar, kTokenVar}) {
+    if (std::getenv(name) != nullptr) set.push_back(name);
+  }
+  if (set.empty()) return std::nullopt;
+  // Honoured only from the launcher: left in an environment, they made a plain run a rank, which takes no
+  // lock and skips the check for an earlier run's checkpoints, and overwrote finished runs.
+  if (!started_by_launcher()) {
+    throw UserError(absl::StrCat(set[0], " is set but this process was not started by a seqlab launcher: unset ",
+                                 absl::StrJoin(set, " ")));
+  }
   LaunchedRank l;
   l.rank = env_int(kRankVar);
   l.world = env_int(kWorldVar);
@@ -218,11 +272,12 @@ int launch_ranks(const std::vector<std::string>& args, const JobLayout& job, con
   const int devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
   if (devnull < 0) throw UserError(absl::StrCat("/dev/null: ", std::strerror(errno)));
 
+  const LaunchToken token;
   LauncherSignals signals;
   const pid_t launcher = ::getpid();
   std::vector<RankProcess> ranks(static_cast<size_t>(nproc));
   for (int r = 0; r < nproc; ++r) {
-    std::vector<std::string> env_strings = rank_environment(first + r, world, rendezvous.string());
+    std::vector<std::string> env_strings = rank_environment(first + r, world, rendezvous.string(), token.value);
     std::vector<char*> envp = c_strings(env_strings);
     int pipe_fds[2] = {-1, -1};
     const bool piped = first + r > 0;  // every rank but rank 0 of the job

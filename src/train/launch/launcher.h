@@ -10,6 +10,9 @@
 //   SEQLAB_RANK        this process's rank, 0 .. N-1
 //   SEQLAB_WORLD_SIZE  N
 //   SEQLAB_RENDEZVOUS  the rendezvous folder
+//   SEQLAB_LAUNCH_TOKEN  "PID:FD:TOKEN": the launcher's pid and a memory file it holds open, inherited by
+//                      the ranks as FD, holding TOKEN (random); a rank honours the variables above only
+//                      when its parent is PID and FD holds TOKEN (launched_rank)
 // Rank 0 inherits the launcher's stdout and stderr (the progress bar, the run's messages); the other
 // ranks' stdout is discarded and their stderr comes through the launcher, each line prefixed
 // "[rank R] ". Each rank runs in its own process group (a Ctrl-C reaches the launcher alone, which
@@ -43,7 +46,8 @@ struct LaunchedRank {
 };
 
 // The rank this process is, when a launcher started it (SEQLAB_RANK, SEQLAB_WORLD_SIZE and
-// SEQLAB_RENDEZVOUS set); nullopt otherwise. A malformed variable is a UserError naming it.
+// SEQLAB_RENDEZVOUS set); nullopt otherwise. A malformed variable is a UserError naming it, and so are
+// these variables without a live launcher's SEQLAB_LAUNCH_TOKEN (left in an environment, set by hand).
 std::optional<LaunchedRank> launched_rank();
 
 // A job's rendezvous store as --rendezvous and SEQLAB_RENDEZVOUS name it: a folder (Gloo's file store), or

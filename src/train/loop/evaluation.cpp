@@ -143,14 +143,16 @@ Evaluation evaluate(LanguageModel& model, const BatchSource& val, int64_t batche
 EvalFields eval_fields(const Evaluation& e, bool bytes, const std::string& suffix) {
   const double v = e.loss;
   EvalFields f;
-  f.json = absl::StrFormat(", \"val_loss%s\": %.6f, \"val_ppl%s\": %.4f", suffix, v, suffix, std::exp(v));
+  // A loss that is not finite (a diverged model) is null in JSON; the shown line says nan or inf.
+  f.json = absl::StrFormat(", \"val_loss%s\": %s, \"val_ppl%s\": %s", suffix, json_number("%.6f", v), suffix,
+                           json_number("%.4f", std::exp(v)));
   f.shown = absl::StrFormat("val_loss %.4f  val_ppl %.2f", v, std::exp(v));
   if (bytes) {
-    f.json += absl::StrFormat(", \"val_bpb%s\": %.5f", suffix, v / std::log(2.0));
+    f.json += absl::StrFormat(", \"val_bpb%s\": %s", suffix, json_number("%.5f", v / std::log(2.0)));
     f.shown += absl::StrFormat("  bits/byte %.4f", v / std::log(2.0));
   }
   if (e.accuracy) {
-    f.json += absl::StrFormat(", \"val_acc%s\": %.5f", suffix, *e.accuracy);
+    f.json += absl::StrFormat(", \"val_acc%s\": %s", suffix, json_number("%.5f", *e.accuracy));
     f.shown += absl::StrFormat("  accuracy %.2f%%", 100.0 * *e.accuracy);
   }
   return f;

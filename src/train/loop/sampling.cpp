@@ -4,6 +4,9 @@
 #include <cmath>
 #include <numeric>
 #include <stdexcept>
+#include <string>
+
+#include <absl/strings/str_cat.h>
 
 #include "autograd/variable.h"
 #include "tensor/kernels.h"
@@ -23,6 +26,17 @@ int32_t sample_token(const std::vector<double>& logits, const SamplingOptions& o
     }
   }
   if (order.empty()) throw std::invalid_argument("sample_token: every id is suppressed");
+  // −infinity is a legal logit (an id ruled out); NaN and +infinity leave the softmax undefined.
+  bool any_finite = false;
+  for (int32_t id : order) {
+    if (std::isnan(logits[id]) || logits[id] == HUGE_VAL) {
+      throw NonFiniteLogits(std::string("the model's logits are not finite (") +
+                            (std::isnan(logits[id]) ? "NaN" : "infinity") + " for token id " + std::to_string(id) +
+                            "): its weights give no distribution to sample from");
+    }
+    any_finite = any_finite || std::isfinite(logits[id]);
+  }
+  if (!any_finite) throw NonFiniteLogits("the model's logits are −infinity for every token: nothing to sample");
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
   if (options.temperature == 0) return order[0];
   size_t keep = order.size();
@@ -105,7 +119,13 @@ std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& 
     logits = refill();
   }
   for (int64_t i = 0; i < options.tokens; ++i) {
-    const int32_t next = sample_token(logits, options, gen);
+    int32_t next;
+    try {
+      next = sample_token(logits, options, gen);
+    } catch (const NonFiniteLogits& e) {
+      model.set_training(was_training);
+      throw NonFiniteLogits(absl::StrCat("token ", i + 1, " of the sample: ", e.what()));
+    }
     out.push_back(next);
     context.push_back(next);
     if (next == options.stop_token || i + 1 == options.tokens) break;

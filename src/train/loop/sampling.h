@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,16 @@ struct SamplingOptions {
   std::vector<int32_t> suppressed;  // ids never drawn (a tokenizer's special tokens that no text holds)
 };
 
+// Logits that are NaN or +infinity (or −infinity for every candidate) give no distribution to draw
+// from: sample_token and generate refuse them with this error (it used to draw id 0 every time, which
+// the byte tokenizer prints as NUL bytes). Weights that are finite but huge give such logits.
+class NonFiniteLogits : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
 // One id drawn from `logits` (one row, any length) under `options`; uses `gen` once unless greedy.
+// NonFiniteLogits for logits that are not finite (above).
 int32_t sample_token(const std::vector<double>& logits, const SamplingOptions& options, Generator& gen);
 
 // The ids a text model should never draw: the tokenizer's special tokens other than end-of-text (pad,
@@ -47,6 +57,7 @@ std::string decode_sample(const TokenDecoder& tokenizer, const std::vector<int32
 // Continues `prompt` (at least one id) by up to options.tokens ids and returns only the new ones. The
 // model runs in evaluation mode without gradients (its training flag is restored afterwards). When the
 // context reaches the model's max_context() (if bounded), the state is rebuilt from the last half of it.
+// NonFiniteLogits, naming the token, when the model's logits are not finite.
 std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt, const SamplingOptions& options,
                               Generator& gen);
 

@@ -32,6 +32,7 @@
 #include "train/checkpoint/checkpoint.h"
 #include "train/checkpoint/run_folder.h"
 #include "train/data/loader.h"
+#include "train/data/documents.h"
 #include "train/data/prepare.h"
 #include "train/data/synthetic.h"
 #include "train/data/tokenizer.h"
@@ -114,13 +115,19 @@ Device place_model(LanguageModel& model, const Recipe& r, Device wanted) {
 // ---- sampling ----
 
 // The text of one sample: the recipe's prompt (after end-of-text, as documents start) continued.
+// A model whose logits are not finite (weights finite but huge, on a run that skips non-finite steps)
+// has no sample: the text says so instead of the NUL bytes it used to draw, and the run goes on.
 std::string sample_text(LanguageModel& model, const Data& data, const RecipeLog& log, uint64_t seed) {
   SamplingOptions o;
   o.tokens = log.sample_tokens;
   o.temperature = log.sample_temperature;
   o.suppressed = non_text_ids(*data.tokenizer, model.vocab_size());
   Generator gen(seed);
-  return decode_sample(*data.tokenizer, data.sample_prompt, generate(model, data.sample_prompt, o, gen));
+  try {
+    return decode_sample(*data.tokenizer, data.sample_prompt, generate(model, data.sample_prompt, o, gen));
+  } catch (const NonFiniteLogits& e) {
+    return std::string("(no sample: ") + e.what() + ")";
+  }
 }
 
 std::string one_line(const std::string& text, size_t max_chars) {
@@ -166,7 +173,20 @@ struct Invocation {
   std::string rendezvous;  // --rendezvous DIR: the folder the machines share (with --nnodes)
   std::optional<LaunchedRank> launched;  // set in a rank process started by the launcher
   std::optional<RunLock> lock;           // held by the launcher (or the single process), not by its ranks
+  // --resume of a run with a checkpoint: the checkpoint (its tensors kept where this process restores
+  // them), the recipe it holds and the run's identity (open_run_checkpoint).
+  std::optional<RunCheckpoint> resumed;
 };
+
+// The keys a recipe given with --resume (`RECIPE --resume RUN`, as the sweep resumes a point) may set
+// differently from the run's checkpoint: how long the run goes on and where, how it logs, evaluates and
+// checkpoints; none changes what a step computes. Any other key must resolve as the checkpoint's does.
+bool may_change_on_resume(const std::string& key) {
+  for (const char* prefix : {"parallel.", "log.", "eval.", "checkpoint."}) {
+    if (key.rfind(prefix, 0) == 0) return true;
+  }
+  return key == "train.steps" || key == "train.device";
+}
 
 // Reads the command line and takes the run folder's lock: for a fresh run once the recipe names the
 // folder, for --resume before the folder's recipe is read (another process may be writing it).
@@ -208,14 +228,39 @@ Invocation parse_invocation(const std::vector<std::string>& args) {
   const bool lock = !inv.launched && inv.node_rank == 0;
   if (inv.resume) {
     inv.run_dir = f.get("--resume");
+    const std::string run = inv.run_dir.string();
     std::error_code ec;
-    if (!fs::is_directory(inv.run_dir, ec)) throw UserError(inv.run_dir.string() + ": no such run directory");
-    if (lock) inv.lock.emplace(RunLock::acquire(inv.run_dir.string()));
-  }
-  if (!f.positional().empty()) {
-    inv.recipe = value_or_throw(load_recipe(f.positional()[0], sets));
+    if (!fs::is_directory(inv.run_dir, ec)) throw UserError(run + ": no such run directory");
+    if (lock) inv.lock.emplace(RunLock::acquire(run));
+    // The recipe a run continues with is the one its checkpoint holds (a launcher of several ranks reads
+    // only the metadata: the ranks restore the tensors).
+    const bool restores = inv.launched || inv.nproc * inv.nnodes == 1;
+    const bool given = !f.positional().empty();
+    inv.resumed = open_run_checkpoint(run, inv.checkpoint, given ? std::vector<std::string>{} : sets, restores,
+                                      /*check_recipe_file=*/!given);
+    inv.recipe = inv.resumed->recipe;
+    if (given) {
+      // `RECIPE --resume RUN`: the given recipe, if it is the run's but for the keys a resume may change.
+      const std::string file = f.positional()[0];
+      Recipe recipe = value_or_throw(load_recipe(file, sets));
+      std::vector<RecipeDifference> d;
+      for (RecipeDifference& x : recipe_differences(inv.resumed->recipe, recipe)) {
+        if (!may_change_on_resume(x.key)) d.push_back(std::move(x));
+      }
+      if (!d.empty()) {
+        throw UserError(absl::StrCat(
+            file, sets.empty() ? "" : " with its --set", " is not the recipe of the run in ", run, ": ", d[0].key,
+            " = ", d[0].b, " there, ", d[0].a, " in its checkpoint ", inv.resumed->checkpoint.file,
+            d.size() > 1 ? absl::StrCat(" (and ", d.size() - 1, " other key", d.size() > 2 ? "s" : "", ")") : "",
+            "; a recipe given with --resume may change only train.steps, train.device, parallel.*, log.*, eval.* "
+            "and checkpoint.*: resume with --resume ", run, " alone to continue with the run's recipe (--set "
+            "changes a key of it)"));
+      }
+      recipe.name = inv.resumed->recipe.name;  // the run's name, whatever the file is called
+      inv.recipe = std::move(recipe);
+    }
   } else {
-    inv.recipe = load_run_recipe(f.get("--resume"), sets);
+    inv.recipe = value_or_throw(load_recipe(f.positional()[0], sets));
   }
   if (!inv.resume) {
     inv.run_dir = f.get("--out", inv.recipe.run_dir());
@@ -273,8 +318,25 @@ void write_test_weights(LanguageModel& model, int rank) {
   ok_or_throw(write_file_atomically((fs::path(dir) / absl::StrCat("rank", rank, ".bin")).string(), bytes));
 }
 
+int run_training(Invocation& inv, const std::vector<std::string>& args);
+
+// A run refused or failed before it wrote anything leaves no folder behind: the folder its lock created is
+// removed again when it holds nothing but the lock (RunLock::remove_if_unused); one that existed before, or
+// holds anything, stays as it is.
 int train(const std::vector<std::string>& args) {
   Invocation inv = parse_invocation(args);
+  int code = 0;
+  try {
+    code = run_training(inv, args);
+  } catch (...) {
+    if (inv.lock) inv.lock->remove_if_unused();
+    throw;
+  }
+  if (code != 0 && inv.lock) inv.lock->remove_if_unused();
+  return code;
+}
+
+int run_training(Invocation& inv, const std::vector<std::string>& args) {
   const Recipe& r = inv.recipe;
   const std::string run = inv.run_dir.string();
   const int world = inv.nproc * inv.nnodes;
@@ -381,7 +443,7 @@ int train(const std::vector<std::string>& args) {
   int64_t start = 0;
   SkippedUpdates skipped;
   if (inv.resume) {
-    Checkpoint c = read_checkpoint(inv.checkpoint.empty() ? newest_checkpoint(run) : inv.checkpoint);
+    Checkpoint c = std::move(inv.resumed->checkpoint);  // its tensors are freed at the end of this block
     restore_weights(c, *model);
     ok_or_throw(opt.load_state(c.contents.tensors));
     ok_or_throw(data.train->restore(dp ? value_or_throw(dp->to_rank(c.loader)) : c.loader));
@@ -400,7 +462,14 @@ int train(const std::vector<std::string>& args) {
   LogFile metrics;
   LogFile samples;
   const bool sampling = writer && r.log.sample_every > 0 && data.tokenizer != nullptr;
+  // The run's identity: given when it starts, kept by its resumes (run.json, every checkpoint).
+  const RunIdentity identity = inv.resumed ? inv.resumed->identity : new_run_identity();
   if (writer) {
+    if (inv.resumed && inv.resumed->new_identity) {
+      std::cerr << "seqlab: " << run << ": its checkpoints were written before runs had an identity; it is run "
+                << identity.id << " from now on (" << (inv.run_dir / "run.json").string() << ")\n";
+    }
+    write_run_identity(run, identity);
     ok_or_throw(write_resolved_recipe(r, run));
     if (start > 0) truncate_logs_after(run, start);
     metrics = LogFile(inv.run_dir / "metrics.jsonl", start > 0);
@@ -424,8 +493,9 @@ int train(const std::vector<std::string>& args) {
     const double state = decoder_state_size(value_or_throw(decoder_config(r, data.vocab_size)), r.train.seq_len);
     ok_or_throw(write_file_atomically(
         (inv.run_dir / "model.json").string(),
-        absl::StrFormat("{\"parameters\": %d, \"flops_per_token\": %.6g, \"state_size\": %.0f, \"seq_len\": %d}\n",
-                        model->num_parameters(), flops_per_token, state, r.train.seq_len)));
+        absl::StrFormat("{\"parameters\": %d, \"flops_per_token\": %s, \"state_size\": %s, \"seq_len\": %d}\n",
+                        model->num_parameters(), json_number("%.6g", flops_per_token), json_number("%.0f", state),
+                        r.train.seq_len)));
   }
   progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s%s", r.name,
                                 model->num_parameters(), data.description, run,
@@ -441,9 +511,10 @@ int train(const std::vector<std::string>& args) {
 
   // The metrics of a skipped update: the run's count of them, and what was not finite.
   auto skipped_line = [&](int64_t done, const StepResult& result) {
-    return absl::StrFormat("{\"step\": %d, \"skipped\": %d, \"nonfinite\": \"%s\", \"lr\": %.6g, \"elapsed_s\": %.1f",
-                           done, skipped.total, result.nonfinite_gradient.empty() ? "loss" : result.nonfinite_gradient,
-                           result.lr, progress.elapsed_s());
+    return absl::StrFormat("{\"step\": %d, \"skipped\": %d, \"nonfinite\": %s, \"lr\": %s, \"elapsed_s\": %s",
+                           done, skipped.total,
+                           json_quote(result.nonfinite_gradient.empty() ? "loss" : result.nonfinite_gradient),
+                           json_number("%.6g", result.lr), json_number("%.1f", progress.elapsed_s()));
   };
   // Rank 0 alone saves; the loader position is saved for all ranks together (DataParallel::to_global),
   // so the run resumes on any world size.
@@ -458,7 +529,7 @@ int train(const std::vector<std::string>& args) {
     if (!writer) return;
     if (dropout_base) model->dropout_generator().set_state(dropout_base->state());
     save_checkpoint(run, step, *model, opt, dp ? dp->to_global(data.train->state()) : data.train->state(), r,
-                    r.checkpoint.keep, skipped);
+                    r.checkpoint.keep, skipped, identity);
   };
   StopSignals signals(r.checkpoint.save_on_signal);
   model->set_training(true);
@@ -544,11 +615,14 @@ int train(const std::vector<std::string>& args) {
       if (!result.applied) {
         line = skipped_line(done, result);
       } else if (done % r.log.every == 0 || eval_now) {
+        // Every number through json_number: NaN or infinity is null, never "nan" (not JSON).
         line = absl::StrFormat(
-            "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.4f, \"tokens_per_s\": %.1f, \"mfu\": %.4f, "
-            "\"elapsed_s\": %.1f, \"tokens\": %d, \"train_flops\": %.6g",
-            done, loss, lr, norm, static_cast<double>(tokens_since_log) / seconds_since_log, progress.mfu(),
-            progress.elapsed_s(), done * tokens_per_step, static_cast<double>(done * tokens_per_step) * flops_per_token);
+            "{\"step\": %d, \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"tokens_per_s\": %s, \"mfu\": %s, "
+            "\"elapsed_s\": %s, \"tokens\": %d, \"train_flops\": %s",
+            done, json_number("%.6f", loss), json_number("%.6g", lr), json_number("%.4f", norm),
+            json_number("%.1f", static_cast<double>(tokens_since_log) / seconds_since_log),
+            json_number("%.4f", progress.mfu()), json_number("%.1f", progress.elapsed_s()), done * tokens_per_step,
+            json_number("%.6g", static_cast<double>(done * tokens_per_step) * flops_per_token));
         tokens_since_log = 0;
         seconds_since_log = 0;
       }

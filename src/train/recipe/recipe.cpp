@@ -944,16 +944,12 @@ Recipe::Recipe() {
   }
 }
 
-absl::StatusOr<Recipe> load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return absl::NotFoundError("recipe not found: " + path);
-  toml::table root;
-  try {
-    root = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    return invalid(absl::StrCat(path, ":", e.source().begin.line, ":", e.source().begin.column,
-                                ": TOML syntax error: ", std::string(e.description())));
-  }
+namespace {
+
+// load_recipe and load_recipe_text past the TOML syntax: the schema, the overrides, the blocks, the rules
+// between keys. `path` names the recipe in messages.
+absl::StatusOr<Recipe> load_parsed_recipe(const toml::table& root, const std::string& path,
+                                          const std::vector<std::string>& overrides) {
   Recipe recipe;
   recipe.name = fs::path(path).stem().string();
   recipe.source_path = path;
@@ -977,6 +973,45 @@ absl::StatusOr<Recipe> load_recipe(const std::string& path, const std::vector<st
   }
   if (std::string error = check_across_keys(path, recipe, origins); !error.empty()) return invalid(error);
   return recipe;
+}
+
+absl::Status toml_syntax_error(const std::string& path, const toml::parse_error& e) {
+  return invalid(absl::StrCat(path, ":", e.source().begin.line, ":", e.source().begin.column,
+                              ": TOML syntax error: ", std::string(e.description())));
+}
+
+}  // namespace
+
+absl::StatusOr<Recipe> load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return absl::NotFoundError("recipe not found: " + path);
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    return toml_syntax_error(path, e);
+  }
+  return load_parsed_recipe(root, path, overrides);
+}
+
+absl::StatusOr<Recipe> load_recipe_text(const std::string& text, const std::string& path,
+                                        const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    return toml_syntax_error(path, e);
+  }
+  return load_parsed_recipe(root, path, overrides);
+}
+
+std::string resolved_recipe_name(const std::string& text) {
+  // The first line as resolved_recipe_toml writes it: # Recipe "NAME" resolved[ from SOURCE]: ...
+  const std::string head = "# Recipe \"";
+  if (text.rfind(head, 0) != 0) return "";
+  const size_t end = text.find("\" resolved", head.size());
+  if (end == std::string::npos || text.find('\n') < end) return "";
+  return text.substr(head.size(), end - head.size());
 }
 
 std::string resolved_recipe_toml(const Recipe& recipe) {

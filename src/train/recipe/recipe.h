@@ -122,6 +122,14 @@ struct Recipe {
 // file) whose message is one line starting with "FILE:LINE:" or "--set ...:" and naming the key and
 // what it allows.
 absl::StatusOr<Recipe> load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from the recipe's TOML text (a checkpoint holds its run's resolved recipe); `path` names it in
+// messages and becomes its name (stem) and source_path, as for a file of that path.
+absl::StatusOr<Recipe> load_recipe_text(const std::string& text, const std::string& path,
+                                        const std::vector<std::string>& overrides = {});
+// The recipe name a resolved recipe's first line records (`# Recipe "NAME" resolved ...`, written by
+// resolved_recipe_toml); "" for text that does not start that way. A run folder's recipe.toml and a
+// checkpoint's recipe keep the run's name this way: their own stem is not it.
+std::string resolved_recipe_name(const std::string& text);
 
 // Every key with its final value, by section, each with its doc as a comment; log.out_dir is written
 // as the run directory itself, so loading the text from anywhere reproduces the run.
