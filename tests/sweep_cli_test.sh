@@ -9,6 +9,7 @@
 # the best, every JSON file strict, a changed sweep file refused (--rerun-changed), a misspelt metric refused
 # before anything runs, unique folder names, SIGTERM stops the points (stopped, not failed), SIGKILL takes
 # them along, no stale .failed, no gnuplot chatter, and the refusals of training named in the dry run.
+# Fair comparisons: "auto" block keys pinned across a grid of mixers; what cannot be pinned flagged.
 # Usage: sweep_cli_test.sh /path/to/seqlab
 set -u
 SEQLAB="$1"
@@ -293,5 +294,19 @@ then
 else
   fail "fair comparison: the points' recipes differ in more than model.mixer"
 fi
+# 18. What the sweep cannot pin is flagged: a base recipe in the older flat spelling of mixer options
+# (model.chunk_size) keeps that spelling's meaning — recurrent blocks take the recurrent conventions whatever
+# [model] says —, so GLA's points still differ from attention's in their block: the dry run and results.md
+# name each such key with its values.
+sed 's/^n_heads = 2$/n_heads = 2\nchunk_size = 16/' "$WORK/base.toml" > "$WORK/flat.toml"
+printf 'recipe = "flat.toml"\n[grid]\n"model.mixer" = ["attention", "gla"]\n' > "$WORK/unfair.toml"
+"$SEQLAB" sweep "$WORK/unfair.toml" --out "$WORK/unfair" --dry-run > "$WORK/unfair.out" 2>&1
+n_dry=$(grep -c '^NOT A FAIR COMPARISON: model\.\(mlp\|norm\|positions\|bias\) differs between points' "$WORK/unfair.out")
+"$SEQLAB" sweep "$WORK/unfair.toml" --out "$WORK/unfair" > /dev/null 2>&1
+rc=$?
+[ "$rc" -eq 0 ] && [ "$n_dry" -eq 4 ] && grep -q '^\*\*Not a fair comparison\*\*' "$WORK/unfair/results.md" &&
+  grep -q '^- model.norm: "layernorm" (mixer=attention), "rmsnorm" (mixer=gla)$' "$WORK/unfair/results.md" &&
+  pass "confounds the sweep cannot pin are flagged in the dry run and results.md" ||
+  { fail "confounds (exit $rc, $n_dry dry-run flags)"; cat "$WORK/unfair.out"; cat "$WORK/unfair/results.md"; }
 echo "failures: $failures"
 [ "$failures" -eq 0 ]

@@ -2,7 +2,8 @@
 """The published-comparison sweeps (recipes/sweeps/*.toml) and their length table (scripts/sweep_lengths.py).
 
 Every sweep file loads and every point's recipe is accepted (`seqlab sweep FILE --dry-run`: exit 0, no
-REFUSED point), so a renamed key or mixer breaks this test rather than a half-hour sweep. The length
+REFUSED point), so a renamed key or mixer breaks this test rather than a half-hour sweep; and every one is a
+fair comparison (docs/scaling.md): no block key left "auto" for the sweep to pin, no confound. The length
 table is checked on a made-up sweep folder: per row, the point with the best NAME@L and that run's last
 value at every length; a failed point is skipped; a metric that is not per-length is refused.
 Usage: sweep_recipes_test.py /path/to/seqlab (a few seconds).
@@ -33,6 +34,11 @@ with tempfile.TemporaryDirectory() as work:
         ok = p.returncode == 0 and "REFUSED" not in p.stdout and "estimated" in p.stdout
         check(ok, f"{name}: --dry-run accepts every point" +
               ("" if ok else f" (exit {p.returncode}: {(p.stdout + p.stderr).strip()[-400:]})"))
+        # A fair comparison: every mixer in one block that the files name themselves (no "auto" key left
+        # for the sweep to pin), and no key besides the grid's differing between points.
+        fair = "NOT A FAIR COMPARISON" not in p.stdout and "fair comparison:" not in p.stdout
+        check(fair, f"{name}: the points differ in the grid's keys alone, their block named by the files" +
+              ("" if fair else f" ({[l for l in p.stdout.splitlines() if 'fair' in l.lower()]})"))
         check(not os.path.exists(os.path.join(work, name)) or not any(
             e.endswith(".log") for e in os.listdir(os.path.join(work, name))), f"{name}: --dry-run ran nothing")
 

@@ -454,6 +454,21 @@ std::string describe(const Sweep& sweep, const Planned& q) {
   return "FAILED: " + o.failure;
 }
 
+// The confounds of the plan (keys besides the grid's that differ between points), one line each; "" when
+// the comparison is fair.
+std::string unfair_text(const Sweep& sweep, const std::vector<Planned>& points) {
+  std::vector<PointResult> results;
+  for (const Planned& q : points) results.push_back(q.result);
+  std::string text;
+  for (const Confound& c : confounds(sweep, results)) {
+    std::vector<std::string> values;
+    for (const auto& [v, at] : c.values) values.push_back(v + " (" + at + ")");
+    text += "NOT A FAIR COMPARISON: " + c.key + " differs between points besides the grid's keys: " +
+            absl::StrJoin(values, ", ") + "\n";
+  }
+  return text;
+}
+
 int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run, bool rerun_changed) {
   std::string pinned;
   std::vector<Planned> points = plan(sweep, out, &pinned);
@@ -484,6 +499,7 @@ int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run, b
                                    q.result.tokens, q.result.flops,
                                    changed.empty() ? "" : " (CHANGED: " + changed + "; needs --rerun-changed)");
     }
+    std::cout << unfair_text(sweep, points);
     const double peak = measured_peak_flops(cpu_device(), DType::f32);
     std::cout << absl::StrFormat(
         "estimated %.1f min on this machine's CPU for the points left (at 40%% of its measured %.0f GFLOP/s, %d job(s) "
@@ -510,7 +526,8 @@ int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run, b
     std::cout << absl::StrFormat("[%d/%d] %s: %s\n", done, n, points[i].result.point.name, what) << std::flush;
   };
   std::cout << absl::StrFormat("sweep %s: %d points, %d at a time (%d thread(s) each), into %s\n", sweep.name, n, jobs,
-                               threads, out.string());
+                               threads, out.string())
+            << unfair_text(sweep, points);
   while (next < n || !running.empty()) {
     while (!g_interrupted && next < n && running.size() < static_cast<size_t>(jobs)) {
       Planned& q = points[next];
