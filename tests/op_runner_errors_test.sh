@@ -152,5 +152,14 @@ for args in "no_such_recipe.toml --set train.steps=1" "frobnicate" "sample no_ru
   fi
 done
 
+# A negative seed is told the range of seeds (it used to be told "expects a number").
+"$SEQLAB" sample no_run --seed -1 > /dev/null 2> "$WORK/stderr"
+rc=$?
+if [ "$rc" -eq 2 ] && [ "$(cat "$WORK/stderr")" = "seqlab sample: --seed expects an integer from 0 to 2^64 - 1, got '-1'" ]; then
+  echo "ok   seqlab sample no_run --seed -1: $(cat "$WORK/stderr")"
+else
+  echo "FAIL seqlab sample no_run --seed -1: exit $rc, $(cat "$WORK/stderr")"; failures=$((failures + 1))
+fi
+
 echo "failures: $failures"
 [ "$failures" -eq 0 ]
