@@ -136,9 +136,11 @@ void run_gnuplot(const std::string& script, const std::string& out) {
   if (gp == nullptr) throw UserError("could not start gnuplot");
   std::fputs(script.c_str(), gp);
   const int status = pclose(gp);
-  std::error_code ec;
-  if (status == 0) std::filesystem::rename(tmp, out, ec);
+  std::error_code renamed, ec;
+  if (status == 0) std::filesystem::rename(tmp, out, renamed);
   std::filesystem::remove(tmp, ec);
+  // A failed rename leaves no new plot, even where `out` exists (an older plot, or a folder).
+  if (status == 0 && renamed) throw UserError(out + ": cannot write the plot (" + renamed.message() + ")");
   if (status != 0 || !std::filesystem::exists(out)) throw UserError("gnuplot failed to draw " + out);
 }
 
