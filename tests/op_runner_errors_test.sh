@@ -93,6 +93,9 @@ fresh bad_attr
 npy "$IN/x.npy" '<f8' '(1,)' "$F64_1"
 expect_error "bad attribute value" "must be a number" mul_scalar --in "$IN" --out "$OUT" --attr s=abc
 expect_error "unknown attribute" "no attribute 'foo'" exp --in "$IN" --out "$OUT" --attr foo=1
+# An integer too large for 64 bits is told the range, not "must be an integer".
+expect_error "attribute beyond 64 bits" "attribute block='99999999999999999999' must be an integer from -2^63 to 2^63 - 1" \
+  attention --in "$IN" --out "$OUT" --attr block=99999999999999999999
 expect_error "attribute without =" "key=value" mul_scalar --in "$IN" --out "$OUT" --attr s
 expect_error "unknown flag" "unknown flag '--frobnicate'" exp --in "$IN" --out "$OUT" --frobnicate
 expect_error "flag without value" "--out needs a value" exp --in "$IN" --out
