@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -31,6 +32,37 @@ TEST(CliFlags, NumbersMustBeFinite) {
   EXPECT_EQ(ok.number<double>("--temperature", 0.8), 0.5);
   Flags bad({"--tokens", "12x"}, "sample", {"--tokens"}, {}, {}, 0);
   EXPECT_THROW(bad.number<int64_t>("--tokens", 1), UserError);
+}
+
+// A negative seed, or an integer beyond what the flag takes, is told the range it takes, not "expects a
+// number" (issue 26): the range is the type's (an unsigned flag takes no sign) unless the flag names one.
+TEST(CliFlags, IntegersOutOfRangeAreToldTheRange) {
+  auto error = [](const std::string& flag, const std::string& text, auto parse) {
+    Flags f({flag, text}, "sample", {flag}, {}, {}, 0);
+    try {
+      parse(f);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  auto seed = [](const Flags& f) { f.number<uint64_t>("--seed", 0); };
+  auto tokens = [](const Flags& f) { f.number<int64_t>("--tokens", 1); };
+  auto nproc = [](const Flags& f) { f.number<int>("--nproc", 1); };
+  auto shard_tokens = [](const Flags& f) { f.number<int64_t>("--shard-tokens", 1, 1); };
+  EXPECT_EQ(error("--seed", "-1", seed), "--seed expects an integer from 0 to 2^64 - 1, got '-1'");
+  EXPECT_EQ(error("--seed", "18446744073709551616", seed), "--seed expects an integer from 0 to 2^64 - 1, got '18446744073709551616'");
+  EXPECT_EQ(error("--seed", "abc", seed), "--seed expects an integer from 0 to 2^64 - 1, got 'abc'");
+  EXPECT_EQ(error("--seed", "18446744073709551615", seed), "accepted");
+  EXPECT_EQ(error("--tokens", "99999999999999999999", tokens),
+            "--tokens expects an integer from -2^63 to 2^63 - 1, got '99999999999999999999'");
+  EXPECT_EQ(error("--nproc", "99999999999", nproc), "--nproc expects an integer from -2^31 to 2^31 - 1, got '99999999999'");
+  EXPECT_EQ(error("--nproc", "2.5", nproc), "--nproc expects an integer, got '2.5'");
+  EXPECT_EQ(error("--nproc", "abc", nproc), "--nproc expects a number, got 'abc'");
+  EXPECT_EQ(error("--shard-tokens", "0", shard_tokens), "--shard-tokens expects an integer from 1 to 2^63 - 1, got '0'");
+  EXPECT_EQ(error("--shard-tokens", "1", shard_tokens), "accepted");
+  Flags f({"--seed", "18446744073709551615"}, "sample", {"--seed"}, {}, {}, 0);
+  EXPECT_EQ(f.number<uint64_t>("--seed", 0), UINT64_C(18446744073709551615));
 }
 
 TEST(MetricsField, TheNumberAfterAKeyOfAMetricsLine) {

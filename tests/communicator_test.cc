@@ -273,6 +273,26 @@ TEST(Communicator, OneRankAndBadArguments) {
   EXPECT_TRUE(failures.empty()) << joined(failures);
 }
 
+// Where the Gloo transport listens: a variable this machine cannot use is refused naming it and its
+// value (a host name that does not resolve crashed the rank inside Gloo, which reads getaddrinfo's result
+// without looking at its error). In a forked rank, whose environment is its own.
+TEST(Communicator, TransportVariablesThisMachineCannotUseAreNamed) {
+  const auto failures = run_ranks(1, [](int rank, const std::string& folder) {
+    auto refused = [&](const char* name, const char* value, std::vector<std::string> parts) {
+      ::setenv(name, value, 1);
+      expect_throw<std::invalid_argument>([&] { join(rank, 1, folder, std::chrono::seconds(5)); }, parts, name);
+      ::unsetenv(name);
+    };
+    refused("SEQLAB_GLOO_HOST", "nosuchhost.invalid", {"SEQLAB_GLOO_HOST=nosuchhost.invalid: cannot resolve the host name ("});
+    refused("SEQLAB_GLOO_HOST", "192.0.2.1", {"SEQLAB_GLOO_HOST=192.0.2.1: no address of this name is one of this machine's"});
+    refused("SEQLAB_GLOO_IFACE", "nosuchif0", {"SEQLAB_GLOO_IFACE=nosuchif0: no network interface of this name"});
+    ::setenv("SEQLAB_GLOO_IFACE", "lo", 1);  // the loopback interface, which every machine has
+    auto comm = join(rank, 1, folder + "/lo", std::chrono::seconds(5));
+    comm->barrier();
+  });
+  EXPECT_TRUE(failures.empty()) << joined(failures);
+}
+
 TEST(Communicator, RanksCallingDifferentlyAreNamedAndTheCommunicatorStaysUsable) {
   const auto failures = run_ranks(2, [](int rank, const std::string& folder) {
     auto comm = join(rank, 2, folder, std::chrono::seconds(10));

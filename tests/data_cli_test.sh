@@ -44,7 +44,11 @@ printf 'seqlab-bpe 1\n104 101\n999 1\n' > "$WORK/bad.txt"
 expect_error "seqlab prepare: --out DIR is required" prepare
 expect_error "$WORK/absent: no such file or folder" prepare --out "$WORK/x" --input "$WORK/absent"
 expect_error "--val-fraction expects a number" prepare --out "$WORK/x" --val-fraction half
-expect_error "val_fraction 1.5 is outside [0, 1)" prepare --out "$WORK/x" --input "$WORK/corpus" --val-fraction 1.5
+expect_error "--val-fraction expects a number in [0, 1), got '1.5'" prepare --out "$WORK/x" --input "$WORK/corpus" --val-fraction 1.5
+# A numeric flag out of its range is told the range, naming the flag (issue 26).
+expect_error "--seed expects an integer from 0 to 2^64 - 1, got '-1'" prepare --out "$WORK/x" --input "$WORK/corpus" --seed -1
+expect_error "--shard-tokens expects an integer from 1 to 2^63 - 1, got '0'" prepare --out "$WORK/x" --input "$WORK/corpus" --shard-tokens 0
+expect_error "--vocab expects an integer from -2^31 to 2^31 - 1, got '99999999999'" tokenizer train --input "$WORK/corpus" --vocab 99999999999 --out "$WORK/y"
 expect_error "unknown flag '--vocab'" prepare --out "$WORK/x" --vocab 3
 expect_error "$WORK/bad.txt:3: id 999 is not defined yet" prepare --out "$WORK/x" --input "$WORK/corpus" --tokenizer-path "$WORK/bad.txt"
 expect_error "unknown document format 'csv'" prepare --out "$WORK/x" --format csv

@@ -93,6 +93,9 @@ fresh bad_attr
 npy "$IN/x.npy" '<f8' '(1,)' "$F64_1"
 expect_error "bad attribute value" "must be a number" mul_scalar --in "$IN" --out "$OUT" --attr s=abc
 expect_error "unknown attribute" "no attribute 'foo'" exp --in "$IN" --out "$OUT" --attr foo=1
+# An integer too large for 64 bits is told the range, not "must be an integer".
+expect_error "attribute beyond 64 bits" "attribute block='99999999999999999999' must be an integer from -2^63 to 2^63 - 1" \
+  attention --in "$IN" --out "$OUT" --attr block=99999999999999999999
 expect_error "attribute without =" "key=value" mul_scalar --in "$IN" --out "$OUT" --attr s
 expect_error "unknown flag" "unknown flag '--frobnicate'" exp --in "$IN" --out "$OUT" --frobnicate
 expect_error "flag without value" "--out needs a value" exp --in "$IN" --out
@@ -151,6 +154,15 @@ for args in "no_such_recipe.toml --set train.steps=1" "frobnicate" "sample no_ru
     echo "FAIL seqlab $args: exit $rc, $(wc -l < "$WORK/stderr") lines on stderr"; failures=$((failures + 1))
   fi
 done
+
+# A negative seed is told the range of seeds (it used to be told "expects a number").
+"$SEQLAB" sample no_run --seed -1 > /dev/null 2> "$WORK/stderr"
+rc=$?
+if [ "$rc" -eq 2 ] && [ "$(cat "$WORK/stderr")" = "seqlab sample: --seed expects an integer from 0 to 2^64 - 1, got '-1'" ]; then
+  echo "ok   seqlab sample no_run --seed -1: $(cat "$WORK/stderr")"
+else
+  echo "FAIL seqlab sample no_run --seed -1: exit $rc, $(cat "$WORK/stderr")"; failures=$((failures + 1))
+fi
 
 echo "failures: $failures"
 [ "$failures" -eq 0 ]

@@ -89,6 +89,10 @@ expect_error "override of unknown key" "--set train.stpes=5:" "unknown key train
 expect_error "override of unknown section" "--set trian.steps=5:" "unknown section [trian]" check "$F" --set trian.steps=5
 expect_error "override of wrong type" "--set train.steps=abc:" "train.steps must be an integer ≥ 1, got abc" \
   check "$F" --set train.steps=abc
+# An integer beyond TOML's 64 bits is not "a string": the message says what is wrong with it.
+expect_error "override beyond 64 bits" "--set train.seed=99999999999999999999:" \
+  "train.seed must be an integer ≥ 0, got 99999999999999999999, beyond the 64 bits of a TOML integer (at most 2^63 - 1)" \
+  check "$F" --set train.seed=99999999999999999999
 expect_error "override with bad choice" "--set model.norm=batchnorm:" 'one of "auto", "layernorm", "rmsnorm"' \
   check "$F" --set=model.norm=batchnorm
 expect_error "override breaking a rule" "--set parallel.sp=3:" \

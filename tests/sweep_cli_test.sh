@@ -127,7 +127,7 @@ refused() {  # NAME TEXT ARGS...
 refused "missing sweep file" "sweep file not found" "$WORK/none.toml"
 printf 'recipe = "base.toml"\nmetrics = "val_loss"\n[grid]\n"optim.lr" = [1]\n' > "$WORK/bad.toml"
 refused "a misspelt key" "unknown or mistyped key 'metrics'" "$WORK/bad.toml"
-refused "--jobs 0" "--jobs expects 1 or more" "$WORK/s.toml" --jobs 0
+refused "--jobs 0" "--jobs expects an integer from 1 to" "$WORK/s.toml" --jobs 0
 printf 'recipe = "nowhere.toml"\n[grid]\n"optim.lr" = [1]\n' > "$WORK/norecipe.toml"
 refused "a base recipe that does not exist" "its recipe $WORK/nowhere.toml does not exist" "$WORK/norecipe.toml"
 refused "--report of a folder that is no sweep" "is not a sweep folder" --report "$WORK"

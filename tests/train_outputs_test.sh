@@ -93,9 +93,18 @@ expect_usage_error() {  # NAME WANT ARGS...
   fi
 }
 expect_usage_error "sample: top-p out of range" "--top-p must be in (0, 1]" sample "$WORK/run" --top-p 1.5
-expect_usage_error "sample: not a number" "--tokens expects a number" sample "$WORK/run" --tokens many
+expect_usage_error "sample: not a number" "--tokens expects an integer from 1 to 2^63 - 1, got 'many'" sample "$WORK/run" --tokens many
+expect_usage_error "sample: --top-k below its range" "--top-k expects an integer from 0 to 2^63 - 1, got '-1'" sample "$WORK/run" --top-k -1
+expect_usage_error "sample: --tokens beyond 64 bits" "--tokens expects an integer from 1 to 2^63 - 1, got '99999999999999999999'" \
+  sample "$WORK/run" --tokens 99999999999999999999
 expect_usage_error "sample: no run directory" "no such run directory" sample "$WORK/nowhere"
 expect_usage_error "sample: synthetic run" "no text to sample" sample "$WORK/mqar"
 expect_usage_error "plot: no metrics" "metrics.jsonl: cannot be read" plot "$WORK"
+# --out checked before gnuplot runs: a missing folder printed gnuplot's own errors over 9 lines, and a
+# folder was taken for a plot written (exit 0, no PNG).
+expect_usage_error "plot: --out in a missing folder" "--out $WORK/nowhere/x.png: the folder $WORK/nowhere does not exist" \
+  plot "$WORK/run" --out "$WORK/nowhere/x.png"
+expect_usage_error "plot: --out a folder" "--out $WORK is a folder: give the name of the PNG file to write" \
+  plot "$WORK/run" --out "$WORK"
 echo "failures: $failures"
 [ "$failures" -eq 0 ]

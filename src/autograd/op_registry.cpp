@@ -1,5 +1,6 @@
 #include "autograd/op_registry.h"
 
+#include <absl/strings/ascii.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
@@ -50,6 +51,25 @@ const char* type_name(AttrType t) {
     case AttrType::int_list: return "a list of integers like 0,2";
   }
   return "?";
+}
+
+// True when an integer attribute's text is integers all the same, only too large for 64 bits: "must be an
+// integer" alone would not say what is wrong with 99999999999999999999.
+bool integers_beyond_64_bits(AttrType t, const std::string& text) {
+  auto integer_text = [](absl::string_view part) {
+    part = absl::StripAsciiWhitespace(part);
+    if (!absl::ConsumePrefix(&part, "-")) absl::ConsumePrefix(&part, "+");
+    return !part.empty() && std::all_of(part.begin(), part.end(), absl::ascii_isdigit);
+  };
+  if (t == AttrType::integer) return integer_text(text);
+  if (t != AttrType::int_list) return false;
+  absl::string_view body = text;
+  absl::ConsumePrefix(&body, "[");
+  absl::ConsumeSuffix(&body, "]");
+  for (absl::string_view part : absl::StrSplit(body, ',')) {
+    if (!integer_text(part)) return false;
+  }
+  return true;
 }
 
 bool valid(AttrType t, const std::string& text) {
@@ -109,7 +129,10 @@ OpAttrs OpAttrs::parse(const std::string& op, const std::vector<OpAttrSpec>& spe
     }
     if (!valid(it->type, value)) {
       throw std::invalid_argument("op " + op + ": attribute " + name + "='" + value + "' must be " +
-                                  type_name(it->type));
+                                  type_name(it->type) +
+                                  (!integers_beyond_64_bits(it->type, value) ? ""
+                                   : it->type == AttrType::integer   ? " from -2^63 to 2^63 - 1"
+                                                                     : ", each from -2^63 to 2^63 - 1"));
     }
     attrs.values_[name] = value;
   }

@@ -141,6 +141,14 @@ class Communicator {
   std::vector<std::shared_ptr<Storage>> orphaned_;
 };
 
+// Checks the variable that tells the Gloo backend where to listen, as that backend will use it:
+// SEQLAB_GLOO_IFACE (an interface of this machine with an IPv4 or IPv6 address), else SEQLAB_GLOO_HOST (a
+// name or address that resolves to one this machine can bind to); neither set is 127.0.0.1. A value this
+// machine cannot use is a std::invalid_argument naming the variable and its value, e.g.
+// "SEQLAB_GLOO_HOST=nosuchhost: cannot resolve the host name (...)". The Gloo communicator checks it
+// first; a launcher checks it before it starts any rank.
+void check_gloo_transport();
+
 // The rendezvous store on one machine: Gloo's FileStore on `folder` (created if missing). The folder
 // must be fresh for each job: keys left by an earlier job would be read as this job's.
 std::shared_ptr<gloo::rendezvous::Store> open_file_store(const std::string& folder);

@@ -11,7 +11,16 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <set>
+#include <stdexcept>
 #include <string>
 
 #include "dist/store.h"
@@ -48,6 +57,9 @@ void gloo_call(Fn&& fn) {
 }
 
 // The TCP device: SEQLAB_GLOO_IFACE names an interface, else SEQLAB_GLOO_HOST a host, else loopback.
+// The caller has vetted the variable first (check_gloo_transport): Gloo's own checks crash on a host name
+// that does not resolve (it reads getaddrinfo's result without looking at its error), and word the others
+// in terms of its internals.
 std::shared_ptr<gloo::transport::Device> tcp_device() {
   gloo::transport::tcp::attr attr;
   const char* iface = std::getenv("SEQLAB_GLOO_IFACE");
@@ -58,6 +70,17 @@ std::shared_ptr<gloo::transport::Device> tcp_device() {
     attr.hostname = host && *host ? host : "127.0.0.1";
   }
   return gloo::transport::tcp::CreateDevice(attr);
+}
+
+// The interfaces of this machine that have an IPv4 or IPv6 address, as a message lists them.
+std::string interfaces_with_addresses(const ifaddrs* list) {
+  std::set<std::string> names;
+  for (const ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr && (a->ifa_addr->sa_family == AF_INET || a->ifa_addr->sa_family == AF_INET6)) names.insert(a->ifa_name);
+  }
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out.empty() ? "none" : out;
 }
 
 // Slots of send_recv messages: a prefix byte that none of Gloo's collectives use, then the count.
@@ -71,10 +94,70 @@ void divide(Tensor& t, int by) {
 
 }  // namespace
 
+void check_gloo_transport() {
+  const char* iface = std::getenv("SEQLAB_GLOO_IFACE");
+  const char* host = std::getenv("SEQLAB_GLOO_HOST");
+  if (iface && *iface) {
+    // What Gloo looks for: an IPv4 or IPv6 address of the interface of that name.
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) != 0) {
+      throw std::invalid_argument(std::string("SEQLAB_GLOO_IFACE=") + iface +
+                                  ": cannot list this machine's network interfaces (" + std::strerror(errno) + ")");
+    }
+    bool named = false, addressed = false;
+    for (const ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+      if (std::strcmp(a->ifa_name, iface) != 0) continue;
+      named = true;
+      addressed = addressed || (a->ifa_addr && (a->ifa_addr->sa_family == AF_INET || a->ifa_addr->sa_family == AF_INET6));
+    }
+    const std::string have = interfaces_with_addresses(list);
+    ::freeifaddrs(list);
+    if (!addressed) {
+      throw std::invalid_argument(std::string("SEQLAB_GLOO_IFACE=") + iface + ": " +
+                                  (named ? "the interface has no IPv4 or IPv6 address"
+                                         : "no network interface of this name on this machine") +
+                                  " (interfaces with an address: " + have + ")");
+    }
+    return;
+  }
+  if (!host || !*host) return;  // 127.0.0.1
+  // What Gloo does with a host name: resolve it, then bind to the first of its addresses that binds.
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  const int rv = ::getaddrinfo(host, nullptr, &hints, &result);
+  if (rv != 0) {
+    throw std::invalid_argument(std::string("SEQLAB_GLOO_HOST=") + host + ": cannot resolve the host name (" +
+                                (rv == EAI_SYSTEM ? std::strerror(errno) : ::gai_strerror(rv)) +
+                                "); give a name or an address of this machine, or SEQLAB_GLOO_IFACE");
+  }
+  std::string why;
+  bool bound = false;
+  for (const addrinfo* a = result; a != nullptr && !bound; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    bound = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0;  // port 0: any free port, released at once
+    if (!bound) why = std::strerror(errno);
+    ::close(fd);
+  }
+  ::freeaddrinfo(result);
+  if (!bound) {
+    throw std::invalid_argument(std::string("SEQLAB_GLOO_HOST=") + host +
+                                ": no address of this name is one of this machine's (bind: " + why +
+                                "); give a name or an address of this machine, or SEQLAB_GLOO_IFACE");
+  }
+}
+
 GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::rendezvous::Store> store, int rank, int size,
                                    milliseconds timeout)
     : Communicator(rank, size, cpu_device(), timeout), sent_(size, 0), received_(size, 0) {
   if (!store) throw std::invalid_argument(who() + "gloo: no rendezvous store");
+  // Before the try: a transport variable this machine cannot use is the user's to fix, said as it is.
+  check_gloo_transport();
   try {
     std::shared_ptr<gloo::transport::Device> device = tcp_device();
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);

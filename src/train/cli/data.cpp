@@ -109,8 +109,13 @@ void prepare(const std::vector<std::string>& args) {
   if (o.tokenizer == "bpe" && o.tokenizer_path.empty()) throw UserError("--tokenizer bpe needs --tokenizer-path FILE");
   if (o.tokenizer == "byte" && !o.tokenizer_path.empty()) throw UserError("--tokenizer-path goes with --tokenizer bpe");
   o.val_fraction = f.number<double>("--val-fraction", o.val_fraction);
+  // Checked here too, so that the message names the flag (prepare_dataset names its option, after reading
+  // the documents).
+  if (!(o.val_fraction >= 0 && o.val_fraction < 1)) {
+    throw UserError("--val-fraction expects a number in [0, 1), got '" + f.get("--val-fraction") + "'");
+  }
   o.seed = f.number<uint64_t>("--seed", o.seed);
-  o.shard_tokens = f.number<int64_t>("--shard-tokens", o.shard_tokens);
+  o.shard_tokens = f.number<int64_t>("--shard-tokens", o.shard_tokens, 1);
   auto t0 = std::chrono::steady_clock::now();
   DatasetInfo info = value_or_throw(prepare_dataset(o, f.get("--out")));
   std::cout << absl::StrFormat(

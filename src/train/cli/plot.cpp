@@ -37,6 +37,14 @@ void plot(const std::vector<std::string>& args) {
   std::ifstream in(metrics);
   if (!in) throw UserError(metrics.string() + ": cannot be read (is " + run.string() + " a run directory?)");
   const fs::path out = f.get("--out", (run / "loss.png").string());
+  // Checked before gnuplot runs: it would report a missing folder in its own words over several lines,
+  // and a folder given as the file would look like a plot written.
+  std::error_code ec;
+  if (fs::is_directory(out, ec)) throw UserError("--out " + out.string() + " is a folder: give the name of the PNG file to write");
+  const fs::path folder = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  if (!fs::is_directory(folder, ec)) {
+    throw UserError("--out " + out.string() + ": the folder " + folder.string() + " does not exist");
+  }
 
   // Two data files for gnuplot: step loss, and step val_loss [val_acc].
   // Everything goes to temporary names beside the output; the PNG is renamed into place when whole.

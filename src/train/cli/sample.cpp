@@ -55,13 +55,11 @@ void sample(const std::vector<std::string>& args) {
   if (f.positional().empty()) throw UserError("expected the run directory: seqlab sample RUN (see seqlab sample --help)");
   const std::string run = f.positional()[0];
   SamplingOptions o;
-  o.tokens = f.number<int64_t>("--tokens", 256);
+  o.tokens = f.number<int64_t>("--tokens", 256, 1);
   o.temperature = f.number<double>("--temperature", 0.8);
-  o.top_k = f.number<int64_t>("--top-k", 0);
+  o.top_k = f.number<int64_t>("--top-k", 0, 0);
   o.top_p = f.number<double>("--top-p", 1.0);
-  if (o.tokens < 1) throw UserError("--tokens must be at least 1");
   if (o.temperature < 0) throw UserError("--temperature must be ≥ 0");
-  if (o.top_k < 0) throw UserError("--top-k must be ≥ 0");
   if (!(o.top_p > 0 && o.top_p <= 1)) throw UserError("--top-p must be in (0, 1]");
   Generator gen(f.number<uint64_t>("--seed", 0));
 

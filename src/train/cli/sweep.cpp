@@ -637,8 +637,7 @@ int sweep_command(const std::vector<std::string>& args) {
     if (!fs::is_regular_file(sweep.recipe, ec)) {
       throw UserError(sweep.file + ": its recipe " + sweep.recipe + " does not exist (recipe = is relative to the sweep file)");
     }
-    const int jobs = f.number<int>("--jobs", 1);
-    if (jobs < 1) throw UserError("--jobs expects 1 or more, got " + f.get("--jobs"));
+    const int jobs = f.number<int>("--jobs", 1, 1);
     const fs::path out = f.has("--out") ? fs::path(f.get("--out")) : fs::path("runs") / sweep.name;
     code = run_sweep(sweep, out, jobs, f.has("--dry-run"), f.has("--rerun-changed"));
   });

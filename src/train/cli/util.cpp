@@ -1,10 +1,12 @@
 #include "train/cli/util.h"
 
+#include <absl/strings/ascii.h>
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_replace.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -12,10 +14,40 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <new>
 #include <stdexcept>
 
 namespace seqlab::cli {
+
+std::string number_bound(int64_t v) {
+  if (v == std::numeric_limits<int64_t>::min()) return "-2^63";
+  if (v == std::numeric_limits<int64_t>::max()) return "2^63 - 1";
+  if (v == std::numeric_limits<int32_t>::min()) return "-2^31";
+  if (v == std::numeric_limits<int32_t>::max()) return "2^31 - 1";
+  return absl::StrCat(v);
+}
+
+std::string number_bound(uint64_t v) {
+  if (v == std::numeric_limits<uint64_t>::max()) return "2^64 - 1";
+  if (v == std::numeric_limits<uint32_t>::max()) return "2^32 - 1";
+  return absl::StrCat(v);
+}
+
+std::string number_bound(double v) { return absl::StrCat(v); }
+
+std::string integer_flag_error(const std::string& flag, const std::string& text, bool whole_type,
+                               const std::string& min, const std::string& max) {
+  const absl::string_view stripped = absl::StripAsciiWhitespace(text);
+  absl::string_view digits = stripped;
+  if (!digits.empty() && (digits[0] == '+' || digits[0] == '-')) digits.remove_prefix(1);
+  const bool integer = !digits.empty() && std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit);
+  double as_double = 0;
+  const bool numeric = integer || absl::SimpleAtod(stripped, &as_double);
+  if (whole_type && !numeric) return absl::StrCat(flag, " expects a number, got '", text, "'");
+  if (whole_type && !integer) return absl::StrCat(flag, " expects an integer, got '", text, "'");
+  return absl::StrCat(flag, " expects an integer from ", min, " to ", max, ", got '", text, "'");
+}
 
 Flags::Flags(const std::vector<std::string>& args, const std::string& command, const std::set<std::string>& valued,
              const std::set<std::string>& switches, const std::set<std::string>& repeatable, size_t max_positional) {
@@ -113,8 +145,8 @@ void run_gnuplot(const std::string& script, const std::string& out) {
   if (gp == nullptr) throw UserError("could not start gnuplot");
   std::fputs(script.c_str(), gp);
   const int status = pclose(gp);
-  std::error_code ec;
-  if (status == 0) std::filesystem::rename(tmp, out, ec);
+  std::error_code renamed, ec;
+  if (status == 0) std::filesystem::rename(tmp, out, renamed);
   std::filesystem::remove(tmp, ec);
   std::string said;
   {
@@ -124,6 +156,8 @@ void run_gnuplot(const std::string& script, const std::string& out) {
     }
   }
   std::filesystem::remove(messages, ec);
+  // A failed rename leaves no new plot, even where `out` exists (an older plot, or a folder).
+  if (status == 0 && renamed) throw UserError(out + ": cannot write the plot (" + renamed.message() + ")");
   if (status != 0 || !std::filesystem::exists(out)) {
     throw UserError("gnuplot failed to draw " + out + (said.empty() ? "" : " (" + said + ")"));
   }

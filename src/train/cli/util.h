@@ -8,7 +8,9 @@
 #include <absl/strings/str_format.h>
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -19,6 +21,21 @@
 #include "train/cli/commands.h"
 
 namespace seqlab::cli {
+
+// A bound of a numeric flag's range as its message prints it: 2^63 - 1 rather than 9223372036854775807.
+std::string number_bound(int64_t v);
+std::string number_bound(uint64_t v);
+std::string number_bound(double v);
+template <class T, class = std::enable_if_t<std::is_integral_v<T>>>
+std::string number_bound(T v) {
+  if constexpr (std::is_signed_v<T>) return number_bound(static_cast<int64_t>(v));
+  else return number_bound(static_cast<uint64_t>(v));
+}
+// The message for `flag TEXT` refused as an integer from MIN to MAX: text that is no number says "expects
+// a number" (when the range is a signed type's whole range, `whole_type`, which the message then omits);
+// 2.5, or an integer out of the range, is told the range.
+std::string integer_flag_error(const std::string& flag, const std::string& text, bool whole_type,
+                               const std::string& min, const std::string& max);
 
 // The arguments of one subcommand: `--flag value` or `--flag=value` for the flags in `valued`
 // (given at most once, except those also in `repeatable`, which collect every value in order), bare
@@ -39,21 +56,30 @@ class Flags {
   std::vector<std::string> all(const std::string& flag) const;
   const std::vector<std::string>& positional() const { return positional_; }
 
-  // The value of `flag` as a number (integer or floating point by T), or `fallback`.
+  // The value of `flag` as a number (integer or floating point by T), or `fallback`; a value outside
+  // [min, max] (by default T's whole range: an unsigned T refuses a negative value) is a UserError that
+  // names the range, so that `--seed -1` is not told "expects a number".
   template <class T>
-  T number(const std::string& flag, T fallback) const {
+  T number(const std::string& flag, T fallback, T min = std::numeric_limits<T>::lowest(),
+           T max = std::numeric_limits<T>::max()) const {
     if (!has(flag)) return fallback;
     const std::string text = get(flag);
     T v{};
-    bool ok;
     if constexpr (std::is_floating_point_v<T>) {
-      ok = absl::SimpleAtod(text, &v);
+      if (!absl::SimpleAtod(text, &v)) throw UserError(flag + " expects a number, got '" + text + "'");
       // nan and inf parse, but no flag means them: --temperature nan would otherwise decode greedily.
-      if (ok && !std::isfinite(v)) throw UserError(flag + " expects a finite number, got '" + text + "'");
+      if (!std::isfinite(v)) throw UserError(flag + " expects a finite number, got '" + text + "'");
+      if (v < min || v > max) {
+        throw UserError(flag + " expects a number from " + number_bound(min) + " to " + number_bound(max) + ", got '" +
+                        text + "'");
+      }
     } else {
-      ok = absl::SimpleAtoi(text, &v);
+      if (!absl::SimpleAtoi(text, &v) || v < min || v > max) {
+        const bool whole_type = std::is_signed_v<T> && min == std::numeric_limits<T>::lowest() &&
+                                max == std::numeric_limits<T>::max();
+        throw UserError(integer_flag_error(flag, text, whole_type, number_bound(min), number_bound(max)));
+      }
     }
-    if (!ok) throw UserError(flag + " expects a number, got '" + text + "'");
     return v;
   }
 

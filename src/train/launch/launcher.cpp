@@ -6,6 +6,7 @@
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
+#include <gloo/rendezvous/store.h>
 #include <sys/mman.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -16,11 +17,15 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <random>
+#include <tuple>
 
 #include "train/cli/commands.h"
 
@@ -197,6 +202,109 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
   return out;
 }
 
+// True while a process of this pid runs (one we may not signal too); a zombie, killed but not yet
+// reaped, no longer runs: its state in /proc/PID/stat, after "PID (comm) ", is Z.
+bool process_runs(pid_t pid) {
+  if (pid <= 0 || (::kill(pid, 0) != 0 && errno != EPERM)) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  const std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() || (text[paren + 2] != 'Z' && text[paren + 2] != 'X');
+}
+
+// Removes the folders RUN/.rendezvous/<pid> whose launcher no longer runs and names each in one line: a
+// launcher killed with SIGKILL cannot remove its own. The caller holds the run folder's lock, so no other
+// launcher of this folder is at work; a pid is judged on this machine (a dead launcher's pid that an
+// unrelated process took since keeps its folder until that process ends).
+void remove_dead_rendezvous(const fs::path& parent) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    int64_t pid = 0;
+    if (!absl::SimpleAtoi(e.path().filename().string(), &pid) || pid <= 0 || pid > INT32_MAX) continue;
+    if (pid == ::getpid() || process_runs(static_cast<pid_t>(pid))) continue;
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+    if (!rm) write_stderr(absl::StrCat("seqlab: removed ", e.path().string(), ", left behind by a launcher that was killed\n"));
+  }
+}
+
+// Gloo's exception text without what only its sources explain: the "[enforce fail at FILE:LINE] " it starts
+// with, the failed expression after it and the values it compared ("!ifs.is_open(). File already exists:
+// ..." -> "File already exists: ...").
+std::string gloo_cause(const std::string& what) {
+  std::string text = what;
+  const bool enforce = absl::StartsWith(text, "[enforce fail at ");
+  while (!text.empty() && text[0] == '[' && text.find("] ") != std::string::npos) text.erase(0, text.find("] ") + 2);
+  if (enforce && text.find(". ") != std::string::npos) text.erase(0, text.find(". ") + 2);
+  // GLOO_ENFORCE_EQ adds the two values compared: "0 vs 1. Key 'JOB/k' already set".
+  const size_t vs = text.find(" vs "), stop = text.find(". ");
+  if (enforce && vs != std::string::npos && stop != std::string::npos && vs < stop) text.erase(0, stop + 2);
+  return text;
+}
+
+// The machines of a job must agree on --nproc and --nnodes: ranks started for different world sizes meet
+// in Gloo's rendezvous and fail there in Gloo's terms ("sizeof(impl_) == bytes.size(). 136 vs 226"), or
+// wait for ranks that never come until it times out. So each launcher publishes its own under
+// "seqlab.layout.<node>" before it starts a rank; machine 0 reads every other machine's, the others read
+// machine 0's, so that both sides of a disagreement refuse, each naming both values. A key that is there
+// already (Gloo's stores refuse to set a key twice) is another machine's of the same --node-rank, or an
+// earlier job's.
+void check_machines_agree(gloo::rendezvous::Store& store, const JobLayout& job) {
+  auto key = [](int node) { return absl::StrCat("seqlab.layout.", node); };
+  const std::string mine = absl::StrCat(job.nproc, " ", job.nnodes);
+  try {
+    store.set(key(job.node_rank), std::vector<char>(mine.begin(), mine.end()));
+  } catch (const std::exception& e) {
+    throw UserError(absl::StrFormat("--rendezvous %s: cannot publish this machine's --nproc and --nnodes as "
+                                    "--node-rank %d (%s): did another machine of the job give --node-rank %d, or "
+                                    "an earlier job use this rendezvous? Give each machine its own --node-rank, "
+                                    "and each job a fresh --rendezvous",
+                                    job.rendezvous, job.node_rank, gloo_cause(e.what()), job.node_rank));
+  }
+  std::vector<int> others;
+  for (int node = 0; node < job.nnodes; ++node) {
+    if (node != job.node_rank && (job.node_rank == 0 || node == 0)) others.push_back(node);
+  }
+  for (int node : others) {
+    try {
+      store.wait({key(node)}, dist::kDefaultTimeout);
+    } catch (const std::exception& e) {
+      // Gloo's stores say "Wait timeout for key(s)" when the time is up; anything else is the store failing.
+      if (absl::StrContains(e.what(), "imeout")) {
+        throw UserError(absl::StrFormat("--rendezvous %s: machine %d of the job did not join within %d s (not "
+                                        "started, or given another --rendezvous?)",
+                                        job.rendezvous, node,
+                                        std::chrono::duration_cast<std::chrono::seconds>(dist::kDefaultTimeout).count()));
+      }
+      throw UserError(absl::StrFormat("--rendezvous %s: failed while waiting for machine %d (%s)", job.rendezvous,
+                                      node, gloo_cause(e.what())));
+    }
+    std::string theirs;
+    try {
+      const std::vector<char> bytes = store.get(key(node));
+      theirs.assign(bytes.begin(), bytes.end());
+    } catch (const std::exception& e) {
+      throw UserError(absl::StrFormat("--rendezvous %s: cannot read machine %d's --nproc and --nnodes (%s)",
+                                      job.rendezvous, node, gloo_cause(e.what())));
+    }
+    const std::vector<std::string> fields = absl::StrSplit(theirs, ' ');
+    int nproc = 0, nnodes = 0;
+    if (fields.size() != 2 || !absl::SimpleAtoi(fields[0], &nproc) || !absl::SimpleAtoi(fields[1], &nnodes)) {
+      throw UserError(absl::StrFormat("--rendezvous %s: machine %d published '%s', not its --nproc and --nnodes "
+                                      "(a folder an earlier job or another program used? give each job a fresh one)",
+                                      job.rendezvous, node, theirs));
+    }
+    for (const auto& [flag, here, there] : {std::make_tuple("--nproc", job.nproc, nproc),
+                                             std::make_tuple("--nnodes", job.nnodes, nnodes)}) {
+      if (here != there) {
+        throw UserError(absl::StrFormat("%s differs between the machines of the job: this machine has %s %d, "
+                                        "machine %d has %s %d (every machine must give the same --nproc and --nnodes)",
+                                        flag, flag, here, node, flag, there));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 bool is_redis_rendezvous(const std::string& spec) { return absl::StartsWith(spec, "redis://"); }
@@ -259,10 +367,18 @@ int launch_ranks(const std::vector<std::string>& args, const JobLayout& job, con
   const bool redis = is_redis_rendezvous(job.rendezvous);
   const fs::path rendezvous = own_store ? fs::path(run_dir) / ".rendezvous" / std::to_string(::getpid())
                                         : fs::path(job.rendezvous);  // a folder, or the redis:// address
+  // Where the ranks will listen, checked here: each rank would otherwise refuse it on its own.
+  dist::check_gloo_transport();
   std::error_code ec;
-  if (own_store) fs::remove_all(rendezvous, ec);
+  if (own_store) {
+    remove_dead_rendezvous(rendezvous.parent_path());
+    fs::remove_all(rendezvous, ec);
+  }
   if (!redis) fs::create_directories(rendezvous, ec);
   if (ec) throw UserError(absl::StrCat(rendezvous.string(), ": cannot create the rendezvous folder (", ec.message(), ")"));
+  // The machines' keys stay: a folder is fresh for each job (the mended commands meet in a new one), and
+  // machine 0 could not tell when the others have read its key.
+  if (!own_store) check_machines_agree(*open_rendezvous(job.rendezvous), job);
   const std::string exe = fs::read_symlink("/proc/self/exe", ec).string();
   if (ec) throw UserError(absl::StrCat("cannot find this program's own binary (/proc/self/exe: ", ec.message(), ")"));
 

@@ -5,7 +5,9 @@
 // instead of a folder of the launcher's.
 //
 // The launcher holds the run folder's lock for the whole job, makes a fresh rendezvous folder
-// RUN/.rendezvous/<launcher pid>/ (a Gloo file store; removed at the end), and runs
+// RUN/.rendezvous/<launcher pid>/ (a Gloo file store; removed at the end, and one a killed launcher left
+// is removed by the next), checks SEQLAB_GLOO_HOST / SEQLAB_GLOO_IFACE and, across machines, that every
+// machine gave the same --nproc and --nnodes, and runs
 // `/proc/self/exe ARGS...` N times with the same arguments and these environment variables:
 //   SEQLAB_RANK        this process's rank, 0 .. N-1
 //   SEQLAB_WORLD_SIZE  N

@@ -12,6 +12,7 @@
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_replace.h>
 #include <absl/strings/str_split.h>
+#include <absl/strings/strip.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -908,6 +909,16 @@ std::string apply_override(const std::string& assignment, Recipe& recipe, Origin
     v = canonical_value(*k, v);
   } else if (!node) {
     error = absl::StrCat(k->name(), " must be ", describe_allowed(*k), ", got ", raw.empty() ? "nothing" : raw);
+    // Digits that TOML could not read are an integer too large for it, which "must be an integer" alone
+    // would not explain.
+    const absl::string_view number = absl::StripAsciiWhitespace(raw);
+    absl::string_view digits = number;
+    const bool negative = absl::ConsumePrefix(&digits, "-");
+    if (!negative) absl::ConsumePrefix(&digits, "+");
+    if ((k->type == KeyType::kInteger || k->type == KeyType::kIntegerList) && !digits.empty() &&
+        std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit)) {
+      absl::StrAppend(&error, ", beyond the 64 bits of a TOML integer (", negative ? "at least -2^63" : "at most 2^63 - 1", ")");
+    }
   } else {
     v = to_value(*k, *node, &error);
   }
