@@ -96,7 +96,8 @@ std::vector<std::string> convention_pins(const Sweep& sweep, const std::vector<S
     }
   }
   std::vector<std::string> pins, said;
-  for (const auto& [key, value] : recipe_values(*base)) {
+  for (const auto& [name, value] : recipe_values(*base)) {
+    const std::string key = name;  // a structured binding cannot be captured (C++17)
     const bool axis = std::any_of(sweep.axes.begin(), sweep.axes.end(), [&](const SweepAxis& a) { return a.key == key; });
     if (axis || seen[key].size() < 2) continue;
     pins.push_back(key + "=" + value);
