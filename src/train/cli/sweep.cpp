@@ -248,13 +248,17 @@ std::vector<std::string> write_plots(const Sweep& sweep, const fs::path& out, co
   // 2. Against training FLOPs, with the fits.
   std::string plots;
   const std::vector<PowerLaw> fits = power_law_fits(t);
+  double lowest = 0, highest = 0;  // of the metric plotted: the y range, so that close rows stay apart
   for (size_t r = 0; r < t.rows.size(); ++r) {
     std::ofstream d(data_file("f", r));
     int n = 0;
     for (size_t c = 0; c < t.columns.size(); ++c) {
       const SweepCell& cell = t.cells[r * t.columns.size() + c];
       if (cell.best != nullptr && cell.best->flops > 0 && *cell.best->outcome.metric > 0) {
-        d << cell.best->flops << " " << *cell.best->outcome.metric << "\n";
+        const double m = *cell.best->outcome.metric;
+        d << cell.best->flops << " " << m << "\n";
+        lowest = lowest == 0 ? m : std::min(lowest, m);
+        highest = std::max(highest, m);
         ++n;
       }
     }
@@ -274,7 +278,14 @@ std::vector<std::string> write_plots(const Sweep& sweep, const fs::path& out, co
     draw(absl::StrCat(sweep.metric, "_vs_flops.png"),
          absl::StrCat("set title ", gnuplot_quote(sweep.name + ": " + sweep.metric + " against training FLOPs"),
                       " noenhanced\nset xlabel 'training FLOPs'\nset ylabel ", gnuplot_quote(sweep.metric),
-                      " noenhanced\nset logscale xy\nset format x '10^{%L}'\n", plots, "\n"));
+                      " noenhanced\nset logscale xy\nset format x '10^{%L}'\n",
+                      // A log y axis autoscales to whole decades, which flattens rows a few percent apart:
+                      // the range of the points, 5% beyond each end, with tics of plain numbers
+                      // (tics from the low end, each a factor above the last: six across the range)
+                      absl::StrFormat("set yrange [%.6g:%.6g]\nset format y '%%.3g'\nset ytics %.6g, %.6g\n",
+                                      lowest / 1.05, highest * 1.05, lowest / 1.05,
+                                      std::pow(highest * 1.05 / (lowest / 1.05), 1.0 / 6)),
+                      plots, "\n"));
   }
   // 3. Against the decoding state per sequence (Zoology's axis: what a recurrence keeps against what
   // attention's cache grows to), log x.
