@@ -215,7 +215,17 @@ started() {  # SWEEP_PID: waits until both points have logged a step
 }
 "$SEQLAB" sweep "$WORK/long.toml" --jobs 2 --out "$WORK/long" > "$WORK/long.out" 2>&1 &
 sp=$!
-started && kill -TERM $sp
+started
+# One sweep at a time in a folder: a second one (and --report) on it is refused at once, naming the first.
+"$SEQLAB" sweep "$WORK/long.toml" --jobs 2 --out "$WORK/long" > "$WORK/second.out" 2>&1
+rc2=$?
+"$SEQLAB" sweep --report "$WORK/long" > "$WORK/report.out" 2>&1
+rc3=$?
+[ "$rc2" -eq 2 ] && [ "$rc3" -eq 2 ] && [ "$(wc -l < "$WORK/second.out")" -eq 1 ] &&
+  grep -qF "$WORK/long is in use by another sweep (pid $sp " "$WORK/second.out" && grep -qF "in use by another sweep" "$WORK/report.out" &&
+  pass "a second sweep on a running sweep's folder is refused: $(cat "$WORK/second.out")" ||
+  { fail "a second sweep (exit $rc2, --report exit $rc3)"; cat "$WORK/second.out" "$WORK/report.out"; }
+kill -TERM $sp
 # The sweep and its points end at once (a few seconds at most); one that does not is a failure, not a hang.
 for _ in $(seq 300); do kill -0 $sp 2> /dev/null || break; sleep 0.1; done
 if kill -0 $sp 2> /dev/null; then
@@ -247,6 +257,24 @@ done
 [ -n "$kids" ] && [ -z "$alive" ] && grep -q 'resumed at step' "$WORK/long/lr=0.001.log" &&
   pass "SIGKILL of the sweep: its points ($kids) ended with it; they had resumed from the stop" ||
   { fail "SIGKILL: points '$kids', alive '$alive'"; for k in $alive; do kill -KILL "$k"; done; }
+# A second signal ends the points at once (SIGKILL), as a second Ctrl-C ends one run: the sweep is gone
+# within seconds, its points with it, recorded as stopped.
+"$SEQLAB" sweep "$WORK/long.toml" --jobs 2 --out "$WORK/long" > "$WORK/long3.out" 2>&1 &
+sp=$!
+for _ in $(seq 300); do
+  [ "$(pgrep -P $sp | wc -l)" -eq 2 ] && grep -q '^step' "$WORK/long/lr=0.002.log" 2> /dev/null && break
+  sleep 0.1
+done
+kids=$(pgrep -P $sp | tr '\n' ' ')
+kill -TERM $sp; kill -TERM $sp
+for _ in $(seq 100); do kill -0 $sp 2> /dev/null || break; sleep 0.1; done
+alive=""
+for k in $kids $sp; do kill -0 "$k" 2> /dev/null && alive="$alive $k"; done
+wait $sp 2> /dev/null
+rc=$?
+[ -z "$alive" ] && [ "$rc" -eq 143 ] && [ "$(grep -c ',stopped,' "$WORK/long/results.csv")" -eq 2 ] &&
+  pass "two signals: the sweep and its points ($kids) gone at once, both points stopped" ||
+  { fail "two signals (exit $rc, alive '$alive')"; for k in $alive; do kill -KILL "$k"; done; cat "$WORK/long3.out"; }
 # 14. A stale .failed beside a point that finished is gone after the next sweep, its status ok.
 echo "seqlab train: an old failure" > "$OUT/mixer=gla,lr=0.001.failed"
 "$SEQLAB" sweep "$WORK/s.toml" --out "$OUT" > "$WORK/stale.out" 2>&1

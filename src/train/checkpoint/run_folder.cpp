@@ -69,7 +69,7 @@ absl::Status write_file_atomically(const std::string& path, const std::string& t
   return absl::InternalError(absl::StrCat(path, ": ", failed));
 }
 
-RunLock RunLock::acquire(const std::string& run_dir) {
+RunLock RunLock::acquire(const std::string& run_dir, bool sweep) {
   std::error_code ec;
   const fs::path dir(run_dir);
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
@@ -100,10 +100,12 @@ RunLock RunLock::acquire(const std::string& run_dir) {
     if (err != EWOULDBLOCK) {
       throw UserError(absl::StrCat(run_dir, ": cannot lock ", file, " (", std::strerror(err), ")"));
     }
-    throw UserError(absl::StrCat(run_dir, " is in use by another training process (",
+    throw UserError(absl::StrCat(run_dir, sweep ? " is in use by another sweep (" : " is in use by another training process (",
                                  holder.empty() ? "its pid is not written yet" : holder, "; lock ", file,
-                                 "): one process writes a run folder at a time; wait for it to end, or train "
-                                 "into another folder with --out DIR"));
+                                 sweep ? "): one sweep runs in a folder at a time; wait for it to end, or sweep "
+                                         "into another folder with --out DIR"
+                                       : "): one process writes a run folder at a time; wait for it to end, or train "
+                                         "into another folder with --out DIR"));
   }
   // Ours now; a dead holder's text is replaced.
   char when[32] = "?";

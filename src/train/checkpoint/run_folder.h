@@ -27,8 +27,9 @@ class RunLock {
  public:
   // Creates `run_dir` (and its parents) when missing, then takes its lock. UserError when run_dir
   // names something that is not a folder, cannot be created or written, or when another process
-  // holds the lock (the message names its pid and host).
-  static RunLock acquire(const std::string& run_dir);
+  // holds the lock (the message names its pid and host). A sweep folder takes the same lock, with
+  // `sweep` true so that the refusal speaks of a sweep.
+  static RunLock acquire(const std::string& run_dir, bool sweep = false);
 
   RunLock(RunLock&& other) noexcept
       : fd_(other.fd_), dir_(std::move(other.dir_)), created_(std::move(other.created_)) {

@@ -62,7 +62,11 @@ constexpr char kSweepUsage[] =
     "  --report          write results.csv and results.md again from the finished runs of DIR\n";
 
 volatile sig_atomic_t g_interrupted = 0;  // the signal that stops the sweep (SIGINT, SIGTERM), 0 while none
-void on_interrupt(int signal) { g_interrupted = signal; }
+volatile sig_atomic_t g_signals = 0;      // how many such signals came: a second one kills the points
+void on_interrupt(int signal) {
+  g_interrupted = signal;
+  g_signals = g_signals + 1;
+}
 std::string signal_name(int signal) { return signal == SIGINT ? "SIGINT (Ctrl-C)" : signal == SIGTERM ? "SIGTERM" : strsignal(signal); }
 
 
@@ -521,8 +525,9 @@ int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run, b
     return 0;
   }
   std::error_code ec;
-  fs::create_directories(out, ec);
-  if (ec) throw UserError("cannot create the sweep folder " + out.string() + ": " + ec.message());
+  // One sweep at a time in a folder (the lock of a run folder, on the sweep's): a second would start the
+  // same points, each refused by its run's lock and recorded as failed.
+  const RunLock lock = RunLock::acquire(out.string(), true);
   settle_changed_points(points, out, rerun_changed, false);
   ok_or_throw(write_file_atomically((out / "sweep_file").string(), fs::absolute(sweep.file).string() + "\n"));
   struct sigaction sa {};
@@ -534,6 +539,7 @@ int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run, b
   size_t done = 0, next = 0;
   std::map<pid_t, size_t> running;
   bool stopping = false;  // the running points were sent SIGTERM
+  bool killing = false;   // and then SIGKILL, after a second signal
   auto report = [&](size_t i, const std::string& what) {
     ++done;
     std::cout << absl::StrFormat("[%d/%d] %s: %s\n", done, n, points[i].result.point.name, what) << std::flush;
@@ -561,6 +567,11 @@ int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run, b
       for (const auto& [pid, i] : running) ::kill(pid, SIGTERM);
       stopping = true;
     }
+    if (g_signals >= 2 && !killing) {
+      // A second Ctrl-C, as for one run: end the points at once (they resume from their last checkpoint).
+      for (const auto& [pid, i] : running) ::kill(pid, SIGKILL);
+      killing = true;
+    }
     if (running.empty()) {
       if (g_interrupted) break;
       continue;
@@ -581,11 +592,14 @@ int run_sweep(const Sweep& sweep, const fs::path& out, int jobs, bool dry_run, b
     if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0 && q.result.outcome.finished)) {
       const bool by_signal = (WIFEXITED(status) && (WEXITSTATUS(status) == 128 + SIGTERM ||
                                                     WEXITSTATUS(status) == 128 + SIGINT)) ||
-                             (WIFSIGNALED(status) && (WTERMSIG(status) == SIGTERM || WTERMSIG(status) == SIGINT));
+                             (WIFSIGNALED(status) && (WTERMSIG(status) == SIGTERM || WTERMSIG(status) == SIGINT ||
+                                                      (killing && WTERMSIG(status) == SIGKILL)));
       if (stopping && by_signal) {
         const std::string why = absl::StrFormat(
             "stopped by %s to the sweep after step %d%s", signal_name(g_interrupted), q.result.outcome.last_step,
-            has_checkpoint(q.dir) ? " (a checkpoint saved)" : " (before its first checkpoint: it starts again)");
+            WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL
+                ? " (killed at a second signal: it resumes from its last checkpoint, if any)"
+                : has_checkpoint(q.dir) ? " (a checkpoint saved)" : " (before its first checkpoint: it starts again)");
         ok_or_throw(write_file_atomically(q.dir + ".stopped", why + "\n"));
       } else {
         ok_or_throw(write_file_atomically(q.dir + ".failed", failure_reason(q.dir + ".log", q.log_start, status) + "\n"));
@@ -634,6 +648,7 @@ int sweep_command(const std::vector<std::string>& args) {
         throw UserError(dir.string() + " is not a sweep folder (no sweep_file: run seqlab sweep SWEEP.toml first)");
       }
       const Sweep sweep = value_or_throw(load_sweep(file));
+      const RunLock lock = RunLock::acquire(dir.string(), true);  // a sweep folder: not while a sweep writes there
       std::vector<Planned> points = plan(sweep, dir);
       settle_changed_points(points, dir, false, true);
       for (Planned& q : points) refresh(sweep, q);
