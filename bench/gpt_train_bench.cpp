@@ -1,5 +1,5 @@
 // Training throughput of seqlab's GPT (the decoder with attention blocks) on the CPU or a GPU, the counterpart of bench/peers/torch_gpt.py
-// (the project's PyTorch peer, a copy of ../shared/bench/torch_gpt.py): same flags, same model (learned
+// (the project's PyTorch peer, bench/peers/torch_gpt.py): same flags, same model (learned
 // positions, LayerNorm, GELU(tanh) MLP of 4·d, tied embeddings, biases), same AdamW settings as
 // torch.optim.AdamW(lr=1e-3, weight_decay=0.1) — betas (0.9, 0.999), eps 1e-8, decay on every
 // parameter — on one fixed random batch, 3 warm-up steps, then --steps timed steps. Prints one

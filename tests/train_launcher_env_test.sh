@@ -12,16 +12,8 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 source "$(dirname "$0")/train_script_util.sh"
 word_corpus "$WORK/corpus.txt" 8 200 12
-cat > "$WORK/tiny.toml" <<TOML
-[model]
-d_model = 16
-n_layers = 1
-n_heads = 2
-[data]
-path = "$WORK/corpus.txt"
-format = "text"
-val_fraction = 0.2
-cache_dir = "$WORK/cache"
+tiny_model_and_data "$WORK/tiny.toml" "$WORK"
+cat >> "$WORK/tiny.toml" <<TOML
 [train]
 device = "cpu"
 steps = 4

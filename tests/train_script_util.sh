@@ -1,6 +1,8 @@
 # What the training script tests (tests/train_*_test.sh) and scripts/kill_resume.sh share; sourced, not run.
 #   pass NAME / fail NAME    one result line; fail counts into $failures
 #   word_corpus FILE SEED DOCS WORDS    DOCS paragraphs of WORDS random words of a small vocabulary
+#   tiny_model_and_data FILE DIR   the [model] (d_model 16, 1 layer, 2 heads) and [data] (DIR/corpus.txt,
+#                            cached in DIR/cache) of the tests' tiny recipe; a test appends the rest
 #   losses RUN               RUN/metrics.jsonl without the fields that measure time
 #   same_losses NAME A B     pass when runs A and B logged the same lines (but for time) at every step
 #   close_losses NAME A B    pass when runs A and B logged the same steps, with loss, grad_norm and val_loss
@@ -21,6 +23,20 @@ with open(path, "w") as f:
     for _ in range(docs):
         f.write(" ".join(random.choice(words) for _ in range(words_per_doc)) + ".\n\n")
 PY
+}
+
+tiny_model_and_data() {
+  cat > "$1" <<TOML
+[model]
+d_model = 16
+n_layers = 1
+n_heads = 2
+[data]
+path = "$2/corpus.txt"
+format = "text"
+val_fraction = 0.2
+cache_dir = "$2/cache"
+TOML
 }
 
 losses() { sed -E 's/, "(tokens_per_s|mfu|elapsed_s)": [0-9.e+-]+//g' "$1/metrics.jsonl"; }

@@ -1,5 +1,5 @@
 // The input check every fused variant op shares (attention, GLA, retention, linear attention,
-// DeltaNet): its q/k/v, states and gates against the layouts of ../shared/VARIANTS.md, with one
+// DeltaNet): its q/k/v, states and gates against the layouts of docs/variants/, with one
 // wording for every op. An op lists its inputs (name and tensor, in its own order, undefined for an
 // absent optional one) and the layout it expects; every failure then throws std::invalid_argument
 //

@@ -9,9 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <ctime>
 #include <iterator>
-#include <random>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -390,14 +388,6 @@ bool is_run_id(const std::string& id) {
   return id.size() == 32 && id.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
 
-std::string utc_now() {
-  char when[32] = "?";
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  if (::gmtime_r(&now, &tm)) std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return when;
-}
-
 // "run 3f2a... (started 2026-11-27T16:06:29Z)"
 std::string describe_run(const RunIdentity& r) {
   return absl::StrCat("run ", r.id, r.started.empty() ? "" : " (started " + r.started + ")");
@@ -411,10 +401,7 @@ std::string restore_hint(const std::string& checkpoint, const std::string& recip
 }  // namespace
 
 RunIdentity new_run_identity() {
-  std::random_device device;
-  std::string id;
-  for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::StrFormat("%08x", static_cast<uint32_t>(device())));
-  return {id, utc_now()};
+  return {random_hex128(), utc_timestamp()};
 }
 
 std::optional<RunIdentity> read_run_identity(const std::string& run_dir) {

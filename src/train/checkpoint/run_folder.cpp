@@ -11,13 +11,13 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <thread>
 
 #include "train/cli/commands.h"
+#include "train/cli/util.h"
 
 namespace seqlab::cli {
 namespace {
@@ -108,11 +108,7 @@ RunLock RunLock::acquire(const std::string& run_dir, bool sweep) {
                                          "into another folder with --out DIR"));
   }
   // Ours now; a dead holder's text is replaced.
-  char when[32] = "?";
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  if (::gmtime_r(&now, &tm)) std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  const std::string text = absl::StrCat("pid ", ::getpid(), " host ", host_name(), " since ", when, "\n");
+  const std::string text = absl::StrCat("pid ", ::getpid(), " host ", host_name(), " since ", utc_timestamp(), "\n");
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
     const int err = errno;
     ::close(fd);

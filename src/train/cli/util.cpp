@@ -4,18 +4,21 @@
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
 #include <absl/strings/str_replace.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
 #include <new>
+#include <random>
 #include <stdexcept>
 
 namespace seqlab::cli {
@@ -161,6 +164,21 @@ void run_gnuplot(const std::string& script, const std::string& out) {
   if (status != 0 || !std::filesystem::exists(out)) {
     throw UserError("gnuplot failed to draw " + out + (said.empty() ? "" : " (" + said + ")"));
   }
+}
+
+std::string utc_timestamp() {
+  char when[32] = "?";
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  if (::gmtime_r(&now, &tm)) std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return when;
+}
+
+std::string random_hex128() {
+  std::random_device device;
+  std::string hex;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&hex, absl::StrFormat("%08x", static_cast<uint32_t>(device())));
+  return hex;
 }
 
 std::string describe_current_exception() {

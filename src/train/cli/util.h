@@ -112,6 +112,11 @@ std::optional<double> metrics_field(const std::string& line, const std::string& 
 // Every number a run writes into a JSON or JSONL file goes through here.
 std::string json_number(const absl::FormatSpec<double>& format, double value);
 
+// The current time in UTC as 2026-11-27T16:06:29Z (lock holders, run identities).
+std::string utc_timestamp();
+// 128 bits from the system's random source as 32 lowercase hex digits (run ids, launch tokens).
+std::string random_hex128();
+
 // A string as a gnuplot string literal (single quotes, doubled inside).
 std::string gnuplot_quote(const std::string& s);
 // Runs `script` through gnuplot, which must write its PNG to `out` + ".tmp" (`set output`); the PNG is

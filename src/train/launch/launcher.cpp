@@ -24,10 +24,10 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
-#include <random>
 #include <tuple>
 
 #include "train/cli/commands.h"
+#include "train/cli/util.h"
 
 extern char** environ;
 
@@ -165,9 +165,7 @@ struct LaunchToken {
   int fd = -1;
   std::string value;  // "PID:FD:TOKEN"
   LaunchToken() {
-    std::random_device device;
-    std::string secret;
-    for (int i = 0; i < 4; ++i) absl::StrAppend(&secret, absl::StrFormat("%08x", static_cast<uint32_t>(device())));
+    const std::string secret = random_hex128();
     fd = ::memfd_create("seqlab-launch-token", 0);
     if (fd < 0 || ::pwrite(fd, secret.data(), secret.size(), 0) != static_cast<ssize_t>(secret.size())) {
       throw UserError(absl::StrCat("cannot start the ranks: memfd_create failed (", std::strerror(errno), ")"));

@@ -4,7 +4,7 @@
 //
 //   MFU = tokens/s · flops_per_token / peak FLOP/s,   flops_per_token = 6·N + mixing
 // (N parameters: forward and backward through every weight; mixing is the model's
-// mixing_flops_per_token: 6·L·T·d for causal attention, the count ../shared/bench/torch_gpt.py
+// mixing_flops_per_token: 6·L·T·d for causal attention, the count bench/peers/torch_gpt.py
 // prints, and the chunkwise cost for the recurrent mixers). The peak is not a datasheet figure but
 // the GEMM rate the device reaches at start-up in the training dtype (measured_peak_flops), so the
 // MFU says how close training runs to the best matrix multiply of that size there.
