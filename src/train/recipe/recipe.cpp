@@ -1057,6 +1057,8 @@ std::string resolved_recipe_toml(const Recipe& recipe) {
   return out;
 }
 
+std::string toml_number(double x) { return format_number(x); }
+
 std::vector<std::pair<std::string, std::string>> recipe_values(const Recipe& recipe) {
   std::vector<std::pair<std::string, std::string>> out;
   for (const KeySpec& k : schema().keys) {

@@ -135,6 +135,10 @@ std::string resolved_recipe_name(const std::string& text);
 // as the run directory itself, so loading the text from anywhere reproduces the run.
 std::string resolved_recipe_toml(const Recipe& recipe);
 
+// A double as the resolved recipe writes it: the shortest text that reads back to the same bits, always a
+// TOML float (0.00012345678, 3e-4, 1e+30, 1.0, inf, nan) — what --set takes to set exactly that value.
+std::string toml_number(double x);
+
 // Every key of the schema (the [model.<mixer>] options of every mixer included) with its final value as
 // the resolved recipe writes it (exact: numbers round-trip), in that order; log.out_dir as the run
 // directory it names.

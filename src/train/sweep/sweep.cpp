@@ -7,7 +7,6 @@
 #include <absl/strings/str_join.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +15,7 @@
 #include <toml++/toml.h>
 
 #include "train/cli/util.h"
+#include "train/recipe/recipe.h"
 
 namespace seqlab {
 
@@ -25,16 +25,6 @@ namespace {
 
 absl::Status bad(const std::string& file, const std::string& what) {
   return absl::InvalidArgumentError(file + ": " + what);
-}
-
-// A double as the shortest TOML literal that reads back to the same bits (0.00012345678, 1e+30, 1.0,
-// inf, nan): a point trains at its grid value to the last digit.
-std::string exact_number(double x) {
-  char buf[64];
-  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, x);
-  std::string s(buf, ec == std::errc() ? end : buf);
-  if (s.find_first_of(".eni") == std::string::npos) s += ".0";  // a float, not an integer, in TOML
-  return s;
 }
 
 // A TOML value as the literal a --set override takes (strings quoted, numbers as TOML writes them).
@@ -49,7 +39,7 @@ std::optional<std::string> literal_of(const toml::node& node) {
     return out + "\"";
   }
   if (node.is_integer()) return std::to_string(*node.value<int64_t>());
-  if (node.is_floating_point()) return exact_number(*node.value<double>());
+  if (node.is_floating_point()) return toml_number(*node.value<double>());
   if (node.is_boolean()) return *node.value<bool>() ? "true" : "false";
   // A list of such values (eval.seq_len = [256, 1024]), flat: recipe keys hold no nested lists.
   if (const toml::array* a = node.as_array()) {
@@ -290,7 +280,7 @@ std::string results_csv(const Sweep& sweep, const std::vector<PointResult>& resu
     row.push_back(absl::StrFormat("%.0f", r.state_size));
     row.push_back(absl::StrFormat("%.1f", r.outcome.wall_s));
     // Exact (the shortest text that reads back to the logged double); empty when missing or not finite.
-    row.push_back(r.outcome.usable() ? exact_number(*r.outcome.metric) : "");
+    row.push_back(r.outcome.usable() ? toml_number(*r.outcome.metric) : "");
     out += absl::StrJoin(row, ",") + "\n";
   }
   return out;
