@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -158,6 +159,10 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::rendezvous::Store> stor
   if (!store) throw std::invalid_argument(who() + "gloo: no rendezvous store");
   // Before the try: a transport variable this machine cannot use is the user's to fix, said as it is.
   check_gloo_transport();
+  // A write to the socket of a peer that died raises SIGPIPE, whose default ends this process at once —
+  // a rank killed by signal 13 instead of the CommError naming the failed call that the launcher reports.
+  // Ignored, the write fails with EPIPE, which Gloo turns into an error like any other broken connection.
+  std::signal(SIGPIPE, SIG_IGN);
   try {
     std::shared_ptr<gloo::transport::Device> device = tcp_device();
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
