@@ -82,7 +82,7 @@ int64_t decoder_d_ff(FfnKind kind, int64_t d_model) {
 
 DecoderConventions decoder_conventions(const std::vector<std::string>& mixers) {
   const bool all_attention = std::all_of(mixers.begin(), mixers.end(),
-                                         [](const std::string& m) { return !mixer_spec(m).recurrent; });
+                                         [](const std::string& m) { return !mixer_spec(m).traits.recurrent; });
   if (all_attention) return {NormKind::layer_norm, FfnKind::gelu, true, PositionKind::learned};
   return {NormKind::rms_norm, FfnKind::swiglu, false, PositionKind::none};
 }
@@ -126,7 +126,9 @@ std::pair<Tensor, Tensor> DecoderBlock::forward(const Tensor& x, const Tensor& b
   // Pre-norm residual: x + drop(mixer(norm1 x)), then + drop(ffn(norm2 ·)), each add fused with the
   // norm that reads its result.
   const AddNormResult in = norm1_.add_forward(x, branch);
-  Tensor mixed = drop(mixer_.forward(in.y, state));
+  MixerInput input;
+  input.x = in.y;
+  Tensor mixed = drop(mixer_.forward(input, state));
   if (ffn_ == nullptr) return {in.sum, mixed};
   const AddNormResult mid = norm2_->add_forward(in.sum, mixed);
   return {mid.sum, drop(ffn_->forward(mid.y))};
@@ -157,7 +159,7 @@ MixerContext Decoder::mixer_context() const { return mixer_context_of(cfg_); }
 bool Decoder::bounded_context() const {
   return cfg_.positions == PositionKind::learned ||
          std::any_of(cfg_.blocks.begin(), cfg_.blocks.end(),
-                     [](const BlockSpec& b) { return !mixer_spec(b.mixer).recurrent; });
+                     [](const BlockSpec& b) { return !mixer_spec(b.mixer).traits.recurrent; });
 }
 
 int64_t Decoder::max_context() const { return bounded_context() ? cfg_.max_seq_len : 0; }
@@ -230,10 +232,12 @@ Tensor Decoder::run(const Tensor& tokens, DecoderState* state) {
     x = add(x, wpe_->forward(positions));  // [T, C] broadcast over B
   }
   if (cfg_.dropout > 0 && training()) x = dropout(x, cfg_.dropout, dropout_gen_);
-  if (state != nullptr) state->blocks.resize(blocks_.size());
+  if (state != nullptr && state->blocks.empty()) {
+    for (const DecoderBlock* block : blocks_) state->blocks.push_back(block->mixer().new_state());
+  }
   Tensor branch;  // the last block's output not yet added to x
   for (size_t i = 0; i < blocks_.size(); ++i) {
-    MixerState* s = state != nullptr ? &state->blocks[i] : nullptr;
+    MixerState* s = state != nullptr ? state->blocks[i].get() : nullptr;
     if (s != nullptr) s->position = start;
     std::tie(x, branch) = blocks_[i]->forward(x, branch, s);
   }

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -124,6 +125,7 @@ class DecoderBlock : public Module {
   // mixer's without an FFN), whose sum is the block's output; the next block or the final norm adds
   // them. `state` as Mixer::forward.
   std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& branch, MixerState* state) const;
+  const Mixer& mixer() const { return mixer_; }
 
  private:
   Tensor drop(const Tensor& x) const;  // dropout in training mode, else x
@@ -136,9 +138,9 @@ class DecoderBlock : public Module {
   Ffn* ffn_ = nullptr;
 };
 
-// Decoding state: one MixerState per block.
+// Decoding state: each block's mixer's own (Mixer::new_state()).
 struct DecoderState : DecodeState {
-  std::vector<MixerState> blocks;
+  std::vector<std::unique_ptr<MixerState>> blocks;
 };
 
 class Decoder : public LanguageModel {

@@ -957,6 +957,25 @@ Recipe::Recipe() {
 
 namespace {
 
+// What the model asks of its mixers against what each declares (MixerTraits): sequence parallelism under
+// parallel.sp > 1. One message naming the key, the mixer and what it lacks; "" when all is well.
+std::string check_mixer_traits(const std::string& path, const Recipe& r, const Origins& origins) {
+  auto where = [&](const char* key) {
+    auto it = origins.find(key);
+    return it != origins.end() ? it->second : path;
+  };
+  const absl::StatusOr<std::vector<BlockSpec>> blocks = block_pattern(r.model);
+  if (!blocks.ok()) return "";  // reported with the blocks
+  for (const BlockSpec& b : *blocks) {
+    const MixerSpec& spec = mixer_spec(b.mixer);
+    if (r.parallel.sp > 1 && !spec.traits.sequence_parallel) {
+      return absl::StrCat(where("parallel.sp"), ": parallel.sp = ", r.parallel.sp, " needs every block to run sequence-",
+                          "parallel, but mixer '", spec.name, "' has no sequence-parallel form; use parallel.sp = 1");
+    }
+  }
+  return "";
+}
+
 // load_recipe and load_recipe_text past the TOML syntax: the schema, the overrides, the blocks, the rules
 // between keys. `path` names the recipe in messages.
 absl::StatusOr<Recipe> load_parsed_recipe(const toml::table& root, const std::string& path,
@@ -983,6 +1002,7 @@ absl::StatusOr<Recipe> load_parsed_recipe(const toml::table& root, const std::st
     return invalid(absl::StrCat(where, ": ", blocks.message()));
   }
   if (std::string error = check_across_keys(path, recipe, origins); !error.empty()) return invalid(error);
+  if (std::string error = check_mixer_traits(path, recipe, origins); !error.empty()) return invalid(error);
   return recipe;
 }
 
