@@ -425,8 +425,8 @@ TEST_F(RecipeTest, EvalSeqLenIsAListOfLengths) {
 
   // The model reaches the longest length; a length's batches hold B·T / L sequences, at least one.
   EXPECT_EQ(longest_seq_len(r), 1024);
-  EXPECT_EQ(decoder_config(r, 256)->max_seq_len, 1024);
-  EXPECT_EQ(decoder_config(load_ok(rope), 256)->max_seq_len, 256);
+  EXPECT_EQ(model_config(r, 256)->max_seq_len, 1024);
+  EXPECT_EQ(model_config(load_ok(rope), 256)->max_seq_len, 256);
   EXPECT_EQ(eval_batch_size(r, 256), 8);
   EXPECT_EQ(eval_batch_size(r, 1024), 2);
   EXPECT_EQ(eval_batch_size(r, 64), 32);
@@ -645,7 +645,7 @@ TEST_F(RecipeTest, EveryRecipeOfTheRepositoryBuildsItsModel) {
     ASSERT_TRUE(model.ok()) << model.status();
     EXPECT_GT((*model)->num_parameters(), 0);
     if (r->name == "hybrid_small") {
-      const DecoderConfig c = *decoder_config(*r, 256);
+      const ModelConfig c = *model_config(*r, 256);
       ASSERT_EQ(c.blocks.size(), 4u);
       EXPECT_EQ(c.blocks[2], (BlockSpec{"attention", FfnKind::swiglu}));
       EXPECT_EQ(c.blocks[3], (BlockSpec{"gla", FfnKind::swiglu}));

@@ -41,10 +41,11 @@
 
 namespace seqlab {
 
-// How the model knows token order: a learned absolute embedding added to the input, rotary embedding
-// of every attention layer's queries and keys, or nothing (causal attention and recurrences order
-// the tokens themselves).
-enum class PositionKind { learned, rope, none };
+// How the model knows token order: an absolute embedding added to the input (learned, or the fixed
+// sinusoids of the Transformer paper), rotary embedding of every attention layer's queries and keys,
+// T5's learned relative bias on attention scores (one table per stack, given to the mixers as
+// MixerInput::bias), or nothing (causal attention and recurrences order the tokens themselves).
+enum class PositionKind { learned, rope, none, sinusoidal, relative };
 
 // What every mixer of a model shares: the model's own sizes and settings.
 struct MixerContext {
