@@ -1,8 +1,8 @@
 // Files replaced atomically: written under a temporary name next to the file, flushed, fsynced and
 // renamed over it, so that a kill at any moment leaves the old file or the new one, never a mix. The
 // temporary is FILE.tmp.PID, which tells whose it is: a run folder removes those whose writer is gone
-// (remove_leftover_temporaries, checkpoint/run_folder.h). Below recipe/, which writes a run's
-// recipe.toml so, and every folder above it.
+// (remove_leftover_temporaries, checkpoint/run_folder.h). In common/ because recipe/ writes a run's
+// recipe.toml so, below checkpoint/, as do the folders above it.
 #pragma once
 
 #include <string>
