@@ -28,7 +28,7 @@
 
 #include "tensor/kernels.h"
 #include "train/checkpoint/run_folder.h"
-#include "train/cli/commands.h"
+#include "train/common/errors.h"
 #include "train/recipe/configs.h"
 
 namespace seqlab::cli {

@@ -14,7 +14,6 @@
 #include "train/data/loader.h"
 #include "train/data/prepare.h"
 #include "train/data/synthetic.h"
-#include "train/loop/trainer.h"
 #include "train/optim/optim.h"
 #include "train/optim/schedule.h"
 #include "train/recipe/recipe.h"

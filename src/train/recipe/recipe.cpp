@@ -4,7 +4,7 @@
 #include "train/recipe/recipe.h"
 #include "train/recipe/blocks.h"
 #include "train/recipe/edit_distance.h"
-#include "train/checkpoint/run_folder.h"
+#include "train/common/atomic_file.h"
 
 #include <absl/strings/ascii.h>
 #include <absl/strings/numbers.h>
