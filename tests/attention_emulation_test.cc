@@ -16,15 +16,23 @@
 // Shapes (the GPU test's kinds, smaller: see kCases): causal and bidirectional, T = S, T < S (queries
 // at the end of a longer cache, the causal diagonal crossing key tiles), T > S (bidirectional),
 // decoding, MHA, GQA and MQA, Dk ≠ Dv, head dims 1 to 128, T and S not multiples of the tiles (16 or
-// 8 query rows, 32 keys, 16 or 8 keys per dK/dV block, 32 or 16 staged query rows). Tolerance:
+// 8 query rows, 32 keys, 16 or 8 keys per dK/dV block, 32 or 16 staged query rows). The masks
+// (kMaskCases): query and key lengths of 0, partial and full (whole batch rows of padding, rows that see
+// no key, key tiles past k_len), a bias of 1 and of B rows with −∞ in it, dbias with and without the
+// other gradients, T = 1; and rows whose every visible key has −∞ bias, which must end as rows that see
+// no key do (o = 0, lse = −∞, no gradient), checked against the CPU with those rows' keys cut by
+// k_lengths = 0 instead. Tolerance:
 // fused_op_rtol (1e-4 f32, 1e-10 f64, 2e-2 bf16, the reference being the CPU kernels in f32 on the
 // same bf16 values); δ against a sum in double at gpu_rtol, scaled by Σ|dO·O| + |dlse|. The case
 // struct, inputs and references: tests/attention_cases.h, as in the GPU test.
 // What this cannot check: the real compiler, the hardware's scheduling and memory system, performance.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -51,8 +59,19 @@ using Case = testing::AttentionCase;
 
 double rtol(DType d) { return testing::fused_op_rtol(d); }
 
-// attention.cu's geometry().
-fma::Geo geo(const Case& c) { return {c.B, c.T, c.S, c.H, c.Hk, c.Dk, c.Dv, c.H / c.Hk, c.causal}; }
+// attention.cu's geometry(), with the masks of `in`.
+fma::Geo geo(const Case& c, const kernel::AttentionMasks& m) {
+  fma::Geo g{c.B, c.T, c.S, c.H, c.Hk, c.Dk, c.Dv, c.H / c.Hk, c.causal};
+  g.q_lengths = m.q_lengths.defined() ? m.q_lengths.data<int64_t>() : nullptr;
+  g.k_lengths = m.k_lengths.defined() ? m.k_lengths.data<int64_t>() : nullptr;
+  g.bias_batched = m.bias.defined() && m.bias.size(0) == c.B;
+  return g;
+}
+// The bias as the kernels read it (attention.cu's bias_of).
+template <class T>
+const T* bias_of(const kernel::AttentionMasks& m) {
+  return m.bias.defined() ? m.bias.data<T>() : nullptr;
+}
 
 // Small, because every shuffle and barrier is a round of fiber switches in the emulation (the dK/dV
 // kernel costs ~0.3 ms per (query, key) pair here): B·H·T·S stays in the low thousands per case.
@@ -69,16 +88,30 @@ const Case kCases[] = {
     {1, 1, 1, 1, 1, 5, 7, true, 0},           // one query, one key
 };
 
+// With masks: {B, T, S, H, Hk, Dk, Dv, causal, scale, subsets, q_lengths, k_lengths, bias rows}.
+const Case kMaskCases[] = {
+    // causal GQA against a longer cache, Dk ≠ Dv: a query tile half padding, keys past k_len cut the causal band
+    {2, 37, 45, 2, 1, 16, 24, true, 0, false, {37, 20}, {45, 30}, 0},
+    // bidirectional MQA with T > S: a batch row of padding queries, one whose keys are all padding, a bias of B rows
+    {3, 20, 13, 3, 1, 8, 12, false, 0, true, {0, 20, 9}, {13, 0, 5}, 3},
+    // decoding with key lengths and a bias shared by the batch rows (dbias alone among the subsets)
+    {2, 1, 33, 2, 2, 32, 32, true, 0, true, {1, 1}, {33, 17}, 1},
+    // causal T = S with a bias only, over two key tiles, explicit scale
+    {1, 40, 40, 1, 1, 24, 16, true, 0.2, false, {}, {}, 1},
+    // cross attention: k_len = 33 leaves one real key in the second tile; a bias of B rows
+    {2, 9, 70, 2, 1, 40, 40, false, 0, false, {9, 4}, {70, 33}, 2},
+};
+
 // ---- the launches, as attention.cu's forward_cuda and backward_cuda make them ---------------------
 
 template <class T>
-void forward(const fma::Geo& g, const Tensor& q, const Tensor& k, const Tensor& v, double scale, GuardedOutput& o,
-             GuardedOutput& lse) {
+void forward(const fma::Geo& g, const Tensor& q, const Tensor& k, const Tensor& v, const T* bias, double scale,
+             GuardedOutput& o, GuardedOutput& lse) {
   using A = compute_t<T>;
   if (g.B == 0 || g.T == 0 || g.H == 0) return;
   const fma::LaunchShape shape = fma::forward_shape<A>(g);
   emu::launch(shape.grid, dim3(fma::kAttentionThreads), shape.shared_bytes, fma::attention_fwd<T>, g, q.data<T>(),
-              k.data<T>(), v.data<T>(), static_cast<A>(scale), o.data<T>(), lse.data<A>());
+              k.data<T>(), v.data<T>(), bias, static_cast<A>(scale), o.data<T>(), lse.data<A>());
 }
 
 template <class T>
@@ -89,23 +122,24 @@ void delta(const fma::Geo& g, const Tensor& dout, const Tensor& o, const Tensor&
               dout.data<T>(), o.data<T>(), dlse.data<A>(), out.data<A>());
 }
 
-// dq, dk, dv: null where not asked for.
+// dq, dk, dv, dbias: null where not asked for.
 template <class T>
-void backward(const fma::Geo& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+void backward(const fma::Geo& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const T* bias,
               const Tensor& lse, const GuardedOutput& delta, double scale, GuardedOutput* dq, GuardedOutput* dk,
-              GuardedOutput* dv) {
+              GuardedOutput* dv, GuardedOutput* dbias) {
   using A = compute_t<T>;
   const A* D = delta.data<A>();
   if (dk != nullptr || dv != nullptr) {
     const fma::LaunchShape shape = fma::dkdv_shape<A>(g);
     emu::launch(shape.grid, dim3(fma::kAttentionThreads), shape.shared_bytes, fma::attention_dkdv<T>, g, q.data<T>(),
-                k.data<T>(), v.data<T>(), dout.data<T>(), lse.data<A>(), D, static_cast<A>(scale),
+                k.data<T>(), v.data<T>(), dout.data<T>(), bias, lse.data<A>(), D, static_cast<A>(scale),
                 dk != nullptr ? dk->data<T>() : nullptr, dv != nullptr ? dv->data<T>() : nullptr);
   }
-  if (dq != nullptr) {
+  if (dq != nullptr || dbias != nullptr) {
     const fma::LaunchShape shape = fma::dq_shape<A>(g);
     emu::launch(shape.grid, dim3(fma::kAttentionThreads), shape.shared_bytes, fma::attention_dq<T>, g, q.data<T>(),
-                k.data<T>(), v.data<T>(), dout.data<T>(), lse.data<A>(), D, static_cast<A>(scale), dq->data<T>());
+                k.data<T>(), v.data<T>(), dout.data<T>(), bias, lse.data<A>(), D, static_cast<A>(scale),
+                dq != nullptr ? dq->data<T>() : nullptr, dbias != nullptr ? dbias->data<T>() : nullptr);
   }
 }
 
@@ -116,14 +150,16 @@ class AttentionEmulation : public ::testing::Test {
   Generator gen_{testing::test_seed(43)};
 };
 
-TEST_F(AttentionEmulation, ForwardMatchesTheCpuKernel) {
+// The forward of every case of `cases` against the CPU kernel's, in every dtype.
+template <size_t N>
+void check_forward(const Case (&cases)[N], Generator& gen) {
   for_each_type([&](auto tag, DType dtype) {
     using T = decltype(tag);
-    for (const Case& c : kCases) {
+    for (const Case& c : cases) {
       const std::string what = std::string(dtype_name(dtype)) + " " + c.name();
-      const testing::AttentionInputs in = testing::attention_inputs(c, dtype, gen_, false);
+      const testing::AttentionInputs in = testing::attention_inputs(c, dtype, gen, false);
       GuardedOutput o(c.o_shape(), dtype), lse(c.lse_shape(), accumulate_dtype(dtype));
-      forward<T>(geo(c), in.q, in.k, in.v, c.params().scale, o, lse);
+      forward<T>(geo(c, in.masks), in.q, in.k, in.v, bias_of<T>(in.masks), c.params().scale, o, lse);
       const testing::AttentionOutputs want = testing::attention_forward_reference(c, in);
       expect_output(o, want.o, rtol(dtype), what + " o");
       expect_output(lse, want.lse, rtol(dtype), what + " lse");
@@ -131,12 +167,15 @@ TEST_F(AttentionEmulation, ForwardMatchesTheCpuKernel) {
   });
 }
 
-TEST_F(AttentionEmulation, BackwardAllAndSomeGradients) {
+// The backward of every case of `cases` against the CPU kernel's, in every dtype: δ, then all gradients
+// (dbias with them where the case has a bias) and, for the cases marked `subsets`, some of them alone.
+template <size_t N>
+void check_backward(const Case (&cases)[N], Generator& gen) {
   for_each_type([&](auto tag, DType dtype) {
     using T = decltype(tag);
     const DType at = accumulate_dtype(dtype);
-    for (const Case& c : kCases) {
-      const testing::AttentionInputs in = testing::attention_inputs(c, dtype, gen_, true);
+    for (const Case& c : cases) {
+      const testing::AttentionInputs in = testing::attention_inputs(c, dtype, gen, true);
       const Tensor &q = in.q, &k = in.k, &v = in.v, &dout = in.dout, &dlse = in.dlse;
       // The saved outputs as the dtype under test holds them; both sides read these values.
       const testing::AttentionOutputs saved = testing::saved_attention_outputs(c, in);
@@ -157,17 +196,20 @@ TEST_F(AttentionEmulation, BackwardAllAndSomeGradients) {
         delta_scale[r] = magnitude;
       }
       GuardedOutput got_delta({n}, at);
-      delta<T>(geo(c), dout, o, dlse, got_delta);
+      delta<T>(geo(c, in.masks), dout, o, dlse, got_delta);
       expect_output(got_delta, Tensor::from_vector(want_delta, {n}, at), testing::gpu_rtol(dtype), what + " δ",
                     Tensor::from_vector(delta_scale, {n}, at));
 
-      std::vector<GradientsNeeded> needs = {{true, true, true}};
+      const bool with_bias = c.bias_rows > 0;
+      std::vector<GradientsNeeded> needs = {{true, true, true, with_bias}};
       if (c.subsets) needs.insert(needs.end(), {{false, false, true}, {true, false, false}, {false, true, false}});
+      if (c.subsets && with_bias) needs.push_back({false, false, false, true});
       for (GradientsNeeded need : needs) {
         const std::string with = what + need.names();
-        GuardedOutput dq(q.shape(), dtype), dk(k.shape(), dtype), dv(v.shape(), dtype);
-        backward<T>(geo(c), q, k, v, dout, lse, got_delta, c.params().scale, need.dq ? &dq : nullptr,
-                    need.dk ? &dk : nullptr, need.dv ? &dv : nullptr);
+        GuardedOutput dq(q.shape(), dtype), dk(k.shape(), dtype), dv(v.shape(), dtype), dbias(c.dbias_shape(), dtype);
+        backward<T>(geo(c, in.masks), q, k, v, dout, bias_of<T>(in.masks), lse, got_delta, c.params().scale,
+                    need.dq ? &dq : nullptr, need.dk ? &dk : nullptr, need.dv ? &dv : nullptr,
+                    need.dbias ? &dbias : nullptr);
         const kernel::AttentionGrads want = testing::attention_backward_reference(c, in, saved, need);
         const auto check = [&](bool asked, const GuardedOutput& got, const Tensor& want_grad, const char* name) {
           if (asked) {
@@ -180,7 +222,58 @@ TEST_F(AttentionEmulation, BackwardAllAndSomeGradients) {
         check(need.dq, dq, want.dq, "dq");
         check(need.dk, dk, want.dk, "dk");
         check(need.dv, dv, want.dv, "dv");
+        check(need.dbias, dbias, want.dbias, "dbias");
       }
+    }
+  });
+}
+
+TEST_F(AttentionEmulation, ForwardMatchesTheCpuKernel) { check_forward(kCases, gen_); }
+
+TEST_F(AttentionEmulation, BackwardAllAndSomeGradients) { check_backward(kCases, gen_); }
+
+TEST_F(AttentionEmulation, ForwardWithMasksMatchesTheCpuKernel) { check_forward(kMaskCases, gen_); }
+
+TEST_F(AttentionEmulation, BackwardWithMasksMatchesTheCpuKernel) { check_backward(kMaskCases, gen_); }
+
+// Batch row 1's bias is −∞ on every key, so each of its rows sees only −∞ scores: the kernels must end
+// them as rows that see no key (o = 0, lse = −∞, no gradient into q, k, v or the bias, and no NaN
+// anywhere), which is what the CPU gives for the same call with k_lengths = {S, 0}.
+TEST_F(AttentionEmulation, RowsOfMinusInfiniteBiasSeeNothing) {
+  for_each_type([&](auto tag, DType dtype) {
+    using T = decltype(tag);
+    for (bool causal : {true, false}) {
+      Case c{2, 13, 21, 2, 1, 8, 8, causal, 0, false, {}, {}, 2};
+      testing::AttentionInputs in = testing::attention_inputs(c, dtype, gen_, true);
+      std::vector<double> bias = in.masks.bias.to_doubles();
+      std::fill(bias.begin() + static_cast<ptrdiff_t>(bias.size() / 2), bias.end(),
+                -std::numeric_limits<double>::infinity());
+      in.masks.bias = Tensor::from_vector(bias, c.bias_shape(), dtype);
+      Case cut = c;  // the reference: batch row 1's keys cut instead
+      cut.k_lengths = {c.S, 0};
+      testing::AttentionInputs cut_in = in;
+      cut_in.masks.k_lengths = Tensor::from_indices(cut.k_lengths, {c.B});
+      const std::string what = std::string(dtype_name(dtype)) + " " + c.name() + " (batch row 1 all −∞)";
+
+      GuardedOutput o(c.o_shape(), dtype), lse(c.lse_shape(), accumulate_dtype(dtype));
+      forward<T>(geo(c, in.masks), in.q, in.k, in.v, bias_of<T>(in.masks), c.params().scale, o, lse);
+      const testing::AttentionOutputs want = testing::attention_forward_reference(cut, cut_in);
+      expect_output(o, want.o, rtol(dtype), what + " o");
+      expect_output(lse, want.lse, rtol(dtype), what + " lse");
+
+      const testing::AttentionOutputs saved = testing::as_saved(want, dtype);
+      GuardedOutput delta_out({c.B * c.T * c.H}, accumulate_dtype(dtype));
+      delta<T>(geo(c, in.masks), in.dout, saved.o, in.dlse, delta_out);
+      GuardedOutput dq(c.q_shape(), dtype), dk(c.k_shape(), dtype), dv(c.v_shape(), dtype),
+          dbias(c.dbias_shape(), dtype);
+      backward<T>(geo(c, in.masks), in.q, in.k, in.v, in.dout, bias_of<T>(in.masks), saved.lse, delta_out,
+                  c.params().scale, &dq, &dk, &dv, &dbias);
+      const kernel::AttentionGrads grads =
+          testing::attention_backward_reference(cut, cut_in, saved, {true, true, true, true});
+      expect_output(dq, grads.dq, rtol(dtype), what + " → dq");
+      expect_output(dk, grads.dk, rtol(dtype), what + " → dk");
+      expect_output(dv, grads.dv, rtol(dtype), what + " → dv");
+      expect_output(dbias, grads.dbias, rtol(dtype), what + " → dbias");
     }
   });
 }

@@ -1,13 +1,17 @@
 // Fused softmax attention: the tiled online-softmax op against the naive materialised reference
 // (outputs, lse and every gradient), finite-difference gradients including the lse output's,
-// the KV-cache (decode) and lse-merge properties, numerical range, and shape errors.
+// the KV-cache (decode) and lse-merge properties, numerical range, and shape errors; then the
+// masks (query and key lengths, an additive bias) the same ways, the masked-row rule, and the
+// masks' errors.
 #include "layers/attention/attention.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "autograd/gradcheck.h"
 #include "autograd/op_registry.h"
@@ -27,6 +31,8 @@ struct Case {
 std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
 
 using testing::max_rel_error;
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
 struct Inputs {
   Tensor q, k, v;
@@ -328,6 +334,497 @@ TEST(Attention, ShapeErrorsNameTheShapes) {
   EXPECT_NE(e.find("block must be positive"), std::string::npos) << e;
   // The reference applies the same checks.
   EXPECT_THROW(attention_reference(t({2, 5, 3, 4}), t({2, 7, 2, 4}), t({2, 7, 2, 4}), true), std::invalid_argument);
+}
+
+// ================================================================================================
+// Masks: query lengths, key lengths and an additive bias (BERT's padded batches, T5's relative
+// position bias and its cross attention over a padded memory).
+
+struct MaskCase {
+  const char* name;
+  int64_t B, T, S, H, Hk, Dk, Dv, block;
+  bool causal;
+  std::vector<int64_t> q_len, k_len;  // empty: not given
+  int64_t bias_batches;               // 0: no bias, else 1 (shared) or B
+  DType length_dtype = DType::i64;
+};
+
+std::ostream& operator<<(std::ostream& os, const MaskCase& c) { return os << c.name; }
+
+struct MaskedInputs {
+  Tensor q, k, v, bias;
+  AttentionOptions opts;
+};
+
+MaskedInputs make_masked(const MaskCase& c, DType dtype, uint64_t seed) {
+  Inputs in = make_inputs({c.name, c.B, c.T, c.S, c.H, c.Hk, c.Dk, c.Dv, c.block, c.causal}, dtype, seed);
+  MaskedInputs m{in.q, in.k, in.v, Tensor(), {}};
+  m.opts.causal = c.causal;
+  m.opts.block = c.block;
+  if (!c.q_len.empty()) m.opts.q_lengths = Tensor::from_indices(c.q_len, {c.B}, c.length_dtype);
+  if (!c.k_len.empty()) m.opts.k_lengths = Tensor::from_indices(c.k_len, {c.B}, c.length_dtype);
+  if (c.bias_batches > 0) {
+    Generator gen(seed + 1);
+    m.bias = Tensor::randn({c.bias_batches, c.H, c.T, c.S}, gen, dtype);
+  }
+  return m;
+}
+
+int64_t q_length(const MaskCase& c, int64_t b) { return c.q_len.empty() ? c.T : c.q_len[static_cast<size_t>(b)]; }
+int64_t k_length(const MaskCase& c, int64_t b) { return c.k_len.empty() ? c.S : c.k_len[static_cast<size_t>(b)]; }
+
+// Whether query i of batch row b sees key j.
+bool visible(const MaskCase& c, int64_t b, int64_t i, int64_t j) {
+  return i < q_length(c, b) && j < k_length(c, b) && (!c.causal || j <= i + c.S - c.T);
+}
+
+// [B, T, H] i64: 1 in the rows that see no key (padded queries, or no keys at all), the masked-row rule's rows.
+Tensor dead_rows(const MaskCase& c) {
+  std::vector<int64_t> dead(static_cast<size_t>(c.B * c.T * c.H));
+  for (int64_t b = 0; b < c.B; ++b) {
+    for (int64_t i = 0; i < c.T; ++i) {
+      bool any = false;
+      for (int64_t j = 0; j < c.S; ++j) any = any || visible(c, b, i, j);
+      for (int64_t h = 0; h < c.H; ++h) dead[static_cast<size_t>((b * c.T + i) * c.H + h)] = !any;
+    }
+  }
+  return Tensor::from_indices(dead, {c.B, c.T, c.H});
+}
+
+// max_rel_error, except that infinities must sit in the same places with the same sign (lse is −∞ in a row
+// that sees no key) and any NaN is an infinite error: max_rel_error would skip both.
+double max_error_inf(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  std::vector<double> x = a.to_doubles(), y = b.to_doubles();
+  double worst = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    if (std::isnan(x[i]) || std::isnan(y[i])) return kInfinity;
+    if (x[i] == y[i]) continue;  // equal infinities included
+    worst = std::max(worst, std::abs(x[i] - y[i]) / std::max(1.0, std::abs(y[i])));
+  }
+  return worst;
+}
+
+struct MaskedResult {
+  Tensor o, lse, dq, dk, dv, dbias;
+};
+
+using MaskedFn = AttentionOutput (*)(const Tensor&, const Tensor&, const Tensor&, const AttentionOptions&,
+                                     const Tensor&);
+AttentionOutput fused_masked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
+                             const Tensor& bias) {
+  return attention_with_lse(q, k, v, opts, bias);
+}
+AttentionOutput reference_masked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
+                                 const Tensor& bias) {
+  return attention_reference(q, k, v, opts, bias);
+}
+
+// Forward, then one backward seeded with random cotangents for o and lse, also in the rows that see no key
+// (which both forms must ignore).
+MaskedResult masked_forward_backward(MaskedFn fn, const MaskedInputs& in, uint64_t seed) {
+  Tensor q = set_requires_grad(in.q.detach()), k = set_requires_grad(in.k.detach()),
+         v = set_requires_grad(in.v.detach());
+  Tensor bias = in.bias.defined() ? set_requires_grad(in.bias.detach()) : Tensor();
+  AttentionOutput out = fn(q, k, v, in.opts, bias);
+  Generator gen(seed);
+  Tensor go = Tensor::randn(out.o.shape(), gen, out.o.dtype()), gl = Tensor::randn(out.lse.shape(), gen, out.o.dtype());
+  backward({out.o, out.lse}, {go, gl});
+  return {out.o.detach(), out.lse.detach(), grad_of(q), grad_of(k), grad_of(v),
+          bias.defined() ? grad_of(bias) : Tensor()};
+}
+
+class MaskedAttentionMatchesReference : public ::testing::TestWithParam<MaskCase> {};
+
+void expect_masked_match(const MaskCase& c, DType dtype, double tol) {
+  MaskedInputs in = make_masked(c, dtype, 51);
+  MaskedResult fused = masked_forward_backward(fused_masked, in, 53);
+  MaskedResult ref = masked_forward_backward(reference_masked, in, 53);
+  ASSERT_TRUE(fused.dq.defined() && fused.dk.defined() && fused.dv.defined());
+  EXPECT_LE(max_error_inf(fused.o, ref.o), tol) << "o";
+  EXPECT_LE(max_error_inf(fused.lse, ref.lse), tol) << "lse";
+  EXPECT_LE(max_error_inf(fused.dq, ref.dq), tol) << "dq";
+  EXPECT_LE(max_error_inf(fused.dk, ref.dk), tol) << "dk";
+  EXPECT_LE(max_error_inf(fused.dv, ref.dv), tol) << "dv";
+  if (in.bias.defined()) {
+    ASSERT_TRUE(fused.dbias.defined());
+    EXPECT_EQ(fused.dbias.shape(), in.bias.shape());
+    EXPECT_LE(max_error_inf(fused.dbias, ref.dbias), tol) << "dbias";
+  }
+}
+
+TEST_P(MaskedAttentionMatchesReference, F64) { expect_masked_match(GetParam(), DType::f64, 1e-12); }
+TEST_P(MaskedAttentionMatchesReference, F32) { expect_masked_match(GetParam(), DType::f32, 1e-5); }
+
+// name, B, T, S, H, Hk, Dk, Dv, block, causal, q_lengths, k_lengths, bias batches (0: none) [, lengths' dtype]
+INSTANTIATE_TEST_SUITE_P(
+    Masks, MaskedAttentionMatchesReference,
+    ::testing::Values(
+        // BERT: bidirectional self-attention over a padded batch: a full row, a short one, an empty one.
+        MaskCase{"bert_full_short_empty", 3, 6, 6, 2, 2, 3, 4, 4, false, {6, 3, 0}, {6, 3, 0}, 3},
+        MaskCase{"bert_shared_bias_i32", 2, 7, 7, 2, 1, 3, 3, 3, false, {7, 5}, {7, 5}, 1, DType::i32},
+        // T5 cross attention: T ≠ S, padded queries and memory, GQA, Dk ≠ Dv, a shared or per-row bias.
+        MaskCase{"t5_cross_shared_bias", 2, 5, 7, 4, 2, 3, 2, 2, false, {5, 2}, {7, 1}, 1},
+        MaskCase{"t5_cross_bias_per_row", 2, 5, 7, 4, 2, 3, 2, 2, false, {5, 2}, {7, 1}, 2},
+        MaskCase{"cross_T_gt_S", 2, 6, 4, 3, 1, 2, 3, 4, false, {6, 5}, {4, 2}, 2},
+        // T5 decoder self-attention: causal with padding and a shared bias.
+        MaskCase{"decoder_causal_padded", 2, 7, 7, 2, 1, 4, 3, 3, true, {7, 4}, {7, 4}, 1},
+        MaskCase{"decoder_causal_padded_mqa", 2, 7, 7, 3, 1, 4, 4, 2, true, {5, 7}, {5, 7}, 2},
+        // Causal queries at the end of a longer cache, keys padded; queries padded alone.
+        MaskCase{"cache_causal_key_lengths", 2, 3, 8, 2, 2, 3, 3, 4, true, {}, {8, 6}, 0},
+        MaskCase{"query_lengths_only_causal", 2, 4, 4, 2, 2, 3, 3, 64, true, {1, 4}, {}, 0, DType::i32},
+        // T = 1: one query against no keys in one row (o = 0, lse = −∞).
+        MaskCase{"one_query_no_keys", 2, 1, 4, 2, 1, 3, 3, 2, false, {}, {0, 3}, 2},
+        MaskCase{"one_query_causal_padded", 2, 1, 5, 2, 2, 3, 3, 2, true, {1, 0}, {5, 2}, 1},
+        // Lengths of 0 in every row: nothing is seen anywhere.
+        MaskCase{"everything_padded", 2, 3, 4, 2, 1, 3, 2, 2, false, {0, 0}, {4, 4}, 1},
+        // A bias without lengths, causal or bidirectional.
+        MaskCase{"bias_only_causal", 2, 5, 7, 4, 2, 3, 4, 2, true, {}, {}, 2},
+        MaskCase{"bias_only_bidirectional_shared", 1, 6, 9, 2, 2, 4, 4, 4, false, {}, {}, 1},
+        // Lengths that cut a tile in the middle, T and S not multiples of the block; several tasks and threads.
+        MaskCase{"mid_tile_lengths", 2, 9, 11, 2, 1, 3, 3, 4, false, {9, 6}, {11, 5}, 1},
+        MaskCase{"many_blocks_bidirectional", 2, 37, 45, 4, 2, 16, 8, 8, false, {37, 20}, {45, 9}, 1},
+        MaskCase{"many_blocks_causal", 2, 37, 37, 4, 2, 16, 8, 8, true, {37, 21}, {37, 21}, 2}),
+    [](const ::testing::TestParamInfo<MaskCase>& info) { return std::string(info.param.name); });
+
+// ---- finite differences (f64) of q, k, v and bias through both outputs ----
+// lse = −∞ in a row that sees no key has no finite difference: the check reads it through a masked fill
+// with 0, which also passes those rows' cotangent to nothing (the op ignores it anyway).
+GradcheckResult masked_check(const MaskCase& c) {
+  MaskedInputs in = make_masked(c, DType::f64, 61);
+  const Tensor dead = dead_rows(c);
+  std::vector<Tensor> x{in.q, in.k, in.v};
+  if (in.bias.defined()) x.push_back(in.bias);
+  return gradcheck(
+      [&](const std::vector<Tensor>& y) {
+        AttentionOutput out = attention_with_lse(y[0], y[1], y[2], in.opts, y.size() > 3 ? y[3] : Tensor());
+        return std::vector<Tensor>{out.o, masked_fill(out.lse, dead, 0.0)};
+      },
+      x);
+}
+
+class MaskedAttentionGradcheck : public ::testing::TestWithParam<MaskCase> {};
+
+TEST_P(MaskedAttentionGradcheck, MatchesFiniteDifferences) {
+  const MaskCase& c = GetParam();
+  GradcheckResult r = masked_check(c);
+  const int64_t elements = c.B * c.T * c.H * c.Dk + c.B * c.S * c.Hk * (c.Dk + c.Dv) + c.bias_batches * c.H * c.T * c.S;
+  EXPECT_EQ(r.elements_checked, elements);
+  EXPECT_LE(r.max_error, 1e-6) << r.worst;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Masks, MaskedAttentionGradcheck,
+    ::testing::Values(MaskCase{"bert_full_short_empty", 3, 5, 5, 2, 1, 3, 2, 2, false, {5, 3, 0}, {5, 3, 0}, 3},
+                      MaskCase{"t5_cross_shared_bias_gqa", 2, 5, 7, 4, 2, 3, 2, 2, false, {5, 2}, {7, 1}, 1},
+                      MaskCase{"cross_T_gt_S_bias_per_row", 2, 6, 4, 2, 1, 2, 3, 4, false, {6, 4}, {4, 3}, 2},
+                      MaskCase{"decoder_causal_padded", 2, 7, 7, 2, 1, 3, 3, 3, true, {7, 4}, {7, 4}, 1},
+                      MaskCase{"one_query_no_keys", 2, 1, 4, 2, 2, 3, 3, 2, false, {1, 1}, {0, 3}, 2},
+                      MaskCase{"cache_causal_full_lengths", 1, 3, 6, 2, 1, 3, 4, 2, true, {3}, {6}, 1}),
+    [](const ::testing::TestParamInfo<MaskCase>& info) { return std::string(info.param.name); });
+
+// ---- the masked-row rule ----
+
+// Cotangents drawn at random, then NaN in the rows that see no key when `poison`.
+Tensor cotangent(const Shape& shape, const Tensor& dead, int64_t row_size, uint64_t seed, bool poison) {
+  Generator gen(seed);
+  std::vector<double> g = Tensor::randn(shape, gen, DType::f64).to_doubles();
+  const std::vector<int64_t> d = dead.to_indices();
+  for (size_t r = 0; r < d.size(); ++r) {
+    if (!d[r] || !poison) continue;
+    for (int64_t e = 0; e < row_size; ++e) g[r * static_cast<size_t>(row_size) + static_cast<size_t>(e)] = std::nan("");
+  }
+  return Tensor::from_vector(g, shape, DType::f64);
+}
+
+// A row that sees no key: o = 0 and lse = −∞ exactly, no NaN anywhere, no gradient into padded queries, padded
+// keys or invisible bias entries, and its dout and dlse ignored (NaN there changes no gradient).
+TEST(MaskedAttention, RowsThatSeeNoKeyAreZeroAndPassNoGradient) {
+  for (bool causal : {false, true}) {
+    const MaskCase c{"", 3, 6, 6, 2, 1, 3, 4, 4, causal, {6, 3, 0}, {5, 3, 4}, 3};
+    const MaskedInputs in = make_masked(c, DType::f64, 71);
+    const Tensor dead = dead_rows(c);
+    Result grads[2];
+    Tensor dbias[2];
+    for (int poison = 0; poison < 2; ++poison) {
+      Tensor q = set_requires_grad(in.q.detach()), k = set_requires_grad(in.k.detach()),
+             v = set_requires_grad(in.v.detach()), bias = set_requires_grad(in.bias.detach());
+      AttentionOutput out = attention_with_lse(q, k, v, in.opts, bias);
+      backward({out.o, out.lse},
+               {cotangent(out.o.shape(), dead, c.Dv, 73, poison), cotangent(out.lse.shape(), dead, 1, 79, poison)});
+      grads[poison] = {out.o.detach(), out.lse.detach(), grad_of(q), grad_of(k), grad_of(v)};
+      dbias[poison] = grad_of(bias);
+    }
+    const std::vector<int64_t> d = dead.to_indices();
+    const std::vector<double> o = grads[0].o.to_doubles(), lse = grads[0].lse.to_doubles();
+    const std::vector<double> dq = grads[1].dq.to_doubles(), dk = grads[1].dk.to_doubles(), dv = grads[1].dv.to_doubles();
+    const std::vector<double> db = dbias[1].to_doubles();
+    int64_t dead_count = 0;
+    for (size_t r = 0; r < d.size(); ++r) {
+      dead_count += d[r];
+      if (d[r]) {
+        EXPECT_EQ(lse[r], -kInfinity) << "row " << r;
+      } else {
+        EXPECT_TRUE(std::isfinite(lse[r])) << "row " << r;
+      }
+      for (int64_t e = 0; e < c.Dv; ++e) {
+        const double x = o[r * c.Dv + e];
+        EXPECT_TRUE(d[r] ? x == 0.0 : std::isfinite(x)) << "o row " << r << ": " << x;
+      }
+      for (int64_t e = 0; e < c.Dk; ++e) {
+        const double x = dq[r * c.Dk + e];  // [B, T, H, Dk] rows in the order of dead's
+        EXPECT_TRUE(d[r] ? x == 0.0 : std::isfinite(x)) << "dq row " << r << ": " << x;
+      }
+    }
+    EXPECT_EQ(dead_count, (0 + 3 + 6) * c.H);  // row 1: queries 3..5; row 2: every query
+    for (int64_t b = 0; b < c.B; ++b) {
+      for (int64_t j = 0; j < c.S; ++j) {
+        for (int64_t e = 0; e < c.Hk * c.Dk; ++e) {
+          const double x = dk[(b * c.S + j) * c.Hk * c.Dk + e];
+          EXPECT_TRUE(j >= k_length(c, b) || b == 2 ? x == 0.0 : std::isfinite(x)) << "dk " << b << ", " << j;
+        }
+        for (int64_t e = 0; e < c.Hk * c.Dv; ++e) {
+          const double x = dv[(b * c.S + j) * c.Hk * c.Dv + e];
+          EXPECT_TRUE(j >= k_length(c, b) || b == 2 ? x == 0.0 : std::isfinite(x)) << "dv " << b << ", " << j;
+        }
+      }
+      for (int64_t h = 0; h < c.H; ++h) {
+        for (int64_t i = 0; i < c.T; ++i) {
+          for (int64_t j = 0; j < c.S; ++j) {
+            const double x = db[((b * c.H + h) * c.T + i) * c.S + j];
+            EXPECT_TRUE(visible(c, b, i, j) ? std::isfinite(x) : x == 0.0) << "dbias " << b << h << i << j << ": " << x;
+          }
+        }
+      }
+    }
+    // NaN cotangents in the dead rows are never read: the gradients are the same bit for bit.
+    EXPECT_EQ(max_error_inf(grads[1].dq, grads[0].dq), 0.0);
+    EXPECT_EQ(max_error_inf(grads[1].dk, grads[0].dk), 0.0);
+    EXPECT_EQ(max_error_inf(grads[1].dv, grads[0].dv), 0.0);
+    EXPECT_EQ(max_error_inf(dbias[1], dbias[0]), 0.0);
+  }
+}
+
+// A padded batch row computes what attention over its unpadded part computes: the first L_q queries against
+// the first L_k keys (bidirectional), or the first L tokens (causal self-attention).
+TEST(MaskedAttention, PaddedRowEqualsItsTruncatedSequence) {
+  for (bool causal : {false, true}) {
+    const int64_t Lq = causal ? 5 : 4, Lk = 5;
+    const MaskCase c{"", 2, 7, 7, 4, 2, 3, 2, 3, causal, {7, Lq}, {7, Lk}, 2};
+    const MaskedInputs in = make_masked(c, DType::f64, 83);
+    const AttentionOutput padded = attention_with_lse(in.q, in.k, in.v, in.opts, in.bias);
+    auto row1 = [](const Tensor& x, int64_t len) { return kernel::narrow(kernel::narrow(x, 0, 1, 1), 1, 0, len); };
+    AttentionOptions plain;
+    plain.causal = causal;
+    plain.block = 3;
+    const Tensor bias1 = kernel::narrow(kernel::narrow(kernel::narrow(in.bias, 0, 1, 1), 2, 0, Lq), 3, 0, Lk);
+    const AttentionOutput alone = attention_with_lse(row1(in.q, Lq), row1(in.k, Lk), row1(in.v, Lk), plain,
+                                                     kernel::contiguous(bias1));
+    EXPECT_LE(max_error_inf(row1(padded.o, Lq), alone.o), 1e-13);
+    EXPECT_LE(max_error_inf(row1(padded.lse, Lq), alone.lse), 1e-13);
+  }
+}
+
+// A bias of −∞ on the keys j ≥ L_b masks them exactly as k_lengths = L does; a bias of −∞ on all of a row's keys
+// makes it a row that sees no key (o = 0, lse = −∞), without NaN.
+TEST(MaskedAttention, MinusInfinityBiasActsLikeKeyPadding) {
+  const MaskCase c{"", 2, 4, 6, 2, 1, 3, 3, 4, false, {}, {6, 2}, 0};
+  const MaskedInputs in = make_masked(c, DType::f64, 89);
+  std::vector<double> wall(static_cast<size_t>(c.B * c.H * c.T * c.S), 0.0);
+  for (int64_t b = 0; b < c.B; ++b) {
+    for (int64_t h = 0; h < c.H; ++h) {
+      for (int64_t i = 0; i < c.T; ++i) {
+        for (int64_t j = 0; j < c.S; ++j) {
+          const bool blocked = j >= k_length(c, b) || (b == 0 && h == 1 && i == 2);  // one row: every key
+          wall[static_cast<size_t>(((b * c.H + h) * c.T + i) * c.S + j)] = blocked ? -kInfinity : 0.0;
+        }
+      }
+    }
+  }
+  MaskedInputs walled{in.q, in.k, in.v, Tensor::from_vector(wall, {c.B, c.H, c.T, c.S}, DType::f64), {}};
+  walled.opts.causal = false;
+  walled.opts.block = 4;
+  const MaskedResult by_bias = masked_forward_backward(fused_masked, walled, 97);
+  const MaskedResult by_lengths = masked_forward_backward(fused_masked, in, 97);
+  const std::vector<double> o = by_bias.o.to_doubles(), lse = by_bias.lse.to_doubles();
+  const size_t blocked_row = static_cast<size_t>((0 * c.T + 2) * c.H + 1);
+  EXPECT_EQ(lse[blocked_row], -kInfinity);
+  for (int64_t e = 0; e < c.Dv; ++e) EXPECT_EQ(o[blocked_row * c.Dv + e], 0.0);
+  // Every other row as with lengths; the blocked row's gradients are 0, so only its own dq differs.
+  std::vector<double> l_ref = by_lengths.lse.to_doubles();
+  l_ref[blocked_row] = -kInfinity;
+  EXPECT_LE(max_error_inf(by_bias.lse, Tensor::from_vector(l_ref, by_lengths.lse.shape(), DType::f64)), 1e-14);
+  for (const Tensor* t : {&by_bias.o, &by_bias.dq, &by_bias.dk, &by_bias.dv, &by_bias.dbias}) {
+    for (double x : t->to_doubles()) ASSERT_TRUE(std::isfinite(x));
+  }
+  const std::vector<double> dq = by_bias.dq.to_doubles();
+  for (int64_t e = 0; e < c.Dk; ++e) EXPECT_EQ(dq[blocked_row * c.Dk + e], 0.0);
+  // Without the blocked row both forms agree in every output and gradient but that row's.
+  MaskedInputs open = walled;
+  wall[static_cast<size_t>(((0 * c.H + 1) * c.T + 2) * c.S + 0)] = 0.0;  // unblock the row again ...
+  for (int64_t j = 1; j < c.S; ++j) wall[static_cast<size_t>(((0 * c.H + 1) * c.T + 2) * c.S + j)] = 0.0;
+  open.bias = Tensor::from_vector(wall, {c.B, c.H, c.T, c.S}, DType::f64);
+  const MaskedResult by_bias_open = masked_forward_backward(fused_masked, open, 97);
+  EXPECT_LE(max_error_inf(by_bias_open.o, by_lengths.o), 1e-14);
+  EXPECT_LE(max_error_inf(by_bias_open.lse, by_lengths.lse), 1e-14);
+  EXPECT_LE(max_error_inf(by_bias_open.dq, by_lengths.dq), 1e-14);
+  EXPECT_LE(max_error_inf(by_bias_open.dk, by_lengths.dk), 1e-14);
+  EXPECT_LE(max_error_inf(by_bias_open.dv, by_lengths.dv), 1e-14);
+}
+
+// Whole key blocks of −∞ before the first finite score: the running max stays −∞ through them, and the
+// exponents against it must give 0 (not exp(−∞ + ∞) = NaN) so that the later blocks' sums are not poisoned.
+TEST(MaskedAttention, LeadingBlocksOfMinusInfinityBias) {
+  for (bool causal : {false, true}) {
+    const MaskCase c{"", 2, 5, 8, 2, 1, 3, 3, 2, causal, {}, {8, 6}, 0};
+    MaskedInputs in = make_masked(c, DType::f64, 127);
+    Generator gen(131);
+    std::vector<double> bias = Tensor::randn({c.B, c.H, c.T, c.S}, gen, DType::f64).to_doubles();
+    for (size_t e = 0; e < bias.size(); ++e) {
+      if (static_cast<int64_t>(e) % c.S < 3) bias[e] = -kInfinity;  // keys 0..2: the first block and a half
+    }
+    in.bias = Tensor::from_vector(bias, {c.B, c.H, c.T, c.S}, DType::f64);
+    const MaskedResult fused = masked_forward_backward(fused_masked, in, 137);
+    const MaskedResult ref = masked_forward_backward(reference_masked, in, 137);
+    EXPECT_LE(max_error_inf(fused.o, ref.o), 1e-12);
+    EXPECT_LE(max_error_inf(fused.lse, ref.lse), 1e-12);
+    EXPECT_LE(max_error_inf(fused.dq, ref.dq), 1e-12);
+    EXPECT_LE(max_error_inf(fused.dk, ref.dk), 1e-12);
+    EXPECT_LE(max_error_inf(fused.dv, ref.dv), 1e-12);
+    EXPECT_LE(max_error_inf(fused.dbias, ref.dbias), 1e-12);
+  }
+}
+
+// A bias shared by the batch rows (Bb = 1) computes what its copy per row does, and its gradient is the sum of
+// the per-row gradients.
+TEST(MaskedAttention, SharedBiasEqualsItsCopyPerBatchRow) {
+  const MaskCase c{"", 3, 5, 6, 2, 2, 3, 3, 2, true, {5, 4, 2}, {6, 3, 6}, 1};
+  const MaskedInputs shared = make_masked(c, DType::f64, 101);
+  MaskedInputs per_row = shared;
+  per_row.bias = kernel::contiguous(kernel::expand(shared.bias, {c.B, c.H, c.T, c.S}));
+  const MaskedResult a = masked_forward_backward(fused_masked, shared, 103);
+  const MaskedResult b = masked_forward_backward(fused_masked, per_row, 103);
+  EXPECT_EQ(max_error_inf(a.o, b.o), 0.0);
+  EXPECT_EQ(max_error_inf(a.lse, b.lse), 0.0);
+  EXPECT_EQ(max_error_inf(a.dq, b.dq), 0.0);
+  EXPECT_EQ(a.dbias.shape(), (Shape{1, c.H, c.T, c.S}));
+  EXPECT_EQ(b.dbias.shape(), (Shape{c.B, c.H, c.T, c.S}));
+  EXPECT_LE(max_error_inf(a.dbias, kernel::sum(b.dbias, {0}, true)), 1e-15);
+}
+
+// The raw backward computes only what is asked: dbias alone leaves dq, dk, dv undefined.
+TEST(MaskedAttention, RawBackwardComputesOnlyDbiasWhenAskedAlone) {
+  const MaskCase c{"", 2, 5, 7, 4, 2, 3, 2, 2, false, {5, 2}, {7, 1}, 2};
+  const MaskedInputs in = make_masked(c, DType::f64, 107);
+  const AttentionOutput out = kernel::attention_forward(in.q, in.k, in.v, in.opts, in.bias);
+  Generator gen(109);
+  const Tensor dout = Tensor::randn(out.o.shape(), gen, DType::f64);
+  const kernel::AttentionGrads all = kernel::attention_backward(dout, Tensor(), in.q, in.k, in.v, out.o, out.lse,
+                                                                in.opts, true, true, true, in.bias, true);
+  const kernel::AttentionGrads only = kernel::attention_backward(dout, Tensor(), in.q, in.k, in.v, out.o, out.lse,
+                                                                 in.opts, false, false, false, in.bias, true);
+  EXPECT_FALSE(only.dq.defined() || only.dk.defined() || only.dv.defined());
+  ASSERT_TRUE(only.dbias.defined());
+  EXPECT_EQ(max_error_inf(only.dbias, all.dbias), 0.0);
+  EXPECT_THROW(kernel::attention_backward(dout, Tensor(), in.q, in.k, in.v, out.o, out.lse, in.opts, true, false,
+                                          false, Tensor(), true),
+               std::invalid_argument);
+}
+
+// Through the op registry with lengths and a bias, as `./train op attention` runs them: against the
+// reference, and gradient-checked (no padded queries here, so every lse is finite).
+TEST(MaskedAttention, RegistryEntryTakesLengthsAndBias) {
+  const OpSpec* op = find_op("attention");
+  ASSERT_NE(op, nullptr);
+  ASSERT_EQ(op->inputs.size(), 6u);
+  EXPECT_EQ(op->inputs[3].name, "q_lengths");
+  EXPECT_EQ(op->inputs[4].name, "k_lengths");
+  EXPECT_EQ(op->inputs[5].name, "bias");
+  Generator gen(113);
+  std::vector<Tensor> x = op->example(gen, DType::f64);  // q [2, 5, 4, 3], k [2, 7, 2, 3], v [2, 7, 2, 4]
+  x[3] = Tensor::from_indices({5, 3}, {2}, DType::i32);
+  x[4] = Tensor::from_indices({7, 2}, {2}, DType::i64);
+  x[5] = Tensor::randn({2, 4, 5, 7}, gen, DType::f64);
+  for (bool causal : {true, false}) {
+    const OpAttrs attrs =
+        OpAttrs::parse("attention", op->attrs, {{"block", "2"}, {"causal", causal ? "true" : "false"}});
+    const std::vector<Tensor> y = op->forward(x, attrs);
+    AttentionOptions opts;
+    opts.causal = causal;
+    opts.q_lengths = x[3];
+    opts.k_lengths = x[4];
+    const AttentionOutput ref = attention_reference(x[0], x[1], x[2], opts, x[5]);
+    ASSERT_EQ(y.size(), 2u);
+    EXPECT_LE(max_error_inf(y[0], ref.o), 1e-12);
+    EXPECT_LE(max_error_inf(y[1], ref.lse), 1e-12);
+  }
+  x[3] = Tensor::from_indices({5, 5}, {2}, DType::i32);
+  x[5] = Tensor::randn({1, 4, 5, 7}, gen, DType::f64);
+  const OpAttrs attrs = OpAttrs::parse("attention", op->attrs, {{"block", "2"}, {"causal", "false"}});
+  GradcheckResult r = gradcheck([&](const std::vector<Tensor>& in) { return op->forward(in, attrs); }, x);
+  EXPECT_EQ(r.elements_checked, 2 * 5 * 4 * 3 + 2 * 7 * 2 * (3 + 4) + 4 * 5 * 7);
+  EXPECT_LE(r.max_error, 1e-6) << r.worst;
+}
+
+// ---- the masks' errors ----
+std::string masked_error_of(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
+                            const Tensor& bias) {
+  try {
+    attention_with_lse(q, k, v, opts, bias);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(MaskedAttention, MaskErrorsNameWhatIsWrong) {
+  auto t = [](Shape s, DType d = DType::f32) { return Tensor::zeros(s, d); };
+  auto lengths = [](std::vector<int64_t> v, DType d = DType::i64) {
+    const int64_t n = static_cast<int64_t>(v.size());
+    return Tensor::from_indices(v, {n}, d);
+  };
+  const Tensor q = t({2, 5, 4, 4}), k = t({2, 7, 2, 4}), v = t({2, 7, 2, 3});
+  AttentionOptions opts;
+  opts.causal = false;
+
+  opts.q_lengths = lengths({5, 5, 5});
+  std::string e = masked_error_of(q, k, v, opts, Tensor());
+  EXPECT_NE(e.find("q_lengths must be [B] = [2]"), std::string::npos) << e;
+  EXPECT_NE(e.find("q_lengths [3]"), std::string::npos) << e;
+  opts.q_lengths = t({2});
+  e = masked_error_of(q, k, v, opts, Tensor());
+  EXPECT_NE(e.find("q_lengths must be i32 or i64, got f32"), std::string::npos) << e;
+  opts.q_lengths = lengths({5, 6}, DType::i32);
+  e = masked_error_of(q, k, v, opts, Tensor());
+  EXPECT_NE(e.find("q_lengths must hold values in [0, T] = [0, 5], got 6 for batch row 1"), std::string::npos) << e;
+  opts.q_lengths = Tensor();
+  opts.k_lengths = lengths({-1, 7});
+  e = masked_error_of(q, k, v, opts, Tensor());
+  EXPECT_NE(e.find("k_lengths must hold values in [0, S] = [0, 7], got -1 for batch row 0"), std::string::npos) << e;
+  opts.k_lengths = Tensor::from_indices({7, 7}, {2, 1});
+  e = masked_error_of(q, k, v, opts, Tensor());
+  EXPECT_NE(e.find("k_lengths must be [B] = [2]"), std::string::npos) << e;
+  opts.k_lengths = lengths({7, 0});  // 0 is a valid length
+
+  EXPECT_EQ(masked_error_of(q, k, v, opts, t({2, 4, 5, 7})), "no error");
+  EXPECT_EQ(masked_error_of(q, k, v, opts, t({1, 4, 5, 7})), "no error");
+  for (const Shape& s : {Shape{3, 4, 5, 7}, Shape{2, 2, 5, 7}, Shape{2, 4, 7, 5}, Shape{4, 5, 7}, Shape{0, 4, 5, 7}}) {
+    e = masked_error_of(q, k, v, opts, t(s));
+    EXPECT_NE(e.find("bias must be [1 or B, H, T, S] = [1 or 2, 4, 5, 7]"), std::string::npos) << e;
+    EXPECT_NE(e.find("bias " + shape_str(s)), std::string::npos) << e;
+  }
+  e = masked_error_of(q, k, v, opts, t({1, 4, 5, 7}, DType::f64));
+  EXPECT_NE(e.find("bias must have q's dtype f32, got f64"), std::string::npos) << e;
+
+  // Causal attention still refuses T > S, with masks too.
+  opts.causal = true;
+  opts.k_lengths = lengths({3, 3});
+  e = masked_error_of(t({2, 5, 4, 4}), t({2, 3, 2, 4}), t({2, 3, 2, 4}), opts, Tensor());
+  EXPECT_NE(e.find("T ≤ S"), std::string::npos) << e;
+  // The reference applies the same checks.
+  opts.causal = false;
+  opts.k_lengths = lengths({8, 7});
+  EXPECT_THROW(attention_reference(q, k, v, opts, Tensor()), std::invalid_argument);
 }
 
 }  // namespace

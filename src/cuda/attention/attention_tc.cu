@@ -1,10 +1,10 @@
 // Tensor-core kernels of the fused attention op for bf16 (f32 accumulation), called from
 // src/cuda/attention/attention.cu when attention_tc::supports() accepts the call (Dk = Dv ∈ {64, 128}, compute
-// capability ≥ 8.0, enough shared memory, 16-byte aligned tensors); everything else runs there on the
-// FMA kernels. Equations: docs/variants/attention.md. The device code is in attention_tc_kernels.cuh;
-// this file compiles it with the real CUDA pieces (src/cuda/tensor_core.cuh: mma.sync, ldmatrix, cp.async)
-// and holds the launches. tests/attention_gpu_test.cc checks these kernels against the CPU slots where a GPU
-// is; tests/attention_tc_emulation_test.cc runs the same kernel source on the CPU on every build (one fiber
+// capability ≥ 8.0, enough shared memory, 16-byte aligned tensors), with or without the masks (lengths,
+// bias); everything else runs there on the FMA kernels. Equations: docs/variants/attention.md. The device code is in
+// attention_tc_kernels.cuh; this file compiles it with the real CUDA pieces (src/cuda/tensor_core.cuh: mma.sync,
+// ldmatrix, cp.async) and holds the launches. tests/attention_gpu_test.cc checks these kernels against the CPU slots
+// where a GPU is; tests/attention_tc_emulation_test.cc runs the same kernel source on the CPU on every build (one fiber
 // per CUDA thread; mma, ldmatrix and cp.async emulated lane by lane from their documented layouts), which
 // checks indexing, fragment bookkeeping, masking, tiling and barrier placement, but not the real hardware,
 // compiler or performance.
@@ -12,6 +12,16 @@
 // Layout: q [B, T, H, D], k and v [B, S, Hk, D], o and dO like q, lse and δ [B, T, H]; query head h reads
 // kv head h / (H/Hk); query i sits at key position i + S − T and with `causal` sees keys
 // j < key_end(i) = i + S − T + 1, otherwise all S keys.
+// Masks (Problem; attention.cu hands them over from AttentionMasks): with lengths, query i of batch row b
+// is real iff i < q_len_b and key j iff j < k_len_b; a padded query sees no key, a padded key is seen by no
+// query (on top of the causal limit). Staging zeroes the rows of q, dO, k and v past q_len and k_len (as it
+// zeroes rows past T and S), so padded rows' values, whatever they hold, never reach a product, and the
+// loops stop at the last real row's last visible key: a tile of padding is never loaded or multiplied.
+// With a bias [B or 1, H, T, S], each visible score becomes s_ij = scale·q_i·k_j + bias_ij; the kernels
+// fold the bias in where they mask (bias_scores: in log2 units, scale2·s + log2(e)·bias, read from global
+// memory for visible elements only) and then scale by 1 instead of scale2. A row that sees no key, or only
+// −∞ bias, ends with ℓ = 0: o = 0 and lse = −∞; the backward treats lse = −∞ as P = 0 (never ∞ − ∞), so
+// such a row sends no gradient anywhere.
 //
 // Registers, not shared memory, carry every intermediate. Each warp owns 16 rows of its block's tile; a
 // product's f32 accumulator is held in the mma C layout (lane 4g + t: rows g and g + 8, columns 2t and
@@ -37,23 +47,29 @@
 //
 // Forward (tc_forward): block (BR query rows, h, b), 4 warps; warp w's query rows stay in registers as
 // A fragments where they fit (D·MT ≤ 128), else are reloaded from shared memory. Over the key tiles (N keys)
-// up to the causal limit of the block's last row:
-//   S = Q_w K_jᵀ (raw scores, f32); masked to −∞ where hidden (only on tiles that hide anything);
+// up to the last visible key of the block's last real row (a block with none writes o = 0, lse = −∞ and
+// returns):
+//   S = Q_w K_jᵀ (raw scores, f32); masked to −∞ where hidden (only on tiles that hide anything), or with
+//   a bias, biased and masked (bias_scores);
 //   in log2 units (scale2 = scale·log2 e): m' = max(m, scale2·max S), α = 2^(m − m'),
 //   P = 2^(scale2·S − m'), ℓ ← α ℓ + Σ P, o ← α o + P V_j (P rounded to bf16; V_j via ldmatrix.trans).
-// Then o / ℓ is written as bf16 and lse = ln 2 · (m + log2 ℓ) in f32. A row always sees key 0 (causal needs
-// T ≤ S), so m is finite for every real row after the first tile; a row that has seen nothing subtracts 0
-// instead of −∞ (no ∞ − ∞). Reads q once, k and v once per query tile; writes o and lse once.
+// Then o / ℓ is written as bf16 and lse = ln 2 · (m + log2 ℓ) in f32 (0 and −∞ where ℓ = 0). A row that
+// has seen nothing yet subtracts 0 instead of −∞ (no ∞ − ∞). Reads q once, k and v once per query tile,
+// the bias once; writes o and lse once.
 //
 // Backward (δ_i = dO_i·O_i − dlse_i is computed first by attention.cu's delta kernel, f32 [B, T, H]):
 //   tc_dkdv: block (BR keys, hk, b), warp w owns 16·MT of them (K and V staged once). For every query
-//     head of the group and every query tile that sees the key tile (Q, dO, lse, δ double-buffered):
+//     head of the group and every query tile that sees the key tile, up to q_len (Q, dO, lse, δ
+//     double-buffered; no tile at all when the block's keys are all padding):
 //       Sᵀ = K_w Q_tileᵀ, dPᵀ = V_w dO_tileᵀ; Pᵀ = 2^(scale2·Sᵀ − log2(e)·lse_query) (0 where hidden),
 //       dSᵀ = Pᵀ (dPᵀ − δ_query); dV_w += Pᵀ dO_tile, dK_w += dSᵀ Q_tile (accumulators in registers).
 //     Then dK = scale · dK_w and dV are written once per key. No atomics: the block alone owns these rows.
 //   tc_dq: block (BR query rows, h, b) (Q, dO staged once; lse, δ of the lane's rows in registers);
-//     over the key tiles the block's last row sees: S = Q_w K_jᵀ, dP = dO_w V_jᵀ, dS = P (dP − δ) with
-//     P = 2^(scale2·S − log2(e)·lse) (masked), dQ_w += dS K_j; dQ = scale · dQ_w written once.
+//     over the key tiles the block's last real row sees: S = Q_w K_jᵀ, dP = dO_w V_jᵀ, dS = P (dP − δ) with
+//     P = 2^(scale2·S − log2(e)·lse) (masked, biased), dQ_w += dS K_j; dQ = scale · dQ_w written once.
+//     dbias = dS is written here too (this pass owns the (i, j) tiles query-major, so each element has
+//     one writer): every lane stores its C-layout elements of the tile, rounded from f32 to bf16, and the
+//     block zeroes the keys after its last tile. Launched when dq or dbias is asked for.
 // P and dS are rounded to bf16 before their products (as flash attention does); every sum is f32.
 // Each block's work is a fixed sequence, so the results are the same bits on every run.
 #include <cuda_bf16.h>
@@ -146,12 +162,12 @@ void launch_dkdv(const Problem& p, cudaStream_t st, const bf16* q, const bf16* k
 
 template <class Sh>
 void launch_dq(const Problem& p, cudaStream_t st, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-               const float* lse, const float* delta, bf16* dq) {
+               const float* lse, const float* delta, bf16* dq, bf16* dbias) {
   constexpr size_t smem = DqLayout<Sh>::bytes;
   allow_shared(tc_dq<Sh>, smem);
   const dim3 grid(tiles(p.T, Sh::BR), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-  tc_dq<Sh><<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(dout), lse, delta, dev(dq));
-  SEQLAB_CUDA_CHECK_LAUNCH("attention backward dQ kernel (tensor cores)");
+  tc_dq<Sh><<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(dout), lse, delta, dev(dq), dev(dbias));
+  SEQLAB_CUDA_CHECK_LAUNCH("attention backward dQ/dbias kernel (tensor cores)");
 }
 
 }  // namespace
@@ -193,7 +209,7 @@ void forward(const Problem& p, int device, const bf16* q, const bf16* k, const b
 }
 
 void backward(const Problem& p, int device, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-              const float* lse, const float* delta, bf16* dq, bf16* dk, bf16* dv) {
+              const float* lse, const float* delta, bf16* dq, bf16* dk, bf16* dv, bf16* dbias) {
   const bool wide = wide_shapes();
   dispatch_head_dim(p.D, [&](auto d) {
     using Sh = Shapes<decltype(d)::value>;
@@ -205,11 +221,11 @@ void backward(const Problem& p, int device, const bf16* q, const bf16* k, const 
         launch_dkdv<typename Sh::Dkdv>(p, st, q, k, v, dout, lse, delta, dk, dv);
       }
     }
-    if (dq) {
+    if (dq || dbias) {
       if (wide) {
-        launch_dq<typename Sh::WideDq>(p, st, q, k, v, dout, lse, delta, dq);
+        launch_dq<typename Sh::WideDq>(p, st, q, k, v, dout, lse, delta, dq, dbias);
       } else {
-        launch_dq<typename Sh::Dq>(p, st, q, k, v, dout, lse, delta, dq);
+        launch_dq<typename Sh::Dq>(p, st, q, k, v, dout, lse, delta, dq, dbias);
       }
     }
   });

@@ -260,12 +260,33 @@ SEQLAB_TC_UNROLL
   }
 }
 
+// One batch row's real queries [0, q_len) and keys [0, k_len): T and S, or less where the lengths say so.
+struct Limits {
+  int64_t q_len, k_len;
+};
+// The entry point has checked the lengths (0 ≤ q_len ≤ T, 0 ≤ k_len ≤ S); the clamp only keeps a direct call
+// of the slot with bad lengths inside the tensors.
+__device__ __forceinline__ Limits limits(const Problem& p, int64_t b) {
+  return {p.q_lengths ? std::min(std::max(p.q_lengths[b], int64_t{0}), p.T) : p.T,
+          p.k_lengths ? std::min(std::max(p.k_lengths[b], int64_t{0}), p.S) : p.S};
+}
+// Whether query `query` sees key `key`: both real, and the key not past the causal limit. A query past
+// q_len (or T) sees nothing, a key past k_len (or S) is seen by none.
+__device__ __forceinline__ bool visible(const Problem& p, const Limits& lim, int64_t query, int64_t key) {
+  return query < lim.q_len && key < lim.k_len && (!p.causal || key < query + p.S - p.T + 1);
+}
+// The [T, S] bias of batch row b and head h (null without a bias).
+__device__ __forceinline__ const bf16_t* bias_plane(const Problem& p, int64_t b, int64_t h) {
+  return p.bias == nullptr ? nullptr
+                           : reinterpret_cast<const bf16_t*>(p.bias) + ((p.bias_batched ? b : 0) * p.H + h) * p.T * p.S;
+}
+
 // Sets s[n][e] = −∞ where element e of n-block n of one m-tile (row row0 + g + 8·(e/2), column
-// col0 + 8n + 2t + e%2) is not visible: column ≥ the row's key end, which is min(S, row + S − T + 1) when
-// causal, else S (rows past T get S). Rows and columns here are query and key positions; `transposed`
-// swaps which index is the query (the dK/dV kernel's tiles are keys × queries) and also hides queries ≥ T.
+// col0 + 8n + 2t + e%2) is not visible (visible()). Rows and columns here are query and key positions;
+// `transposed` swaps which index is the query (the dK/dV kernel's tiles are keys × queries).
 template <int N>
-__device__ __forceinline__ void mask(float (&s)[N][4], const Problem& p, int64_t row0, int64_t col0, bool transposed) {
+__device__ __forceinline__ void mask(float (&s)[N][4], const Problem& p, const Limits& lim, int64_t row0, int64_t col0,
+                                     bool transposed) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 SEQLAB_TC_UNROLL
   for (int n = 0; n < N; ++n) {
@@ -273,14 +294,33 @@ SEQLAB_TC_UNROLL
     for (int e = 0; e < 4; ++e) {
       const int64_t row = row0 + g + 8 * (e / 2), col = col0 + 8 * n + 2 * t + e % 2;
       const int64_t query = transposed ? col : row, key = transposed ? row : col;
-      const bool visible = query < p.T && key < p.S && (!p.causal || key < query + p.S - p.T + 1);
-      if (!visible) s[n][e] = -INFINITY;
+      if (!visible(p, lim, query, key)) s[n][e] = -INFINITY;
     }
   }
 }
 // Whether any element of the tile of queries [q0, q0 + nq) × keys [k0, k0 + nk) is hidden (then mask()).
-__device__ __forceinline__ bool needs_mask(const Problem& p, int64_t q0, int nq, int64_t k0, int nk) {
-  return q0 + nq > p.T || k0 + nk > p.S || (p.causal && k0 + nk - 1 >= q0 + p.S - p.T + 1);
+__device__ __forceinline__ bool needs_mask(const Problem& p, const Limits& lim, int64_t q0, int nq, int64_t k0,
+                                           int nk) {
+  return q0 + nq > lim.q_len || k0 + nk > lim.k_len || (p.causal && k0 + nk - 1 >= q0 + p.S - p.T + 1);
+}
+// With a bias: the raw scores of one m-tile (laid out as for mask()) turned into log2 units with the bias
+// added where visible, −∞ elsewhere: s ← scale2·s + log2(e)·bias[query, key] (bias: the [T, S] plane of
+// the tile's batch row and head). The bias is read only where visible, so never past q_len, k_len.
+template <int N>
+__device__ __forceinline__ void bias_scores(float (&s)[N][4], const Problem& p, const Limits& lim,
+                                            const bf16_t* __restrict__ bias, float scale2, int64_t row0, int64_t col0,
+                                            bool transposed) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+SEQLAB_TC_UNROLL
+  for (int n = 0; n < N; ++n) {
+SEQLAB_TC_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = row0 + g + 8 * (e / 2), col = col0 + 8 * n + 2 * t + e % 2;
+      const int64_t query = transposed ? col : row, key = transposed ? row : col;
+      s[n][e] = visible(p, lim, query, key) ? fmaf(s[n][e], scale2, kLog2e * __bfloat162float(bias[query * p.S + key]))
+                                            : -INFINITY;
+    }
+  }
 }
 
 // Sum and max over the four lanes of a group (the lanes that share rows g and g + 8).
@@ -293,29 +333,40 @@ __device__ __forceinline__ float group_max(float x) {
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 // The part of the forward and dQ kernels' set-up they share: the block's query rows (b, h, rows i0 …
-// i0 + rows − 1 of the block's BR), where they and the kv head start in memory, and the key tiles of N
-// that the block's last row sees.
+// i0 + rows − 1 of the block's BR; the first `real` of them are real queries, the rest padding), where they
+// and the kv head start in memory, the batch row's limits, and the key tiles of N that the block's last
+// real row sees (none without a real row or a real key).
 template <class Sh>
 struct QueryBlock {
   int64_t b, h, hk, i0, q_first, kv_first;
-  int rows, key_tiles;
+  Limits lim;
+  int rows, real, key_tiles;
   __device__ __forceinline__ explicit QueryBlock(const Problem& p)
       : b(blockIdx.z), h(blockIdx.y), hk(h / (p.H / p.Hk)), i0(int64_t{blockIdx.x} * Sh::BR),
         q_first((b * p.T + i0) * p.H + h),  // row number of (b, i0, h) in [B, T, H]
         kv_first(b * p.S * p.Hk + hk),      // row number of (b, 0, hk) in [B, S, Hk]
-        rows(static_cast<int>(std::min<int64_t>(Sh::BR, p.T - i0))) {
-    const int64_t key_end = p.causal ? i0 + rows + p.S - p.T : p.S;  // keys the block's last row sees
+        lim(limits(p, b)), rows(static_cast<int>(std::min<int64_t>(Sh::BR, p.T - i0))) {
+    real = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(rows, lim.q_len - i0)));
+    // Keys the block's last real row sees.
+    const int64_t key_end = real == 0 ? 0 : p.causal ? std::min(lim.k_len, i0 + real + p.S - p.T) : lim.k_len;
     key_tiles = static_cast<int>((key_end + Sh::N - 1) / Sh::N);
   }
-  // Stages key tile j (keys j·N …, zero rows past S) of k and v into Kdst and Vdst.
+  // Stages key tile j (keys j·N …, zero rows past k_len) of k and v into Kdst and Vdst.
   __device__ __forceinline__ void stage_kv(const Problem& p, const bf16_t* __restrict__ k,
                                            const bf16_t* __restrict__ v, int j, bf16_t* Kdst, bf16_t* Vdst) const {
     const int64_t j0 = int64_t{j} * Sh::N;
-    const int nk = static_cast<int>(std::min<int64_t>(Sh::N, p.S - j0));
+    const int nk = static_cast<int>(std::min<int64_t>(Sh::N, lim.k_len - j0));
     stage_async<Sh::D, Sh::N>(k + (kv_first + j0 * p.Hk) * Sh::D, p.Hk * Sh::D, nk, Kdst);
     stage_async<Sh::D, Sh::N>(v + (kv_first + j0 * p.Hk) * Sh::D, p.Hk * Sh::D, nk, Vdst);
   }
 };
+
+// Zeros `count` rows of D bf16 at dst + r·stride (a block-wide loop: the rows of a block whose queries see
+// no key at all).
+template <int D>
+__device__ __forceinline__ void zero_rows(bf16_t* __restrict__ dst, int64_t stride, int count) {
+  for (int e = threadIdx.x; e < count * D; e += kThreads) dst[e / D * stride + e % D] = __float2bfloat16(0.f);
+}
 
 // The top of every streamed loop's iteration `it` of `count`: stage_next() stages iteration it + 1 into the
 // other buffer (whose last readers passed the barrier that ended iteration it − 1), then this thread
@@ -328,14 +379,20 @@ __device__ __forceinline__ void next_tile(int it, int count, StageNext&& stage_n
   __syncthreads();
 }
 
-// Masks (−∞) the hidden elements of a warp's MT m-tiles of scores: query rows r0 + 16·mt …, keys
-// j0 … j0 + N − 1.
+// Readies a warp's MT m-tiles of raw scores (query rows r0 + 16·mt …, keys j0 … j0 + N − 1) for the
+// softmax: without a bias, masks (−∞) the hidden elements and leaves the rest raw (the caller scales by
+// scale2); with one (`bias`: the [T, S] plane), applies bias_scores (the caller then scales by 1).
 template <int MT, int N>
-__device__ __forceinline__ void mask_queries(float (&s)[MT][N / 8][4], const Problem& p, int64_t r0, int64_t j0) {
+__device__ __forceinline__ void ready_scores(float (&s)[MT][N / 8][4], const Problem& p, const Limits& lim,
+                                             const bf16_t* __restrict__ bias, float scale2, int64_t r0, int64_t j0) {
 SEQLAB_TC_UNROLL
   for (int mt = 0; mt < MT; ++mt) {
     const int64_t rows0 = r0 + mt * kRows;
-    if (needs_mask(p, rows0, kRows, j0, N)) mask(s[mt], p, rows0, j0, false);
+    if (bias != nullptr) {
+      bias_scores(s[mt], p, lim, bias, scale2, rows0, j0, false);
+    } else if (needs_mask(p, lim, rows0, kRows, j0, N)) {
+      mask(s[mt], p, lim, rows0, j0, false);
+    }
   }
 }
 #endif  // SEQLAB_TC_ATTENTION
@@ -361,8 +418,14 @@ __global__ void __launch_bounds__(kThreads)
   const QueryBlock<Sh> blk(p);
   const int64_t i0 = blk.i0, q_first = blk.q_first;
   const int rows = blk.rows, w0 = warp * kRows * MT;  // w0: the warp's first row in the block
+  if (blk.key_tiles == 0) {  // no row of the block sees a key: o = 0, lse = −∞ (the whole block returns)
+    zero_rows<D>(o + q_first * D, p.H * D, rows);
+    for (int r = threadIdx.x; r < rows; r += kThreads) lse[q_first + r * p.H] = -INFINITY;
+    return;
+  }
+  const bf16_t* const bias = bias_plane(p, blk.b, blk.h);
 
-  stage_async<D, BR>(q + q_first * D, p.H * D, rows, Qs);
+  stage_async<D, BR>(q + q_first * D, p.H * D, blk.real, Qs);  // padded query rows are zeroed
   blk.stage_kv(p, k, v, 0, Ks(0), Vs(0));
   tc::cp_async_commit();
   uint32_t qa[MT][kQInRegisters ? D / 16 : 1][4];
@@ -378,8 +441,8 @@ SEQLAB_TC_UNROLL
 
   // Running statistics of rows g and g + 8 of each m-tile in log2 units (m = max of scale·log2(e)·s seen
   // so far, ℓ = this lane's share of Σ 2^(that − m)), and the output accumulator, acc[mt][n] = columns
-  // 8n … 8n+7.
-  const float scale2 = p.scale * kLog2e;
+  // 8n … 8n+7. With a bias, ready_scores has put the scores in log2 units already: they are scaled by 1.
+  const float scale2 = p.scale * kLog2e, sc = bias != nullptr ? 1.f : scale2;
   float m[MT][2], l[MT][2], acc[MT][D / 8][4];
 SEQLAB_TC_UNROLL
   for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
@@ -396,10 +459,11 @@ SEQLAB_TC_UNROLL
     } else {
       warp_abt<D, MT, N / 8>(s, Qs + w0 * kLd<D>, kLd<D>, Ks(buf), kLd<D>);
     }
-    mask_queries<MT, N>(s, p, i0 + w0, int64_t{j} * N);
+    ready_scores<MT, N>(s, p, blk.lim, bias, scale2, i0 + w0, int64_t{j} * N);
 
-    // Online softmax: m' = max(m, scale2·max s), α = 2^(m − m'), p = 2^(scale2·s − m'), ℓ ← α ℓ + Σ p,
-    // o ← α o + P V. A row that has seen no key yet keeps m' = −∞; it subtracts 0 instead (p = 0, α = 0).
+    // Online softmax: m' = max(m, sc·max s), α = 2^(m − m'), p = 2^(sc·s − m'), ℓ ← α ℓ + Σ p,
+    // o ← α o + P V. A row that has seen no key yet (or only −∞ bias) keeps m' = −∞; it subtracts 0
+    // instead (p = 0, α = 0).
 SEQLAB_TC_UNROLL
     for (int mt = 0; mt < MT; ++mt) {
       float alpha[2], sub[2], sum[2] = {0.f, 0.f};
@@ -408,7 +472,7 @@ SEQLAB_TC_UNROLL
         float mx = -INFINITY;
 SEQLAB_TC_UNROLL
         for (int n = 0; n < N / 8; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * half], s[mt][n][2 * half + 1]));
-        const float m_new = fmaxf(m[mt][half], group_max(mx) * scale2);
+        const float m_new = fmaxf(m[mt][half], group_max(mx) * sc);
         sub[half] = m_new == -INFINITY ? 0.f : m_new;
         alpha[half] = exp2f(m[mt][half] - sub[half]);
         m[mt][half] = m_new;
@@ -417,7 +481,7 @@ SEQLAB_TC_UNROLL
       for (int n = 0; n < N / 8; ++n) {
 SEQLAB_TC_UNROLL
         for (int e = 0; e < 4; ++e) {
-          s[mt][n][e] = exp2f(fmaf(s[mt][n][e], scale2, -sub[e / 2]));
+          s[mt][n][e] = exp2f(fmaf(s[mt][n][e], sc, -sub[e / 2]));
           sum[e / 2] += s[mt][n][e];
         }
       }
@@ -438,7 +502,7 @@ SEQLAB_TC_UNROLL
   }
 
   // o = acc / ℓ, lse = ln 2 · (m + log2 ℓ) (ℓ summed over the group's four lanes first). Rows past T are
-  // not written; every real row has seen key 0 (causal needs T ≤ S), so ℓ > 0 there.
+  // not written; a row that saw no key (padding, or −∞ bias on every key) has ℓ = 0: o = 0, lse = −∞.
 SEQLAB_TC_UNROLL
   for (int mt = 0; mt < MT; ++mt) {
     float inv[2];
@@ -447,7 +511,9 @@ SEQLAB_TC_UNROLL
       const float sum = group_sum(l[mt][half]);
       inv[half] = sum > 0.f ? 1.f / sum : 0.f;
       const int row = w0 + mt * kRows + g + 8 * half;
-      if (threadIdx.x % 4 == 0 && row < rows) lse[q_first + row * p.H] = kLn2 * (m[mt][half] + log2f(sum));
+      if (threadIdx.x % 4 == 0 && row < rows) {
+        lse[q_first + row * p.H] = sum > 0.f ? kLn2 * (m[mt][half] + log2f(sum)) : -INFINITY;
+      }
     }
     const int r0 = w0 + mt * kRows;
     store_rows<D / 8>(acc[mt], inv, rows - r0, o + (q_first + r0 * p.H) * D, p.H * D);
@@ -457,12 +523,13 @@ SEQLAB_TC_UNROLL
 #endif
 }
 
-// dQ; see the file comment. Grid (⌈T/BR⌉, H, B), kThreads threads, DqLayout<Sh>::bytes of shared memory.
+// dQ and dbias; see the file comment. Grid (⌈T/BR⌉, H, B), kThreads threads, DqLayout<Sh>::bytes of shared
+// memory. A null dq or dbias is not written (the kernel runs when either is asked for).
 template <class Sh>
 __global__ void __launch_bounds__(kThreads)
     tc_dq(Problem p, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
           const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-          bf16_t* __restrict__ dq) {
+          bf16_t* __restrict__ dq, bf16_t* __restrict__ dbias) {
 #if SEQLAB_TC_ATTENTION
   constexpr int D = Sh::D, MT = Sh::MT, N = Sh::N, BR = Sh::BR;
   using L = DqLayout<Sh>;
@@ -471,27 +538,45 @@ __global__ void __launch_bounds__(kThreads)
   bf16_t* const dOs = reinterpret_cast<bf16_t*>(smem + L::dout);
   auto Ks = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::k + buf * L::kTileBytes); };
   auto Vs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::v + buf * L::kTileBytes); };
-  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const QueryBlock<Sh> blk(p);
   const int64_t i0 = blk.i0, q_first = blk.q_first;
   const int rows = blk.rows, w0 = warp * kRows * MT;
-  stage_async<D, BR>(q + q_first * D, p.H * D, rows, Qs);
-  stage_async<D, BR>(dout + q_first * D, p.H * D, rows, dOs);
+  // dbias rows (b, h, i0 …) of [B, H, T, S].
+  bf16_t* const dbias_rows = dbias == nullptr ? nullptr : dbias + ((blk.b * p.H + blk.h) * p.T + i0) * p.S;
+  // The keys from `from` on: no row of the block sees them, so their dS is 0 (a block-wide loop).
+  auto zero_dbias_from = [&](int64_t from) {
+    if (dbias_rows == nullptr || from >= p.S) return;
+    const int64_t width = p.S - from;
+    for (int64_t e = threadIdx.x; e < rows * width; e += kThreads)
+      dbias_rows[e / width * p.S + from + e % width] = __float2bfloat16(0.f);
+  };
+  if (blk.key_tiles == 0) {  // no row of the block sees a key: dQ = 0, dbias = 0 (the whole block returns)
+    if (dq != nullptr) zero_rows<D>(dq + q_first * D, p.H * D, rows);
+    zero_dbias_from(0);
+    return;
+  }
+  const bf16_t* const bias = bias_plane(p, blk.b, blk.h);
+  stage_async<D, BR>(q + q_first * D, p.H * D, blk.real, Qs);  // padded query rows are zeroed, so is their dO
+  stage_async<D, BR>(dout + q_first * D, p.H * D, blk.real, dOs);
   blk.stage_kv(p, k, v, 0, Ks(0), Vs(0));
   tc::cp_async_commit();
 
-  // lse (log2 units) and δ of rows g and g + 8 of each m-tile (0 for rows past T: never written).
+  // lse (log2 units) and δ of rows g and g + 8 of each m-tile (0 for padded rows and rows past T, whose
+  // scores are all hidden). lse = −∞ (a real row that saw only −∞ bias) becomes +∞, so that P = 0 there.
   float lse2[MT][2], dl[MT][2];
 SEQLAB_TC_UNROLL
   for (int mt = 0; mt < MT; ++mt) {
 SEQLAB_TC_UNROLL
     for (int half = 0; half < 2; ++half) {
       const int row = w0 + mt * kRows + g + 8 * half;
-      lse2[mt][half] = row < rows ? lse[q_first + row * p.H] * kLog2e : 0.f;
-      dl[mt][half] = row < rows ? delta[q_first + row * p.H] : 0.f;
+      const float l = row < blk.real ? lse[q_first + row * p.H] : 0.f;
+      lse2[mt][half] = l == -INFINITY ? INFINITY : l * kLog2e;
+      dl[mt][half] = row < blk.real ? delta[q_first + row * p.H] : 0.f;
     }
   }
-  const float scale2 = p.scale * kLog2e;
+  // With a bias, ready_scores has put the scores in log2 units already: they are scaled by 1.
+  const float scale2 = p.scale * kLog2e, sc = bias != nullptr ? 1.f : scale2;
   float acc[MT][D / 8][4];
   zero(acc);
   for (int j = 0; j < blk.key_tiles; ++j) {
@@ -504,23 +589,42 @@ SEQLAB_TC_UNROLL
     zero(dp);
     warp_abt<D, MT, N / 8>(s, Qs + w0 * kLd<D>, kLd<D>, Ks(buf), kLd<D>);    // S = Q_w K_jᵀ
     warp_abt<D, MT, N / 8>(dp, dOs + w0 * kLd<D>, kLd<D>, Vs(buf), kLd<D>);  // dP = dO_w V_jᵀ
-    mask_queries<MT, N>(s, p, i0 + w0, int64_t{j} * N);
-    // dS = P ∘ (dP − δ) with P = 2^(scale2·S − lse2) (0 where hidden); kept in s.
+    ready_scores<MT, N>(s, p, blk.lim, bias, scale2, i0 + w0, int64_t{j} * N);
+    // dS = P ∘ (dP − δ) with P = 2^(sc·S − lse2) (0 where hidden); kept in s.
 SEQLAB_TC_UNROLL
     for (int mt = 0; mt < MT; ++mt) {
 SEQLAB_TC_UNROLL
       for (int n = 0; n < N / 8; ++n) {
 SEQLAB_TC_UNROLL
         for (int e = 0; e < 4; ++e) {
-          s[mt][n][e] = exp2f(fmaf(s[mt][n][e], scale2, -lse2[mt][e / 2])) * (dp[mt][n][e] - dl[mt][e / 2]);
+          s[mt][n][e] = exp2f(fmaf(s[mt][n][e], sc, -lse2[mt][e / 2])) * (dp[mt][n][e] - dl[mt][e / 2]);
         }
       }
     }
-    uint32_t da[MT][N / 16][4];
-    to_a<MT, N / 8>(da, s);
-    warp_pb<N / 16, MT, D / 8>(acc, da, Ks(buf), kLd<D>);  // dQ_w += dS K_j
+    if (dbias_rows != nullptr) {  // dbias = dS (f32, rounded once), for the tile's rows within T, keys within S
+SEQLAB_TC_UNROLL
+      for (int mt = 0; mt < MT; ++mt) {
+SEQLAB_TC_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int row = w0 + mt * kRows + g + 8 * (e / 2);
+          if (row >= rows) continue;
+SEQLAB_TC_UNROLL
+          for (int n = 0; n < N / 8; ++n) {
+            const int64_t col = int64_t{j} * N + 8 * n + 2 * t + e % 2;
+            if (col < p.S) dbias_rows[row * p.S + col] = __float2bfloat16(s[mt][n][e]);
+          }
+        }
+      }
+    }
+    if (dq != nullptr) {
+      uint32_t da[MT][N / 16][4];
+      to_a<MT, N / 8>(da, s);
+      warp_pb<N / 16, MT, D / 8>(acc, da, Ks(buf), kLd<D>);  // dQ_w += dS K_j
+    }
     __syncthreads();
   }
+  zero_dbias_from(int64_t{blk.key_tiles} * N);
+  if (dq == nullptr) return;
   const float scale[2] = {p.scale, p.scale};
 SEQLAB_TC_UNROLL
   for (int mt = 0; mt < MT; ++mt) {
@@ -556,26 +660,33 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t kv_first = (b * p.S + j0) * p.Hk + hk;  // row number of (b, j0, hk) in [B, S, Hk]
   const bool need_dk = dk != nullptr, need_dv = dv != nullptr;
   const int w0 = warp * kRows * MT;  // the warp's first key in the block
-  // The query tiles that see any of these keys (causal: query i sees key j iff j < i + S − T + 1), for
-  // every query head of the group: iteration it is head hk·group + it / tiles, tile it % tiles.
+  const Limits lim = limits(p, b);
+  // The query tiles that see any of these keys, for every query head of the group: iteration it is head
+  // hk·group + it / tiles, tile it % tiles. They run from the tile of the first query that sees key j0
+  // (causal: query i sees key j iff j < i + S − T + 1; every later real query sees it too) up to q_len,
+  // and there are none when key j0, and so every key of the block, is padding (j0 ≥ k_len).
   const int64_t i_first = p.causal ? std::max<int64_t>(0, j0 - (p.S - p.T)) : 0;
+  const int64_t i_end = j0 < lim.k_len ? lim.q_len : 0;
   const int64_t i_start = i_first - i_first % N;
-  const int query_tiles = static_cast<int>((p.T - i_start + N - 1) / N);
+  const int query_tiles = i_first < i_end ? static_cast<int>((i_end - i_start + N - 1) / N) : 0;
   const int iterations = static_cast<int>(group) * query_tiles;
   auto stage_queries = [&](int it, int buf) {
     const int64_t h = hk * group + it / query_tiles, i0 = i_start + int64_t{it % query_tiles} * N;
-    const int rows = static_cast<int>(std::min<int64_t>(N, p.T - i0));
+    const int rows = static_cast<int>(std::min<int64_t>(N, i_end - i0));  // zeros past q_len
     const int64_t q_first = (b * p.T + i0) * p.H + h;
     stage_async<D, N>(q + q_first * D, p.H * D, rows, Qs(buf));
     stage_async<D, N>(dout + q_first * D, p.H * D, rows, dOs(buf));
     stage_stats_async<N>(lse, delta, q_first, p.H, rows, Ls(buf), Ds(buf));
   };
-  stage_async<D, BR>(k + kv_first * D, p.Hk * D, nk, Ks);
-  stage_async<D, BR>(v + kv_first * D, p.Hk * D, nk, Vs);
-  stage_queries(0, 0);
-  tc::cp_async_commit();
+  if (iterations > 0) {  // (otherwise no query sees these keys: dK = dV = 0, written below)
+    stage_async<D, BR>(k + kv_first * D, p.Hk * D, static_cast<int>(std::min<int64_t>(nk, lim.k_len - j0)), Ks);
+    stage_async<D, BR>(v + kv_first * D, p.Hk * D, static_cast<int>(std::min<int64_t>(nk, lim.k_len - j0)), Vs);
+    stage_queries(0, 0);
+    tc::cp_async_commit();
+  }
 
-  const float scale2 = p.scale * kLog2e;
+  // With a bias, bias_scores puts the scores in log2 units: they are scaled by 1.
+  const float scale2 = p.scale * kLog2e, sc = p.bias != nullptr ? 1.f : scale2;
   float dka[MT][D / 8][4], dva[MT][D / 8][4];
   zero(dka);
   zero(dva);
@@ -592,18 +703,24 @@ __global__ void __launch_bounds__(kThreads)
       warp_abt<D, MT, N / 8>(dpt, Vs + w0 * kLd<D>, kLd<D>, dOs(buf), kLd<D>);
     }
     const int64_t i0 = i_start + int64_t{it % query_tiles} * N;
-    // Pᵀ = 2^(scale2·Sᵀ − log2(e)·lse_query) (0 where hidden), dSᵀ = Pᵀ ∘ (dPᵀ − δ_query); column c of
-    // n-block n is query 8n + 2t + c of the tile.
+    const bf16_t* const bias = bias_plane(p, b, hk * group + it / query_tiles);
+    // Pᵀ = 2^(sc·Sᵀ − log2(e)·lse_query) (0 where hidden, and for a query whose lse is −∞: it saw only −∞
+    // bias), dSᵀ = Pᵀ ∘ (dPᵀ − δ_query); column c of n-block n is query 8n + 2t + c of the tile.
 SEQLAB_TC_UNROLL
     for (int mt = 0; mt < MT; ++mt) {
       const int64_t r0 = j0 + w0 + mt * kRows;
-      if (needs_mask(p, i0, N, r0, kRows)) mask(st[mt], p, r0, i0, true);
+      if (bias != nullptr) {
+        bias_scores(st[mt], p, lim, bias, scale2, r0, i0, true);
+      } else if (needs_mask(p, lim, i0, N, r0, kRows)) {
+        mask(st[mt], p, lim, r0, i0, true);
+      }
 SEQLAB_TC_UNROLL
       for (int n = 0; n < N / 8; ++n) {
 SEQLAB_TC_UNROLL
         for (int e = 0; e < 4; ++e) {
           const int col = 8 * n + 2 * t + e % 2;
-          st[mt][n][e] = exp2f(fmaf(st[mt][n][e], scale2, -kLog2e * Ls(buf)[col]));
+          const float l = Ls(buf)[col];
+          st[mt][n][e] = exp2f(fmaf(st[mt][n][e], sc, l == -INFINITY ? -INFINITY : -kLog2e * l));
           if (need_dk) dpt[mt][n][e] = st[mt][n][e] * (dpt[mt][n][e] - Ds(buf)[col]);
         }
       }

@@ -11,6 +11,12 @@
 // - Forward: online softmax. A task owns one query tile; each row keeps a running max m and sum ℓ;
 //   its output row is the accumulator, rescaled by exp(m_old − m_new) whenever a block raises the
 //   max, divided by ℓ at the end. Saves lse = m + log ℓ.
+// - Masks: padded queries are a suffix of each sequence and every other row sees key 0, so the rows
+//   of a tile that see any key are a prefix of it (`live_rows`); the GEMMs run over those rows only,
+//   so a padded row's q, dout and dlse are never read. Keys past k_lengths[b] shorten the tile's
+//   key range like the causal limit does. A row that sees no key gets o = 0 and lse = −∞; its
+//   probabilities are taken as 0 (never exp(−∞ + ∞)), so it passes no gradient. The bias is added
+//   to a row's visible scores only, and dbias = dS is written for them, 0 elsewhere.
 // - Backward: P is recomputed from lse, never stored, once per tile. One race-free pass over
 //   (batch, kv head): a task walks every query head sharing its kv head and every tile they see, so
 //   it alone writes those dK/dV rows and those heads' dQ rows.
@@ -65,6 +71,52 @@ AttentionParams resolve(const AttentionOptions& opts, const Dims& d) {
   return {opts.causal, opts.scale > 0 ? opts.scale : 1.0 / std::sqrt(static_cast<double>(d.Dk)), block};
 }
 
+// Lengths [B] (i32 or i64) with values in [0, limit], as contiguous i64 on `device`; undefined stays undefined.
+// The values are read on the host: an out-of-range length would index outside the tensors.
+Tensor checked_lengths(const VariantInputs& in, const char* name, const Tensor& t, int64_t B, int64_t limit,
+                       const char* limit_name, Device device) {
+  if (!t.defined()) return t;
+  const std::string n(name);
+  if (!is_integer(t.dtype())) in.fail(n + " must be i32 or i64, got " + dtype_name(t.dtype()));
+  if (t.dim() != 1 || t.size(0) != B) in.fail(n + " must be [B] = [" + std::to_string(B) + "]");
+  const std::vector<int64_t> values = t.to_indices();
+  for (size_t b = 0; b < values.size(); ++b) {
+    if (values[b] < 0 || values[b] > limit) {
+      in.fail(n + " must hold values in [0, " + limit_name + "] = [0, " + std::to_string(limit) + "], got " +
+              std::to_string(values[b]) + " for batch row " + std::to_string(b));
+    }
+  }
+  return kernel::contiguous(kernel::to_device(kernel::to_dtype(t, DType::i64), device));
+}
+
+// The lengths and the bias of one call, checked against the dims, as the kernels take them.
+AttentionMasks check_masks(const Tensor& q, const Tensor& k, const Tensor& v, const Dims& d,
+                           const AttentionOptions& opts, const Tensor& bias) {
+  const VariantInputs in("attention",
+                         {{"q", q}, {"k", k}, {"v", v}, {"q_lengths", opts.q_lengths}, {"k_lengths", opts.k_lengths},
+                          {"bias", bias}},
+                         "q [B, T, H, Dk], k [B, S, Hk, Dk], v [B, S, Hk, Dv], q_lengths [B], k_lengths [B], "
+                         "bias [1 or B, H, T, S]");
+  AttentionMasks m;
+  m.q_lengths = checked_lengths(in, "q_lengths", opts.q_lengths, d.B, d.T, "T", q.device());
+  m.k_lengths = checked_lengths(in, "k_lengths", opts.k_lengths, d.B, d.S, "S", q.device());
+  if (bias.defined()) {
+    if (bias.dim() != 4 || (bias.size(0) != 1 && bias.size(0) != d.B) || bias.size(1) != d.H || bias.size(2) != d.T ||
+        bias.size(3) != d.S) {
+      in.fail("bias must be [1 or B, H, T, S] = [1 or " + std::to_string(d.B) + ", " + std::to_string(d.H) + ", " +
+              std::to_string(d.T) + ", " + std::to_string(d.S) + "]");
+    }
+    if (bias.dtype() != q.dtype()) {
+      in.fail(std::string("bias must have q's dtype ") + dtype_name(q.dtype()) + ", got " + dtype_name(bias.dtype()));
+    }
+    if (bias.device() != q.device()) {
+      in.fail("bias must be on q's device " + q.device().str() + ", got " + bias.device().str());
+    }
+    m.bias = kernel::contiguous(bias);
+  }
+  return m;
+}
+
 void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* what) {
   if (!t.defined() || t.shape() != shape || t.dtype() != dtype) {
     throw std::invalid_argument(std::string("attention backward: ") + what + " is " +
@@ -75,21 +127,25 @@ void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* wh
 
 }  // namespace
 
-AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
+AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
+                                  const Tensor& bias) {
   const Dims d = check_inputs(q, k, v, opts.causal);
+  const AttentionMasks masks = check_masks(q, k, v, d, opts, bias);
   const AttentionParams p = resolve(opts, d);
   AttentionOutput out{Tensor::empty({d.B, d.T, d.H, d.Dv}, q.dtype(), q.device()),
                       Tensor::empty({d.B, d.T, d.H}, accumulate_dtype(q.dtype()), q.device())};
-  attention_forward_kernel(q.device(), kernel::contiguous(q), kernel::contiguous(k), kernel::contiguous(v), p, out.o,
-                           out.lse);
+  attention_forward_kernel(q.device(), kernel::contiguous(q), kernel::contiguous(k), kernel::contiguous(v), masks, p,
+                           out.o, out.lse);
   return out;
 }
 
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionOptions& opts,
-                                  bool need_dq, bool need_dk, bool need_dv) {
+                                  bool need_dq, bool need_dk, bool need_dv, const Tensor& bias, bool need_dbias) {
   const Dims d = check_inputs(q, k, v, opts.causal);
+  const AttentionMasks masks = check_masks(q, k, v, d, opts, bias);
   const AttentionParams p = resolve(opts, d);
+  if (need_dbias && !bias.defined()) throw std::invalid_argument("attention backward: dbias asked for without a bias");
   const Shape o_shape{d.B, d.T, d.H, d.Dv}, lse_shape{d.B, d.T, d.H};
   check_like(dout, o_shape, q.dtype(), "dout");
   check_like(out, o_shape, q.dtype(), "o");
@@ -99,11 +155,14 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& dlse, const 
   if (need_dq) g.dq = Tensor::empty(q.shape(), q.dtype(), q.device());
   if (need_dk) g.dk = Tensor::empty(k.shape(), k.dtype(), k.device());
   if (need_dv) g.dv = Tensor::empty(v.shape(), v.dtype(), v.device());
-  if (!need_dq && !need_dk && !need_dv) return g;
+  if (need_dbias) g.dbias = Tensor::empty({d.B, d.H, d.T, d.S}, q.dtype(), q.device());
+  if (!need_dq && !need_dk && !need_dv && !need_dbias) return g;
   Tensor dl =
       dlse.defined() ? kernel::contiguous(dlse) : Tensor::zeros(lse_shape, accumulate_dtype(q.dtype()), q.device());
   attention_backward_kernel(q.device(), kernel::contiguous(dout), dl, kernel::contiguous(q), kernel::contiguous(k),
-                            kernel::contiguous(v), kernel::contiguous(out), kernel::contiguous(lse), p, g);
+                            kernel::contiguous(v), masks, kernel::contiguous(out), kernel::contiguous(lse), p, g);
+  // A bias shared by the batch rows (Bb = 1 < B) gets the sum of their gradients.
+  if (need_dbias && bias.size(0) != d.B) g.dbias = kernel::sum(g.dbias, {0}, true);
   return g;
 }
 
@@ -115,27 +174,56 @@ namespace cpu {
 namespace {
 
 using kernel::AttentionGrads;
+using kernel::AttentionMasks;
 using kernel::AttentionParams;
 
 // Geometry of one call: row numbers in the [B, T, H, ·] and [B, S, Hk, ·] layouts (times the head
-// dim gives the element offset), row strides of a head's matrix in them, and the causal limits.
+// dim gives the element offset), row strides of a head's matrix in them, the causal and padding
+// limits, and where a row of scores starts in the [Bb, H, T, S] bias and the [B, H, T, S] dbias.
 struct Geometry {
   int64_t B, T, S, H, Hk, Dk, Dv, group, block;
   bool causal;
+  const int64_t* q_len = nullptr;  // [B], or null: every query valid
+  const int64_t* k_len = nullptr;  // [B], or null: every key valid
+  bool bias_shared = false;        // bias [1, H, T, S], read by every batch row
 
   int64_t q_row(int64_t b, int64_t i, int64_t h) const { return (b * T + i) * H + h; }
   int64_t kv_row(int64_t b, int64_t j, int64_t hk) const { return (b * S + j) * Hk + hk; }
-  // Query i sees keys [0, key_end(i)).
-  int64_t key_end(int64_t i) const { return causal ? i + S - T + 1 : S; }
+  // Query i of batch row b sees keys [0, key_end(b, i)); none when it is padding.
+  int64_t key_end(int64_t b, int64_t i) const {
+    if (q_len && i >= q_len[b]) return 0;
+    const int64_t end = causal ? i + S - T + 1 : S;
+    return k_len ? std::min(end, k_len[b]) : end;
+  }
+  // How many rows of the tile starting at query i0 see some key: a prefix of the tile, since padded
+  // queries are a suffix and every other row sees key 0 (causal needs T ≤ S) unless k_len[b] = 0.
+  int64_t live_rows(int64_t b, int64_t i0, int64_t rows) const {
+    if (k_len && k_len[b] == 0) return 0;
+    return q_len ? std::clamp<int64_t>(q_len[b] - i0, 0, rows) : rows;
+  }
+  int64_t bias_row(int64_t b, int64_t h, int64_t i) const { return ((bias_shared ? 0 : b) * H + h) * T * S + i * S; }
+  int64_t dbias_row(int64_t b, int64_t h, int64_t i) const { return (b * H + h) * T * S + i * S; }
   int64_t tiles(int64_t n) const { return (n + block - 1) / block; }
   // Whether the T×S work is worth a thread team.
   bool parallel(int64_t tasks) const { return tasks > 1 && T * S * (Dk + Dv) > kParallelGrain; }
 };
 
-Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
+Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMasks& masks,
+                  const AttentionParams& p) {
   Geometry g{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3), 1, p.block, p.causal};
   g.group = g.H / g.Hk;
+  if (masks.q_lengths.defined()) g.q_len = masks.q_lengths.data<int64_t>();
+  if (masks.k_lengths.defined()) g.k_len = masks.k_lengths.data<int64_t>();
+  g.bias_shared = masks.bias.defined() && masks.bias.size(0) == 1;
   return g;
+}
+
+// Adds the bias to the first `seen` scores of a row (the keys it sees): s_ij += bias[b or 0, h, i, j].
+template <class T>
+void add_bias(const Geometry& g, const T* bias, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t seen, T* s) {
+  if (!bias) return;
+  const T* row = bias + g.bias_row(b, h, i) + j0;
+  for (int64_t c = 0; c < seen; ++c) s[c] += row[c];
 }
 
 // One (query tile, key block) tile of scores: s_rc = scale q_{i0+r}·k_{j0+c} for r < rows, c < nk,
@@ -147,20 +235,23 @@ void score_tile(const Geometry& g, const T* Q, const T* K, int64_t b, int64_t h,
           K + g.kv_row(b, j0, h / g.group) * g.Dk, g.Hk * g.Dk, 0.0, s, nk);
 }
 
-// Per (b, h) and query row i, over the visible keys j < key_end(i):
-//   s_ij = scale q_i·k_j,  m_i = max_j s_ij,  ℓ_i = Σ_j exp(s_ij − m_i),
+// Per (b, h) and query row i, over the visible keys j < key_end(b, i):
+//   s_ij = scale q_i·k_j + bias_ij,  m_i = max_j s_ij,  ℓ_i = Σ_j exp(s_ij − m_i),
 //   o_i = Σ_j exp(s_ij − m_i) v_j / ℓ_i,  lse_i = m_i + log ℓ_i,
-// with m, ℓ and o_i built key block by key block (online softmax). A task owns `block` query rows
-// of one (b, h); for each key block it forms the rows × block score tile with one GEMM, turns it
+// with m, ℓ and o_i built key block by key block (online softmax); a row with ℓ_i = 0 (no visible
+// key, or a bias of −∞ on all of them) gets o_i = 0, lse_i = −∞. A task owns `block` query rows
+// of one (b, h); for each key block it forms the live rows × block score tile with one GEMM, turns it
 // into probabilities against the running max in place, and adds P V into the output rows with a
 // second GEMM (after rescaling them when the max rose).
-// Memory: reads q, k, v; writes o [B, T, H, Dv] and lse [B, T, H]; scratch per thread: one
-// block × block tile and (m, ℓ) for `block` rows.
+// Memory: reads q, k, v, the lengths and the bias rows it sees; writes o [B, T, H, Dv] and
+// lse [B, T, H]; scratch per thread: one block × block tile and (m, ℓ) for `block` rows.
 template <class T>
-void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, const Tensor& o,
-             const Tensor& lse) {
-  const Geometry g = geometry(q, k, v, p);
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMasks& masks, const AttentionParams& p,
+             const Tensor& o, const Tensor& lse) {
+  const Geometry g = geometry(q, k, v, masks, p);
   const T *Q = q.data<T>(), *K = k.data<T>(), *V = v.data<T>();
+  const T* Bias = masks.bias.defined() ? masks.bias.data<T>() : nullptr;
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   T *O = o.data<T>(), *LSE = lse.data<T>();
   const T scale = static_cast<T>(p.scale);
   const int64_t qtiles = g.tiles(g.T), tasks = g.B * g.H * qtiles;
@@ -174,18 +265,20 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
       T* Ot = O + g.q_row(b, i0, h) * g.Dv;
       const int64_t ldo = g.H * g.Dv;
       for (int64_t r = 0; r < rows; ++r) {
-        m[r] = -std::numeric_limits<T>::infinity();
+        m[r] = kNegInf;
         l[r] = 0;
         std::fill_n(Ot + r * ldo, g.Dv, T(0));
       }
-      const int64_t tile_key_end = g.key_end(i1 - 1);  // the tile's last row sees the most keys
+      const int64_t live = g.live_rows(b, i0, rows);
+      const int64_t tile_key_end = live > 0 ? g.key_end(b, i0 + live - 1) : 0;  // its last live row sees the most
       for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
         const int64_t nk = std::min(j0 + g.block, tile_key_end) - j0;
-        score_tile(g, Q, K, b, h, i0, rows, j0, nk, scale, s.data());
-        for (int64_t r = 0; r < rows; ++r) {
+        score_tile(g, Q, K, b, h, i0, live, j0, nk, scale, s.data());
+        for (int64_t r = 0; r < live; ++r) {
           T* sr = s.data() + r * nk;
-          const int64_t seen = std::min(nk, g.key_end(i0 + r) - j0);  // keys of the block this row sees
-          T block_max = -std::numeric_limits<T>::infinity();
+          const int64_t seen = std::min(nk, g.key_end(b, i0 + r) - j0);  // keys of the block this row sees
+          add_bias(g, Bias, b, h, i0 + r, j0, seen, sr);
+          T block_max = kNegInf;
           for (int64_t c = 0; c < seen; ++c) block_max = sr[c] > block_max ? sr[c] : block_max;
           if (block_max > m[r]) {  // rescale what was summed against the old max (0 on the first block)
             const T rescale = math::exp_vec(m[r] - block_max);
@@ -193,27 +286,35 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
             scal(rescale, Ot + r * ldo, g.Dv);
             m[r] = block_max;
           }
-          const T mr = m[r];
+          // While every score so far is −∞ (a bias of −∞), m stays −∞: exponents against 0 give 0, not NaN.
+          const T mr = m[r] == kNegInf ? T(0) : m[r];
           for (int64_t c = 0; c < seen; ++c) sr[c] = math::exp_vec(sr[c] - mr);
           for (int64_t c = std::max<int64_t>(seen, 0); c < nk; ++c) sr[c] = 0;  // the row's future
           T sum = 0;
           for (int64_t c = 0; c < seen; ++c) sum += sr[c];
           l[r] += sum;
         }
-        gemm<T>(false, false, rows, g.Dv, nk, 1.0, s.data(), nk, V + g.kv_row(b, j0, hk) * g.Dv, g.Hk * g.Dv, 1.0, Ot,
+        gemm<T>(false, false, live, g.Dv, nk, 1.0, s.data(), nk, V + g.kv_row(b, j0, hk) * g.Dv, g.Hk * g.Dv, 1.0, Ot,
                 ldo);
       }
       for (int64_t r = 0; r < rows; ++r) {
-        scal(T(1) / l[r], Ot + r * ldo, g.Dv);
-        LSE[g.q_row(b, i0 + r, h)] = m[r] + std::log(l[r]);
+        if (l[r] > 0) {
+          scal(T(1) / l[r], Ot + r * ldo, g.Dv);
+          LSE[g.q_row(b, i0 + r, h)] = m[r] + std::log(l[r]);
+        } else {  // the row sees no key: o = 0 (already), lse = log 0
+          std::fill_n(Ot + r * ldo, g.Dv, T(0));
+          LSE[g.q_row(b, i0 + r, h)] = kNegInf;
+        }
       }
     }
   }
 }
 
-// With P_ij = exp(s_ij − lse_i) recomputed from the saved lse and the output gradients dO, dlse:
+// With P_ij = exp(s_ij − lse_i) recomputed from the saved lse (0 where lse_i = −∞ or j is not
+// visible) and the output gradients dO, dlse:
 //   δ_i = Σ_d dO_id O_id − dlse_i,  dP_ij = dO_i·v_j,  dS_ij = P_ij (dP_ij − δ_i)
-//   dQ_i = scale Σ_j dS_ij k_j,  dK_j = scale Σ_{h,i} dS_ij q_i,  dV_j = Σ_{h,i} P_ij dO_i
+//   dQ_i = scale Σ_j dS_ij k_j,  dK_j = scale Σ_{h,i} dS_ij q_i,  dV_j = Σ_{h,i} P_ij dO_i,
+//   dbias_ij = dS_ij (s_ij = scale q_i·k_j + bias_ij; per batch row, the entry point sums a shared bias's)
 // (sums over h run over the query heads sharing the kv head). Derivation: o_i = Σ_j P_ij v_j gives
 // dP_ij = dO_i·v_j; the softmax Jacobian gives ∂L/∂s_ij = P_ij (dP_ij − Σ_j' P_ij' dP_ij') and
 // Σ_j' P_ij' dP_ij' = dO_i·o_i; ∂lse_i/∂s_ij = P_ij adds P_ij dlse_i.
@@ -221,13 +322,16 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
 // and every key block the tile sees. Per tile it recomputes P (one GEMM and exp), forms dP (one
 // GEMM) and dS in place, and adds into dV_blk += Pᵀ dO_tile, dQ_tile += scale dS K_blk and
 // dK_blk += scale dSᵀ Q_tile (three GEMMs). It alone writes the dK/dV rows of its kv head and the
-// dQ rows of its query heads, so there are no races, and each score is computed once.
-// Memory: reads dO, dlse, q, k, v, o, lse; writes the requested dq, dk, dv; scratch: δ [B, T, H]
-// and two block × block tiles per thread.
+// dQ rows and dbias rows of its query heads, so there are no races, and each score is computed once.
+// Only a tile's live rows enter the GEMMs, so padded rows' dO and dlse are never read.
+// Memory: reads dO, dlse, q, k, v, o, lse, the lengths and the bias rows it sees; writes the requested
+// dq, dk, dv and dbias [B, H, T, S]; scratch: δ [B, T, H] and two block × block tiles per thread.
 template <class T>
 void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Tensor& k, const Tensor& v,
-              const Tensor& o, const Tensor& lse, const AttentionParams& p, const AttentionGrads& grads) {
-  const Geometry g = geometry(q, k, v, p);
+              const AttentionMasks& masks, const Tensor& o, const Tensor& lse, const AttentionParams& p,
+              const AttentionGrads& grads) {
+  const Geometry g = geometry(q, k, v, masks, p);
+  const T* Bias = masks.bias.defined() ? masks.bias.data<T>() : nullptr;
   const T *dO = dout.data<T>(), *dL = dlse.data<T>(), *Q = q.data<T>(), *K = k.data<T>(), *V = v.data<T>();
   const T *O = o.data<T>(), *LSE = lse.data<T>();
   const T scale = static_cast<T>(p.scale);
@@ -242,6 +346,7 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
   T* dQ = grads.dq.defined() ? grads.dq.data<T>() : nullptr;
   T* dK = grads.dk.defined() ? grads.dk.data<T>() : nullptr;
   T* dV = grads.dv.defined() ? grads.dv.data<T>() : nullptr;
+  T* dB = grads.dbias.defined() ? grads.dbias.data<T>() : nullptr;
   const int64_t ldq = g.H * g.Dk, ldo = g.H * g.Dv, ldk = g.Hk * g.Dk, ldv = g.Hk * g.Dv;
   const int64_t qtiles = g.tiles(g.T), tasks = g.B * g.Hk;
 #pragma omp parallel if (g.parallel(tasks))
@@ -255,6 +360,7 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
         if (dV) std::fill_n(dV + g.kv_row(b, j, hk) * g.Dv, g.Dv, T(0));
       }
       for (int64_t h = hk * g.group; h < (hk + 1) * g.group; ++h) {
+        if (dB) std::fill_n(dB + g.dbias_row(b, h, 0), g.T * g.S, T(0));
         for (int64_t tile = 0; tile < qtiles; ++tile) {
           const int64_t i0 = tile * g.block, i1 = std::min(g.T, i0 + g.block), rows = i1 - i0;
           const T *Qt = Q + g.q_row(b, i0, h) * g.Dk, *dOt = dO + g.q_row(b, i0, h) * g.Dv;
@@ -262,32 +368,43 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
           if (dQt) {
             for (int64_t r = 0; r < rows; ++r) std::fill_n(dQt + r * ldq, g.Dk, T(0));
           }
-          const int64_t tile_key_end = g.key_end(i1 - 1);
+          const int64_t live = g.live_rows(b, i0, rows);
+          const int64_t tile_key_end = live > 0 ? g.key_end(b, i0 + live - 1) : 0;
           for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
             const int64_t nk = std::min(j0 + g.block, tile_key_end) - j0;
             const T *Kb = K + g.kv_row(b, j0, hk) * g.Dk, *Vb = V + g.kv_row(b, j0, hk) * g.Dv;
-            score_tile(g, Q, K, b, h, i0, rows, j0, nk, scale, pt.data());
-            for (int64_t r = 0; r < rows; ++r) {
+            score_tile(g, Q, K, b, h, i0, live, j0, nk, scale, pt.data());
+            for (int64_t r = 0; r < live; ++r) {
               T* pr = pt.data() + r * nk;
               const T lse_r = LSE[g.q_row(b, i0 + r, h)];
-              const int64_t seen = std::min(nk, g.key_end(i0 + r) - j0);
+              // A row whose scores were all −∞ (a bias of −∞) has lse = −∞ and P = 0.
+              const int64_t seen = lse_r == -std::numeric_limits<T>::infinity()
+                                       ? 0
+                                       : std::min(nk, g.key_end(b, i0 + r) - j0);
+              add_bias(g, Bias, b, h, i0 + r, j0, seen, pr);
               for (int64_t c = 0; c < seen; ++c) pr[c] = math::exp_vec(pr[c] - lse_r);
               for (int64_t c = std::max<int64_t>(seen, 0); c < nk; ++c) pr[c] = 0;
             }
             if (dV)
-              gemm<T>(true, false, nk, g.Dv, rows, 1.0, pt.data(), nk, dOt, ldo, 1.0, dV + g.kv_row(b, j0, hk) * g.Dv,
+              gemm<T>(true, false, nk, g.Dv, live, 1.0, pt.data(), nk, dOt, ldo, 1.0, dV + g.kv_row(b, j0, hk) * g.Dv,
                       ldv);
-            if (!dQ && !dK) continue;
-            gemm<T>(false, true, rows, nk, g.Dv, 1.0, dOt, ldo, Vb, ldv, 0.0, ds.data(), nk);  // dP
-            for (int64_t r = 0; r < rows; ++r) {
+            if (!dQ && !dK && !dB) continue;
+            gemm<T>(false, true, live, nk, g.Dv, 1.0, dOt, ldo, Vb, ldv, 0.0, ds.data(), nk);  // dP
+            for (int64_t r = 0; r < live; ++r) {
               const T dr = delta[g.q_row(b, i0 + r, h)];
               const T* pr = pt.data() + r * nk;
               T* dsr = ds.data() + r * nk;
               for (int64_t c = 0; c < nk; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
             }
-            if (dQt) gemm<T>(false, false, rows, g.Dk, nk, scale, ds.data(), nk, Kb, ldk, 1.0, dQt, ldq);
+            if (dB) {  // dbias_ij = dS_ij for the keys the row sees; the rest of the row stays 0
+              for (int64_t r = 0; r < live; ++r) {
+                const int64_t seen = std::min(nk, g.key_end(b, i0 + r) - j0);
+                std::copy_n(ds.data() + r * nk, std::max<int64_t>(seen, 0), dB + g.dbias_row(b, h, i0 + r) + j0);
+              }
+            }
+            if (dQt) gemm<T>(false, false, live, g.Dk, nk, scale, ds.data(), nk, Kb, ldk, 1.0, dQt, ldq);
             if (dK)
-              gemm<T>(true, false, nk, g.Dk, rows, scale, ds.data(), nk, Qt, ldq, 1.0, dK + g.kv_row(b, j0, hk) * g.Dk,
+              gemm<T>(true, false, nk, g.Dk, live, scale, ds.data(), nk, Qt, ldq, 1.0, dK + g.kv_row(b, j0, hk) * g.Dk,
                       ldk);
           }
         }
@@ -296,15 +413,16 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
   }
 }
 
-void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, const Tensor& o,
-                 const Tensor& lse) {
-  dispatch_float(q.dtype(), "attention", [&](auto tag) { forward<decltype(tag)>(q, k, v, p, o, lse); });
+void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMasks& masks,
+                 const AttentionParams& p, const Tensor& o, const Tensor& lse) {
+  dispatch_float(q.dtype(), "attention", [&](auto tag) { forward<decltype(tag)>(q, k, v, masks, p, o, lse); });
 }
 
 void backward_cpu(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Tensor& k, const Tensor& v,
-                  const Tensor& o, const Tensor& lse, const AttentionParams& p, const AttentionGrads& grads) {
+                  const AttentionMasks& masks, const Tensor& o, const Tensor& lse, const AttentionParams& p,
+                  const AttentionGrads& grads) {
   dispatch_float(q.dtype(), "attention backward",
-                 [&](auto tag) { backward<decltype(tag)>(dout, dlse, q, k, v, o, lse, p, grads); });
+                 [&](auto tag) { backward<decltype(tag)>(dout, dlse, q, k, v, masks, o, lse, p, grads); });
 }
 
 }  // namespace
@@ -316,26 +434,34 @@ SEQLAB_REGISTER_KERNEL(attention_backward_kernel, DeviceType::CPU, &cpu::backwar
 }  // namespace kernel
 
 // ------------------------------------------------------------------------------------------------
-// The differentiable op: saves q, k, v (contiguous), o and lse; the backward is the kernel above.
-AttentionOutput attention_with_lse(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
+// The differentiable op: saves q, k, v, bias (contiguous), o and lse; the backward is the kernel
+// above. The lengths travel in the options and are never differentiated.
+AttentionOutput attention_with_lse(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
+                                   const Tensor& bias) {
   kernel::check_inputs(q, k, v, opts.causal);
   const Tensor qc = kernel::contiguous(q), kc = kernel::contiguous(k), vc = kernel::contiguous(v);
-  AttentionOutput out = kernel::attention_forward(qc, kc, vc, opts);
-  record("attention", {q, k, v}, {&out.o, &out.lse}, {qc, kc, vc, out.o, out.lse},
+  const Tensor bc = bias.defined() ? kernel::contiguous(bias) : bias;
+  AttentionOutput out = kernel::attention_forward(qc, kc, vc, opts, bc);
+  record("attention", {q, k, v, bias}, {&out.o, &out.lse}, {qc, kc, vc, out.o, out.lse, bc},
          [opts](const std::vector<Tensor>& g, const std::vector<Tensor>& s, const std::vector<bool>& need) {
-           kernel::AttentionGrads d =
-               kernel::attention_backward(g[0], g[1], s[0], s[1], s[2], s[3], s[4], opts, need[0], need[1], need[2]);
-           return std::vector<Tensor>{d.dq, d.dk, d.dv};
+           kernel::AttentionGrads d = kernel::attention_backward(g[0], g[1], s[0], s[1], s[2], s[3], s[4], opts,
+                                                                 need[0], need[1], need[2], s[5], need[3]);
+           return std::vector<Tensor>{d.dq, d.dk, d.dv, d.dbias};
          });
   return out;
 }
 
-// scores = Q Kᵀ · scale over [B, H, T, S] (kv heads repeated for their query groups), masked to
-// −∞ above the causal limit; lse = m + log Σ_j exp(scores − m) with the row max m held constant
-// (it cancels); o = exp(scores − lse) V.
-AttentionOutput attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
-  const kernel::Dims d = kernel::check_inputs(q, k, v, causal);
-  const double sc = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(d.Dk));
+// scores = Q Kᵀ · scale + bias over [B, H, T, S] (kv heads repeated for their query groups), masked
+// to −∞ where a key is not visible; lse = m + log Σ_j exp(scores − m) with the row max m held
+// constant (it cancels); o = exp(scores − lse) V. A row that sees no key has its scores set to 0
+// (any finite value would do) so that nothing above is NaN, and then o = 0 and lse = −∞ by masked
+// fills, which pass those rows no gradient.
+AttentionOutput attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
+                                    const Tensor& bias) {
+  const kernel::Dims d = kernel::check_inputs(q, k, v, opts.causal);
+  kernel::check_masks(q, k, v, d, opts, bias);
+  const double sc = opts.scale > 0 ? opts.scale : 1.0 / std::sqrt(static_cast<double>(d.Dk));
+  const double inf = std::numeric_limits<double>::infinity();
   const int64_t group = d.H / d.Hk;
   auto heads_first = [](const Tensor& x) { return permute(x, {0, 2, 1, 3}); };
   auto repeat_kv = [&](const Tensor& x) {  // [B, S, Hk, D] → [B, H, S, D]
@@ -344,17 +470,51 @@ AttentionOutput attention_reference(const Tensor& q, const Tensor& k, const Tens
     return reshape(t, {d.B, d.H, d.S, x.size(3)});
   };
   Tensor scores = matmul(heads_first(q), transpose(repeat_kv(k), 2, 3)) * sc;
-  if (causal) {
+  if (bias.defined()) scores = scores + bias;
+  const bool padded = opts.q_lengths.defined() || opts.k_lengths.defined();
+  Tensor no_key;  // [B, 1, T, 1]: rows that see no key
+  if (padded) {
+    const std::vector<int64_t> ql = opts.q_lengths.defined() ? opts.q_lengths.to_indices()
+                                                             : std::vector<int64_t>(static_cast<size_t>(d.B), d.T);
+    const std::vector<int64_t> kl = opts.k_lengths.defined() ? opts.k_lengths.to_indices()
+                                                             : std::vector<int64_t>(static_cast<size_t>(d.B), d.S);
+    std::vector<int64_t> hidden(static_cast<size_t>(d.B * d.T * d.S)), empty(static_cast<size_t>(d.B * d.T));
+    for (int64_t b = 0; b < d.B; ++b) {
+      for (int64_t i = 0; i < d.T; ++i) {
+        bool sees_any = false;
+        for (int64_t j = 0; j < d.S; ++j) {
+          const bool visible = i < ql[b] && j < kl[b] && (!opts.causal || j <= i + d.S - d.T);
+          hidden[(b * d.T + i) * d.S + j] = !visible;
+          sees_any = sees_any || visible;
+        }
+        empty[b * d.T + i] = !sees_any;
+      }
+    }
+    no_key = Tensor::from_indices(empty, {d.B, 1, d.T, 1});
+    scores = masked_fill(scores, Tensor::from_indices(hidden, {d.B, 1, d.T, d.S}), -inf);
+    scores = masked_fill(scores, no_key, 0.0);
+  } else if (opts.causal) {
     std::vector<int64_t> future(static_cast<size_t>(d.T * d.S));
     for (int64_t i = 0; i < d.T; ++i) {
       for (int64_t j = 0; j < d.S; ++j) future[i * d.S + j] = j > i + d.S - d.T;
     }
-    scores = masked_fill(scores, Tensor::from_indices(future, {d.T, d.S}), -std::numeric_limits<double>::infinity());
+    scores = masked_fill(scores, Tensor::from_indices(future, {d.T, d.S}), -inf);
   }
   Tensor m = max(scores, {3}, true).detach();
   Tensor lse = m + log(sum(exp(scores - m), {3}, true));
   Tensor o = matmul(exp(scores - lse), repeat_kv(v));
+  if (padded) {
+    o = masked_fill(o, no_key, 0.0);
+    lse = masked_fill(lse, no_key, -inf);
+  }
   return {heads_first(o), permute(squeeze(lse, 3), {0, 2, 1})};
+}
+
+AttentionOutput attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+  AttentionOptions opts;
+  opts.causal = causal;
+  opts.scale = scale;
+  return attention_reference(q, k, v, opts);
 }
 
 namespace {
@@ -363,22 +523,36 @@ SEQLAB_REGISTER_OP(([] {
   OpSpec s;
   s.name = "attention";
   s.summary =
-      "o = softmax(q kᵀ · scale + mask) v, lse = log Σ_j exp(q kᵀ · scale + mask); q [B, T, H, Dk], "
-      "k [B, S, Hk, Dk], v [B, S, Hk, Dv], query i at key position i + S − T";
-  s.inputs = {{"q"}, {"k"}, {"v"}};
+      "o = softmax(q kᵀ · scale + bias + mask) v, lse = log Σ_j exp(q kᵀ · scale + bias + mask); q [B, T, H, Dk], "
+      "k [B, S, Hk, Dk], v [B, S, Hk, Dv], q_lengths, k_lengths [B], bias [1 or B, H, T, S], query i at key "
+      "position i + S − T; a row that sees no key: o = 0, lse = −∞";
+  s.inputs = {{"q"},
+              {"k"},
+              {"v"},
+              {"q_lengths", OpInputKind::index, true},
+              {"k_lengths", OpInputKind::index, true},
+              {"bias", OpInputKind::floating, true}};
   s.outputs = {"o", "lse"};
   s.attrs = {{"causal", AttrType::boolean, "true", "query i sees keys j ≤ i + S − T (else every key)"},
              {"scale", AttrType::number, "0", "score scale; ≤ 0 means 1/√Dk"},
              {"block", AttrType::integer, "64", "keys (and query rows) per tile"}};
   s.forward = [](const std::vector<Tensor>& in, const OpAttrs& a) {
-    AttentionOutput out =
-        attention_with_lse(in[0], in[1], in[2], {a.get_bool("causal"), a.get_number("scale"), a.get_int("block")});
+    AttentionOptions opts{a.get_bool("causal"), a.get_number("scale"), a.get_int("block"), in[3], in[4]};
+    AttentionOutput out = attention_with_lse(in[0], in[1], in[2], opts, in[5]);
     return std::vector<Tensor>{out.o, out.lse};
   };
-  // T = 5 and S = 7 are not multiples of the block, GQA with 2 query heads per kv head, Dk ≠ Dv.
+  // T = 5 and S = 7 are not multiples of the block, GQA with 2 query heads per kv head, Dk ≠ Dv. The lengths are
+  // full (q_lengths as i32, k_lengths as i64) and the bias, shared by the batch rows, is 0: the example computes
+  // what plain attention does (tests/attention_test.cc's RegistryEntry holds it to the unmasked reference), while
+  // the gradient check of every op still checks dbias = dS and the hostile-input test reaches the masks' checks.
+  // Padded rows would have lse = −∞, which no finite difference can check; tests/attention_test.cc checks them.
   s.example = [](Generator& gen, DType dtype) {
-    return std::vector<Tensor>{Tensor::randn({2, 5, 4, 3}, gen, dtype), Tensor::randn({2, 7, 2, 3}, gen, dtype),
-                               Tensor::randn({2, 7, 2, 4}, gen, dtype)};
+    return std::vector<Tensor>{Tensor::randn({2, 5, 4, 3}, gen, dtype),
+                               Tensor::randn({2, 7, 2, 3}, gen, dtype),
+                               Tensor::randn({2, 7, 2, 4}, gen, dtype),
+                               Tensor::from_indices({5, 5}, {2}, DType::i32),
+                               Tensor::from_indices({7, 7}, {2}, DType::i64),
+                               Tensor::zeros({1, 4, 5, 7}, dtype)};
   };
   s.example_attrs = {{"block", "2"}};
   return s;
