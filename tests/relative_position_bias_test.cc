@@ -29,13 +29,14 @@ const RelativePositionOptions kDecoder{false, 32, 128};  // and causal (decoder 
 
 // rel = key position − query position. Bidirectional, 32 buckets: 16 per direction, max_exact = 8, so
 // f(n) = n below 8 and 8 + ⌊log(n/8) / log(16) · 8⌋ from 8 on, i.e. 8 + ⌊2 log2(n/8)⌋: a new bucket at
-// n = 8·2^(k/2) — 8, 11.3, 16, 22.6, 32, 45.3, 64, 90.5, 128 — and 15 from n = 128 (max_distance) on. Keys
-// after the query (rel > 0) take the upper 16.
+// n = 8·2^(k/2) — 8, 11.3, 16, 22.6, 32, 45.3, 64, 90.5 — and the last, 15, from n = 91 on (max_distance = 128
+// and beyond included: 8 + 8 would be past it). Keys after the query (rel > 0) take the upper 16.
 TEST(RelativePositionBucket, BidirectionalT5Defaults) {
   const std::vector<std::pair<int64_t, int64_t>> rel_bucket = {
       {0, 0},     {-1, 1},     {1, 17},      {-7, 7},     {7, 23},     {-8, 8},      {8, 24},
       {-11, 8},   {-12, 9},    {-15, 9},     {15, 25},    {-16, 10},   {16, 26},     {-31, 11},
-      {-32, 12},  {-63, 13},   {-64, 14},    {-127, 15},  {-128, 15},  {127, 31},    {128, 31},
+      {-32, 12},  {-45, 12},   {-46, 13},    {-63, 13},   {-64, 14},   {-90, 14},    {-91, 15},
+      {90, 30},   {91, 31},    {-127, 15},   {-128, 15},  {127, 31},   {128, 31},
       {-1000, 15}, {1000, 31}, {-100000, 15}};
   for (const auto& [rel, bucket] : rel_bucket) EXPECT_EQ(relative_position_bucket(rel, kEncoder), bucket) << rel;
 }
