@@ -9,6 +9,7 @@
 #include <absl/strings/str_cat.h>
 
 #include "autograd/variable.h"
+#include "layers/model/encoder_decoder.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -134,6 +135,62 @@ std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& 
     } else {
       logits = last_row(model.forward_step(as_ids({next}, device), *state));
     }
+  }
+  model.set_training(was_training);
+  return out;
+}
+
+std::vector<int32_t> fill_masks(LanguageModel& model, const std::vector<int32_t>& ids, int32_t mask_id,
+                                const std::vector<int32_t>& segments, const SamplingOptions& options, Generator& gen) {
+  if (ids.empty()) throw std::invalid_argument("fill_masks: the row needs at least one token");
+  const Device device = model.parameters().front().tensor->device();
+  NoGradGuard no_grad;
+  const bool was_training = model.training();
+  model.set_training(false);
+  Batch batch(as_ids(ids, device));
+  if (!segments.empty()) batch.segment_ids = as_ids(segments, device);
+  const Tensor logits = kernel::to_dtype(kernel::to_device(model.logits(batch), cpu_device()), DType::f64);
+  model.set_training(was_training);
+  const int64_t V = logits.size(2);
+  const std::vector<double> all = logits.to_doubles();
+  std::vector<int32_t> out = ids;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    if (ids[t] != mask_id) continue;
+    const std::vector<double> row(all.begin() + static_cast<std::ptrdiff_t>(t * V),
+                                  all.begin() + static_cast<std::ptrdiff_t>((t + 1) * V));
+    try {
+      out[t] = sample_token(row, options, gen);
+    } catch (const NonFiniteLogits& e) {
+      throw NonFiniteLogits(absl::StrCat("the mask at position ", t, ": ", e.what()));
+    }
+  }
+  return out;
+}
+
+std::vector<int32_t> generate_from_source(LanguageModel& model, const std::vector<int32_t>& source, int32_t start_id,
+                                          const SamplingOptions& options, Generator& gen) {
+  auto* seq2seq = dynamic_cast<EncoderDecoder*>(&model);
+  if (seq2seq == nullptr) throw std::invalid_argument("generate_from_source: the model is not an encoder-decoder");
+  if (source.empty()) throw std::invalid_argument("generate_from_source: the source needs at least one token");
+  const Device device = model.parameters().front().tensor->device();
+  NoGradGuard no_grad;
+  const bool was_training = model.training();
+  model.set_training(false);
+  std::unique_ptr<DecodeState> state = model.new_decode_state();
+  seq2seq->encode(as_ids(source, device), Tensor(), *state);
+  std::vector<int32_t> out;
+  int32_t next = start_id;
+  const int64_t room = model.max_context();
+  for (int64_t i = 0; i < options.tokens && (room == 0 || i < room); ++i) {
+    const std::vector<double> logits = last_row(model.forward_step(as_ids({next}, device), *state));
+    try {
+      next = sample_token(logits, options, gen);
+    } catch (const NonFiniteLogits& e) {
+      model.set_training(was_training);
+      throw NonFiniteLogits(absl::StrCat("token ", i + 1, " of the sample: ", e.what()));
+    }
+    out.push_back(next);
+    if (next == options.stop_token) break;
   }
   model.set_training(was_training);
   return out;

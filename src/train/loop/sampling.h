@@ -61,4 +61,17 @@ std::string decode_sample(const TokenDecoder& tokenizer, const std::vector<int32
 std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt, const SamplingOptions& options,
                               Generator& gen);
 
+// An encoder's sample (BERT): `ids` with every position holding `mask_id` replaced by a token drawn
+// from the model's logits there (sample_token under `options`; options.tokens is not read), all in one
+// forward pass over the whole row, as a masked LM is trained. `segments` as the row's segment ids
+// (empty: none). NonFiniteLogits when the logits at a mask are not finite.
+std::vector<int32_t> fill_masks(LanguageModel& model, const std::vector<int32_t>& ids, int32_t mask_id,
+                                const std::vector<int32_t>& segments, const SamplingOptions& options, Generator& gen);
+
+// An encoder-decoder's sample (T5): the encoder runs once on `source`; the decoder starts from
+// `start_id` and draws up to options.tokens ids, ending after options.stop_token; returns the drawn ids.
+// The model must be an EncoderDecoder.
+std::vector<int32_t> generate_from_source(LanguageModel& model, const std::vector<int32_t>& source, int32_t start_id,
+                                          const SamplingOptions& options, Generator& gen);
+
 }  // namespace seqlab
