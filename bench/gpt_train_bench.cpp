@@ -82,7 +82,7 @@ int bench_main(const Flags& f) {
   }
 
   // The model the trainer builds for recipes/gpt_small.toml (with these sizes): a GPT-2.
-  const DecoderConfig cfg = gpt2_config(f.vocab, f.d, f.layers, f.heads, f.T);
+  const ModelConfig cfg = gpt2_config(f.vocab, f.d, f.layers, f.heads, f.T);
   Generator gen(0);
   Decoder model(cfg, gen);
   if (f.on.device.is_cuda() || f.on.dtype != DType::f32) model.to(f.on.device, f.on.dtype);  // before the optimizer

@@ -68,7 +68,7 @@ Flags parse(int argc, char** argv) {
 // One rank's step: returns "peak_bytes seconds".
 std::string rank_step(const Flags& f, int P, int rank, const std::string& folder) {
   omp_set_num_threads(static_cast<int>(f.threads));
-  DecoderConfig cfg;
+  ModelConfig cfg;
   cfg.vocab_size = 256;
   cfg.d_model = f.d;
   cfg.n_heads = f.heads;

@@ -28,7 +28,7 @@
 
 #include "tensor/kernels.h"
 #include "train/checkpoint/run_folder.h"
-#include "train/cli/commands.h"
+#include "train/common/errors.h"
 #include "train/recipe/configs.h"
 
 namespace seqlab::cli {
@@ -117,7 +117,7 @@ TEST_F(CheckpointTest, AnOldRecurrentRunsRecipeBuildsTheModelItBuilt) {
                            "feature_map = \"elu+1\"\nfeature_count = 64\nnorm = \"layernorm\"\nmlp = \"gelu\"\n"
                            "bias = true\npositions = \"learned\"\n[train]\nseq_len = 8\n";
   Recipe r = load_run_recipe(dir_.string());
-  const DecoderConfig c = *decoder_config(r, 256);
+  const ModelConfig c = *model_config(r, 256);
   EXPECT_EQ(c.norm, NormKind::rms_norm);
   EXPECT_EQ(c.positions, PositionKind::none);
   EXPECT_FALSE(c.bias);

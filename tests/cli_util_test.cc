@@ -1,9 +1,9 @@
-// The command line's safety nets (train/cli/util.h): numeric flags refuse nan and inf; run_guarded turns
-// every exception into one line and an exit code (2 for the user's mistakes, 1 otherwise, also for
-// std::bad_alloc and exceptions that are not std::exception); the terminate handler turns an exception
-// that cannot propagate (thrown in a noexcept function; an OpenMP region is one too) into one line and
-// exit code 70 instead of SIGABRT. metrics_field reads one number of a metrics line (null: none);
-// json_number writes one (null for NaN and infinity).
+// The command line's safety nets (train/cli/util.h, and the train/common/ headers it includes): numeric
+// flags refuse nan and inf; run_guarded turns every exception into one line and an exit code (2 for the
+// user's mistakes, 1 otherwise, also for std::bad_alloc and exceptions that are not std::exception); the
+// terminate handler turns an exception that cannot propagate (thrown in a noexcept function; an OpenMP
+// region is one too) into one line and exit code 70 instead of SIGABRT. metrics_field reads one number of
+// a metrics line (null: none); json_number writes one (null for NaN and infinity).
 #include "train/cli/util.h"
 
 #include <gtest/gtest.h>

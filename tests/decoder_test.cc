@@ -26,8 +26,8 @@ constexpr int64_t kV = 11, kC = 12, kL = 2, kH = 3, kT = 5, kB = 2, kMaxLen = 16
 
 // A GPT: every block attention. GELU/LayerNorm/bias with learned positions, or SwiGLU/RMSNorm without
 // bias or positions; `positions` overrides the position kind.
-DecoderConfig gpt_config(int64_t kv_heads, bool swiglu, PositionKind positions) {
-  DecoderConfig cfg;
+ModelConfig gpt_config(int64_t kv_heads, bool swiglu, PositionKind positions) {
+  ModelConfig cfg;
   cfg.vocab_size = kV;
   cfg.d_model = kC;
   cfg.n_heads = kH;
@@ -41,7 +41,7 @@ DecoderConfig gpt_config(int64_t kv_heads, bool swiglu, PositionKind positions) 
   return cfg;
 }
 
-DecoderConfig gpt_config(int64_t kv_heads, bool swiglu) {
+ModelConfig gpt_config(int64_t kv_heads, bool swiglu) {
   return gpt_config(kv_heads, swiglu, swiglu ? PositionKind::none : PositionKind::learned);
 }
 
@@ -65,8 +65,8 @@ std::map<std::string, MixerOptions> tiny_options() {
 
 // A stack of `blocks` with the recurrent LMs' conventions (RMSNorm, SwiGLU, no bias, no positions),
 // d_model 8 in 2 heads, large initial weights so every path carries a visible signal.
-DecoderConfig stack_config(const std::vector<BlockSpec>& blocks) {
-  DecoderConfig cfg;
+ModelConfig stack_config(const std::vector<BlockSpec>& blocks) {
+  ModelConfig cfg;
   cfg.vocab_size = 13;
   cfg.d_model = 8;
   cfg.n_heads = 2;
@@ -78,17 +78,17 @@ DecoderConfig stack_config(const std::vector<BlockSpec>& blocks) {
 }
 
 // Every registered mixer in both blocks, linear attention also with Performer's features, and hybrids.
-std::vector<std::pair<std::string, DecoderConfig>> stacks() {
-  std::vector<std::pair<std::string, DecoderConfig>> out;
+std::vector<std::pair<std::string, ModelConfig>> stacks() {
+  std::vector<std::pair<std::string, ModelConfig>> out;
   for (const MixerSpec* m : registered_mixers()) {
     out.emplace_back(m->name, stack_config({{m->name, FfnKind::swiglu}, {m->name, FfnKind::swiglu}}));
   }
-  DecoderConfig performer = stack_config({{"linear_attention", FfnKind::swiglu}, {"linear_attention", FfnKind::gelu}});
+  ModelConfig performer = stack_config({{"linear_attention", FfnKind::swiglu}, {"linear_attention", FfnKind::gelu}});
   performer.mixer_options.at("linear_attention").set("feature_map", std::string("performer"));
   out.emplace_back("performer", performer);
   out.emplace_back("hybrid gla/attention",
                    stack_config({{"gla", FfnKind::swiglu}, {"attention", FfnKind::none}, {"gla", FfnKind::gelu}}));
-  DecoderConfig rope = stack_config({{"delta_net", FfnKind::none}, {"attention", FfnKind::swiglu}});
+  ModelConfig rope = stack_config({{"delta_net", FfnKind::none}, {"attention", FfnKind::swiglu}});
   rope.positions = PositionKind::rope;
   out.emplace_back("hybrid delta_net/attention with rope", rope);
   return out;
@@ -138,10 +138,10 @@ TEST(Decoder, GptParameterNamesAndCount) {
     EXPECT_EQ(names_of(model), expected) << "kv heads " << hk;
     EXPECT_EQ(model.num_parameters(), count) << "kv heads " << hk;
   }
-  // SwiGLU without bias or positions: fc, gate, proj per MLP of decoder_d_ff(swiglu, 12) = 64; RMSNorm gains.
+  // SwiGLU without bias or positions: fc, gate, proj per MLP of ffn_d_ff(swiglu, 12) = 64; RMSNorm gains.
   Generator gen(1);
   Decoder model(gpt_config(1, true), gen);
-  const int64_t D = kC / kH, F = decoder_d_ff(FfnKind::swiglu, kC);
+  const int64_t D = kC / kH, F = ffn_d_ff(FfnKind::swiglu, kC);
   EXPECT_EQ(F, 64);
   const int64_t per_block = kC + kC * (kH + 2) * D + kC * kC + kC + 3 * kC * F;
   EXPECT_EQ(model.num_parameters(), kV * kC + kL * per_block + kC);
@@ -183,15 +183,15 @@ TEST(Decoder, RecurrentAndHybridParameterNames) {
   EXPECT_EQ(recurrent.max_context(), 0);  // unbounded
 }
 
-// decoder_parameter_count, what recipes are checked with before anything is allocated, equals the
+// model_parameter_count, what recipes are checked with before anything is allocated, equals the
 // built model's count: GPTs (learned, rotary, GQA, SwiGLU), every mixer's stack and the hybrids, with
 // d_ff given, biases, LayerNorm and blocks without an FFN.
 TEST(Decoder, ParameterCountWithoutBuilding) {
-  std::vector<std::pair<std::string, DecoderConfig>> configs = stacks();
+  std::vector<std::pair<std::string, ModelConfig>> configs = stacks();
   configs.emplace_back("gpt", gpt_config(3, false));
   configs.emplace_back("gpt gqa swiglu", gpt_config(1, true));
   configs.emplace_back("gpt rope", gpt_config(3, false, PositionKind::rope));
-  DecoderConfig mixed = stack_config({{"gla", FfnKind::none}, {"attention", FfnKind::gelu}, {"delta_net", FfnKind::swiglu}});
+  ModelConfig mixed = stack_config({{"gla", FfnKind::none}, {"attention", FfnKind::gelu}, {"delta_net", FfnKind::swiglu}});
   mixed.d_ff = 20;
   mixed.bias = true;
   mixed.norm = NormKind::layer_norm;
@@ -200,19 +200,19 @@ TEST(Decoder, ParameterCountWithoutBuilding) {
   for (const auto& [name, cfg] : configs) {
     Generator gen(1);
     Decoder model(cfg, gen);
-    EXPECT_EQ(decoder_parameter_count(cfg), static_cast<double>(model.num_parameters())) << name;
+    EXPECT_EQ(model_parameter_count(cfg), static_cast<double>(model.num_parameters())) << name;
   }
   // Sizes no memory holds are counted, not built: 12·L·d² for a GPT of d = 10⁶ and 10⁵ layers.
-  DecoderConfig huge = gpt_config(3, false);
+  ModelConfig huge = gpt_config(3, false);
   huge.d_model = 999999;
   huge.blocks.assign(100000, BlockSpec{"attention", FfnKind::gelu});
-  EXPECT_NEAR(decoder_parameter_count(huge), 12.0 * 1e5 * 999999.0 * 999999.0, 1e-3 * 12.0 * 1e5 * 1e12);
+  EXPECT_NEAR(model_parameter_count(huge), 12.0 * 1e5 * 999999.0 * 999999.0, 1e-3 * 12.0 * 1e5 * 1e12);
   huge.n_heads = 2;  // does not divide d_model (odd): refused as the constructor refuses it
-  EXPECT_THROW(decoder_parameter_count(huge), std::invalid_argument);
+  EXPECT_THROW(model_parameter_count(huge), std::invalid_argument);
 }
 
 TEST(Decoder, ConfigErrorsNameWhatIsWrong) {
-  auto error_of = [](const DecoderConfig& cfg) -> std::string {
+  auto error_of = [](const ModelConfig& cfg) -> std::string {
     Generator gen(1);
     try {
       Decoder model(cfg, gen);
@@ -221,26 +221,26 @@ TEST(Decoder, ConfigErrorsNameWhatIsWrong) {
     }
     return "";
   };
-  DecoderConfig odd_head = gpt_config(1, false, PositionKind::rope);
+  ModelConfig odd_head = gpt_config(1, false, PositionKind::rope);
   odd_head.d_model = 9;  // head size 3
   EXPECT_NE(error_of(odd_head).find("even head size"), std::string::npos) << error_of(odd_head);
-  DecoderConfig bad_base = gpt_config(3, false, PositionKind::rope);
+  ModelConfig bad_base = gpt_config(3, false, PositionKind::rope);
   bad_base.rope_base = 0;
   EXPECT_NE(error_of(bad_base).find("rope_base"), std::string::npos);
   for (double p : {-0.1, 1.0}) {
-    DecoderConfig bad_dropout = gpt_config(3, false);
+    ModelConfig bad_dropout = gpt_config(3, false);
     bad_dropout.dropout = p;
     EXPECT_NE(error_of(bad_dropout).find("dropout"), std::string::npos) << p;
   }
-  DecoderConfig unknown = stack_config({{"mamba", FfnKind::swiglu}});
+  ModelConfig unknown = stack_config({{"mamba", FfnKind::swiglu}});
   EXPECT_NE(error_of(unknown).find("unknown mixer 'mamba'"), std::string::npos) << error_of(unknown);
   EXPECT_NE(error_of(unknown).find("gla"), std::string::npos) << "lists the mixers: " << error_of(unknown);
-  DecoderConfig heads = stack_config({{"gla", FfnKind::swiglu}});
+  ModelConfig heads = stack_config({{"gla", FfnKind::swiglu}});
   heads.n_heads = 3;
   EXPECT_NE(error_of(heads).find("not divisible by n_heads"), std::string::npos) << error_of(heads);
-  DecoderConfig kv = gpt_config(2, false);
+  ModelConfig kv = gpt_config(2, false);
   EXPECT_NE(error_of(kv).find("n_kv_heads"), std::string::npos) << error_of(kv);
-  DecoderConfig no_len = gpt_config(3, false);
+  ModelConfig no_len = gpt_config(3, false);
   no_len.max_seq_len = 0;
   EXPECT_NE(error_of(no_len).find("max_seq_len"), std::string::npos) << error_of(no_len);
 }
@@ -265,7 +265,7 @@ TEST(Decoder, GptDecodingMatchesFullForward) {
     for (int64_t hk : {int64_t{3}, int64_t{1}}) {
       for (bool swiglu : {false, true}) {
         Generator gen(3);
-        DecoderConfig cfg = gpt_config(hk, swiglu, positions);
+        ModelConfig cfg = gpt_config(hk, swiglu, positions);
         cfg.init_std = 0.3;  // large enough that attention is far from uniform
         Decoder model(cfg, gen);
         NoGradGuard no_grad;
@@ -278,7 +278,7 @@ TEST(Decoder, GptDecodingMatchesFullForward) {
         EXPECT_EQ(state->position, kT);
         const auto& blocks = dynamic_cast<DecoderState&>(*state).blocks;
         ASSERT_EQ(blocks.size(), static_cast<size_t>(kL));
-        EXPECT_EQ(blocks[0].keys.shape(), (Shape{kB, kT, hk, kC / kH}));
+        EXPECT_EQ(blocks[0].mixer->size(), static_cast<double>(2 * kT * hk * (kC / kH)));  // its keys and values
         EXPECT_LE(max_abs_diff(concat(parts, 1), full), 1e-5) << "kv heads " << hk << " swiglu " << swiglu;
       }
     }
@@ -335,7 +335,7 @@ TEST(Decoder, Causal) {
 // Central differences of the float64 loss against backward's gradient for `elements` of each named
 // parameter (all parameters, one element each, when `checked` is empty). With dropout in training mode
 // every loss evaluation replays the same masks by restoring the dropout generator's state first.
-void expect_gradients_match(DecoderConfig cfg, bool training, const std::string& what, const Batch& batch,
+void expect_gradients_match(ModelConfig cfg, bool training, const std::string& what, const Batch& batch,
                             std::vector<std::pair<std::string, std::vector<int64_t>>> checked = {}) {
   Generator gen(5);
   Decoder model(cfg, gen);
@@ -384,7 +384,7 @@ TEST(Decoder, GptGradientMatchesFiniteDifferencesF64) {
   const std::vector<std::pair<std::string, std::vector<int64_t>>> checked = {
       {"wte.weight", {0, 13, 50, 87, 131}}, {"blocks.0.mixer.qkv.weight", {0, 50, 131, 150, 185, 200, 230}}};
   const Batch batch{tokens_batch(), targets_batch()};
-  auto big = [](DecoderConfig c) {
+  auto big = [](ModelConfig c) {
     c.init_std = 0.3;
     return c;
   };
@@ -392,7 +392,7 @@ TEST(Decoder, GptGradientMatchesFiniteDifferencesF64) {
   expect_gradients_match(big(gpt_config(1, true)), true, "swiglu, no positions", batch, checked);
   expect_gradients_match(big(gpt_config(3, false, PositionKind::rope)), true, "rope", batch, checked);
   expect_gradients_match(big(gpt_config(1, true, PositionKind::rope)), true, "rope, swiglu, mqa", batch, checked);
-  DecoderConfig dropped = big(gpt_config(3, false, PositionKind::rope));
+  ModelConfig dropped = big(gpt_config(3, false, PositionKind::rope));
   dropped.dropout = 0.25;
   expect_gradients_match(dropped, true, "rope with dropout (training)", batch, checked);
   expect_gradients_match(dropped, false, "rope with dropout (eval)", batch, checked);
@@ -410,7 +410,7 @@ TEST(Decoder, EveryMixerGradientMatchesFiniteDifferencesF64) {
 // The batch's lengths and loss weights, through the loss and its gradient.
 TEST(Decoder, LengthsAndLossWeights) {
   constexpr int64_t T = 11;
-  DecoderConfig cfg = stack_config({{"gla", FfnKind::swiglu}, {"attention", FfnKind::gelu}});
+  ModelConfig cfg = stack_config({{"gla", FfnKind::swiglu}, {"attention", FfnKind::gelu}});
   Generator gen(6);
   Decoder model(cfg, gen);
   model.to(cpu_device(), DType::f64);
@@ -479,7 +479,7 @@ TEST(Decoder, RefusesBatchFieldsItCannotUse) {
 // Rotary positions change the model: the same weights without positions give other logits from
 // the second position on.
 TEST(Decoder, RotaryPositionsChangeTheOutput) {
-  DecoderConfig cfg = gpt_config(1, false, PositionKind::rope);
+  ModelConfig cfg = gpt_config(1, false, PositionKind::rope);
   cfg.init_std = 0.3;
   Generator g1(8), g2(8);
   Decoder rope_model(cfg, g1);
@@ -505,7 +505,7 @@ TEST(Decoder, PositionsBeyondMaxSeqLenThrow) {
 // model with the same weights, and the generator is not touched. Training mode: masks differ from
 // call to call, are replayed exactly from a saved generator state, and follow dropout_seed.
 TEST(Decoder, Dropout) {
-  DecoderConfig cfg = gpt_config(3, false, PositionKind::rope);
+  ModelConfig cfg = gpt_config(3, false, PositionKind::rope);
   cfg.init_std = 0.1;
   Generator g0(9), g1(9);
   Decoder plain(cfg, g0);
@@ -553,12 +553,12 @@ TEST(Decoder, Dropout) {
 
 // p ← p − 0.1 · ∇p for 30 steps on one fixed batch halves the loss, for a GPT and for a hybrid.
 TEST(Decoder, PlainSgdReducesLoss) {
-  DecoderConfig gpt = gpt_config(3, false);
+  ModelConfig gpt = gpt_config(3, false);
   gpt.init_std = 0.1;
-  DecoderConfig hybrid = stack_config({{"gla", FfnKind::swiglu}, {"attention", FfnKind::swiglu}});
+  ModelConfig hybrid = stack_config({{"gla", FfnKind::swiglu}, {"attention", FfnKind::swiglu}});
   hybrid.vocab_size = kV;
   hybrid.init_std = 0.1;
-  for (const DecoderConfig& cfg : {gpt, hybrid}) {
+  for (const ModelConfig& cfg : {gpt, hybrid}) {
     Generator gen(6);
     Decoder model(cfg, gen);
     const Batch batch{tokens_batch(), targets_batch()};
@@ -585,14 +585,14 @@ TEST(Decoder, PlainSgdReducesLoss) {
 }
 
 TEST(Decoder, ConventionsFollowTheMixers) {
-  const DecoderConventions gpt = decoder_conventions({"attention", "attention"});
+  const ModelConventions gpt = model_conventions(ModelKind::decoder, {"attention", "attention"});
   EXPECT_EQ(gpt.norm, NormKind::layer_norm);
   EXPECT_EQ(gpt.ffn, FfnKind::gelu);
   EXPECT_TRUE(gpt.bias);
   EXPECT_EQ(gpt.positions, PositionKind::learned);
   for (const std::vector<std::string>& mixers : {std::vector<std::string>{"gla"},
                                                  std::vector<std::string>{"gla", "attention"}}) {
-    const DecoderConventions c = decoder_conventions(mixers);
+    const ModelConventions c = model_conventions(ModelKind::decoder, mixers);
     EXPECT_EQ(c.norm, NormKind::rms_norm);
     EXPECT_EQ(c.ffn, FfnKind::swiglu);
     EXPECT_FALSE(c.bias);

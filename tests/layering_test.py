@@ -7,13 +7,18 @@ A folder of src/ includes only from itself and the folders below it:
     cuda      implements tensor's slots: it includes tensor and itself, nothing above
 
 and src/tensor/cpu/ is private to src/tensor (ops use the public helpers tensor/parallel.h and
-tensor/blas_rows.h). Every quoted #include of every .h, .cpp, .cu and .cuh under src/ must name a
-file of src/ (or the generated build_info.h, for src/train) by its path from src/, never with "..".
+tensor/blas_rows.h). Inside src/train the sub-folders are layered the same way, bottom to top:
+
+    common <- data <- optim <- recipe <- checkpoint <- launch <- loop <- sweep <- cli
+
+(a file of src/train/X/ includes from src/train/Y/ only when Y is X or below it; nothing includes
+cli). Every quoted #include of every .h, .cpp, .cu and .cuh under src/ must name a file of src/ (or
+the generated build_info.h, for src/train) by its path from src/, never with "..".
 
 The test then shows that the rule is enforced, twice:
   1. it copies src/ into a scratch folder, adds `#include "layers/module.h"` to tensor/tensor.h (and,
-     in another copy, to dist/communicator.h), and expects this checker to reject each copy, naming
-     that file and line;
+     in other copies, to dist/communicator.h, and `#include "train/cli/util.h"` to
+     train/data/loader.h), and expects this checker to reject each copy, naming that file and line;
   2. with the compiler and the build's include views (build/include_views/, one per library), it
      compiles a file that includes upward and expects the compiler to refuse it, and one that
      includes only allowed folders and expects it to compile.
@@ -36,9 +41,20 @@ ALLOWED = {
     "layers": {"tensor", "autograd", "dist", "layers"},
     "train": {"tensor", "autograd", "dist", "layers", "train"},
 }
+# The sub-folders of src/train, bottom to top: each includes only from itself and those before it.
+TRAIN_ORDER = ["common", "data", "optim", "recipe", "checkpoint", "launch", "loop", "sweep", "cli"]
 GENERATED = {"build_info.h": {"train"}}  # generated headers, and the folders that may include them
 SOURCE_SUFFIXES = (".h", ".cpp", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+
+def train_rank(rel):
+    """The position in TRAIN_ORDER of the sub-folder of src/train that `rel` (a path from src/) is in,
+    or None when it is in none of them."""
+    parts = rel.split("/")
+    if len(parts) < 3 or parts[0] != "train" or parts[1] not in TRAIN_ORDER:
+        return None
+    return TRAIN_ORDER.index(parts[1])
 
 
 def violations(src):
@@ -54,6 +70,13 @@ def violations(src):
             if folder not in ALLOWED:
                 found.append(f"{rel}: src/{folder}/ is not a layer of docs/design.md")
                 continue
+            rank = None
+            if folder == "train":
+                rank = train_rank(rel.replace(os.sep, "/"))
+                if rank is None:
+                    found.append(f"{rel}: not in a sub-folder of src/train of docs/design.md "
+                                 f"({', '.join(TRAIN_ORDER)})")
+                    continue
             with open(path, encoding="utf-8") as f:
                 for number, line in enumerate(f, 1):
                     m = INCLUDE.match(line)
@@ -76,6 +99,14 @@ def violations(src):
                     elif target.startswith("tensor/cpu/") and not rel.startswith("tensor" + os.sep):
                         found.append(f'{where}: "{target}" is private to src/tensor (use tensor/parallel.h, '
                                      "tensor/blas_rows.h)")
+                    elif rank is not None and top == "train":
+                        target_rank = train_rank(target)
+                        sub, target_sub = TRAIN_ORDER[rank], target.split("/")[1]
+                        if target_rank is None:
+                            found.append(f'{where}: "{target}" is not in a sub-folder of src/train')
+                        elif target_rank > rank:
+                            found.append(f'{where}: src/train/{sub}/ includes "{target}" from '
+                                         f"src/train/{target_sub}/, a layer above it")
     return found
 
 
@@ -86,8 +117,9 @@ def check_tree(src):
     return not found
 
 
-def checker_rejects_an_upward_include(src, folder="tensor", name="tensor.h"):
-    """A copy of src/ with FOLDER/NAME including layers/module.h must fail, naming the line."""
+def checker_rejects_an_upward_include(src, folder="tensor", name="tensor.h", target="layers/module.h"):
+    """A copy of src/ with FOLDER/NAME including TARGET (from a layer above FOLDER) must fail, naming the
+    line."""
     with tempfile.TemporaryDirectory() as scratch:
         copy = os.path.join(scratch, "src")
         shutil.copytree(src, copy)
@@ -95,11 +127,13 @@ def checker_rejects_an_upward_include(src, folder="tensor", name="tensor.h"):
         with open(header, encoding="utf-8") as f:
             lines = f.readlines()
         at = next(i for i, line in enumerate(lines) if INCLUDE.match(line))
-        lines.insert(at, '#include "layers/module.h"\n')
+        lines.insert(at, f'#include "{target}"\n')
         with open(header, "w", encoding="utf-8") as f:
             f.writelines(lines)
         found = violations(copy)
-    expected = f'{folder}/{name}:{at + 1}: src/{folder}/ includes "layers/module.h" from src/layers/, a layer above it'
+    target_folder = os.path.dirname(target)
+    expected = (f'{folder}/{name}:{at + 1}: src/{folder}/ includes "{target}" from src/{target_folder}/, '
+                "a layer above it")
     if found != [expected]:
         print("layering: the checker did not reject exactly the added upward include; it reported:", found)
         return False
@@ -151,6 +185,7 @@ def main():
         print("layering: every include of src/ follows the rule")
     ok = checker_rejects_an_upward_include(src) and ok
     ok = checker_rejects_an_upward_include(src, "dist", "communicator.h") and ok
+    ok = checker_rejects_an_upward_include(src, "train/data", "loader.h", "train/cli/util.h") and ok
     if len(sys.argv) == 4:
         ok = compiler_refuses_an_upward_include(sys.argv[2], os.path.abspath(sys.argv[3])) and ok
     return 0 if ok else 1

@@ -171,7 +171,7 @@ TEST(MasterWeights, MicroBatchGradientsAddInF32) {
 }
 
 TEST(MixedPrecisionDecoder, FollowsTheF32LossesWithinBf16Tolerance) {
-  const DecoderConfig cfg = gpt2_config(13, 16, 2, 2, 8);
+  const ModelConfig cfg = gpt2_config(13, 16, 2, 2, 8);
   Generator gen_a(5), gen_b(5);
   Decoder full(cfg, gen_a), mixed(cfg, gen_b);
   mixed.to(cpu_device(), DType::bf16);

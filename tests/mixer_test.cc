@@ -7,13 +7,20 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <variant>
 #include <vector>
 
 #include "autograd/op_registry.h"
+#include "autograd/ops.h"
+#include "autograd/variable.h"
+#include "tensor/kernels.h"
 #include "source_dir.h"
 
 namespace seqlab {
@@ -23,12 +30,46 @@ namespace fs = std::filesystem;
 
 const fs::path kSource = SEQLAB_SOURCE_DIR;
 
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.to_doubles(), y = b.to_doubles();
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
+
+// `call` throws std::invalid_argument whose message starts with `start`.
+template <class F>
+void expect_refused(F call, const std::string& start) {
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected: " << start;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(start, 0), 0u) << e.what();
+  }
+}
+
+// Every mixer of the source tree is in the registry: each MixerRegistration of src/layers/*/*_mixer.cpp
+// (one per registered name), and mixer_names() lists them in order.
 TEST(MixerRegistry, TheMixersOfThisBuild) {
-  std::set<std::string> names;
-  for (const MixerSpec* m : registered_mixers()) names.insert(m->name);
-  EXPECT_EQ(names, (std::set<std::string>{"attention", "delta_net", "gated_delta_net", "gla", "linear_attention",
-                                          "retention"}));
-  EXPECT_EQ(mixer_names(), "attention, delta_net, gated_delta_net, gla, linear_attention, retention");
+  size_t registrations = 0;
+  for (const auto& family : fs::directory_iterator(kSource / "src" / "layers")) {
+    if (!family.is_directory()) continue;
+    for (const auto& file : fs::directory_iterator(family.path())) {
+      const std::string name = file.path().filename().string();
+      if (name.size() < 10 || name.compare(name.size() - 10, 10, "_mixer.cpp") != 0) continue;
+      std::ifstream in(file.path());
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      for (size_t at = text.find("MixerRegistration k"); at != std::string::npos;
+           at = text.find("MixerRegistration k", at + 1)) {
+        ++registrations;
+      }
+    }
+  }
+  EXPECT_EQ(registered_mixers().size(), registrations);
+  std::string names;
+  for (const MixerSpec* m : registered_mixers()) names += (names.empty() ? "" : ", ") + m->name;
+  EXPECT_EQ(mixer_names(), names);
+  EXPECT_NE(find_mixer("attention"), nullptr);  // the one mixer the GPT recipes need
 }
 
 // One vocabulary: a mixer's doc page docs/variants/<room>.md names its op room, which has the op of
@@ -108,7 +149,8 @@ TEST(MixerRegistry, OptionsHoldDefaultsAndTypedValues) {
       if (s.type == OptionType::integer) {
         EXPECT_GE(static_cast<double>(std::get<int64_t>(s.default_value)), s.min) << m->name << "." << s.key;
       } else if (s.type == OptionType::number) {
-        EXPECT_GT(std::get<double>(s.default_value), s.min) << m->name << "." << s.key;
+        const double v = std::get<double>(s.default_value);
+        EXPECT_TRUE(s.min_open ? v > s.min : v >= s.min) << m->name << "." << s.key;
       } else if (s.type == OptionType::text) {
         EXPECT_EQ(std::get<std::string>(s.default_value), s.choices.front()) << m->name << "." << s.key;
       }
@@ -125,7 +167,9 @@ TEST(MixerRegistry, EveryMixerMapsTheStreamToItsOwnShape) {
     Generator gen(1);
     std::unique_ptr<Mixer> mixer = m->make(ctx, MixerOptions(m->options), gen);
     Tensor x = Tensor::randn({2, 5, 8}, gen);
-    EXPECT_EQ(mixer->forward(x, nullptr).shape(), (Shape{2, 5, 8})) << m->name;
+    MixerInput in;
+    in.x = x;
+    EXPECT_EQ(mixer->forward(in, nullptr).shape(), (Shape{2, 5, 8})) << m->name;
     EXPECT_GT(m->mixing_flops_per_token(ctx, MixerOptions(m->options), 5), 0.0) << m->name;
     EXPECT_FALSE(mixer->parameters().empty()) << m->name;
   }
@@ -167,8 +211,9 @@ TEST(MixerRegistry, ParameterCountEqualsTheBuiltMixers) {
   }
 }
 
-// state_size counts what decoding carries: every mixer run on a prompt of T tokens with a MixerState keeps
-// exactly that many elements per sequence (recurrent state, normaliser, convolution tail, KV cache).
+// state_size counts what decoding carries: every mixer run on a prompt of T tokens with the state of its
+// new_state() keeps exactly that many elements per sequence (recurrent state, normaliser, convolution
+// tail, KV cache), as the state counts itself, for each choice of each of its text options.
 TEST(MixerRegistry, StateSizeIsWhatDecodingCarries) {
   MixerContext ctx;
   ctx.d_model = 16;
@@ -177,24 +222,85 @@ TEST(MixerRegistry, StateSizeIsWhatDecodingCarries) {
   for (const MixerSpec* m : registered_mixers()) {
     ASSERT_TRUE(m->state_size) << m->name << " has no state_size";
     std::vector<MixerOptions> variants = {MixerOptions(m->options)};
-    if (m->name == "linear_attention") {
-      MixerOptions performer(m->options);
-      performer.set("feature_map", std::string("performer"));
-      variants.push_back(performer);
+    for (const OptionSpec& o : m->options) {
+      for (size_t c = 1; c < o.choices.size(); ++c) {
+        MixerOptions other(m->options);
+        other.set(o.key, o.choices[c]);
+        variants.push_back(other);
+      }
     }
     for (const MixerOptions& opts : variants) {
       Generator gen(2);
       std::unique_ptr<Mixer> mixer = m->make(ctx, opts, gen);
-      for (int64_t T : {int64_t{5}, int64_t{12}}) {
-        MixerState state;
-        Generator data(3);
-        mixer->forward(Tensor::randn({1, T, ctx.d_model}, data), &state);
-        double kept = 0;
-        for (const Tensor* t : {&state.state, &state.normalizer, &state.conv, &state.keys, &state.values}) {
-          if (t->defined()) kept += static_cast<double>(t->numel());
+      for (int64_t B : {int64_t{1}, int64_t{3}}) {
+        for (int64_t T : {int64_t{5}, int64_t{12}}) {
+          std::unique_ptr<MixerState> state = mixer->new_state();
+          EXPECT_EQ(state->size(), 0.0) << m->name;
+          Generator data(3);
+          MixerInput in;
+          in.x = Tensor::randn({B, T, ctx.d_model}, data);
+          mixer->forward(in, state.get());
+          EXPECT_EQ(m->state_size(ctx, opts, T), state->size()) << m->name << " B " << B << " T " << T;
         }
-        EXPECT_EQ(m->state_size(ctx, opts, T), kept) << m->name << " T " << T;
       }
+    }
+  }
+}
+
+// What MixerTraits declare is what a mixer does: bidirectional mixers let a token see later tokens
+// (and causal ones refuse causal = false), cross-attention mixers attend to a memory and only then,
+// and a mixer refuses a bias, a memory or a direction it does not declare, in one message naming it.
+TEST(MixerRegistry, TraitsAreWhatTheMixerDoes) {
+  MixerContext ctx;
+  ctx.d_model = 8;
+  ctx.n_heads = 2;
+  ctx.n_kv_heads = 2;
+  for (const MixerSpec* m : registered_mixers()) {
+    Generator gen(4);
+    std::unique_ptr<Mixer> mixer = m->make(ctx, MixerOptions(m->options), gen);
+    mixer->to(cpu_device(), DType::f64);
+    Generator data(5);
+    MixerInput in;
+    in.x = kernel::to_dtype(Tensor::randn({1, 6, 8}, data), DType::f64);
+    MixerInput later = in;  // the same row with its last token changed
+    later.x = kernel::clone(in.x);
+    kernel::copy_(narrow(later.x, 1, 5, 1), kernel::to_dtype(Tensor::randn({1, 1, 8}, data), DType::f64));
+    NoGradGuard no_grad;
+    // Causal: the first five outputs do not see the sixth token.
+    EXPECT_EQ(max_abs_diff(narrow(mixer->forward(in, nullptr), 1, 0, 5), narrow(mixer->forward(later, nullptr), 1, 0, 5)),
+              0.0)
+        << m->name;
+    in.causal = later.causal = false;
+    if (m->traits.bidirectional) {
+      EXPECT_GT(max_abs_diff(narrow(mixer->forward(in, nullptr), 1, 0, 1), narrow(mixer->forward(later, nullptr), 1, 0, 1)),
+                1e-9)
+          << m->name << " is declared bidirectional, but its first token does not see the last";
+    } else {
+      expect_refused([&] { mixer->forward(in, nullptr); }, m->name + " is causal only");
+    }
+    in.causal = true;
+    MixerInput with_memory = in;
+    with_memory.memory = kernel::to_dtype(Tensor::randn({1, 4, 8}, data), DType::f64);
+    if (m->traits.cross_attention) {
+      MixerContext cross = ctx;
+      cross.cross = true;
+      cross.memory_dim = 6;
+      Generator gen2(4);
+      std::unique_ptr<Mixer> cross_mixer = m->make(cross, MixerOptions(m->options), gen2);
+      EXPECT_EQ(m->parameter_count(cross, MixerOptions(m->options)), static_cast<double>(cross_mixer->num_parameters()))
+          << m->name;
+      cross_mixer->to(cpu_device(), DType::f64);
+      with_memory.memory = kernel::to_dtype(Tensor::randn({1, 4, 6}, data), DType::f64);
+      EXPECT_EQ(cross_mixer->forward(with_memory, nullptr).shape(), (Shape{1, 6, 8})) << m->name;
+      EXPECT_THROW(cross_mixer->forward(in, nullptr), std::invalid_argument) << m->name << ": no memory given";
+      EXPECT_THROW(mixer->forward(with_memory, nullptr), std::invalid_argument) << m->name << ": self layer, memory";
+    } else {
+      expect_refused([&] { mixer->forward(with_memory, nullptr); }, m->name + " cannot attend to a memory");
+    }
+    if (!m->traits.score_bias) {
+      MixerInput with_bias = in;
+      with_bias.bias = Tensor::zeros({1, 2, 6, 6}, DType::f64);
+      expect_refused([&] { mixer->forward(with_bias, nullptr); }, m->name + " has no attention scores");
     }
   }
 }

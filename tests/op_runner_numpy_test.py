@@ -5,7 +5,8 @@ here, not derived from the C++). Usage: op_runner_numpy_test.py /path/to/seqlab
 
 Inputs are f64 at small odd shapes, with broadcasting for binary ops, values away from kinks and ties,
 positive where the domain needs it, in-range indices with repeats, and 0/1 masks. Outputs and
-gradients must match to 1e-10 relative to max(1, |reference|). An op without a reference fails.
+gradients must match to 1e-10 relative to max(1, |reference|), infinities exactly (attention's lse is -inf
+in a row that sees no key), and a NaN never matches. An op without a reference fails.
 """
 import json
 import math

@@ -247,9 +247,12 @@ TEST_F(RecipeTest, BadChoiceListsTheChoices) {
   EXPECT_EQ(error_of("[model]\nmlp = \"mixture\"\n"),
             "FILE:2: model.mlp must be one of \"auto\", \"gelu\", \"swiglu\", \"none\", got \"mixture\"");
   EXPECT_EQ(error_of("[model]\narch = \"bert\"\n"), "FILE:2: model.arch must be one of \"decoder\", got \"bert\"");
+  // The choices are the registry's, attention (the default) first: adding a mixer adds it here by itself.
+  std::string mixers;
+  for (const std::string& m : mixer_choices()) mixers += (mixers.empty() ? "\"" : ", \"") + m + "\"";
+  EXPECT_EQ(mixer_choices().front(), "attention");
   EXPECT_EQ(error_of("[model]\nmixer = \"glaa\"\n"),
-            "FILE:2: model.mixer must be one of \"attention\", \"delta_net\", \"gated_delta_net\", \"gla\", "
-            "\"linear_attention\", \"retention\", got \"glaa\" (did you mean \"gla\"?)");
+            "FILE:2: model.mixer must be one of " + mixers + ", got \"glaa\" (did you mean \"gla\"?)");
 }
 
 TEST_F(RecipeTest, UnknownKeysSuggestNearMisses) {
@@ -422,8 +425,8 @@ TEST_F(RecipeTest, EvalSeqLenIsAListOfLengths) {
 
   // The model reaches the longest length; a length's batches hold B·T / L sequences, at least one.
   EXPECT_EQ(longest_seq_len(r), 1024);
-  EXPECT_EQ(decoder_config(r, 256)->max_seq_len, 1024);
-  EXPECT_EQ(decoder_config(load_ok(rope), 256)->max_seq_len, 256);
+  EXPECT_EQ(model_config(r, 256)->max_seq_len, 1024);
+  EXPECT_EQ(model_config(load_ok(rope), 256)->max_seq_len, 256);
   EXPECT_EQ(eval_batch_size(r, 256), 8);
   EXPECT_EQ(eval_batch_size(r, 1024), 2);
   EXPECT_EQ(eval_batch_size(r, 64), 32);
@@ -552,9 +555,12 @@ TEST_F(RecipeTest, MixerOptionsLiveInSubTables) {
   EXPECT_EQ(error_of("[model.linear_attention]\nfeature_map = \"elu\"\n"),
             "FILE:2: model.linear_attention.feature_map must be one of \"elu+1\", \"relu\", \"identity\", "
             "\"performer\", got \"elu\" (did you mean \"relu\"?)");
-  EXPECT_EQ(error_of("[model.mamba]\nd_state = 16\n"),
-            "FILE:1: unknown section [model.mamba] ([model] has the sub-tables model.delta_net, "
-            "model.gated_delta_net, model.gla, model.linear_attention, model.retention: one per mixer)");
+  std::string tables;  // every mixer with options has its sub-table, by name
+  for (const MixerSpec* m : registered_mixers()) {
+    if (!m->options.empty()) tables += (tables.empty() ? "model." : ", model.") + m->name;
+  }
+  EXPECT_EQ(error_of("[model.nonesuch]\nd_state = 16\n"),
+            "FILE:1: unknown section [model.nonesuch] ([model] has the sub-tables " + tables + ": one per mixer)");
   EXPECT_EQ(error_of("", {"model.gla.chunksize=3"}),
             "--set model.gla.chunksize=3: unknown key model.gla.chunksize (did you mean model.gla.chunk_size?)");
   EXPECT_EQ(error_of("", {"model.glaa.chunk_size=3"}),
@@ -639,7 +645,7 @@ TEST_F(RecipeTest, EveryRecipeOfTheRepositoryBuildsItsModel) {
     ASSERT_TRUE(model.ok()) << model.status();
     EXPECT_GT((*model)->num_parameters(), 0);
     if (r->name == "hybrid_small") {
-      const DecoderConfig c = *decoder_config(*r, 256);
+      const ModelConfig c = *model_config(*r, 256);
       ASSERT_EQ(c.blocks.size(), 4u);
       EXPECT_EQ(c.blocks[2], (BlockSpec{"attention", FfnKind::swiglu}));
       EXPECT_EQ(c.blocks[3], (BlockSpec{"gla", FfnKind::swiglu}));

@@ -123,8 +123,8 @@ TEST(SampleToken, NonFiniteLogitsAreRefused) {
   }
 }
 
-DecoderConfig tiny_config() {
-  DecoderConfig cfg = gpt2_config(13, 8, 2, 2, 8);
+ModelConfig tiny_config() {
+  ModelConfig cfg = gpt2_config(13, 8, 2, 2, 8);
   cfg.init_std = 0.3;  // large weights: the next token depends strongly on the context
   return cfg;
 }

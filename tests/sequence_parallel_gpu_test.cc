@@ -17,6 +17,7 @@
 #include "cuda_test_util.h"
 #include "dist/communicator.h"
 #include "layers/attention/attention.h"
+#include "layers/attention/ring_attention.h"
 #include "layers/sequence_parallel.h"
 #include "tensor/kernels.h"
 

@@ -30,8 +30,8 @@ using testing::run_ranks;
 
 constexpr int64_t kV = 13, kB = 4, kT = 16, kSteps = 5;
 
-DecoderConfig config(const std::string& mixer) {
-  DecoderConfig cfg;
+ModelConfig config(const std::string& mixer) {
+  ModelConfig cfg;
   cfg.vocab_size = kV;
   cfg.d_model = 8;
   cfg.n_heads = 2;

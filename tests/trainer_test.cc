@@ -22,8 +22,8 @@ namespace {
 
 constexpr int64_t kV = 11, kB = 2, kT = 6;
 
-DecoderConfig hybrid_config() {
-  DecoderConfig cfg;
+ModelConfig hybrid_config() {
+  ModelConfig cfg;
   cfg.vocab_size = kV;
   cfg.d_model = 8;
   cfg.n_heads = 2;

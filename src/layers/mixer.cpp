@@ -60,6 +60,33 @@ void MixerOptions::set(const std::string& key, const OptionValue& value) {
   it->second = value;
 }
 
+// ---- the contract ----
+
+double elements_per_sequence(std::initializer_list<const Tensor*> parts) {
+  double n = 0;
+  for (const Tensor* t : parts) {
+    if (t != nullptr && t->defined()) n += static_cast<double>(t->numel()) / static_cast<double>(t->size(0));
+  }
+  return n;
+}
+
+void check_mixer_input(const MixerInput& in, const std::string& mixer, const MixerTraits& traits) {
+  if (!in.x.defined() || in.x.dim() != 3) {
+    throw std::invalid_argument(mixer + ": the input must be [B, T, C], got " +
+                                (in.x.defined() ? shape_str(in.x.shape()) : std::string("nothing")));
+  }
+  if (!in.causal && !traits.bidirectional) {
+    throw std::invalid_argument(mixer + " is causal only: it cannot mix a row in both directions (an encoder's "
+                                        "blocks need a bidirectional mixer such as attention)");
+  }
+  if (in.memory.defined() && !traits.cross_attention) {
+    throw std::invalid_argument(mixer + " cannot attend to a memory (no cross attention)");
+  }
+  if (in.bias.defined() && !traits.score_bias) {
+    throw std::invalid_argument(mixer + " has no attention scores to add a bias to (relative position bias)");
+  }
+}
+
 // ---- pieces the mixers share ----
 
 int64_t head_dim(const MixerContext& ctx, const std::string& mixer) {

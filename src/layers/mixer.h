@@ -11,17 +11,27 @@
 // loader validates them and docs/recipes.md lists them from this same table) and a factory. Adding a
 // mixer therefore touches its room, its tests and its recipe; nothing central.
 //
-// Training runs a mixer from a zero state (MixerState* null). Decoding passes a MixerState, which the
-// mixer continues and replaces: a recurrence keeps its state (the recurrent form for one token, the
-// chunkwise form with an initial state for a prompt: the forms are equal), attention its keys and
-// values.
+// The contract (docs/design.md "The mixer contract"): a mixer is given one MixerInput — the stream,
+// causal or bidirectional, per-sequence lengths (padding), and optionally a memory to attend to (an
+// encoder's output, for cross attention) and an additive score bias (T5's relative positions) — and
+// returns [B, T, C]. What it can do is declared in its spec's MixerTraits (bidirectional, sequence
+// parallelism, cross attention, a score bias), which the recipe loader checks a model against and the
+// all-mixer tests read; an input it cannot take is refused with std::invalid_argument naming the mixer.
+//
+// Training runs a mixer from a zero state (MixerState* null). Decoding passes the state the mixer made
+// with new_state(), a type of its own (attention its keys and values, a recurrence its matrix state
+// and conv tail, ...), which it continues and replaces: the recurrent form for one token, the chunkwise
+// form with an initial state for a prompt (the forms are equal). The state counts its own size, which
+// tests/mixer_test.cc checks against the spec's state_size.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <variant>
 #include <vector>
@@ -31,10 +41,11 @@
 
 namespace seqlab {
 
-// How the model knows token order: a learned absolute embedding added to the input, rotary embedding
-// of every attention layer's queries and keys, or nothing (causal attention and recurrences order
-// the tokens themselves).
-enum class PositionKind { learned, rope, none };
+// How the model knows token order: an absolute embedding added to the input (learned, or the fixed
+// sinusoids of the Transformer paper), rotary embedding of every attention layer's queries and keys,
+// T5's learned relative bias on attention scores (one table per stack, given to the mixers as
+// MixerInput::bias), or nothing (causal attention and recurrences order the tokens themselves).
+enum class PositionKind { learned, rope, none, sinusoidal, relative };
 
 // What every mixer of a model shares: the model's own sizes and settings.
 struct MixerContext {
@@ -46,6 +57,10 @@ struct MixerContext {
   bool bias = false;         // biases in attention's projections (GPT-2)
   double norm_eps = 1e-5;
   double init_std = 0.02;    // standard deviation of the initial weights
+  // A cross-attention layer (MixerTraits::cross_attention): queries from the stream, keys and values
+  // from MixerInput::memory, of width memory_dim (0: d_model).
+  bool cross = false;
+  int64_t memory_dim = 0;
 };
 
 // ---- a mixer's own options: the keys of its recipe sub-table ----
@@ -88,30 +103,71 @@ class MixerOptions {
 
 // ---- the mixer ----
 
-// Everything a mixer carries from one decoding call to the next (undefined until the first call).
-struct MixerState {
-  int64_t position = 0;  // tokens seen before this call (set by the model)
-  Tensor state;          // [B, H, dk, dv] a recurrence's matrix state
-  Tensor normalizer;     // [B, H, dk] linear attention's z
-  Tensor conv;           // [B, K−1, C'] the last inputs of a short convolution
-  Tensor keys, values;   // [B, S, Hk, D] attention's cache
+// What a mixer is given. Fields a caller does not set stay undefined.
+struct MixerInput {
+  Tensor x;              // [B, T, C] the normalised residual stream
+  bool causal = true;    // token t sees tokens ≤ t (a decoder); false: its whole row (an encoder)
+  Tensor lengths;        // [B] i32/i64 valid tokens per row, the rest padding; undefined: all valid. Causal
+                         // mixers may ignore it: right padding never reaches a valid token.
+  Tensor memory;         // [B, S, C] what a cross-attention layer attends to (the encoder's output)
+  Tensor memory_lengths; // [B] valid memory tokens per row; undefined: all valid
+  Tensor bias;           // [1 or B, H, T, S] additive bias of attention scores (T5's relative positions),
+                         // S the keys seen (with a cache: cached + new); undefined: none
 };
+
+// Everything a mixer carries from one decoding call to the next. Each mixer derives its own (made by
+// Mixer::new_state()); the model sets `position` before each call.
+struct MixerState {
+  virtual ~MixerState() = default;
+  int64_t position = 0;  // tokens seen before this call
+  // The elements of state it holds per sequence now (MixerSpec::state_size predicts it).
+  virtual double size() const = 0;
+};
+
+// Σ over the defined tensors of their elements per sequence (numel / their first dim, the batch): the
+// size() of a state made of tensors [B, ...].
+double elements_per_sequence(std::initializer_list<const Tensor*> parts);
 
 class Mixer : public Module {
  public:
-  // x [B, T, C] holds the tokens at positions p … p+T−1, p = state->position (0 without a state) →
-  // [B, T, C]. `state` null in training; when decoding, continued and replaced.
-  virtual Tensor forward(const Tensor& x, MixerState* state) const = 0;
+  // in.x [B, T, C] holds the tokens at positions p … p+T−1, p = state->position (0 without a state) →
+  // [B, T, C]. `state` null in training; when decoding, a state of new_state(), continued and replaced.
+  virtual Tensor forward(const MixerInput& in, MixerState* state) const = 0;
+  // An empty decoding state of this mixer's own type.
+  virtual std::unique_ptr<MixerState> new_state() const = 0;
 };
+
+// The state of `mixer`'s type S, or null when `state` is null; throws std::logic_error for another type.
+template <class S>
+S* state_of(MixerState* state, const char* mixer) {
+  if (state == nullptr) return nullptr;
+  S* s = dynamic_cast<S*>(state);
+  if (s == nullptr) throw std::logic_error(std::string(mixer) + ": given another mixer's decoding state");
+  return s;
+}
+
+// What a mixer can do, declared in its spec: the recipe loader refuses a model that asks for more (one
+// line naming the mixer), and the all-mixer tests run each mixer on exactly what it declares.
+struct MixerTraits {
+  // Carries a fixed-size state (a recurrence): decoding a token costs the same at any position and
+  // the context is unbounded. Softmax attention keeps a cache that grows with the context instead.
+  bool recurrent = true;
+  bool bidirectional = false;      // runs with causal = false (an encoder's blocks)
+  bool sequence_parallel = true;   // runs under a SequenceGroup (parallel.sp > 1)
+  bool cross_attention = false;    // made with MixerContext::cross, attends to in.memory
+  bool score_bias = false;         // takes in.bias (T5's relative positions)
+};
+
+// Refuses what a mixer's traits say it cannot take: causal = false without `bidirectional`, a memory
+// without `cross_attention`, a bias without `score_bias` (std::invalid_argument naming the mixer).
+void check_mixer_input(const MixerInput& in, const std::string& mixer, const MixerTraits& traits);
 
 struct MixerSpec {
   std::string name;                  // recipe value, op room and doc page: "gla"
   std::vector<std::string> aliases;  // older recipe values it still answers to ("retnet")
   std::string summary;               // one line for docs/recipes.md
   std::string doc;                   // its page: "docs/variants/gla.md"
-  // Carries a fixed-size state (a recurrence): decoding a token costs the same at any position and
-  // the context is unbounded. Softmax attention keeps a cache that grows with the context instead.
-  bool recurrent = true;
+  MixerTraits traits;
   std::vector<OptionSpec> options;
   // Throws std::invalid_argument for sizes it cannot take (heads not dividing d_model, ...). Draws its
   // initial weights from `gen`, in a fixed order.
@@ -146,6 +202,12 @@ std::string mixer_names();
 int64_t head_dim(const MixerContext& ctx, const std::string& mixer);
 // The chunk_size option of the chunkwise training forms.
 OptionSpec chunk_size_option();
+// The decoding state of a recurrence that carries one dk×dv matrix per head and nothing else (GLA,
+// retention): state [B, H, dk, dv].
+struct MatrixState : MixerState {
+  Tensor state;
+  double size() const override { return elements_per_sequence({&state}); }
+};
 // The state of a recurrence with one dk×dv matrix per head (dk = dv = d/H): H·(d/H)² elements.
 double matrix_state_size(const MixerContext& ctx, const MixerOptions& opts, int64_t seq_len);
 // FLOPs per token of one layer of a chunkwise linear recurrence with matrix state, beyond 6·N: causal

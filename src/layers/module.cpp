@@ -28,7 +28,7 @@ Tensor& Module::add_parameter(const std::string& name, Tensor value, ParamRole r
 
 void Module::collect(const std::string& prefix, std::vector<Parameter>* out) {
   for (Entry& e : params_) out->push_back(Parameter{prefix + e.name, e.tensor.get(), e.role});
-  for (auto& [name, child] : children_) child->collect(prefix + name + ".", out);
+  for (auto& [name, child] : children_) child->collect(name.empty() ? prefix : prefix + name + ".", out);
 }
 
 std::vector<Parameter> Module::parameters() {

@@ -42,6 +42,8 @@ class Module {
  protected:
   // Registers a leaf parameter (requires grad) and returns it.
   Tensor& add_parameter(const std::string& name, Tensor value, ParamRole role);
+  // Registers a submodule; its parameters are named "<name>.<theirs>", or just theirs when `name` is
+  // empty (a part that lends its names to its owner: a model's block stack).
   template <class M>
   M& add_module(const std::string& name, std::unique_ptr<M> module) {
     M& ref = *module;

@@ -21,6 +21,9 @@
 //   sequence_halo       the last h tokens of the previous chunk (short convolutions).
 // Positions are global: sequence_positions gives each local token's place in the whole sequence.
 //
+// Ring attention (attention/ring_attention.h) and rotary positions at global positions (sequence_rope,
+// attention/rope.h) live in the attention room; this file has the layout and the exchanges they use.
+//
 // A model runs sequence-parallel while a SequenceParallelScope names the group (the trainer's step);
 // without one, sequence_group() is null and every layer runs as in one process.
 #pragma once
@@ -75,7 +78,15 @@ Tensor sequence_place_local(const Tensor& local, const SequenceGroup& g);
 // The global position of each of `local_len` local tokens (segment 0's, then segment 1's).
 std::vector<int64_t> sequence_positions(int64_t local_len, const SequenceGroup& g);
 
-// ---- differentiable exchanges ----
+// c = local_len / 2, the length of a rank's chunks; throws std::invalid_argument naming `what` when the
+// local tokens do not split into two chunks of equal length.
+int64_t sequence_chunk_len(int64_t local_len, const char* what);
+
+// ---- exchanges ----
+
+// The raw exchange (not differentiable): rank r's x goes to r + dir and rank r − dir's comes back
+// (dir = +1: the ring's direction; −1: the other way round).
+Tensor ring_shift_raw(const Tensor& x, const SequenceGroup& g, int dir);
 
 // Every rank's x at once: rank r gets rank r−1's x (rank 0 gets rank P−1's). Backward: the gradient
 // travels the other way round.
@@ -83,14 +94,6 @@ Tensor ring_shift(const Tensor& x, const SequenceGroup& g);
 // x [n, ...] of every rank, concatenated in rank order: [P·n, ...]. Backward: the gradient's rows of this
 // rank, summed over the ranks (every rank used every rank's x).
 Tensor gather_ranks(const Tensor& x, const SequenceGroup& g);
-
-// Causal softmax attention over the whole sequence: q [B, 2c, H, D], k [B, 2c, Hk, D], v [B, 2c, Hk, Dv],
-// this rank's two chunks; the output [B, 2c, H, Dv] is the rows of attention(Q, K, V) over all T tokens
-// at this rank's positions. `scale` ≤ 0: 1/√D.
-Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, const SequenceGroup& g, double scale = 0);
-
-// Rotary embedding of x [B, 2c, H, D] at its tokens' global positions (rope.h, segment by segment).
-Tensor sequence_rope(const Tensor& x, double base, const SequenceGroup& g);
 
 // For each local segment, the last h tokens before it in the whole sequence, [B, h, ...] per segment
 // (zeros before chunk 0). x [B, 2c, ...]; needs h ≤ c.

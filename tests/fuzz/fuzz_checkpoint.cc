@@ -7,7 +7,7 @@
 #include "fuzz_util.h"
 #include "source_dir.h"
 #include "train/checkpoint/checkpoint.h"
-#include "train/cli/commands.h"
+#include "train/common/errors.h"
 #include "train/loop/sampling.h"
 #include "train/recipe/configs.h"
 

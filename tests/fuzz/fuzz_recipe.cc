@@ -18,7 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!recipe.ok()) return 0;
 
   // The mappings the trainer applies next (their own errors are answers too).
-  (void)decoder_config(*recipe, 300);
+  (void)model_config(*recipe, 300);
   (void)validate(optim_config(*recipe));
   (void)trainer_options(*recipe);
   (void)loader_options(*recipe);

@@ -13,7 +13,7 @@
 //   max, divided by ℓ at the end. Saves lse = m + log ℓ.
 // - Masks: padded queries are a suffix of each sequence and every other row sees key 0, so the rows
 //   of a tile that see any key are a prefix of it (`live_rows`); the GEMMs run over those rows only,
-//   so a padded row's q, dout and dlse are never read. Keys past k_lengths[b] shorten the tile's
+//   so a padded row's q, dout and dlse enter no product. Keys past k_lengths[b] shorten the tile's
 //   key range like the causal limit does. A row that sees no key gets o = 0 and lse = −∞; its
 //   probabilities are taken as 0 (never exp(−∞ + ∞)), so it passes no gradient. The bias is added
 //   to a row's visible scores only, and dbias = dS is written for them, 0 elsewhere.
@@ -323,7 +323,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionM
 // GEMM) and dS in place, and adds into dV_blk += Pᵀ dO_tile, dQ_tile += scale dS K_blk and
 // dK_blk += scale dSᵀ Q_tile (three GEMMs). It alone writes the dK/dV rows of its kv head and the
 // dQ rows and dbias rows of its query heads, so there are no races, and each score is computed once.
-// Only a tile's live rows enter the GEMMs, so padded rows' dO and dlse are never read.
+// Only a tile's live rows enter the GEMMs, so padded rows' dO and dlse reach no gradient.
 // Memory: reads dO, dlse, q, k, v, o, lse, the lengths and the bias rows it sees; writes the requested
 // dq, dk, dv and dbias [B, H, T, S]; scratch: δ [B, T, H] and two block × block tiles per thread.
 template <class T>

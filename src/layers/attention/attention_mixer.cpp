@@ -1,22 +1,30 @@
-// Causal softmax self-attention as a token mixer around the fused `attention` op (attention.h),
-// registered as `model.mixer = "attention"`: a block of every layer of a GPT, or some layers of a hybrid.
+// Softmax attention as a token mixer around the fused `attention` op (attention.h), registered as
+// `model.mixer = "attention"`: every block of a GPT or a BERT, some blocks of a hybrid, and (made with
+// MixerContext::cross) the cross-attention layer of an encoder-decoder.
 //
+// Self-attention:
 //   q, k, v = split(x W_qkv + b)                      [B, T, H, D], [B, T, Hk, D] ×2   (Hk = n_kv_heads)
 //   q, k    = rope(q, p), rope(k, p)                  model.positions = "rope" only (rope.h)
-//   o       = attention(q, [K_cache; k], [V_cache; v])   causal, query head h reads kv head h / (H/Hk)
+//   o       = attention(q, [K_cache; k], [V_cache; v], causal or not, key lengths, score bias)
 //   y       = o W_proj + b
+// Cross-attention (keys and values from the memory m [B, S, C'], computed once when decoding):
+//   q = x W_q + b,  k, v = split(m W_kv + b),  o = attention(q, k, v, not causal, memory lengths, bias)
 //
-// Token t of a call sits at position p = start + t, start the number of tokens decoded before (0 in
-// training), so rotary positions of new tokens are their true positions, and cached keys, rotated
-// when they were new, never need rotating again. Biases with model.bias (GPT-2).
+// Query head h reads kv head h / (H/Hk). Token t of a call sits at position p = start + t, start the
+// number of tokens decoded before (0 in training), so rotary positions of new tokens are their true
+// positions, and cached keys, rotated when they were new, never need rotating again. Biases with
+// model.bias (GPT-2, BERT). Scores are scaled by [model.attention] scale, 1/√D by default (T5: 1).
+// Padding: with lengths, keys past a row's length are never seen and padded query rows give 0 (a
+// causal decoder needs no lengths: right padding never reaches a valid token).
 //
-// Parameters: qkv, proj.
+// Parameters: qkv, proj (self); q, kv, proj (cross).
 #include <memory>
 #include <stdexcept>
 #include <string>
 
 #include "autograd/ops.h"
 #include "layers/attention/attention.h"
+#include "layers/attention/ring_attention.h"
 #include "layers/attention/rope.h"
 #include "layers/basic.h"
 #include "layers/mixer.h"
@@ -45,24 +53,74 @@ int64_t checked_head_dim(const MixerContext& ctx) {
   return head;
 }
 
+// Softmax attention: bidirectional, with a score bias and (made so) cross attention; sequence-parallel
+// by ring attention (causal self-attention).
+constexpr MixerTraits kTraits{/*recurrent=*/false, /*bidirectional=*/true, /*sequence_parallel=*/true,
+                              /*cross_attention=*/true, /*score_bias=*/true};
+
+// Decoding state: the keys and values seen so far, [B, S, Hk, D] each (cross attention: the memory's,
+// computed at the first call).
+struct AttentionCache : MixerState {
+  Tensor keys, values;
+  double size() const override { return elements_per_sequence({&keys, &values}); }
+};
+
+// The fused op with the input's masks and bias.
+Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, const Tensor& q_lengths,
+              const Tensor& k_lengths, const Tensor& bias) {
+  AttentionOptions opts;
+  opts.causal = causal;
+  opts.scale = scale;
+  if (q_lengths.defined() || k_lengths.defined() || bias.defined()) {
+    throw std::logic_error("attention: lengths and bias reach the fused op with its masked form");
+  }
+  return attention(q, k, v, opts);
+}
+
 class AttentionMixer : public Mixer {
  public:
-  AttentionMixer(const MixerContext& ctx, Generator& gen)
+  AttentionMixer(const MixerContext& ctx, const MixerOptions& opts, Generator& gen)
       : head_dim_(checked_head_dim(ctx)),
         heads_(ctx.n_heads),
         kv_heads_(ctx.n_kv_heads),
-        rope_(ctx.positions == PositionKind::rope),
+        cross_(ctx.cross),
+        rope_(ctx.positions == PositionKind::rope && !ctx.cross),
         rope_base_(ctx.rope_base),
-        qkv_(add_module("qkv", std::make_unique<Linear>(ctx.d_model, (heads_ + 2 * kv_heads_) * head_dim_, ctx.bias,
-                                                        gen, ctx.init_std))),
-        proj_(add_module("proj",
-                         std::make_unique<Linear>(heads_ * head_dim_, ctx.d_model, ctx.bias, gen, ctx.init_std))) {}
+        scale_(opts.number("scale")) {
+    const int64_t memory_dim = ctx.memory_dim > 0 ? ctx.memory_dim : ctx.d_model;
+    if (cross_) {
+      q_ = &add_module("q", std::make_unique<Linear>(ctx.d_model, heads_ * head_dim_, ctx.bias, gen, ctx.init_std));
+      kv_ = &add_module("kv",
+                        std::make_unique<Linear>(memory_dim, 2 * kv_heads_ * head_dim_, ctx.bias, gen, ctx.init_std));
+    } else {
+      qkv_ = &add_module("qkv", std::make_unique<Linear>(ctx.d_model, (heads_ + 2 * kv_heads_) * head_dim_, ctx.bias,
+                                                          gen, ctx.init_std));
+    }
+    proj_ = &add_module("proj", std::make_unique<Linear>(heads_ * head_dim_, ctx.d_model, ctx.bias, gen, ctx.init_std));
+  }
 
-  Tensor forward(const Tensor& x, MixerState* state) const override {
+  Tensor forward(const MixerInput& in, MixerState* decoding) const override {
+    check_mixer_input(in, "attention", kTraits);
+    if (cross_ != in.memory.defined()) {
+      throw std::invalid_argument(cross_ ? "attention: a cross-attention layer needs a memory to attend to"
+                                         : "attention: a self-attention layer was given a memory");
+    }
+    AttentionCache* state = state_of<AttentionCache>(decoding, "attention");
+    const Tensor& x = in.x;
+    const int64_t B = x.shape()[0], T = x.shape()[1];
+    Tensor o = cross_ ? cross_attend(in, state) : self_attend(in, state);  // [B, T, H, D]
+    return proj_->forward(reshape(o, {B, T, heads_ * head_dim_}));
+  }
+
+  std::unique_ptr<MixerState> new_state() const override { return std::make_unique<AttentionCache>(); }
+
+ private:
+  Tensor self_attend(const MixerInput& in, AttentionCache* state) const {
+    const Tensor& x = in.x;
     const int64_t B = x.shape()[0], T = x.shape()[1];
     const int64_t start = state != nullptr ? state->position : 0;
     // [q | k | v] = x W_qkvᵀ + b, split along the feature dimension into H, Hk, Hk heads of D.
-    Tensor qkv = qkv_.forward(x);
+    Tensor qkv = qkv_->forward(x);
     Tensor q = reshape(narrow(qkv, 2, 0, heads_ * head_dim_), {B, T, heads_, head_dim_});
     Tensor k = reshape(narrow(qkv, 2, heads_ * head_dim_, kv_heads_ * head_dim_), {B, T, kv_heads_, head_dim_});
     Tensor v = reshape(narrow(qkv, 2, (heads_ + kv_heads_) * head_dim_, kv_heads_ * head_dim_),
@@ -70,11 +128,14 @@ class AttentionMixer : public Mixer {
     if (const SequenceGroup* sp = state == nullptr ? sequence_group() : nullptr) {
       // Sequence-parallel: this rank's two chunks, rotated at their global positions, attend to the whole
       // sequence's keys and values as they travel around the ring.
+      if (!in.causal || in.bias.defined()) {
+        throw std::invalid_argument("attention: sequence parallelism runs causal attention without a score bias");
+      }
       if (rope_) {
         q = sequence_rope(q, rope_base_, *sp);
         k = sequence_rope(k, rope_base_, *sp);
       }
-      return proj_.forward(reshape(ring_attention(q, k, v, *sp), {B, T, heads_ * head_dim_}));
+      return ring_attention(q, k, v, *sp, scale_);
     }
     if (rope_) {
       // Rotated at their own positions before caching: cached keys never need rotating again.
@@ -94,40 +155,69 @@ class AttentionMixer : public Mixer {
       state->keys = k;
       state->values = v;
     }
-    AttentionOptions opts;
-    opts.causal = true;
-    Tensor o = attention(q, k, v, opts);  // [B, T, H, D]
-    return proj_.forward(reshape(o, {B, T, heads_ * head_dim_}));
+    // A causal row never sees a padded key (padding is at the end); bidirectional rows must be masked.
+    const Tensor lengths = in.causal ? Tensor() : in.lengths;
+    return attend(q, k, v, in.causal, scale_, lengths, lengths, in.bias);
   }
 
- private:
+  Tensor cross_attend(const MixerInput& in, AttentionCache* state) const {
+    const Tensor& x = in.x;
+    const int64_t B = x.shape()[0], T = x.shape()[1];
+    if (sequence_group() != nullptr && state == nullptr) {
+      throw std::invalid_argument("attention: cross attention does not run under sequence parallelism");
+    }
+    Tensor q = reshape(q_->forward(x), {B, T, heads_, head_dim_});
+    Tensor k, v;
+    if (state != nullptr && state->keys.defined()) {
+      k = state->keys;  // the memory's keys and values, computed at the first call
+      v = state->values;
+    } else {
+      const int64_t S = in.memory.size(1);
+      Tensor kv = kv_->forward(in.memory);
+      k = reshape(narrow(kv, 2, 0, kv_heads_ * head_dim_), {B, S, kv_heads_, head_dim_});
+      v = reshape(narrow(kv, 2, kv_heads_ * head_dim_, kv_heads_ * head_dim_), {B, S, kv_heads_, head_dim_});
+      if (state != nullptr) {
+        state->keys = k;
+        state->values = v;
+      }
+    }
+    return attend(q, k, v, /*causal=*/false, scale_, Tensor(), in.memory_lengths, in.bias);
+  }
+
   int64_t head_dim_, heads_, kv_heads_;
-  bool rope_;
-  double rope_base_;
-  Linear& qkv_;
-  Linear& proj_;
+  bool cross_, rope_;
+  double rope_base_, scale_;
+  Linear* qkv_ = nullptr;  // self-attention
+  Linear* q_ = nullptr;    // cross attention
+  Linear* kv_ = nullptr;
+  Linear* proj_ = nullptr;
 };
 
 const MixerRegistration kAttention{MixerSpec{
     "attention",
     {},
-    "causal softmax attention (fused, online softmax), multi-, grouped- or multi-query heads (model.n_kv_heads)",
+    "softmax attention (fused, online softmax), causal or bidirectional, multi-, grouped- or multi-query heads "
+    "(model.n_kv_heads)",
     "docs/variants/attention.md",
-    /*recurrent=*/false,
-    {},
-    [](const MixerContext& ctx, const MixerOptions&, Generator& gen) -> std::unique_ptr<Mixer> {
-      return std::make_unique<AttentionMixer>(ctx, gen);
+    kTraits,
+    {OptionSpec::number("scale", 0.0, 0, false,
+                        "scores are q·k times this; 0: 1/√(head size) (T5 uses 1, its weights absorb the scale)")},
+    [](const MixerContext& ctx, const MixerOptions& opts, Generator& gen) -> std::unique_ptr<Mixer> {
+      return std::make_unique<AttentionMixer>(ctx, opts, gen);
     },
     // Scores and mixing, 2·T·d per token forward over half the keys on average (T·d multiply-adds each),
     // three times for forward and backward: 6·T·d per layer.
     [](const MixerContext& ctx, const MixerOptions&, int64_t seq_len) {
       return 6.0 * static_cast<double>(seq_len * ctx.d_model);
     },
-    // qkv: d → (H + 2·Hk)·D, proj: H·D → d (D = d / H), each with a bias when ctx.bias.
+    // qkv: d → (H + 2·Hk)·D, proj: H·D → d (D = d / H), each with a bias when ctx.bias. Cross
+    // attention: q d → H·D and kv memory_dim → 2·Hk·D instead of qkv.
     [](const MixerContext& ctx, const MixerOptions&) {
       const double d = static_cast<double>(ctx.d_model), D = static_cast<double>(ctx.d_model / ctx.n_heads);
-      const double qkv = static_cast<double>(ctx.n_heads + 2 * ctx.n_kv_heads) * D, heads = static_cast<double>(ctx.n_heads) * D;
-      return d * qkv + heads * d + (ctx.bias ? qkv + d : 0.0);
+      const double m = ctx.memory_dim > 0 ? static_cast<double>(ctx.memory_dim) : d;
+      const double q = static_cast<double>(ctx.n_heads) * D, kv = 2 * static_cast<double>(ctx.n_kv_heads) * D;
+      const double in = ctx.cross ? d * q + m * kv : d * (q + kv);
+      return in + q * d + (ctx.bias ? q + kv + d : 0.0);
     },
     // The KV cache: keys and values of Hk heads of D for each of seq_len tokens.
     [](const MixerContext& ctx, const MixerOptions&, int64_t seq_len) {

@@ -12,6 +12,7 @@
 #include "autograd/function.h"
 #include "autograd/op_registry.h"
 #include "autograd/ops.h"
+#include "layers/sequence_parallel.h"
 #include "tensor/parallel.h"
 #include "tensor/kernels.h"
 
@@ -170,4 +171,12 @@ SEQLAB_REGISTER_OP(([] {
 }()));
 
 }  // namespace
+// Rotary embedding under sequence parallelism: each of the rank's two chunks at its global start.
+Tensor sequence_rope(const Tensor& x, double base, const SequenceGroup& g) {
+  const int64_t c = sequence_chunk_len(x.size(1), "sequence_rope");
+  RopeOptions a{base, g.chunk(0) * c}, b{base, g.chunk(1) * c};
+  return concat({rope(narrow(x, 1, 0, c), a), rope(narrow(x, 1, c, c), b)}, 1);
+}
+
+
 }  // namespace seqlab

@@ -32,6 +32,11 @@ Tensor rope(const Tensor& x, const RopeOptions& opts = {});
 // gradients). For tests and comparisons.
 Tensor rope_reference(const Tensor& x, const RopeOptions& opts = {});
 
+class SequenceGroup;
+// Rotary embedding of x [B, 2c, H, D], a rank's two chunks under sequence parallelism
+// (layers/sequence_parallel.h), each rotated at its global positions.
+Tensor sequence_rope(const Tensor& x, double base, const SequenceGroup& g);
+
 namespace kernel {
 
 // Raw entry point: checks x, makes it contiguous, allocates y and calls the slot. `inverse`

@@ -22,6 +22,15 @@
 namespace seqlab {
 namespace {
 
+// A causal recurrence: sequence-parallel by state passing (a matrix transition), not bidirectional.
+constexpr MixerTraits kTraits{};
+
+// Decoding state: the matrix state [B, H, dk, dv] and the convolution's last K − 1 inputs [B, K−1, 3C].
+struct DeltaNetState : MixerState {
+  Tensor state, conv;
+  double size() const override { return elements_per_sequence({&state, &conv}); }
+};
+
 class DeltaNetMixer : public Mixer {
  public:
   DeltaNetMixer(const MixerContext& ctx, const MixerOptions& opts, bool gated, Generator& gen)
@@ -39,7 +48,10 @@ class DeltaNetMixer : public Mixer {
         head_norm_(add_module("head_norm", std::make_unique<Norm>(NormKind::rms_norm, head_dim_, ctx.norm_eps))),
         out_(add_module("out", std::make_unique<Linear>(ctx.d_model, ctx.d_model, false, gen, ctx.init_std))) {}
 
-  Tensor forward(const Tensor& x, MixerState* state) const override {
+  Tensor forward(const MixerInput& in, MixerState* decoding) const override {
+    check_mixer_input(in, decay_ != nullptr ? "gated_delta_net" : "delta_net", kTraits);
+    DeltaNetState* state = state_of<DeltaNetState>(decoding, "delta_net");
+    const Tensor& x = in.x;
     const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
     const SequenceGroup* sp = state == nullptr ? sequence_group() : nullptr;
     Tensor qkv = silu(sp != nullptr ? sequence_conv(qkv_.forward(x), *sp)
@@ -87,6 +99,8 @@ class DeltaNetMixer : public Mixer {
     std::vector<Tensor> halo = sequence_halo(u, conv_.kernel_size() - 1, sp);
     return concat({conv_.forward(narrow(u, 1, 0, c), &halo[0]), conv_.forward(narrow(u, 1, c, c), &halo[1])}, 1);
   }
+  std::unique_ptr<MixerState> new_state() const override { return std::make_unique<DeltaNetState>(); }
+
   // I [B, H, dk, dk] in x's dtype, the initial state whose final state is the segment's transition.
   Tensor identity_states(int64_t B, const Tensor& x) const {
     std::vector<double> eye(static_cast<size_t>(head_dim_ * head_dim_), 0.0);
@@ -133,7 +147,7 @@ const MixerRegistration kDeltaNet{MixerSpec{
     {"deltanet"},
     "DeltaNet: the delta rule S ← S + β kᵀ(v − k S) with L2-normalised keys and a short convolution",
     "docs/variants/delta_net.md",
-    /*recurrent=*/true,
+    kTraits,
     {chunk_size_option(), conv_size_option()},
     [](const MixerContext& ctx, const MixerOptions& opts, Generator& gen) -> std::unique_ptr<Mixer> {
       return std::make_unique<DeltaNetMixer>(ctx, opts, /*gated=*/false, gen);
@@ -147,7 +161,7 @@ const MixerRegistration kGatedDeltaNet{MixerSpec{
     {"gated_deltanet"},
     "Gated DeltaNet: the delta rule with a data-dependent decay α per token and head",
     "docs/variants/delta_net.md",
-    /*recurrent=*/true,
+    kTraits,
     {chunk_size_option(), conv_size_option(),
      OptionSpec::number("gate_temperature", 16.0, 0, true,
                         "decay α = σ(·)^(1/τ); a large τ keeps α near 1 (slow forgetting) at first")},

@@ -27,6 +27,15 @@
 namespace seqlab {
 namespace {
 
+// A causal recurrence: sequence-parallel by state passing (additive states), not bidirectional.
+constexpr MixerTraits kTraits{};
+
+// Decoding state: S [B, H, dk, dv] and the normaliser z [B, H, dk].
+struct LinearAttentionState : MixerState {
+  Tensor state, normalizer;
+  double size() const override { return elements_per_sequence({&state, &normalizer}); }
+};
+
 class LinearAttentionMixer : public Mixer {
  public:
   LinearAttentionMixer(const MixerContext& ctx, const MixerOptions& opts, Generator& gen)
@@ -45,7 +54,10 @@ class LinearAttentionMixer : public Mixer {
     }
   }
 
-  Tensor forward(const Tensor& x, MixerState* state) const override {
+  Tensor forward(const MixerInput& in, MixerState* decoding) const override {
+    check_mixer_input(in, "linear_attention", kTraits);
+    LinearAttentionState* state = state_of<LinearAttentionState>(decoding, "linear_attention");
+    const Tensor& x = in.x;
     const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
     auto heads = [&](const Tensor& t) { return reshape(t, {B, T, heads_, head_dim_}); };
     Tensor q = heads(q_.forward(x)), k = heads(k_.forward(x));
@@ -84,6 +96,7 @@ class LinearAttentionMixer : public Mixer {
     }
     return out_.forward(reshape(r.o, {B, T, C}));
   }
+  std::unique_ptr<MixerState> new_state() const override { return std::make_unique<LinearAttentionState>(); }
 
  private:
   int64_t heads_, head_dim_, chunk_;
@@ -100,7 +113,7 @@ const MixerRegistration kLinearAttention{MixerSpec{
     {"linear"},
     "linear attention φ(q)·Σφ(k)ᵀv with a normaliser; φ elu+1, relu, identity or Performer's random features",
     "docs/variants/linear_attention.md",
-    /*recurrent=*/true,
+    kTraits,
     {chunk_size_option(),
      OptionSpec::choice("feature_map", {"elu+1", "relu", "identity", "performer"},
                         "the feature map φ applied to queries and keys; performer: FAVOR+ positive orthogonal "

@@ -36,4 +36,23 @@ Tensor LanguageModel::loss_from_logits(const Batch& batch, const Tensor& logits)
   return cross_entropy(logits, targets, kIgnoreIndex, batch.loss_weights);
 }
 
+Tensor LanguageModel::loss_from_outputs(const Batch& batch, const ModelOutputs& out) const {
+  Tensor loss = loss_from_logits(batch, out.logits);
+  if (out.sequence_logits.defined() && batch.sequence_targets.defined()) {
+    // [B, K] as [B, 1, K] against [B, 1]: one scored position per row.
+    const int64_t B = out.sequence_logits.size(0), K = out.sequence_logits.size(1);
+    const Tensor targets = kernel::view(batch.sequence_targets, {B, 1});
+    loss = add(loss, cross_entropy(reshape(out.sequence_logits, {B, 1, K}), targets, kIgnoreIndex));
+  }
+  return loss;
+}
+
+std::unique_ptr<DecodeState> LanguageModel::new_decode_state() const {
+  throw std::logic_error("this model does not decode token by token (an encoder has no decode step)");
+}
+
+Tensor LanguageModel::forward_step(const Tensor&, DecodeState&) {
+  throw std::logic_error("this model does not decode token by token (an encoder has no decode step)");
+}
+
 }  // namespace seqlab

@@ -21,6 +21,9 @@
 namespace seqlab {
 namespace {
 
+// A causal recurrence: sequence-parallel by state passing, not bidirectional.
+constexpr MixerTraits kTraits{};
+
 class GlaMixer : public Mixer {
  public:
   GlaMixer(const MixerContext& ctx, const MixerOptions& opts, Generator& gen)
@@ -39,7 +42,10 @@ class GlaMixer : public Mixer {
         head_norm_(add_module("head_norm", std::make_unique<Norm>(NormKind::rms_norm, head_dim_, ctx.norm_eps))),
         out_(add_module("out", std::make_unique<Linear>(ctx.d_model, ctx.d_model, false, gen, ctx.init_std))) {}
 
-  Tensor forward(const Tensor& x, MixerState* state) const override {
+  Tensor forward(const MixerInput& in, MixerState* decoding) const override {
+    check_mixer_input(in, "gla", kTraits);
+    MatrixState* state = state_of<MatrixState>(decoding, "gla");
+    const Tensor& x = in.x;
     const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
     auto heads = [&](const Tensor& t) { return reshape(t, {B, T, heads_, head_dim_}); };
     Tensor g = mul(log_sigmoid(gate_up_.forward(gate_down_.forward(x))), 1.0 / temperature_);
@@ -69,6 +75,7 @@ class GlaMixer : public Mixer {
     o = reshape(head_norm_.forward(o), {B, T, C});
     return out_.forward(mul(o, silu(out_gate_.forward(x))));
   }
+  std::unique_ptr<MixerState> new_state() const override { return std::make_unique<MatrixState>(); }
 
  private:
   int64_t heads_, head_dim_, chunk_;
@@ -88,7 +95,7 @@ const MixerRegistration kGla{MixerSpec{
     {},
     "gated linear attention: a matrix state per head, decayed per key channel by a data-dependent gate",
     "docs/variants/gla.md",
-    /*recurrent=*/true,
+    kTraits,
     {chunk_size_option(), OptionSpec::integer("gate_rank", 16, 1, "rank of the low-rank gate projection"),
      OptionSpec::number("gate_temperature", 16.0, 0, true,
                         "decay α = σ(·)^(1/τ); a large τ keeps α near 1 (slow forgetting) at first")},

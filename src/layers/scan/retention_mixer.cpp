@@ -24,6 +24,9 @@
 namespace seqlab {
 namespace {
 
+// A causal recurrence: sequence-parallel by state passing, not bidirectional.
+constexpr MixerTraits kTraits{};
+
 class RetentionMixer : public Mixer {
  public:
   RetentionMixer(const MixerContext& ctx, const MixerOptions& opts, Generator& gen)
@@ -37,7 +40,10 @@ class RetentionMixer : public Mixer {
         head_norm_(add_module("head_norm", std::make_unique<Norm>(NormKind::rms_norm, head_dim_, ctx.norm_eps))),
         out_(add_module("out", std::make_unique<Linear>(ctx.d_model, ctx.d_model, false, gen, ctx.init_std))) {}
 
-  Tensor forward(const Tensor& x, MixerState* state) const override {
+  Tensor forward(const MixerInput& in, MixerState* decoding) const override {
+    check_mixer_input(in, "retention", kTraits);
+    MatrixState* state = state_of<MatrixState>(decoding, "retention");
+    const Tensor& x = in.x;
     const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
     auto heads = [&](const Tensor& t) { return reshape(t, {B, T, heads_, head_dim_}); };
     RopeOptions rotation;
@@ -73,6 +79,7 @@ class RetentionMixer : public Mixer {
     o = reshape(head_norm_.forward(o), {B, T, C});
     return out_.forward(mul(o, silu(out_gate_.forward(x))));
   }
+  std::unique_ptr<MixerState> new_state() const override { return std::make_unique<MatrixState>(); }
 
  private:
   int64_t heads_, head_dim_, chunk_;
@@ -89,7 +96,7 @@ const MixerRegistration kRetention{MixerSpec{
     {"retnet"},
     "RetNet's multi-scale retention: a matrix state per head with a fixed decay γ_h = 1 − 2^(−5−h), rotated q, k",
     "docs/variants/retention.md",
-    /*recurrent=*/true,
+    kTraits,
     {chunk_size_option()},
     [](const MixerContext& ctx, const MixerOptions& opts, Generator& gen) -> std::unique_ptr<Mixer> {
       return std::make_unique<RetentionMixer>(ctx, opts, gen);

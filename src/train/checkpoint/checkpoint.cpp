@@ -20,7 +20,9 @@
 #include "tensor/slots/optim.h"
 #include "train/checkpoint/crc32c.h"
 #include "train/checkpoint/run_folder.h"
-#include "train/cli/util.h"
+#include "train/common/atomic_file.h"
+#include "train/common/errors.h"
+#include "train/common/stamps.h"
 #include "train/data/documents.h"
 
 namespace seqlab::cli {

@@ -19,7 +19,8 @@
 #include <string>
 #include <vector>
 
-#include <absl/status/status.h>
+// temporary_name and write_file_atomically, whose temporaries remove_leftover_temporaries removes.
+#include "train/common/atomic_file.h"
 
 namespace seqlab::cli {
 
@@ -55,14 +56,6 @@ class RunLock {
 
 // The name of the lock file inside a run folder.
 constexpr const char* kRunLockFile = ".lock";
-
-// "FILE.tmp.PID" for a temporary written by this process next to FILE.
-std::string temporary_name(const std::string& file);
-
-// Replaces `path` by `text` atomically: written to temporary_name(path), flushed, fsynced, renamed.
-// A kill at any moment leaves the old file or the new one, never a mix; an error (the disk full, the
-// folder not writable) leaves the old file and no temporary, and names the file and the reason.
-absl::Status write_file_atomically(const std::string& path, const std::string& text);
 
 // Deletes the files NAME.tmp.PID of `run_dir` whose process PID no longer runs (on this host: the
 // lock holder is the only writer of the folder) and returns their names.

@@ -2,18 +2,12 @@
 // here. Every subcommand reports a user error as one line on stderr and exit code 2 (kUsageError).
 #pragma once
 
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "train/common/errors.h"  // UserError, kUsageError
+
 namespace seqlab::cli {
-
-constexpr int kUsageError = 2;
-
-// A problem with the command line or the files it names: reported as one line, exit code 2.
-struct UserError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 // `seqlab --help`: the subcommands, the implemented ones and the planned ones.
 std::string usage_text();

@@ -135,13 +135,13 @@ std::vector<Planned> plan(const Sweep& sweep, const fs::path& out, std::string* 
       q.result.settings = recipe_values(*r);
       q.steps = r->train.steps;
       q.result.tokens = r->train.steps * r->train.grad_accum * r->train.batch_size * r->train.seq_len;
-      absl::StatusOr<DecoderConfig> cfg = decoder_config(*r, r->model.vocab_size > 0 ? r->model.vocab_size : 256);
+      absl::StatusOr<ModelConfig> cfg = model_config(*r, r->model.vocab_size > 0 ? r->model.vocab_size : 256);
       if (cfg.ok()) {
         try {
-          q.result.outcome.params = decoder_parameter_count(*cfg);
-          q.mixing_flops = decoder_mixing_flops_per_token(*cfg, r->train.seq_len);
+          q.result.outcome.params = model_parameter_count(*cfg);
+          q.mixing_flops = model_mixing_flops_per_token(*cfg, r->train.seq_len);
           q.result.flops = (6 * q.result.outcome.params + q.mixing_flops) * static_cast<double>(q.result.tokens);
-          q.result.state_size = decoder_state_size(*cfg, r->train.seq_len);
+          q.result.state_size = model_state_size(*cfg, r->train.seq_len);
           // What training would refuse before allocating (its memory check, on the CPU the point would
           // run on), refused here: the dry run says so, and the sweep does not start it.
           Device device = cpu_device();

@@ -26,8 +26,8 @@
 #include <iterator>
 #include <tuple>
 
-#include "train/cli/commands.h"
-#include "train/cli/util.h"
+#include "train/common/errors.h"
+#include "train/common/stamps.h"
 
 extern char** environ;
 

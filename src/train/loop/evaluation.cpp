@@ -8,7 +8,8 @@
 #include <cmath>
 
 #include "autograd/variable.h"
-#include "train/cli/util.h"
+#include "train/common/errors.h"
+#include "train/common/json.h"
 #include "train/data/prepare.h"
 #include "train/data/synthetic.h"
 #include "train/loop/sampling.h"

@@ -31,10 +31,8 @@
 
 namespace seqlab {
 
-struct TrainerOptions {
-  int64_t grad_accum = 1;  // micro-batches per optimizer step
-  double grad_clip = 0;    // max global gradient norm; 0: off
-};
+// The step's options, TrainerOptions (grad_accum, grad_clip), are in optim/optim.h, where
+// recipe/configs.h, below this folder, can make them.
 
 struct StepResult {
   double loss = 0;       // mean of the micro-batches' losses

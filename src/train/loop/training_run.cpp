@@ -28,9 +28,12 @@
 #include "dist/communicator.h"
 #include "layers/sequence_parallel.h"
 #include "tensor/kernels.h"
-#include "train/cli/util.h"
 #include "train/checkpoint/checkpoint.h"
 #include "train/checkpoint/run_folder.h"
+#include "train/common/atomic_file.h"
+#include "train/common/errors.h"
+#include "train/common/flags.h"
+#include "train/common/json.h"
 #include "train/data/loader.h"
 #include "train/data/documents.h"
 #include "train/data/prepare.h"
@@ -490,7 +493,7 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
   if (writer) {
     // What the sweeps compare runs by (docs/scaling.md): size, training FLOPs per token (the MFU's count)
     // and the decoding state per sequence at train.seq_len.
-    const double state = decoder_state_size(value_or_throw(decoder_config(r, data.vocab_size)), r.train.seq_len);
+    const double state = model_state_size(value_or_throw(model_config(r, data.vocab_size)), r.train.seq_len);
     ok_or_throw(write_file_atomically(
         (inv.run_dir / "model.json").string(),
         absl::StrFormat("{\"parameters\": %d, \"flops_per_token\": %s, \"state_size\": %s, \"seq_len\": %d}\n",

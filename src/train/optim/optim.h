@@ -125,4 +125,12 @@ double clip_grad_norm(const std::vector<Parameter>& params, double max_norm);
 // g ← s·g in place for every parameter with a gradient (averaging over accumulated micro-steps).
 void scale_grads(const std::vector<Parameter>& params, double s);
 
+// How Trainer::step (loop/trainer.h) makes the gradient it updates with: the mean over grad_accum
+// micro-batches (scale_grads, F32GradAccumulator), clipped to grad_clip (clip_grad_norm). Here, beside
+// those, rather than in the loop, so that recipe/configs.h, below the loop, makes it from a recipe.
+struct TrainerOptions {
+  int64_t grad_accum = 1;  // micro-batches per optimizer step
+  double grad_clip = 0;    // max global gradient norm; 0: off
+};
+
 }  // namespace seqlab

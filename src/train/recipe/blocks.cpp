@@ -34,6 +34,8 @@ std::optional<FfnKind> parse_ffn(const std::string& name) {
   if (name == "gelu") return FfnKind::gelu;
   if (name == "swiglu") return FfnKind::swiglu;
   if (name == "none") return FfnKind::none;
+  if (name == "relu") return FfnKind::relu;
+  if (name == "geglu") return FfnKind::geglu;
   return std::nullopt;
 }
 
@@ -56,7 +58,7 @@ absl::StatusOr<std::vector<BlockSpec>> pattern_blocks(const std::string& pattern
       std::optional<FfnKind> kind = parse_ffn(name);
       if (!kind) {
         return absl::InvalidArgumentError(absl::StrCat("model.pattern: \"", text, "\" names the FFN \"", name,
-                                                       "\"; the FFNs are gelu, swiglu, none"));
+                                                       "\"; the FFNs are gelu, swiglu, relu, geglu, none"));
       }
       ffn = *kind;
       mixer = mixer.substr(0, colon);
@@ -81,26 +83,40 @@ absl::Status resolve_conventions(RecipeModel& m) {
   if (!items.ok()) return items.status();
   std::vector<std::string> mixers;
   for (const BlockSpec& b : *items) mixers.push_back(b.mixer);
-  const DecoderConventions c = decoder_conventions(mixers);
-  const bool recurrent = c.positions == PositionKind::none && c.norm == NormKind::rms_norm;
+  const ModelKind kind = m.arch == "encoder"           ? ModelKind::encoder
+                         : m.arch == "encoder_decoder" ? ModelKind::encoder_decoder
+                                                       : ModelKind::decoder;
+  const ModelConventions c = model_conventions(kind, mixers);
+  const bool recurrent = kind == ModelKind::decoder && c.positions == PositionKind::none && c.norm == NormKind::rms_norm;
   const bool keep_old_meaning = m.flat_mixer_keys && recurrent;
   if (m.norm == "auto" || keep_old_meaning) m.norm = c.norm == NormKind::layer_norm ? "layernorm" : "rmsnorm";
   if (m.mlp == "auto" || keep_old_meaning) m.mlp = ffn_kind_name(c.ffn);
-  if (m.positions == "auto" || keep_old_meaning) {
-    m.positions = c.positions == PositionKind::learned ? "learned" : "none";
-  }
+  if (m.positions == "auto" || keep_old_meaning) m.positions = position_kind_name(c.positions);
   if (!m.bias || keep_old_meaning) m.bias = c.bias;
+  if (m.norm_placement == "auto") m.norm_placement = c.placement == NormPlacement::post ? "post" : "pre";
   return absl::OkStatus();
 }
 
 const std::vector<std::string>& convention_keys() {
-  static const std::vector<std::string> keys = {"model.mlp", "model.norm", "model.positions", "model.bias"};
+  static const std::vector<std::string> keys = {"model.mlp", "model.norm", "model.positions", "model.bias",
+                                                "model.norm_placement"};
   return keys;
+}
+
+const char* position_kind_name(PositionKind kind) {
+  switch (kind) {
+    case PositionKind::learned: return "learned";
+    case PositionKind::rope: return "rope";
+    case PositionKind::none: return "none";
+    case PositionKind::sinusoidal: return "sinusoidal";
+    case PositionKind::relative: return "relative";
+  }
+  return "";
 }
 
 absl::StatusOr<std::vector<BlockSpec>> block_pattern(const RecipeModel& m) {
   std::optional<FfnKind> ffn = parse_ffn(m.mlp);
-  if (!ffn) return absl::InvalidArgumentError("model.mlp = \"" + m.mlp + "\" is not resolved to gelu, swiglu or none");
+  if (!ffn) return absl::InvalidArgumentError("model.mlp = \"" + m.mlp + "\" is not resolved to an FFN");
   absl::StatusOr<std::vector<BlockSpec>> items = pattern_blocks(m.pattern.empty() ? m.mixer : m.pattern, *ffn);
   if (!items.ok()) return items.status();
   if (items->empty()) return absl::InvalidArgumentError("model.pattern names no block");

@@ -36,6 +36,9 @@ absl::StatusOr<std::vector<BlockSpec>> block_pattern(const RecipeModel& model);
 // A recipe with the older flat mixer keys keeps their meaning: its recurrent blocks took the recurrent
 // conventions whatever [model] said. InvalidArgument when the pattern is wrong.
 absl::Status resolve_conventions(RecipeModel& model);
+// The recipe value of a position kind: "learned", "rope", "none", "sinusoidal", "relative".
+const char* position_kind_name(PositionKind kind);
+
 // The keys resolve_conventions resolves from the mixers ("model.norm", ...): where a comparison varies the
 // mixers, these vary with them unless pinned (the sweep pins them: docs/scaling.md, "Fair comparisons").
 const std::vector<std::string>& convention_keys();

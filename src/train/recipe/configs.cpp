@@ -24,22 +24,23 @@ T parsed(absl::StatusOr<T> v) {
 
 }  // namespace
 
-absl::StatusOr<DecoderConfig> decoder_config(const Recipe& r, int64_t data_vocab) {
+absl::StatusOr<ModelConfig> model_config(const Recipe& r, int64_t data_vocab) {
   const RecipeModel& m = r.model;
   const std::string& file = r.source_path;
-  if (!m.tie_embeddings) {
-    return absl::InvalidArgumentError(file + ": model.tie_embeddings = false is not supported by the decoder yet");
-  }
   if (m.vocab_size > 0 && m.vocab_size < data_vocab) {
     return absl::InvalidArgumentError(absl::StrCat(file, ": model.vocab_size = ", m.vocab_size,
                                                    " is smaller than the data's vocabulary (", data_vocab, " ids)"));
   }
   absl::StatusOr<std::vector<BlockSpec>> blocks = block_pattern(m);
   if (!blocks.ok()) return absl::InvalidArgumentError(absl::StrCat(file, ": ", blocks.status().message()));
-  if (m.norm == "auto" || m.positions == "auto" || !m.bias) {
-    return absl::InvalidArgumentError(file + ": model.norm, model.positions and model.bias must be resolved (load_recipe)");
+  if (m.norm == "auto" || m.positions == "auto" || !m.bias || m.norm_placement == "auto") {
+    return absl::InvalidArgumentError(
+        file + ": model.norm, model.positions, model.bias and model.norm_placement must be resolved (load_recipe)");
   }
-  DecoderConfig c;
+  ModelConfig c;
+  c.kind = m.arch == "encoder"           ? ModelKind::encoder
+           : m.arch == "encoder_decoder" ? ModelKind::encoder_decoder
+                                         : ModelKind::decoder;
   c.vocab_size = m.vocab_size > 0 ? m.vocab_size : data_vocab;
   c.d_model = m.d_model;
   c.n_heads = m.n_heads;
@@ -47,11 +48,26 @@ absl::StatusOr<DecoderConfig> decoder_config(const Recipe& r, int64_t data_vocab
   c.d_ff = m.d_ff;
   c.max_seq_len = longest_seq_len(r);
   c.blocks = *std::move(blocks);
+  if (c.kind == ModelKind::encoder_decoder) {
+    // The decoder stack repeats the same pattern over decoder_layers blocks (n_layers when 0).
+    RecipeModel decoder = m;
+    if (m.decoder_layers > 0) decoder.n_layers = m.decoder_layers;
+    absl::StatusOr<std::vector<BlockSpec>> d = block_pattern(decoder);
+    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat(file, ": model.decoder_layers: ", d.status().message()));
+    c.decoder_blocks = *std::move(d);
+  }
   c.mixer_options = m.mixers;
-  c.positions = m.positions == "rope"   ? PositionKind::rope
-                : m.positions == "none" ? PositionKind::none
-                                        : PositionKind::learned;
+  c.positions = m.positions == "rope"         ? PositionKind::rope
+                : m.positions == "none"       ? PositionKind::none
+                : m.positions == "sinusoidal" ? PositionKind::sinusoidal
+                : m.positions == "relative"   ? PositionKind::relative
+                                              : PositionKind::learned;
   c.rope_base = m.rope_base;
+  c.relative_buckets = m.relative_buckets;
+  c.relative_max_distance = m.relative_max_distance;
+  c.norm_placement = m.norm_placement == "post" ? NormPlacement::post : NormPlacement::pre;
+  c.tie_embeddings = m.tie_embeddings;
+  c.segments = c.kind == ModelKind::encoder ? m.segments : 0;
   c.norm = m.norm == "rmsnorm" ? NormKind::rms_norm : NormKind::layer_norm;
   c.norm_eps = m.norm_eps;
   c.bias = *m.bias;
@@ -63,25 +79,25 @@ absl::StatusOr<DecoderConfig> decoder_config(const Recipe& r, int64_t data_vocab
 }
 
 absl::StatusOr<std::unique_ptr<LanguageModel>> build_model(const Recipe& r, int64_t data_vocab) {
-  absl::StatusOr<DecoderConfig> c = decoder_config(r, data_vocab);
+  absl::StatusOr<ModelConfig> c = model_config(r, data_vocab);
   if (!c.ok()) return c.status();
   if (absl::Status s = check_memory(r, data_vocab, available_memory(cpu_device()), false, "the host"); !s.ok()) {
     return s;
   }
   Generator init(static_cast<uint64_t>(r.train.seed));
   try {
-    return std::unique_ptr<LanguageModel>(std::make_unique<Decoder>(*c, init));
+    return make_model(*c, init);
   } catch (const std::invalid_argument& e) {
     return absl::InvalidArgumentError(r.source_path + ": " + e.what());
   }
 }
 
 absl::StatusOr<MemoryEstimate> estimate_memory(const Recipe& r, int64_t data_vocab) {
-  absl::StatusOr<DecoderConfig> c = decoder_config(r, data_vocab);
+  absl::StatusOr<ModelConfig> c = model_config(r, data_vocab);
   if (!c.ok()) return c.status();
   MemoryEstimate e;
   try {
-    e.parameters = decoder_parameter_count(*c);
+    e.parameters = model_parameter_count(*c);
   } catch (const std::invalid_argument& err) {
     return absl::InvalidArgumentError(r.source_path + ": " + err.what());
   }
@@ -98,13 +114,19 @@ absl::StatusOr<MemoryEstimate> estimate_memory(const Recipe& r, int64_t data_voc
   // allocates.
   const double tokens = static_cast<double>(r.train.batch_size) * static_cast<double>(r.train.seq_len);
   const double d = static_cast<double>(c->d_model), vocab = static_cast<double>(c->vocab_size);
+  // An encoder-decoder's decoder blocks add their cross attention's (4·d); its source and target are
+  // counted as train.seq_len tokens each.
   double per_token = 2 * d + 2 * vocab;
-  for (const BlockSpec& b : c->blocks) {
-    per_token += 8 * d;
-    if (b.ffn == FfnKind::none) continue;
-    const double ff = static_cast<double>(c->d_ff > 0 ? c->d_ff : decoder_d_ff(b.ffn, c->d_model));
-    per_token += d + (b.ffn == FfnKind::swiglu ? 3 : 2) * ff;
-  }
+  auto add_blocks = [&](const std::vector<BlockSpec>& blocks, bool cross) {
+    for (const BlockSpec& b : blocks) {
+      per_token += 8 * d + (cross ? 4 * d : 0);
+      if (b.ffn == FfnKind::none) continue;
+      const double ff = static_cast<double>(c->d_ff > 0 ? c->d_ff : ffn_d_ff(b.ffn, c->d_model));
+      per_token += d + (ffn_gated(b.ffn) ? 3 : 2) * ff;
+    }
+  };
+  add_blocks(c->blocks, false);
+  add_blocks(c->decoder_blocks, true);
   e.activations = tokens * per_token * size;
   return e;
 }

@@ -14,7 +14,6 @@
 #include "train/data/loader.h"
 #include "train/data/prepare.h"
 #include "train/data/synthetic.h"
-#include "train/loop/trainer.h"
 #include "train/optim/optim.h"
 #include "train/optim/schedule.h"
 #include "train/recipe/recipe.h"
@@ -25,8 +24,8 @@ namespace seqlab {
 // set, must hold them); max_seq_len is longest_seq_len: train.seq_len, or a longer eval.seq_len, which
 // attention then reaches (a learned position table stays at train.seq_len: the recipe refuses longer
 // eval lengths with it). InvalidArgument naming the recipe key.
-absl::StatusOr<DecoderConfig> decoder_config(const Recipe& recipe, int64_t data_vocab);
-// The model built from decoder_config, its weights drawn from train.seed and its dropout masks from a
+absl::StatusOr<ModelConfig> model_config(const Recipe& recipe, int64_t data_vocab);
+// The model built from model_config, its weights drawn from train.seed and its dropout masks from a
 // stream of its own. InvalidArgument, prefixed with the recipe's file, for a model that does not fit
 // its settings, or whose f32 weights alone exceed the host's available memory (check_memory, before
 // anything is allocated: the model is built on the host).
@@ -34,7 +33,7 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> build_model(const Recipe& recipe,
 
 // The memory a run of the recipe takes, in bytes, estimated from the recipe alone (nothing is
 // allocated; doubles, since a recipe's sizes may be absurd). Weights, gradients and optimizer state
-// are exact for the parameter count (decoder_parameter_count); the activations are those one
+// are exact for the parameter count (model_parameter_count); the activations are those one
 // micro-batch keeps for its backward pass, counted low per block from the shapes the ops save (see
 // configs.cpp): the estimate is a lower bound of what a step needs, so a refusal is never wrong, and a
 // run that passes may still need up to about twice the activations counted.

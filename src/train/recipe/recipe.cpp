@@ -4,7 +4,7 @@
 #include "train/recipe/recipe.h"
 #include "train/recipe/blocks.h"
 #include "train/recipe/edit_distance.h"
-#include "train/checkpoint/run_folder.h"
+#include "train/common/atomic_file.h"
 
 #include <absl/strings/ascii.h>
 #include <absl/strings/numbers.h>
@@ -255,9 +255,10 @@ Schema build_schema() {
   Schema s;
   SectionBuilder<RecipeModel>(s, "model", &Recipe::model,
                               "The network: its family, sizes and blocks (a mixer and an FFN each).")
-      .choice("arch", &RecipeModel::arch, {"decoder"},
-              "model family: decoder, a decoder-only language model built from blocks (more families arrive "
-              "with their layers)",
+      .choice("arch", &RecipeModel::arch, {"decoder", "encoder", "encoder_decoder"},
+              "model kind (docs/models.md): decoder, a decoder-only language model (GPT, the recurrent LMs, "
+              "hybrids); encoder, a bidirectional encoder with a masked-LM head (BERT); encoder_decoder, an "
+              "encoder and a decoder that cross-attends to it (T5)",
               {{"gpt", "decoder"}})
       .choice("mixer", &RecipeModel::mixer, mixer_choices(),
               "how every block mixes tokens (unless model.pattern says otherwise): causal softmax attention, "
@@ -269,28 +270,45 @@ Schema build_schema() {
             "model.mixer in every layer")
       .integer("vocab_size", &RecipeModel::vocab_size, 0, at_least(0), "vocabulary size; 0: the tokenizer's")
       .integer("d_model", &RecipeModel::d_model, 256, at_least(1), "width of the residual stream")
-      .integer("n_layers", &RecipeModel::n_layers, 4, at_least(1), "number of blocks")
+      .integer("n_layers", &RecipeModel::n_layers, 4, at_least(1),
+               "number of blocks (encoder_decoder: of the encoder; see decoder_layers)")
+      .integer("decoder_layers", &RecipeModel::decoder_layers, 0, at_least(0),
+               "encoder_decoder: blocks of the decoder stack, each with cross attention; 0: n_layers")
       .integer("n_heads", &RecipeModel::n_heads, 4, at_least(1), "heads of every mixer; must divide d_model")
       .integer("n_kv_heads", &RecipeModel::n_kv_heads, 0, at_least(0),
                "key/value heads of attention (grouped-query attention); 0: n_heads; must divide n_heads")
       .integer("d_ff", &RecipeModel::d_ff, 0, at_least(0),
                "hidden width of the FFNs; 0: 4·d_model for gelu, the multiple of 64 nearest 8/3·d_model for swiglu")
-      .choice("mlp", &RecipeModel::mlp, {"auto", "gelu", "swiglu", "none"},
-              "the FFN of every block (a pattern may name others): gelu (two matrices), swiglu (gated, three) or "
-              "none; auto: gelu when every block is attention (GPT-2), swiglu otherwise")
+      .choice("mlp", &RecipeModel::mlp, {"auto", "gelu", "swiglu", "relu", "geglu", "none"},
+              "the FFN of every block (a pattern may name others): gelu or relu (two matrices), swiglu or geglu "
+              "(gated, three: T5 v1.1's is geglu) or none; auto: a decoder gelu when every block is attention "
+              "(GPT-2), swiglu otherwise; an encoder gelu (BERT); an encoder_decoder relu (T5)")
       .choice("norm", &RecipeModel::norm, {"auto", "layernorm", "rmsnorm"},
-              "normalisation before each sublayer and at the end; auto: layernorm when every block is attention, "
-              "rmsnorm otherwise")
+              "the norms of every block; auto: a decoder layernorm when every block is attention, rmsnorm "
+              "otherwise; an encoder layernorm (BERT); an encoder_decoder rmsnorm (T5)")
+      .choice("norm_placement", &RecipeModel::norm_placement, {"auto", "pre", "post"},
+              "pre: a norm before each sub-layer and one after the stack (GPT-2, T5); post: a norm after each "
+              "residual add and one on the embeddings (BERT); auto: post for an encoder, pre otherwise")
       .number("norm_eps", &RecipeModel::norm_eps, 1e-5, above(0), "added to the variance inside the norms")
-      .choice("positions", &RecipeModel::positions, {"auto", "learned", "rope", "none"},
-              "positions: learned absolute embeddings, rotary (rope: attention rotates q and k) or none; auto: "
-              "learned when every block is attention, none otherwise (recurrences order the tokens)")
+      .choice("positions", &RecipeModel::positions, {"auto", "learned", "sinusoidal", "rope", "relative", "none"},
+              "positions: absolute embeddings added to the input (learned, or sinusoidal: the fixed sines and "
+              "cosines of the Transformer paper), rotary (rope: attention rotates q and k), relative (T5's "
+              "learned bias on attention scores by bucketed distance, one table per stack) or none; auto: a "
+              "decoder learned when every block is attention, none otherwise (recurrences order the tokens); "
+              "an encoder learned (BERT); an encoder_decoder relative (T5)")
       .number("rope_base", &RecipeModel::rope_base, 10000.0, above(0), "base of the rotary frequencies (rope)")
+      .integer("relative_buckets", &RecipeModel::relative_buckets, 32, at_least(2),
+               "positions = relative: buckets of distance (half per direction in a bidirectional stack)")
+      .integer("relative_max_distance", &RecipeModel::relative_max_distance, 128, at_least(1),
+               "positions = relative: distances from here on share the last bucket")
+      .integer("segments", &RecipeModel::segments, 0, at_least(0),
+               "encoder: rows of the segment (token type) embedding, 2 for BERT's sentences A and B; 0: none")
       .switch_auto("bias", &RecipeModel::bias,
-                   "biases in attention's and the FFNs' linear layers; auto: true when every block is attention "
-                   "(GPT-2), false otherwise")
+                   "biases in attention's and the FFNs' linear layers; auto: a decoder true when every block is "
+                   "attention (GPT-2), false otherwise; an encoder true (BERT); an encoder_decoder false (T5)")
       .boolean("tie_embeddings", &RecipeModel::tie_embeddings, true,
-               "the output projection shares the token embedding matrix")
+               "the output projection shares the token embedding matrix (T5 then scales the decoder's output by "
+               "d_model^-1/2); false: its own lm_head")
       .number("dropout", &RecipeModel::dropout, 0.0, closed_open(0, 1), "dropout probability")
       .number("init_std", &RecipeModel::init_std, 0.02, above(0), "standard deviation of the initial weights");
   add_mixer_sections(s);
@@ -465,6 +483,39 @@ Schema build_schema() {
          return absl::StrCat("parallel.sp = ", r.parallel.sp, " needs train.seq_len divisible by 2·sp = ",
                              2 * r.parallel.sp, " (each rank holds 2 of the sequence's 2·sp chunks); train.seq_len = ",
                              r.train.seq_len, " is not");
+       }},
+      {"model.segments is read only by an encoder",
+       {"model.segments", "model.arch"},
+       [](const Recipe& r) {
+         if (r.model.segments == 0 || r.model.arch == "encoder") return std::string();
+         return absl::StrCat("model.segments = ", r.model.segments, " is read only by model.arch = \"encoder\" (",
+                             "BERT's sentence embedding); model.arch = \"", r.model.arch, "\" has no segments");
+       }},
+      {"model.decoder_layers is read only by an encoder_decoder",
+       {"model.decoder_layers", "model.arch"},
+       [](const Recipe& r) {
+         if (r.model.decoder_layers == 0 || r.model.arch == "encoder_decoder") return std::string();
+         return absl::StrCat("model.decoder_layers = ", r.model.decoder_layers, " is read only by model.arch = ",
+                             "\"encoder_decoder\"; model.arch = \"", r.model.arch, "\" has one stack of n_layers");
+       }},
+      {"model.relative_buckets and model.relative_max_distance are read only with model.positions = \"relative\"",
+       {"model.relative_buckets", "model.relative_max_distance", "model.positions"},
+       [](const Recipe& r) {
+         const Recipe defaults;
+         if (r.model.positions == "relative" || (r.model.relative_buckets == defaults.model.relative_buckets &&
+                                                  r.model.relative_max_distance == defaults.model.relative_max_distance)) {
+           return std::string();
+         }
+         return absl::StrCat("model.relative_buckets and model.relative_max_distance are read only with ",
+                             "model.positions = \"relative\"; model.positions = \"", r.model.positions, "\"");
+       }},
+      {"parallel.sp > 1 trains decoder models only (ring attention and state passing are causal)",
+       {"parallel.sp", "model.arch"},
+       [](const Recipe& r) {
+         if (r.parallel.sp == 1 || r.model.arch == "decoder") return std::string();
+         return absl::StrCat("parallel.sp = ", r.parallel.sp, " trains model.arch = \"decoder\" only: ring ",
+                             "attention is causal and has no cross attention; model.arch = \"", r.model.arch,
+                             "\" trains with parallel.sp = 1 (data parallelism with --nproc still works)");
        }},
       {"eval.seq_len names each length once",
        {"eval.seq_len"},
@@ -957,6 +1008,30 @@ Recipe::Recipe() {
 
 namespace {
 
+// What the model asks of its mixers against what each declares (MixerTraits): sequence parallelism under
+// parallel.sp > 1. One message naming the key, the mixer and what it lacks; "" when all is well.
+std::string check_mixer_traits(const std::string& path, const Recipe& r, const Origins& origins) {
+  auto where = [&](const char* key) {
+    auto it = origins.find(key);
+    return it != origins.end() ? it->second : path;
+  };
+  const absl::StatusOr<std::vector<BlockSpec>> blocks = block_pattern(r.model);
+  if (!blocks.ok()) return "";  // reported with the blocks
+  for (const BlockSpec& b : *blocks) {
+    const MixerSpec& spec = mixer_spec(b.mixer);
+    if (r.model.arch != "decoder" && !spec.traits.bidirectional) {
+      const char* key = origins.count("model.pattern") ? "model.pattern" : "model.mixer";
+      return absl::StrCat(where(key), ": model.arch = \"", r.model.arch, "\" needs bidirectional blocks, but mixer '",
+                          spec.name, "' is causal only (attention is bidirectional)");
+    }
+    if (r.parallel.sp > 1 && !spec.traits.sequence_parallel) {
+      return absl::StrCat(where("parallel.sp"), ": parallel.sp = ", r.parallel.sp, " needs every block to run sequence-",
+                          "parallel, but mixer '", spec.name, "' has no sequence-parallel form; use parallel.sp = 1");
+    }
+  }
+  return "";
+}
+
 // load_recipe and load_recipe_text past the TOML syntax: the schema, the overrides, the blocks, the rules
 // between keys. `path` names the recipe in messages.
 absl::StatusOr<Recipe> load_parsed_recipe(const toml::table& root, const std::string& path,
@@ -983,6 +1058,7 @@ absl::StatusOr<Recipe> load_parsed_recipe(const toml::table& root, const std::st
     return invalid(absl::StrCat(where, ": ", blocks.message()));
   }
   if (std::string error = check_across_keys(path, recipe, origins); !error.empty()) return invalid(error);
+  if (std::string error = check_mixer_traits(path, recipe, origins); !error.empty()) return invalid(error);
   return recipe;
 }
 

@@ -31,7 +31,10 @@ struct RecipeModel {
   int64_t n_kv_heads = 0;  // 0: n_heads
   int64_t d_ff = 0;        // 0: derived from d_model per FFN kind
   // "auto" until load_recipe resolves them (decoder_conventions): then a concrete choice.
-  std::string mlp, norm, positions;
+  std::string mlp, norm, positions, norm_placement;
+  int64_t relative_buckets = 0, relative_max_distance = 0;  // positions = "relative" (T5)
+  int64_t segments = 0;        // encoder: rows of the segment embedding
+  int64_t decoder_layers = 0;  // encoder_decoder: blocks of the decoder stack; 0: n_layers
   std::optional<bool> bias;  // nullopt: "auto"
   double norm_eps = 0;
   double rope_base = 0;

@@ -14,7 +14,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
-#include "train/cli/util.h"
+#include "train/common/json.h"
 #include "train/recipe/recipe.h"
 
 namespace seqlab {

@@ -1,7 +1,10 @@
-// Kernel slots of T5's learned relative position bias (the op: src/layers/attention/relative_position_bias.h;
-// CPU kernels in src/layers/attention/relative_position_bias.cpp, CUDA kernels in
-// src/cuda/attention/relative_position_bias.cu). The bias it makes is the `bias` of the attention slots
-// (src/tensor/slots/attention/attention.h), shared by every batch row.
+// Kernel slots of T5's relative position bias (the op: src/layers/attention/relative_position_bias.h). The CPU
+// kernels live in the op's room (src/layers/attention/relative_position_bias.cpp), the CUDA kernels in
+// src/cuda/attention/; both register here.
+//
+//   table [NB, H] (NB = num_buckets),  bias [1, H, T, S]
+//
+// Both kernels take contiguous tensors of one dtype and write every element of their output.
 #pragma once
 
 #include <cstdint>
