@@ -158,6 +158,7 @@ TEST_F(RecipeTest, EmptyFileIsAllDefaultsAndNamedAfterItsStem) {
   defaults.model.norm = "layernorm";
   defaults.model.positions = "learned";
   defaults.model.bias = true;
+  defaults.model.norm_placement = "pre";
   EXPECT_EQ(resolved_recipe_toml(*r), resolved_recipe_toml(defaults));
 }
 
@@ -241,12 +242,14 @@ TEST_F(RecipeTest, BadChoiceListsTheChoices) {
   EXPECT_EQ(error_of("[optim]\nschedule = \"cosin\"\n"),
             "FILE:2: optim.schedule must be one of \"cosine\", \"linear\", \"constant\", got \"cosin\" "
             "(did you mean \"cosine\"?)");
-  EXPECT_EQ(error_of("[model]\nmlp = \"relu\"\n"),
-            "FILE:2: model.mlp must be one of \"auto\", \"gelu\", \"swiglu\", \"none\", got \"relu\" (did you mean "
-            "\"gelu\"?)");
+  EXPECT_EQ(error_of("[model]\nmlp = \"gelux\"\n"),
+            "FILE:2: model.mlp must be one of \"auto\", \"gelu\", \"swiglu\", \"relu\", \"geglu\", \"none\", got "
+            "\"gelux\" (did you mean \"gelu\"?)");
   EXPECT_EQ(error_of("[model]\nmlp = \"mixture\"\n"),
-            "FILE:2: model.mlp must be one of \"auto\", \"gelu\", \"swiglu\", \"none\", got \"mixture\"");
-  EXPECT_EQ(error_of("[model]\narch = \"bert\"\n"), "FILE:2: model.arch must be one of \"decoder\", got \"bert\"");
+            "FILE:2: model.mlp must be one of \"auto\", \"gelu\", \"swiglu\", \"relu\", \"geglu\", \"none\", got "
+            "\"mixture\"");
+  EXPECT_EQ(error_of("[model]\narch = \"bert\"\n"),
+            "FILE:2: model.arch must be one of \"decoder\", \"encoder\", \"encoder_decoder\", got \"bert\"");
   // The choices are the registry's, attention (the default) first: adding a mixer adds it here by itself.
   std::string mixers;
   for (const std::string& m : mixer_choices()) mixers += (mixers.empty() ? "\"" : ", \"") + m + "\"";
@@ -618,13 +621,12 @@ TEST_F(RecipeTest, PatternsListTheBlocks) {
   Recipe plain = load_ok("[model]\nmixer = \"deltanet\"\nn_layers = 3\nmlp = \"none\"\n");
   EXPECT_EQ(*block_pattern(plain.model), (std::vector<BlockSpec>(3, BlockSpec{"delta_net", FfnKind::none})));
   EXPECT_EQ(error_of("[model]\npattern = \"gla attn\"\n"),
-            "FILE:2: model.pattern: unknown mixer \"attn\" in \"attn\"; mixers: attention, delta_net, "
-            "gated_delta_net, gla, linear_attention, retention");
+            "FILE:2: model.pattern: unknown mixer \"attn\" in \"attn\"; mixers: " + mixer_names());
   EXPECT_EQ(error_of("[model]\npattern = \"gla retnetx\"\n"),
-            "FILE:2: model.pattern: unknown mixer \"retnetx\" in \"retnetx\" (did you mean \"retention\"?); mixers: "
-            "attention, delta_net, gated_delta_net, gla, linear_attention, retention");
+            "FILE:2: model.pattern: unknown mixer \"retnetx\" in \"retnetx\" (did you mean \"retention\"?); mixers: " +
+                mixer_names());
   EXPECT_EQ(error_of("[model]\npattern = \"gla:moe\"\n"),
-            "FILE:2: model.pattern: \"gla:moe\" names the FFN \"moe\"; the FFNs are gelu, swiglu, none");
+            "FILE:2: model.pattern: \"gla:moe\" names the FFN \"moe\"; the FFNs are gelu, swiglu, relu, geglu, none");
   EXPECT_EQ(error_of("[model]\npattern = \"gla*0\"\n"), "FILE:2: model.pattern: \"gla*0\" must end in *N with N ≥ 1");
   EXPECT_EQ(error_of("[model]\npattern = \"gla gla attention\"\n"),
             "FILE:2: model.pattern has 3 blocks, which do not divide model.n_layers = 4 (a pattern repeats to fill "

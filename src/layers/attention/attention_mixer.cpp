@@ -71,10 +71,9 @@ Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, do
   AttentionOptions opts;
   opts.causal = causal;
   opts.scale = scale;
-  if (q_lengths.defined() || k_lengths.defined() || bias.defined()) {
-    throw std::logic_error("attention: lengths and bias reach the fused op with its masked form");
-  }
-  return attention(q, k, v, opts);
+  opts.q_lengths = q_lengths;
+  opts.k_lengths = k_lengths;
+  return attention(q, k, v, opts, bias);
 }
 
 class AttentionMixer : public Mixer {

@@ -11,6 +11,11 @@
 
 namespace seqlab {
 
+MaskedLmHead::MaskedLmHead(const ModelConfig& cfg, Generator& gen)
+    : dense_(add_module("dense", std::make_unique<Linear>(cfg.d_model, cfg.d_model, cfg.bias, gen, cfg.init_std))),
+      norm_(add_module("norm", std::make_unique<Norm>(cfg.norm, cfg.d_model, cfg.norm_eps))),
+      bias_(add_parameter("bias", Tensor::zeros({cfg.vocab_size}), ParamRole::bias)) {}
+
 Encoder::Encoder(const ModelConfig& cfg, Generator& gen)
     : cfg_(resolved_config(cfg)),
       dropout_gen_(cfg_.dropout_seed),
@@ -24,10 +29,7 @@ Encoder::Encoder(const ModelConfig& cfg, Generator& gen)
     wpe_ = &add_module("wpe", std::make_unique<Embedding>(cfg_.max_seq_len, cfg_.d_model, gen, cfg_.init_std));
   }
   stack_ = &add_module("", std::make_unique<Stack>(cfg_, cfg_.blocks, /*cross=*/false, gen, dropout_gen_));
-  head_dense_ = &add_module("head_dense",
-                            std::make_unique<Linear>(cfg_.d_model, cfg_.d_model, cfg_.bias, gen, cfg_.init_std));
-  head_norm_ = &add_module("head_norm", std::make_unique<Norm>(cfg_.norm, cfg_.d_model, cfg_.norm_eps));
-  head_bias_ = &add_parameter("head_bias", Tensor::zeros({cfg_.vocab_size}), ParamRole::bias);
+  head_ = &add_module("head", std::make_unique<MaskedLmHead>(cfg_, gen));
   if (!cfg_.tie_embeddings) {
     lm_head_ = &add_module("lm_head", std::make_unique<Linear>(cfg_.d_model, cfg_.vocab_size, false, gen, cfg_.init_std));
   }
@@ -91,9 +93,9 @@ ModelOutputs Encoder::outputs(const Batch& batch) {
   in.lengths = batch.lengths;
   x = stack_->forward(x, in, 0, nullptr);
   // The masked-LM head: transform, then the (tied) output embedding with its own bias.
-  Tensor h = head_norm_->forward(head_dense_->forward_gelu(x));
+  const Tensor h = head_->transform(x);
   ModelOutputs out;
-  out.logits = linear(h, lm_head_ != nullptr ? lm_head_->weight() : wte_.weight(), *head_bias_);
+  out.logits = linear(h, lm_head_ != nullptr ? lm_head_->weight() : wte_.weight(), head_->bias());
   if (nsp_ != nullptr) {
     const Tensor cls = reshape(narrow(x, 1, 0, 1), {x.size(0), cfg_.d_model});  // the [CLS] token's row
     out.sequence_logits = nsp_->forward(tanh(pooler_->forward(cls)));

@@ -4,14 +4,14 @@
 //   x = wte[tokens] + segment[segment_ids] + wpe[positions]   (learned or sinusoidal positions)
 //   x = stack(x)          blocks over the whole row, keys past each row's length masked (stack.h);
 //                         BERT's post-norm: the embeddings' norm first (norm_in), a norm after each add
-//   h = head_norm(gelu(head_dense x))                          the masked-LM head's transform
-//   logits = h · wteᵀ + head_bias                              tied (untied: h · lm_headᵀ + head_bias)
+//   h = head.norm(gelu(head.dense x))                          the masked-LM head's transform
+//   logits = h · wteᵀ + head.bias                              tied (untied: h · lm_headᵀ + head.bias)
 //   next sentence (next_sentence only): sequence_logits = nsp(tanh(pooler x_[CLS]))   [B, 2]
 // The loss is the cross-entropy of the masked positions (targets ≠ kIgnoreIndex: the data source
 // chooses them, data/objectives.h), plus the next-sentence cross-entropy when the batch has its labels.
 //
 // Parameter names: wte.weight, segment.weight (segments > 0), wpe.weight (learned), the stack's
-// (relative_bias.weight, norm_in.*, blocks.{i}.*, norm_f.*), head_dense.*, head_norm.*, head_bias,
+// (relative_bias.weight, norm_in.*, blocks.{i}.*, norm_f.*), head.dense.*, head.norm.*, head.bias,
 // lm_head.weight (untied), pooler.*, nsp.* (next_sentence).
 #pragma once
 
@@ -24,6 +24,19 @@
 #include "layers/model/stack.h"
 
 namespace seqlab {
+
+// The masked-LM head's transform and output bias: h = norm(gelu(dense x)); its logits add `bias` [V].
+class MaskedLmHead : public Module {
+ public:
+  MaskedLmHead(const ModelConfig& cfg, Generator& gen);
+  Tensor transform(const Tensor& x) const { return norm_.forward(dense_.forward_gelu(x)); }
+  const Tensor& bias() const { return bias_; }
+
+ private:
+  Linear& dense_;
+  Norm& norm_;
+  Tensor& bias_;
+};
 
 class Encoder : public LanguageModel {
  public:
@@ -47,9 +60,7 @@ class Encoder : public LanguageModel {
   Embedding* segment_ = nullptr;
   Embedding* wpe_ = nullptr;
   Stack* stack_ = nullptr;
-  Linear* head_dense_ = nullptr;
-  Norm* head_norm_ = nullptr;
-  Tensor* head_bias_ = nullptr;
+  MaskedLmHead* head_ = nullptr;
   Linear* lm_head_ = nullptr;
   Linear* pooler_ = nullptr;
   Linear* nsp_ = nullptr;
