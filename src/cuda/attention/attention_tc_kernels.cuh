@@ -346,7 +346,8 @@ struct QueryBlock {
       : b(blockIdx.z), h(blockIdx.y), hk(h / (p.H / p.Hk)), i0(int64_t{blockIdx.x} * Sh::BR),
         q_first((b * p.T + i0) * p.H + h),  // row number of (b, i0, h) in [B, T, H]
         kv_first(b * p.S * p.Hk + hk),      // row number of (b, 0, hk) in [B, S, Hk]
-        lim(kMasks ? limits(p, b) : Limits{p.T, p.S}), rows(static_cast<int>(std::min<int64_t>(Sh::BR, p.T - i0))) {
+        lim(kMasks ? limits(p, b) : Limits{p.T, p.S}),
+        rows(static_cast<int>(std::min<int64_t>(Sh::BR, p.T - i0))) {
     real = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(rows, lim.q_len - i0)));
     // Keys the block's last real row sees.
     const int64_t key_end = real == 0 ? 0 : p.causal ? std::min(lim.k_len, i0 + real + p.S - p.T) : lim.k_len;
