@@ -14,6 +14,7 @@
 // (never on key 0, so that a row sees a finite score whenever its keys are not all padding).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -101,6 +102,33 @@ inline AttentionInputs attention_inputs(const AttentionCase& c, DType dtype, Gen
   if (c.bias_rows > 0) in.masks.bias = attention_bias(c, dtype, gen);
   return in;
 }
+// The inputs as the CUDA side of a check gets them: NaN in every row the lengths make padding (q, dO and
+// dlse past q_len, k and v past k_len), since nothing read from those rows may reach an output; the CPU
+// reference gets the drawn values. The same tensors when the case has no lengths.
+inline AttentionInputs with_padding_poisoned(const AttentionCase& c, const AttentionInputs& in) {
+  if (c.q_lengths.empty() && c.k_lengths.empty()) return in;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // x [B, L, ...] with rows l ≥ lengths[b] set to NaN (rows: L; a row's elements: the rest).
+  auto poison = [&](const Tensor& x, const std::vector<int64_t>& lengths) {
+    if (!x.defined() || lengths.empty()) return x;
+    std::vector<double> v = x.to_doubles();
+    const int64_t L = x.size(1), per_row = x.numel() / (x.size(0) * L);
+    for (int64_t b = 0; b < x.size(0); ++b) {
+      for (int64_t l = lengths[static_cast<size_t>(b)]; l < L; ++l) {
+        std::fill_n(v.begin() + (b * L + l) * per_row, per_row, nan);
+      }
+    }
+    return Tensor::from_vector(v, x.shape(), x.dtype());
+  };
+  AttentionInputs out = in;
+  out.q = poison(in.q, c.q_lengths);
+  out.dout = poison(in.dout, c.q_lengths);
+  out.dlse = poison(in.dlse, c.q_lengths);
+  out.k = poison(in.k, c.k_lengths);
+  out.v = poison(in.v, c.k_lengths);
+  return out;
+}
+
 // The masks in reference_type (the bias; the lengths stay i64).
 inline kernel::AttentionMasks as_reference(const kernel::AttentionMasks& m) {
   return {m.q_lengths, m.k_lengths, as_reference(m.bias)};

@@ -158,8 +158,9 @@ void check_forward(const Case (&cases)[N], Generator& gen) {
     for (const Case& c : cases) {
       const std::string what = std::string(dtype_name(dtype)) + " " + c.name();
       const testing::AttentionInputs in = testing::attention_inputs(c, dtype, gen, false);
+      const testing::AttentionInputs x = testing::with_padding_poisoned(c, in);  // what the kernels get
       GuardedOutput o(c.o_shape(), dtype), lse(c.lse_shape(), accumulate_dtype(dtype));
-      forward<T>(geo(c, in.masks), in.q, in.k, in.v, bias_of<T>(in.masks), c.params().scale, o, lse);
+      forward<T>(geo(c, x.masks), x.q, x.k, x.v, bias_of<T>(x.masks), c.params().scale, o, lse);
       const testing::AttentionOutputs want = testing::attention_forward_reference(c, in);
       expect_output(o, want.o, rtol(dtype), what + " o");
       expect_output(lse, want.lse, rtol(dtype), what + " lse");
@@ -176,7 +177,8 @@ void check_backward(const Case (&cases)[N], Generator& gen) {
     const DType at = accumulate_dtype(dtype);
     for (const Case& c : cases) {
       const testing::AttentionInputs in = testing::attention_inputs(c, dtype, gen, true);
-      const Tensor &q = in.q, &k = in.k, &v = in.v, &dout = in.dout, &dlse = in.dlse;
+      const testing::AttentionInputs x = testing::with_padding_poisoned(c, in);  // what the kernels get
+      const Tensor &q = x.q, &k = x.k, &v = x.v, &dout = x.dout, &dlse = x.dlse;
       // The saved outputs as the dtype under test holds them; both sides read these values.
       const testing::AttentionOutputs saved = testing::saved_attention_outputs(c, in);
       const Tensor &o = saved.o, &lse = saved.lse;

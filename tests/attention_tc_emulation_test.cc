@@ -144,18 +144,22 @@ void run_case(const Case& c, Generator& gen, const std::string& shapes, bool all
   const std::string what =
       c.name() + " (" + shapes + " shapes)" + (all_minus_infinity ? " (last batch row's bias all −∞)" : "");
   const TcInputs x = tc_inputs(c, gen, all_minus_infinity);
-  const testing::AttentionInputs& in = x.in;
+  const testing::AttentionInputs in = testing::with_padding_poisoned(c, x.in);  // what the kernels get
   const atc::Problem p = problem(c, in.masks);
   const Tensor &q = in.q, &k = in.k, &v = in.v, &dout = in.dout, &dlse = in.dlse;
   const bf16 *Q = q.data<bf16>(), *K = k.data<bf16>(), *V = v.data<bf16>(), *dO = dout.data<bf16>();
   auto tiles = [](int64_t n, int rows) { return static_cast<unsigned>((n + rows - 1) / rows); };
 
-  // Forward.
+  // Forward. The kernels compiled with the masks' code where there are masks (or dbias), as attention_tc.cu's
+  // launches choose them.
+  const bool masks = p.q_lengths != nullptr || p.k_lengths != nullptr || p.bias != nullptr;
   Tensor o = nans({c.B, c.T, c.H, D}), lse = nans({c.B, c.T, c.H}, DType::f32);  // lse: f32 for bf16
   const dim3 block(atc::kernels::kThreads);
   emu::launch(dim3(tiles(c.T, Fwd::BR), static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)), block,
-              atc::kernels::FwdLayout<Fwd>::bytes,
-              [&] { atc::kernels::tc_forward<Fwd>(p, Q, K, V, o.data<bf16>(), lse.data<float>()); });
+              atc::kernels::FwdLayout<Fwd>::bytes, [&] {
+                (masks ? atc::kernels::tc_forward<Fwd, true>
+                       : atc::kernels::tc_forward<Fwd, false>)(p, Q, K, V, o.data<bf16>(), lse.data<float>());
+              });
   const testing::AttentionOutputs want = testing::attention_forward_reference(x.reference_case, x.reference);
   EXPECT_FALSE(cuda::tc::tensor_core_copies_pending()) << what << ": forward left cp.async copies unwaited";
   expect_close(o, want.o, what + " o");
@@ -184,13 +188,17 @@ void run_case(const Case& c, Generator& gen, const std::string& shapes, bool all
     const float* L = saved.lse.data<float>();
     if (dK || dV) {
       emu::launch(dim3(tiles(c.S, Dkdv::BR), static_cast<unsigned>(c.Hk), static_cast<unsigned>(c.B)), block,
-                  atc::kernels::DkdvLayout<Dkdv>::bytes,
-                  [&] { atc::kernels::tc_dkdv<Dkdv>(p, Q, K, V, dO, L, delta.data(), dK, dV); });
+                  atc::kernels::DkdvLayout<Dkdv>::bytes, [&] {
+                    (masks ? atc::kernels::tc_dkdv<Dkdv, true>
+                           : atc::kernels::tc_dkdv<Dkdv, false>)(p, Q, K, V, dO, L, delta.data(), dK, dV);
+                  });
     }
     if (dQ || dB) {
       emu::launch(dim3(tiles(c.T, Dq::BR), static_cast<unsigned>(c.H), static_cast<unsigned>(c.B)), block,
-                  atc::kernels::DqLayout<Dq>::bytes,
-                  [&] { atc::kernels::tc_dq<Dq>(p, Q, K, V, dO, L, delta.data(), dQ, dB); });
+                  atc::kernels::DqLayout<Dq>::bytes, [&] {
+                    (masks || dB ? atc::kernels::tc_dq<Dq, true>
+                                 : atc::kernels::tc_dq<Dq, false>)(p, Q, K, V, dO, L, delta.data(), dQ, dB);
+                  });
     }
     EXPECT_FALSE(cuda::tc::tensor_core_copies_pending()) << with << ": backward left cp.async copies unwaited";
     const kernel::AttentionGrads grads =

@@ -10,6 +10,7 @@
 #include "build_info.h"
 #include "tensor/kernels.h"
 #include "tensor/slots/attention/attention.h"
+#include "tensor/slots/attention/relative_position_bias.h"
 #include "tensor/slots/delta/delta_net.h"
 #include "tensor/slots/linear/linear_attention.h"
 #include "tensor/slots/optim.h"
@@ -99,6 +100,8 @@ TEST(CudaBackend, EverySlotSeesTheKernelsEveryLibraryRegistered) {
   expect_filled(kernel::adamw_step_kernel);
   expect_filled(kernel::sum_squares_kernel);
   expect_filled(kernel::attention_forward_kernel);
+  expect_filled(kernel::relative_position_bias_forward_kernel);
+  expect_filled(kernel::relative_position_bias_backward_kernel);
   expect_filled(kernel::gla_backward_kernel);
   expect_filled(kernel::linear_attention_forward_kernel);
   expect_filled(kernel::delta_net_backward_kernel);

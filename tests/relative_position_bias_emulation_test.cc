@@ -15,7 +15,8 @@
 // Tolerance: the forward is a copy (equal); the diagonal sums against sums in double at gpu_rtol and dtable
 // against the CPU at fused_op_rtol, both scaled by the sum of the magnitudes they add up.
 // The bucketing is also checked against values worked out by hand from T5's formula (the default 32
-// buckets, max_distance 128, both directions), independently of the CPU kernels.
+// buckets, max_distance 128, both directions; a case where float32 and float64 disagree), independently of
+// the CPU kernels.
 // What this cannot check: the real compiler, the hardware, performance.
 #include <gtest/gtest.h>
 
@@ -77,6 +78,10 @@ TEST(RelativePositionBiasEmulation, BucketsAreT5s) {
     int64_t rel, bucket;
   } causal[] = {{5, 0}, {0, 0}, {-1, 1}, {-15, 15}, {-16, 16}, {-32, 21}, {-64, 26}, {-127, 31}, {-1000000, 31}};
   for (const auto& x : causal) EXPECT_EQ(rp::bucket(x.rel, false, 32, 128), x.bucket) << "causal, rel = " << x.rel;
+  // A float32 edge: causal, 10 buckets, max_distance 160, n = 10: log 2 / log 32 · 5 is exactly 1 in float32
+  // (bucket 6) but 0.99999999999999989 in float64 (bucket 5).
+  EXPECT_EQ(rp::bucket(-10, false, 10, 160), 6);
+  EXPECT_EQ(rp::bucket(-9, false, 10, 160), 5);
 
   // Options that leave no log-spaced bucket are refused with a message naming them.
   for (auto [bidir, nb, md] : {std::tuple{true, int64_t{2}, int64_t{128}}, {false, 1, 128}, {true, 32, 8}}) {

@@ -140,13 +140,17 @@ bool wide_shapes() {
   return wide;
 }
 
+// Each launch picks the kernel compiled with the masks' code (kMasks) only for a call with lengths or a bias
+// (or, for dQ, dbias): calls without keep kernels with the registers of ones with no masks to handle.
+bool has_masks(const Problem& p) { return p.q_lengths != nullptr || p.k_lengths != nullptr || p.bias != nullptr; }
 template <class Sh>
 void launch_forward(const Problem& p, cudaStream_t st, const bf16* q, const bf16* k, const bf16* v, bf16* o,
                     float* lse) {
   constexpr size_t smem = FwdLayout<Sh>::bytes;
-  allow_shared(tc_forward<Sh>, smem);
+  const auto kernel_fn = has_masks(p) ? tc_forward<Sh, true> : tc_forward<Sh, false>;
+  allow_shared(kernel_fn, smem);
   const dim3 grid(tiles(p.T, Sh::BR), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-  tc_forward<Sh><<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(o), lse);
+  kernel_fn<<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(o), lse);
   SEQLAB_CUDA_CHECK_LAUNCH("attention forward kernel (tensor cores)");
 }
 
@@ -154,9 +158,10 @@ template <class Sh>
 void launch_dkdv(const Problem& p, cudaStream_t st, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                  const float* lse, const float* delta, bf16* dk, bf16* dv) {
   constexpr size_t smem = DkdvLayout<Sh>::bytes;
-  allow_shared(tc_dkdv<Sh>, smem);
+  const auto kernel_fn = has_masks(p) ? tc_dkdv<Sh, true> : tc_dkdv<Sh, false>;
+  allow_shared(kernel_fn, smem);
   const dim3 grid(tiles(p.S, Sh::BR), static_cast<unsigned>(p.Hk), static_cast<unsigned>(p.B));
-  tc_dkdv<Sh><<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(dout), lse, delta, dev(dk), dev(dv));
+  kernel_fn<<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(dout), lse, delta, dev(dk), dev(dv));
   SEQLAB_CUDA_CHECK_LAUNCH("attention backward dK/dV kernel (tensor cores)");
 }
 
@@ -164,9 +169,10 @@ template <class Sh>
 void launch_dq(const Problem& p, cudaStream_t st, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                const float* lse, const float* delta, bf16* dq, bf16* dbias) {
   constexpr size_t smem = DqLayout<Sh>::bytes;
-  allow_shared(tc_dq<Sh>, smem);
+  const auto kernel_fn = has_masks(p) || dbias != nullptr ? tc_dq<Sh, true> : tc_dq<Sh, false>;
+  allow_shared(kernel_fn, smem);
   const dim3 grid(tiles(p.T, Sh::BR), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-  tc_dq<Sh><<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(dout), lse, delta, dev(dq), dev(dbias));
+  kernel_fn<<<grid, kThreads, smem, st>>>(p, dev(q), dev(k), dev(v), dev(dout), lse, delta, dev(dq), dev(dbias));
   SEQLAB_CUDA_CHECK_LAUNCH("attention backward dQ/dbias kernel (tensor cores)");
 }
 
@@ -186,7 +192,7 @@ bool supports(const Problem& p, int device, std::initializer_list<const void*> p
     using Sh = Shapes<decltype(d)::value>;
     // The binary the driver picked for this device must hold the real kernels, not the pre-8.0 trap.
     cudaFuncAttributes attr{};
-    SEQLAB_CUDA_CHECK(cudaFuncGetAttributes(&attr, tc_forward<typename Sh::Forward>));
+    SEQLAB_CUDA_CHECK(cudaFuncGetAttributes(&attr, tc_forward<typename Sh::Forward, false>));
     ok = attr.binaryVersion >= 80 &&
          std::max({FwdLayout<typename Sh::Forward>::bytes, DqLayout<typename Sh::Dq>::bytes,
                    DkdvLayout<typename Sh::Dkdv>::bytes, FwdLayout<typename Sh::WideForward>::bytes,

@@ -335,8 +335,9 @@ __device__ __forceinline__ float group_max(float x) {
 // The part of the forward and dQ kernels' set-up they share: the block's query rows (b, h, rows i0 …
 // i0 + rows − 1 of the block's BR; the first `real` of them are real queries, the rest padding), where they
 // and the kv head start in memory, the batch row's limits, and the key tiles of N that the block's last
-// real row sees (none without a real row or a real key).
-template <class Sh>
+// real row sees (none without a real row or a real key). Without kMasks the lengths are ignored (the
+// limits are T and S).
+template <class Sh, bool kMasks>
 struct QueryBlock {
   int64_t b, h, hk, i0, q_first, kv_first;
   Limits lim;
@@ -345,7 +346,8 @@ struct QueryBlock {
       : b(blockIdx.z), h(blockIdx.y), hk(h / (p.H / p.Hk)), i0(int64_t{blockIdx.x} * Sh::BR),
         q_first((b * p.T + i0) * p.H + h),  // row number of (b, i0, h) in [B, T, H]
         kv_first(b * p.S * p.Hk + hk),      // row number of (b, 0, hk) in [B, S, Hk]
-        lim(limits(p, b)), rows(static_cast<int>(std::min<int64_t>(Sh::BR, p.T - i0))) {
+        lim(kMasks ? limits(p, b) : Limits{p.T, p.S}),
+        rows(static_cast<int>(std::min<int64_t>(Sh::BR, p.T - i0))) {
     real = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(rows, lim.q_len - i0)));
     // Keys the block's last real row sees.
     const int64_t key_end = real == 0 ? 0 : p.causal ? std::min(lim.k_len, i0 + real + p.S - p.T) : lim.k_len;
@@ -398,7 +400,9 @@ SEQLAB_TC_UNROLL
 #endif  // SEQLAB_TC_ATTENTION
 
 // Forward; see the file comment. Grid (⌈T/BR⌉, H, B), kThreads threads, FwdLayout<Sh>::bytes of shared memory.
-template <class Sh>
+// kMasks: compiled with the code of the masks (launched when p has lengths or a bias); without it they are
+// ignored, and the kernel keeps the registers of one with no masks to handle.
+template <class Sh, bool kMasks>
 __global__ void __launch_bounds__(kThreads)
     tc_forward(Problem p, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                bf16_t* __restrict__ o, float* __restrict__ lse) {
@@ -415,7 +419,7 @@ __global__ void __launch_bounds__(kThreads)
   auto Ks = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::k + buf * L::kTileBytes); };
   auto Vs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::v + buf * L::kTileBytes); };
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
-  const QueryBlock<Sh> blk(p);
+  const QueryBlock<Sh, kMasks> blk(p);
   const int64_t i0 = blk.i0, q_first = blk.q_first;
   const int rows = blk.rows, w0 = warp * kRows * MT;  // w0: the warp's first row in the block
   if (blk.key_tiles == 0) {  // no row of the block sees a key: o = 0, lse = −∞ (the whole block returns)
@@ -423,7 +427,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int r = threadIdx.x; r < rows; r += kThreads) lse[q_first + r * p.H] = -INFINITY;
     return;
   }
-  const bf16_t* const bias = bias_plane(p, blk.b, blk.h);
+  const bf16_t* const bias = kMasks ? bias_plane(p, blk.b, blk.h) : nullptr;
 
   stage_async<D, BR>(q + q_first * D, p.H * D, blk.real, Qs);  // padded query rows are zeroed
   blk.stage_kv(p, k, v, 0, Ks(0), Vs(0));
@@ -524,8 +528,9 @@ SEQLAB_TC_UNROLL
 }
 
 // dQ and dbias; see the file comment. Grid (⌈T/BR⌉, H, B), kThreads threads, DqLayout<Sh>::bytes of shared
-// memory. A null dq or dbias is not written (the kernel runs when either is asked for).
-template <class Sh>
+// memory. A null dq or dbias is not written (the kernel runs when either is asked for). kMasks: as for the
+// forward, and for dbias too (launched when p has lengths or a bias, or dbias is asked for).
+template <class Sh, bool kMasks>
 __global__ void __launch_bounds__(kThreads)
     tc_dq(Problem p, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
           const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
@@ -539,11 +544,12 @@ __global__ void __launch_bounds__(kThreads)
   auto Ks = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::k + buf * L::kTileBytes); };
   auto Vs = [&](int buf) { return reinterpret_cast<bf16_t*>(smem + L::v + buf * L::kTileBytes); };
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  const QueryBlock<Sh> blk(p);
+  const QueryBlock<Sh, kMasks> blk(p);
   const int64_t i0 = blk.i0, q_first = blk.q_first;
   const int rows = blk.rows, w0 = warp * kRows * MT;
   // dbias rows (b, h, i0 …) of [B, H, T, S].
-  bf16_t* const dbias_rows = dbias == nullptr ? nullptr : dbias + ((blk.b * p.H + blk.h) * p.T + i0) * p.S;
+  bf16_t* const dbias_rows =
+      !kMasks || dbias == nullptr ? nullptr : dbias + ((blk.b * p.H + blk.h) * p.T + i0) * p.S;
   // The keys from `from` on: no row of the block sees them, so their dS is 0 (a block-wide loop).
   auto zero_dbias_from = [&](int64_t from) {
     if (dbias_rows == nullptr || from >= p.S) return;
@@ -556,7 +562,7 @@ __global__ void __launch_bounds__(kThreads)
     zero_dbias_from(0);
     return;
   }
-  const bf16_t* const bias = bias_plane(p, blk.b, blk.h);
+  const bf16_t* const bias = kMasks ? bias_plane(p, blk.b, blk.h) : nullptr;
   stage_async<D, BR>(q + q_first * D, p.H * D, blk.real, Qs);  // padded query rows are zeroed, so is their dO
   stage_async<D, BR>(dout + q_first * D, p.H * D, blk.real, dOs);
   blk.stage_kv(p, k, v, 0, Ks(0), Vs(0));
@@ -637,8 +643,8 @@ SEQLAB_TC_UNROLL
 }
 
 // dK/dV; see the file comment. Grid (⌈S/BR⌉, Hk, B), kThreads threads, DkdvLayout<Sh>::bytes of shared
-// memory. A null dk or dv is not computed (dS is needed only for dK).
-template <class Sh>
+// memory. A null dk or dv is not computed (dS is needed only for dK). kMasks: as for the forward.
+template <class Sh, bool kMasks>
 __global__ void __launch_bounds__(kThreads)
     tc_dkdv(Problem p, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
             const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
@@ -660,7 +666,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t kv_first = (b * p.S + j0) * p.Hk + hk;  // row number of (b, j0, hk) in [B, S, Hk]
   const bool need_dk = dk != nullptr, need_dv = dv != nullptr;
   const int w0 = warp * kRows * MT;  // the warp's first key in the block
-  const Limits lim = limits(p, b);
+  const Limits lim = kMasks ? limits(p, b) : Limits{p.T, p.S};
   // The query tiles that see any of these keys, for every query head of the group: iteration it is head
   // hk·group + it / tiles, tile it % tiles. They run from the tile of the first query that sees key j0
   // (causal: query i sees key j iff j < i + S − T + 1; every later real query sees it too) up to q_len,
@@ -686,7 +692,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   // With a bias, bias_scores puts the scores in log2 units: they are scaled by 1.
-  const float scale2 = p.scale * kLog2e, sc = p.bias != nullptr ? 1.f : scale2;
+  const float scale2 = p.scale * kLog2e, sc = kMasks && p.bias != nullptr ? 1.f : scale2;
   float dka[MT][D / 8][4], dva[MT][D / 8][4];
   zero(dka);
   zero(dva);
@@ -703,7 +709,7 @@ __global__ void __launch_bounds__(kThreads)
       warp_abt<D, MT, N / 8>(dpt, Vs + w0 * kLd<D>, kLd<D>, dOs(buf), kLd<D>);
     }
     const int64_t i0 = i_start + int64_t{it % query_tiles} * N;
-    const bf16_t* const bias = bias_plane(p, b, hk * group + it / query_tiles);
+    const bf16_t* const bias = kMasks ? bias_plane(p, b, hk * group + it / query_tiles) : nullptr;
     // Pᵀ = 2^(sc·Sᵀ − log2(e)·lse_query) (0 where hidden, and for a query whose lse is −∞: it saw only −∞
     // bias), dSᵀ = Pᵀ ∘ (dPᵀ − δ_query); column c of n-block n is query 8n + 2t + c of the tile.
 SEQLAB_TC_UNROLL
