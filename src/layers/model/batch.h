@@ -28,6 +28,9 @@ struct Batch {
   Tensor decoder_targets;  // [B, S] encoder-decoder models: what the decoder predicts
   Tensor decoder_lengths;  // [B] valid decoder tokens per row
   Tensor loss_weights;     // shaped as the scored targets: a weight per position (Σ w·ℓ / Σ w); undefined: 1
+  // [B] one label per row for a loss on the whole sequence: BERT's next-sentence prediction (0: segment B
+  // follows A, 1: B is from a random document, as Hugging Face counts; kIgnoreIndex: a row without a pair)
+  Tensor sequence_targets;
 
   // The ids the loss scores and the lengths that bound them: the decoder's for encoder-decoder batches.
   const Tensor& scored_targets() const { return decoder_inputs.defined() ? decoder_targets : targets; }
@@ -43,6 +46,7 @@ struct Batch {
     b.decoder_targets = move(decoder_targets);
     b.decoder_lengths = move(decoder_lengths);
     b.loss_weights = move(loss_weights);
+    b.sequence_targets = move(sequence_targets);
     return b;
   }
 };

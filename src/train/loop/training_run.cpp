@@ -300,7 +300,8 @@ std::string nonfinite_text(const StepResult& result) {
 // targets (sequence_parallel.h). Only whole token windows are split: a batch with lengths, segments or
 // loss weights is refused (no such batch reaches here today: text and shards give windows).
 Batch sequence_local_batch(const Batch& b, const SequenceGroup& g) {
-  if (b.lengths.defined() || b.segment_ids.defined() || b.loss_weights.defined() || b.decoder_inputs.defined()) {
+  if (b.lengths.defined() || b.segment_ids.defined() || b.loss_weights.defined() || b.decoder_inputs.defined() ||
+      b.sequence_targets.defined()) {
     throw UserError("parallel.sp: sequence parallelism splits batches of whole token windows; this data gives "
                     "lengths, segments, loss weights or decoder inputs");
   }
@@ -461,7 +462,7 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
   }
   LogFile metrics;
   LogFile samples;
-  const bool sampling = writer && r.log.sample_every > 0 && data.tokenizer != nullptr;
+  const bool sampling = writer && r.log.sample_every > 0 && data.tokenizer != nullptr && !data.sample_prompt.empty();
   // The run's identity: given when it starts, kept by its resumes (run.json, every checkpoint).
   const RunIdentity identity = inv.resumed ? inv.resumed->identity : new_run_identity();
   if (writer) {
