@@ -386,7 +386,9 @@ Schema build_schema() {
       .number("init_std", &RecipeModel::init_std, 0.02, above(0), "standard deviation of the initial weights");
   add_mixer_sections(s);
 
-  SectionBuilder<RecipeData>(s, "data", &Recipe::data, "Where the tokens come from: a corpus or a synthetic task.")
+  SectionBuilder<RecipeData>(s, "data", &Recipe::data,
+                             "Where the tokens come from, a corpus or a synthetic task, and what a corpus trains "
+                             "(data.objective).")
       .choice("source", &RecipeData::source, {"text", "shards", "mqar", "copy", "selective_copy", "induction"},
               "text: files tokenized on first use; shards: prepared .bin token shards; the rest: synthetic tasks")
       .text("path", &RecipeData::path, "/usr/share/games/fortunes",
