@@ -80,8 +80,9 @@ EvalReport evaluate_all(LanguageModel& model, const Data& data, const Recipe& r,
 // The fields a run of the recipe may log on its last step's metrics line (what a sweep's metric can
 // name): the training fields (loss, lr, grad_norm, tokens_per_s, mfu, elapsed_s, tokens, train_flops)
 // and the evaluation's — val_loss, val_ppl; val_bpb with bytes (data.objective = "lm" on text with
-// data.tokenizer = "byte", or on shards, whose tokenizer the recipe does not say); val_acc for a synthetic task — and the same fields
-// NAME@L for each eval.seq_len L. Decided from the recipe alone, before any run.
+// data.tokenizer = "byte", or on shards, whose tokenizer the recipe does not say); val_acc for a
+// synthetic task — and the same fields NAME@L for each eval.seq_len L. Decided from the recipe alone,
+// before any run.
 std::vector<std::string> reported_metrics(const Recipe& r);
 
 }  // namespace seqlab::cli

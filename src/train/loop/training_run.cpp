@@ -298,12 +298,13 @@ std::string nonfinite_text(const StepResult& result) {
 // weights bit for bit.
 // This rank's part of a batch under sequence parallelism: its two zig-zag chunks of every row's inputs and
 // targets (sequence_parallel.h). Only whole token windows are split: a batch with lengths, segments or
-// loss weights is refused (no such batch reaches here today: text and shards give windows).
+// loss weights is refused (no such batch reaches here: the recipe refuses parallel.sp with the rows of
+// data.objective = "masked_lm" or "span_corruption").
 Batch sequence_local_batch(const Batch& b, const SequenceGroup& g) {
   if (b.lengths.defined() || b.segment_ids.defined() || b.loss_weights.defined() || b.decoder_inputs.defined() ||
       b.sequence_targets.defined()) {
     throw UserError("parallel.sp: sequence parallelism splits batches of whole token windows; this data gives "
-                    "lengths, segments, loss weights or decoder inputs");
+                    "lengths, segments, loss weights, decoder inputs or sequence targets");
   }
   return Batch(sequence_take_local(b.inputs, g), sequence_take_local(b.targets, g));
 }
