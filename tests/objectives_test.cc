@@ -326,7 +326,9 @@ void expect_same(const Batch& a, const Batch& b) {
   for (auto field : {&Batch::targets, &Batch::lengths, &Batch::segment_ids, &Batch::sequence_targets,
                      &Batch::decoder_inputs, &Batch::decoder_targets, &Batch::decoder_lengths}) {
     ASSERT_EQ((a.*field).defined(), (b.*field).defined());
-    if ((a.*field).defined()) EXPECT_EQ(ints(a.*field), ints(b.*field));
+    if ((a.*field).defined()) {
+      EXPECT_EQ(ints(a.*field), ints(b.*field));
+    }
   }
 }
 
