@@ -95,6 +95,11 @@ TEST_F(RecipeTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(r.data.tokenizer_path, "");
   EXPECT_EQ(r.data.val_fraction, 0.05);
   EXPECT_EQ(r.data.cache_dir, "data/cache");
+  EXPECT_EQ(r.data.objective, "lm");
+  EXPECT_EQ(r.data.mask_fraction, 0.15);
+  EXPECT_FALSE(r.data.next_sentence);
+  EXPECT_EQ(r.data.noise_density, 0.15);
+  EXPECT_EQ(r.data.mean_span_length, 3.0);
   EXPECT_EQ(r.data.task_vocab, 64);
   EXPECT_EQ(r.data.task_num_pairs, 8);
   EXPECT_EQ(r.data.task_copy_len, 16);
@@ -371,6 +376,62 @@ TEST_F(RecipeTest, RulesBetweenKeysNameBothKeys) {
                      "[optim]\nwarmup_steps = 1000\n[train]\ndtype = \"bf16\"\n[parallel]\nsp = 4\n");
   EXPECT_EQ(r.model.n_kv_heads, 2);
   EXPECT_EQ(r.parallel.sp, 4);
+}
+
+// data.objective: its keys' ranges, keys of one objective set for another, text sources only, the
+// shortest rows, span corruption's eval lengths, no sequence parallelism; and what loads.
+TEST_F(RecipeTest, ObjectiveKeysAndTheirRules) {
+  EXPECT_EQ(error_of("[data]\nobjective = \"mlm\"\n"),
+            "FILE:2: data.objective must be one of \"lm\", \"masked_lm\", \"span_corruption\", got \"mlm\" (did you "
+            "mean \"lm\"?)");
+  EXPECT_EQ(error_of("[data]\nmask_fraction = 0.0\n"), "FILE:2: data.mask_fraction must be a number in (0, 1], got 0.0");
+  EXPECT_EQ(error_of("[data]\nnoise_density = 1\n"), "FILE:2: data.noise_density must be a number in (0, 1), got 1.0");
+  EXPECT_EQ(error_of("[data]\nmean_span_length = 0.5\n"),
+            "FILE:2: data.mean_span_length must be a number ≥ 1, got 0.5");
+  // A key of one objective in a recipe of another.
+  EXPECT_EQ(error_of("[data]\nmask_fraction = 0.2\n"),
+            "FILE:2: data.mask_fraction = 0.2 is read only for data.objective = \"masked_lm\"; data.objective = \"lm\" "
+            "does not use it: leave it out");
+  EXPECT_EQ(error_of("[data]\nobjective = \"span_corruption\"\nnext_sentence = true\n"),
+            "FILE:3: data.next_sentence = true is read only for data.objective = \"masked_lm\"; data.objective = "
+            "\"span_corruption\" does not use it: leave it out");
+  EXPECT_EQ(error_of("", {"data.objective=masked_lm", "data.mean_span_length=5"}),
+            "--set data.mean_span_length=5: data.mean_span_length = 5.0 is read only for data.objective = "
+            "\"span_corruption\"; data.objective = \"masked_lm\" does not use it: leave it out");
+  EXPECT_EQ(error_of("[data]\nnoise_density = 0.3\n"),
+            "FILE:2: data.noise_density = 0.3 is read only for data.objective = \"span_corruption\"; data.objective = "
+            "\"lm\" does not use it: leave it out");
+  // At their defaults, as a resolved recipe writes them, the keys of other objectives are no error.
+  EXPECT_EQ(load_ok("[data]\nmask_fraction = 0.15\nnext_sentence = false\nnoise_density = 0.15\n"
+                    "mean_span_length = 3.0\n").data.objective,
+            "lm");
+  EXPECT_EQ(error_of("[data]\nsource = \"copy\"\nobjective = \"masked_lm\"\n"),
+            "FILE:3: data.objective = \"masked_lm\" makes its rows from text (data.source = \"text\" or \"shards\"); "
+            "data.source = \"copy\" is a synthetic task with inputs and targets of its own");
+  EXPECT_EQ(error_of("[data]\nobjective = \"masked_lm\"\n[train]\nseq_len = 4\n"),
+            "FILE:4: data.objective = \"masked_lm\" needs train.seq_len ≥ 5 ([CLS] A [SEP] B [SEP] with a token "
+            "each); train.seq_len = 4 is shorter");
+  EXPECT_EQ(error_of("[data]\nobjective = \"span_corruption\"\n[eval]\nseq_len = [64, 2]\n"),
+            "FILE:4: data.objective = \"span_corruption\" needs each eval.seq_len ≥ 3 (a kept token, a sentinel and "
+            "[EOS]); eval.seq_len[1] = 2 is shorter");
+  EXPECT_EQ(error_of("[data]\nobjective = \"span_corruption\"\n[model]\npositions = \"rope\"\n[eval]\nseq_len = 512\n"),
+            "FILE:6: eval.seq_len[0] = 512 is longer than train.seq_len = 256: data.objective = \"span_corruption\" "
+            "has sentinels for the noise spans of rows up to train.seq_len only");
+  EXPECT_EQ(error_of("[data]\nobjective = \"masked_lm\"\n[parallel]\nsp = 2\n"),
+            "FILE:4: parallel.sp = 2 splits windows of the token stream; data.objective = \"masked_lm\" makes padded "
+            "rows of its own: leave parallel.sp at 1 (--nproc still trains data-parallel)");
+
+  Recipe mlm = load_ok("[data]\nobjective = \"masked_lm\"\nmask_fraction = 0.2\nnext_sentence = true\n"
+                       "[train]\nseq_len = 6\n[eval]\nseq_len = [5, 6]\n");
+  EXPECT_EQ(mlm.data.mask_fraction, 0.2);
+  EXPECT_TRUE(masked_lm_config(mlm).next_sentence);
+  EXPECT_EQ(data_objective(mlm), Objective::masked_lm);
+  EXPECT_EQ(objective_special_tokens(mlm), special_tokens(Objective::masked_lm));
+  Recipe t5 = load_ok("[data]\nobjective = \"span_corruption\"\nnoise_density = 0.15\nmean_span_length = 3\n"
+                      "[train]\nseq_len = 512\n[eval]\nseq_len = [128, 512]\n");
+  EXPECT_EQ(span_corruption_config(t5).mean_span_length, 3.0);
+  EXPECT_EQ(objective_special_tokens(t5), special_tokens(Objective::span_corruption, 28));  // T5's 512: 28 spans
+  EXPECT_EQ(objective_special_tokens(Recipe()), special_tokens(Objective::lm));
 }
 
 // eval.seq_len: a list of lengths (one integer is a list of one), each checked and named by its index, in

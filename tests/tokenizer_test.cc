@@ -57,6 +57,88 @@ TEST(ByteTokenizer, SpecialTokensFollowTheBytes) {
   EXPECT_EQ(t.encode("<|eot|>").size(), 7u);
 }
 
+TEST(SpecialTokens, OneTablePerObjective) {
+  const SpecialTokens lm = special_tokens(Objective::lm);
+  EXPECT_EQ(lm.size(), kNumSpecialTokens);
+  EXPECT_EQ(lm.texts[0], "<|eot|>");
+  EXPECT_EQ(lm.texts[18], "<|sentinel_15|>");
+  EXPECT_FALSE(lm.in_prompts);
+  const SpecialTokens mlm = special_tokens(Objective::masked_lm);
+  EXPECT_EQ(mlm.texts, (std::vector<std::string>{"[PAD]", "[CLS]", "[SEP]", "[MASK]"}));
+  EXPECT_TRUE(mlm.in_prompts);
+  EXPECT_EQ(mlm.eot, mlm.sep);  // a BERT row ends with [SEP]
+  const SpecialTokens t5 = special_tokens(Objective::span_corruption, 3);
+  EXPECT_EQ(t5.texts, (std::vector<std::string>{"[PAD]", "[EOS]", "<extra_id_0>", "<extra_id_1>", "<extra_id_2>"}));
+  EXPECT_EQ(t5.eot, t5.eos);
+  EXPECT_EQ(t5.sentinels, 3);
+  EXPECT_THROW(special_tokens(Objective::span_corruption, 0), std::invalid_argument);
+  EXPECT_FALSE(special_tokens(Objective::span_corruption, 3) == special_tokens(Objective::span_corruption, 4));
+  auto o = parse_objective("masked_lm");
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(*o, Objective::masked_lm);
+  EXPECT_STREQ(objective_name(Objective::span_corruption), "span_corruption");
+  EXPECT_EQ(parse_objective("mlm").status().message(), "unknown objective 'mlm' (lm, masked_lm or span_corruption)");
+}
+
+// The masked_lm table takes the lm table's place after the same 256 bytes: [PAD] 256 ... [MASK] 259.
+TEST(ByteTokenizer, MaskedLmTokensFollowTheBytesAndReadInPrompts) {
+  ByteTokenizer t;
+  t.set_special_tokens(special_tokens(Objective::masked_lm));
+  EXPECT_EQ(t.vocab_size(), 260);
+  EXPECT_EQ(t.num_regular(), 256);
+  EXPECT_EQ(t.pad(), 256);
+  EXPECT_EQ(t.cls(), 257);
+  EXPECT_EQ(t.sep(), 258);
+  EXPECT_EQ(t.mask(), 259);
+  EXPECT_EQ(t.eot(), 258);
+  EXPECT_EQ(t.num_sentinels(), 0);
+  EXPECT_TRUE(t.is_special(259));
+  EXPECT_FALSE(t.is_special(260));
+  try {
+    t.eos();
+    FAIL() << "the masked_lm table has no [EOS]";
+  } catch (const std::out_of_range& e) {
+    EXPECT_STREQ(e.what(), "the masked_lm vocabulary has no [EOS] token");
+  }
+  EXPECT_THROW(t.sentinel(0), std::out_of_range);
+  EXPECT_EQ(t.decode({257, 84, 259, 258, 256}), "[CLS]T[MASK][SEP][PAD]");
+  EXPECT_EQ(t.decode({260}), "<|unknown_260|>");
+  // encode() (corpora) never makes a special id; a prompt's "[MASK]" is the [MASK] id.
+  EXPECT_EQ(t.encode("[MASK]").size(), 6u);
+  auto ids = t.encode_prompt("The [MASK] sat");
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(*ids, (Ids{'T', 'h', 'e', ' ', 259, ' ', 's', 'a', 't'}));
+  EXPECT_EQ(*t.encode_prompt("[CLS][MASK][MASK[SEP]"), (Ids{257, 259, '[', 'M', 'A', 'S', 'K', 258}));
+  EXPECT_EQ(t.decode(*t.encode_prompt("a [MASK] b [SEP]")), "a [MASK] b [SEP]");
+  // The lm table's markers stay text in a prompt, as before objectives.
+  ByteTokenizer lm;
+  EXPECT_EQ(lm.encode_prompt("<|eot|>")->size(), 7u);
+  EXPECT_EQ(lm.encode_prompt("[MASK]")->size(), 6u);
+  try {
+    lm.cls();
+    FAIL() << "the lm table has no [CLS]";
+  } catch (const std::out_of_range& e) {
+    EXPECT_STREQ(e.what(), "the lm vocabulary has no [CLS] token");
+  }
+}
+
+TEST(ByteTokenizer, SpanCorruptionSentinelsFollowPadAndEos) {
+  ByteTokenizer t;
+  t.set_special_tokens(special_tokens(Objective::span_corruption, 12));
+  EXPECT_EQ(t.vocab_size(), 256 + 2 + 12);
+  EXPECT_EQ(t.pad(), 256);
+  EXPECT_EQ(t.eos(), 257);
+  EXPECT_EQ(t.eot(), 257);
+  EXPECT_EQ(t.sentinel(0), 258);
+  EXPECT_EQ(t.sentinel(11), 269);
+  EXPECT_THROW(t.sentinel(12), std::out_of_range);
+  EXPECT_THROW(t.mask(), std::out_of_range);
+  EXPECT_EQ(t.decode({'a', 258, 'b', 268, 257}), "a<extra_id_0>b<extra_id_10>[EOS]");
+  // "<extra_id_1>" is no prefix of "<extra_id_10>" ('>' closes each); "<extra_id_12>" is past the table: text.
+  EXPECT_EQ(*t.encode_prompt("a<extra_id_10>b<extra_id_1>"), (Ids{'a', 268, 'b', 259}));
+  EXPECT_EQ(t.encode_prompt("<extra_id_12>")->size(), 13u);
+}
+
 TEST(SplitChunks, WordsKeepOneLeadingSpaceAndClassesSplit) {
   using V = std::vector<absl::string_view>;
   EXPECT_EQ(split_chunks("Hi  there, 42!"), (V{"Hi", " ", " there", ",", " 42", "!"}));
@@ -90,6 +172,36 @@ TEST(BpeTokenizer, LearnsTheObviousMergesInOrder) {
   ASSERT_TRUE(capped.ok());
   EXPECT_EQ(capped->merges(), (M{{104, 101}}));
   EXPECT_EQ(capped->vocab_size(), 276);
+}
+
+// An objective's table sits after the merges, whose ids stay as they are.
+TEST(BpeTokenizer, ObjectiveTablesFollowTheMerges) {
+  auto t = BpeTokenizer::train({"the the the the cat"}, 1000);
+  ASSERT_TRUE(t.ok());
+  const Ids text = t->encode("the cat");
+  t->set_special_tokens(special_tokens(Objective::masked_lm));
+  EXPECT_EQ(t->vocab_size(), 259 + 4);
+  EXPECT_EQ(t->mask(), 262);
+  EXPECT_EQ(t->encode("the cat"), text);
+  EXPECT_EQ(t->token_text(258), " the");
+  Ids expected = t->encode("the ");
+  expected.push_back(262);
+  for (int32_t id : t->encode(" cat")) expected.push_back(id);
+  EXPECT_EQ(*t->encode_prompt("the [MASK] cat"), expected);
+  EXPECT_EQ(t->decode(expected), "the [MASK] cat");
+
+  // make_tokenizer gives either tokenizer a table.
+  const std::string path = ::testing::TempDir() + "/tokenizer_test_objective_merges_" + std::to_string(::getpid());
+  ASSERT_TRUE(t->save(path).ok());
+  auto bpe = make_tokenizer("bpe", path, special_tokens(Objective::span_corruption, 5));
+  ASSERT_TRUE(bpe.ok()) << bpe.status();
+  EXPECT_EQ((*bpe)->vocab_size(), 259 + 2 + 5);
+  EXPECT_EQ((*bpe)->token_text(263), "<extra_id_2>");
+  auto byte = make_tokenizer("byte", "", special_tokens(Objective::masked_lm));
+  ASSERT_TRUE(byte.ok());
+  EXPECT_EQ((*byte)->vocab_size(), 260);
+  EXPECT_EQ((*make_tokenizer("byte"))->vocab_size(), 275);
+  std::filesystem::remove(path);
 }
 
 TEST(BpeTokenizer, MergesNeverCrossChunks) {

@@ -1,7 +1,8 @@
 // Tokenizer files (train/data/tokenizer.h), as `data.tokenizer = "bpe"` loads them: the input is a BPE
 // merges file, optionally followed by a line "--- text ---" and a text. The text (else the file's own
 // bytes) is encoded with the loaded merges, and with merges trained on it, and must decode back to
-// itself through regular ids only.
+// itself through regular ids only; as a prompt of the masked_lm and span_corruption vocabularies (whose
+// special tokens' texts become their ids) it must decode back to itself too.
 #include "fuzz_util.h"
 #include "train/data/tokenizer.h"
 
@@ -13,6 +14,22 @@ void check_round_trip(const seqlab::Tokenizer& tokenizer, absl::string_view text
     FUZZ_CHECK(id >= 0 && id < tokenizer.eot(), "encode produced id " + std::to_string(id) + " outside the merges");
   }
   FUZZ_CHECK(tokenizer.decode(ids) == text, "decode(encode(text)) differs from the text");
+}
+
+// A prompt's special-token texts become their ids, and every id decodes to its text: the round trip holds
+// whatever the text holds, "[MASK]" and "<extra_id_0>" included.
+void check_prompt_round_trip(seqlab::Tokenizer& tokenizer, absl::string_view text) {
+  using namespace seqlab;
+  for (const SpecialTokens& table : {special_tokens(Objective::masked_lm), special_tokens(Objective::span_corruption, 3)}) {
+    tokenizer.set_special_tokens(table);
+    const absl::StatusOr<std::vector<int32_t>> ids = tokenizer.encode_prompt(text);
+    FUZZ_CHECK(ids.ok(), ids.status().ToString());
+    for (int32_t id : *ids) {
+      FUZZ_CHECK(id >= 0 && id < tokenizer.vocab_size(), "encode_prompt produced id " + std::to_string(id));
+    }
+    FUZZ_CHECK(tokenizer.decode(*ids) == text, "decode(encode_prompt(text)) differs from the text");
+  }
+  tokenizer.set_special_tokens(special_tokens(Objective::lm));
 }
 
 }  // namespace
@@ -41,5 +58,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<BpeTokenizer> trained = BpeTokenizer::train(documents, 256 + kNumSpecialTokens + 48);
   FUZZ_CHECK(trained.ok(), trained.status().ToString());
   check_round_trip(*trained, text);
+  check_prompt_round_trip(*trained, text);
   return 0;
 }

@@ -28,7 +28,9 @@ struct Batch {
   Tensor decoder_targets;  // [B, S] encoder-decoder models: what the decoder predicts
   Tensor decoder_lengths;  // [B] valid decoder tokens per row
   Tensor loss_weights;     // shaped as the scored targets: a weight per position (Σ w·ℓ / Σ w); undefined: 1
-  Tensor sequence_targets; // [B] one label per row (BERT's next sentence: 0 B follows A, 1 B is random)
+  // [B] one label per row for a loss on the whole sequence: BERT's next-sentence prediction (0: segment B
+  // follows A, 1: B is from a random document, as Hugging Face counts; kIgnoreIndex: a row without a pair)
+  Tensor sequence_targets;
 
   // The ids the loss scores and the lengths that bound them: the decoder's for encoder-decoder batches.
   const Tensor& scored_targets() const { return decoder_inputs.defined() ? decoder_targets : targets; }

@@ -33,14 +33,16 @@ constexpr char kSampleUsage[] =
     "  --checkpoint FILE  a checkpoint other than RUN's newest\n";
 
 // The decoder of the run's data: its recipe's tokenizer, or that of its shard folder (meta.json's, or
-// for llm.c's shards data.tokenizer_path's, else token ids).
+// for llm.c's shards data.tokenizer_path's, else token ids), with data.objective's special tokens.
 std::unique_ptr<TokenDecoder> run_tokenizer(const Recipe& r) {
   if (r.data.source == "text") {
-    return std::unique_ptr<TokenDecoder>(value_or_throw(make_tokenizer(r.data.tokenizer, r.data.tokenizer_path)));
+    return std::unique_ptr<TokenDecoder>(
+        value_or_throw(make_tokenizer(r.data.tokenizer, r.data.tokenizer_path, objective_special_tokens(r))));
   }
   if (r.data.source == "shards") {
-    return value_or_throw(open_decoder(value_or_throw(open_shard_folder(r.data.path, r.data.vocab_size,
-                                                                         r.data.tokenizer_path))));
+    return value_or_throw(open_decoder(
+        value_or_throw(open_shard_folder(r.data.path, r.data.vocab_size, r.data.tokenizer_path)),
+        objective_special_tokens(r)));
   }
   throw UserError("the run trains on the synthetic task " + r.data.source + ", which has no text to sample");
 }

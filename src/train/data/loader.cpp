@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "train/data/data_io.h"
 
 namespace seqlab {
 
@@ -26,19 +25,13 @@ absl::StatusOr<TokenLoader> TokenLoader::open(const std::vector<std::string>& sh
   if (options.vocab_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("vocab_size ", options.vocab_size, " must be at least 1"));
   }
-  if (shard_paths.empty()) return absl::InvalidArgumentError("no shards to load");
   TokenLoader l;
   l.opt_ = options;
-  for (const std::string& path : shard_paths) {
-    absl::StatusOr<Shard> s = Shard::open(path);
-    if (!s.ok()) return s.status();
-    if (absl::Status ids = s->check_ids(options.vocab_size); !ids.ok()) return ids;
-    l.offsets_.push_back(l.offsets_.back() + s->size());
-    l.shards_.push_back(std::move(*s));
-  }
+  absl::StatusOr<TokenStream> stream = TokenStream::open(shard_paths, options.vocab_size);
+  if (!stream.ok()) return stream.status();
+  l.stream_ = std::move(*stream);
   const int64_t n = l.num_tokens(), t = options.seq_len;
-  std::string what = shard_paths.size() == 1 ? shard_paths[0]
-                                             : absl::StrCat(shard_paths[0], " and ", shard_paths.size() - 1, " more shard(s)");
+  const std::string what = l.stream_.name();
   if (n < t + 1) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", n, " tokens, fewer than seq_len + 1 = ", t + 1,
                                                    " (one window)"));
@@ -48,7 +41,7 @@ absl::StatusOr<TokenLoader> TokenLoader::open(const std::vector<std::string>& sh
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", n, " tokens make ", l.windows_, " window(s) of ", t + 1,
                                                    " tokens, fewer than the ", options.world, " ranks"));
   }
-  l.build_order();
+  l.order_ = EpochOrder(l.windows_, options.seed, options.rank, options.world, options.shuffle);
   return l;
 }
 
@@ -57,36 +50,6 @@ absl::StatusOr<TokenLoader> TokenLoader::open_split(const std::string& dir, cons
   absl::StatusOr<std::vector<std::string>> paths = find_shards(dir, split);
   if (!paths.ok()) return paths.status();
   return open(*paths, options);
-}
-
-void TokenLoader::build_order() {
-  std::vector<int64_t> all(static_cast<size_t>(windows_));
-  for (int64_t w = 0; w < windows_; ++w) all[w] = w;
-  if (opt_.shuffle) {
-    Generator gen(mix_seed(opt_.seed, static_cast<uint64_t>(epoch_)));
-    shuffle_in_place(all, gen);
-  }
-  const int64_t per_rank = windows_per_rank();
-  order_.resize(static_cast<size_t>(per_rank));
-  for (int64_t j = 0; j < per_rank; ++j) order_[j] = all[j * opt_.world + opt_.rank];
-}
-
-void TokenLoader::read_tokens(int64_t start, int64_t n, int32_t* out) const {
-  if (start < 0 || n < 0 || start + n > num_tokens()) {
-    throw std::out_of_range(absl::StrCat("read_tokens [", start, ", ", start + n, ") outside the ", num_tokens(), " tokens"));
-  }
-  // The shard holding `start`: the last whose first token is at or before it.
-  size_t s = static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), start) - offsets_.begin() - 1);
-  while (n > 0) {
-    int64_t at = start - offsets_[s];
-    int64_t take = std::min(n, shards_[s].size() - at);
-    const uint16_t* src = shards_[s].tokens() + at;
-    for (int64_t i = 0; i < take; ++i) out[i] = src[i];
-    out += take;
-    start += take;
-    n -= take;
-    ++s;
-  }
 }
 
 void TokenLoader::fill_row(int64_t window, int32_t* inputs, int32_t* targets) const {
@@ -103,14 +66,7 @@ Batch TokenLoader::next_batch(int64_t batch_size) {
   Batch b{Tensor::empty({batch_size, t}, DType::i32), Tensor::empty({batch_size, t}, DType::i32)};
   int32_t* in = b.inputs.data<int32_t>();
   int32_t* tg = b.targets.data<int32_t>();
-  for (int64_t row = 0; row < batch_size; ++row) {
-    if (position_ == windows_per_rank()) {
-      ++epoch_;
-      position_ = 0;
-      build_order();
-    }
-    fill_row(order_[position_++], in + row * t, tg + row * t);
-  }
+  for (int64_t row = 0; row < batch_size; ++row) fill_row(order_.next().item, in + row * t, tg + row * t);
   return b;
 }
 
@@ -124,18 +80,6 @@ Batch TokenLoader::eval_batch(int64_t index, int64_t batch_size) const {
     fill_row(j * opt_.world + opt_.rank, b.inputs.data<int32_t>() + row * t, b.targets.data<int32_t>() + row * t);
   }
   return b;
-}
-
-absl::Status TokenLoader::restore(const LoaderState& state) {
-  if (state.epoch < 0 || state.position < 0 || state.position > windows_per_rank()) {
-    return absl::InvalidArgumentError(absl::StrCat("loader state (epoch ", state.epoch, ", position ", state.position,
-                                                   ") does not fit this data: ", windows_per_rank(),
-                                                   " windows per rank and epoch"));
-  }
-  epoch_ = state.epoch;
-  position_ = state.position;
-  build_order();
-  return absl::OkStatus();
 }
 
 }  // namespace seqlab

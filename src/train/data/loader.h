@@ -20,17 +20,13 @@
 #include "layers/model/batch.h"
 #include "tensor/tensor.h"
 #include "train/data/shards.h"
+#include "train/data/token_stream.h"
 
 namespace seqlab {
 
-struct LoaderState {
-  int64_t epoch = 0;
-  int64_t position = 0;  // windows (or generated batches) consumed within the epoch
-  bool operator==(const LoaderState& o) const { return epoch == o.epoch && position == o.position; }
-};
-
-// What the step loop draws batches from: token shards or a synthetic task. Their batches fill
-// inputs [B, T] and targets [B, T] (i32) of layers/model/batch.h.
+// What the step loop draws batches from: token shards, the objectives' rows made from them
+// (masked_lm.h, span_corruption.h) or a synthetic task. Their batches fill inputs [B, T] and targets
+// [B, T] (i32) of layers/model/batch.h, and the other fields their objective needs.
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
@@ -66,10 +62,10 @@ class TokenLoader : public BatchSource {
   // The evaluation walk: the windows in stream order from the start, this rank taking every P-th;
   // batch i holds the rank's windows i·B .. i·B+B-1, wrapping around past the end.
   Batch eval_batch(int64_t index, int64_t batch_size) const override;
-  LoaderState state() const override { return {epoch_, position_}; }
-  absl::Status restore(const LoaderState& state) override;
+  LoaderState state() const override { return order_.state(); }
+  absl::Status restore(const LoaderState& state) override { return order_.restore(state, "windows"); }
 
-  int64_t num_tokens() const { return offsets_.back(); }
+  int64_t num_tokens() const { return stream_.size(); }
   int64_t num_windows() const { return windows_; }
   int64_t windows_per_rank() const { return windows_ / opt_.world; }
   int64_t seq_len() const { return opt_.seq_len; }
@@ -77,19 +73,16 @@ class TokenLoader : public BatchSource {
   int64_t eval_batches(int64_t batch_size) const { return windows_per_rank() / batch_size; }
 
   // Tokens [start, start + n) of the concatenated stream, widened to int32.
-  void read_tokens(int64_t start, int64_t n, int32_t* out) const;
+  void read_tokens(int64_t start, int64_t n, int32_t* out) const { stream_.read(start, n, out); }
 
  private:
   TokenLoader() = default;
-  void build_order();  // order_ for epoch_
   void fill_row(int64_t window, int32_t* inputs, int32_t* targets) const;
 
   LoaderOptions opt_;
-  std::vector<Shard> shards_;
-  std::vector<int64_t> offsets_{0};  // offsets_[i]: stream position of shard i's first token
+  TokenStream stream_;
   int64_t windows_ = 0;
-  int64_t epoch_ = 0, position_ = 0;
-  std::vector<int64_t> order_;  // this rank's windows in the current epoch
+  EpochOrder order_;  // the windows of each epoch, this rank's share
 };
 
 }  // namespace seqlab

@@ -290,7 +290,30 @@ absl::StatusOr<DatasetInfo> open_shard_folder(const std::string& dir, int64_t vo
   return info;
 }
 
-absl::StatusOr<std::unique_ptr<TokenDecoder>> open_decoder(const DatasetInfo& info) {
+absl::StatusOr<std::unique_ptr<Tokenizer>> open_tokenizer(const DatasetInfo& info, const SpecialTokens& table) {
+  if (info.tokenizer != "byte" && info.tokenizer != "bpe") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        info.dir, ": data.objective = \"", table.objective, "\" adds its special tokens to a byte or BPE vocabulary; ",
+        info.source_format == "llm.c" ? "llm.c's shards" : "this folder", " come with the ", info.tokenizer,
+        " tokenizer: prepare the text with seqlab (data.source = \"text\", or `seqlab prepare`)"));
+  }
+  absl::StatusOr<std::unique_ptr<Tokenizer>> t = make_tokenizer(info.tokenizer, info.tokenizer_path);
+  if (!t.ok()) return t.status();
+  if ((*t)->vocab_size() != info.vocab_size || (*t)->eot() != info.eot) {
+    return absl::InvalidArgumentError(absl::StrCat((fs::path(info.dir) / "meta.json").string(), ": vocab_size ",
+                                                   info.vocab_size, " and eot ", info.eot, " are not its ", info.tokenizer,
+                                                   " tokenizer's ", (*t)->vocab_size(), " and ", (*t)->eot()));
+  }
+  (*t)->set_special_tokens(table);
+  return t;
+}
+
+absl::StatusOr<std::unique_ptr<TokenDecoder>> open_decoder(const DatasetInfo& info, const SpecialTokens& table) {
+  if (!(table == special_tokens(Objective::lm))) {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> t = open_tokenizer(info, table);
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<TokenDecoder>(std::move(*t));
+  }
   absl::StatusOr<std::unique_ptr<TokenDecoder>> d = make_decoder(info.tokenizer, info.tokenizer_path, info.vocab_size);
   if (!d.ok()) return d.status();
   if ((*d)->vocab_size() != info.vocab_size) {

@@ -83,7 +83,13 @@ absl::StatusOr<DatasetInfo> open_shard_folder(const std::string& dir, int64_t vo
                                               const std::string& tokenizer_path);
 
 // The decoder of a folder's ids (make_decoder of its tokenizer); an error when its vocabulary is not
-// the folder's.
-absl::StatusOr<std::unique_ptr<TokenDecoder>> open_decoder(const DatasetInfo& info);
+// the folder's. With another table than lm's, the folder's byte or BPE tokenizer with that table
+// (open_tokenizer).
+absl::StatusOr<std::unique_ptr<TokenDecoder>> open_decoder(const DatasetInfo& info,
+                                                           const SpecialTokens& table = special_tokens(Objective::lm));
+// The byte or BPE tokenizer of a folder seqlab prepared, with the special tokens `table` after its text
+// ids (special_tokens.h). Errors: a folder of llm.c's shards (its tokenizer cannot take other special
+// tokens), and a tokenizer whose lm vocabulary or end-of-text is not the folder's (meta.json).
+absl::StatusOr<std::unique_ptr<Tokenizer>> open_tokenizer(const DatasetInfo& info, const SpecialTokens& table);
 
 }  // namespace seqlab

@@ -79,20 +79,53 @@ std::string unknown_marker(int32_t id) { return absl::StrCat("<|unknown_", id, "
 // ---------------------------------------------------------------------------------------------------
 // Tokenizer
 
-int32_t Tokenizer::sentinel(int i) const {
-  if (i < 0 || i >= kNumSentinels) {
-    throw std::out_of_range(absl::StrCat("sentinel ", i, " requested; there are ", kNumSentinels));
+int32_t Tokenizer::role_id(int index, const char* role) const {
+  if (index < 0) {
+    throw std::out_of_range(absl::StrCat("the ", special_tokens_.objective, " vocabulary has no ", role, " token"));
   }
-  return first_special_ + 3 + i;
+  return first_special_ + index;
+}
+
+int32_t Tokenizer::sentinel(int i) const {
+  if (i < 0 || i >= special_tokens_.sentinels) {
+    throw std::out_of_range(absl::StrCat("sentinel ", i, " requested; the ", special_tokens_.objective,
+                                         " vocabulary has ", special_tokens_.sentinels));
+  }
+  return first_special_ + special_tokens_.first_sentinel + i;
 }
 
 std::string Tokenizer::token_text(int32_t id) const {
-  if (id >= 0 && id < eot()) return regular_bytes(id);
-  if (id == eot()) return "<|eot|>";
-  if (id == pad()) return "<|pad|>";
-  if (id == mask()) return "<|mask|>";
-  if (is_special(id)) return absl::StrCat("<|sentinel_", id - sentinel(0), "|>");
+  if (id >= 0 && id < first_special_) return regular_bytes(id);
+  if (is_special(id)) return special_tokens_.texts[static_cast<size_t>(id - first_special_)];
   return unknown_marker(id);
+}
+
+absl::StatusOr<std::vector<int32_t>> Tokenizer::encode_prompt(absl::string_view prompt) const {
+  if (!special_tokens_.in_prompts) return encode(prompt);
+  std::vector<int32_t> ids;
+  auto text = [&](absl::string_view piece) {
+    std::vector<int32_t> more = encode(piece);
+    ids.insert(ids.end(), more.begin(), more.end());
+  };
+  size_t start = 0;  // of the text not yet encoded
+  for (size_t i = 0; i < prompt.size();) {
+    int found = -1;
+    size_t found_size = 0;
+    for (int k = 0; k < special_tokens_.size(); ++k) {
+      const std::string& s = special_tokens_.texts[static_cast<size_t>(k)];
+      if (s.size() > found_size && prompt.substr(i, s.size()) == s) found = k, found_size = s.size();
+    }
+    if (found < 0) {
+      ++i;
+      continue;
+    }
+    text(prompt.substr(start, i - start));
+    ids.push_back(first_special_ + found);
+    i += found_size;
+    start = i;
+  }
+  text(prompt.substr(start));
+  return ids;
 }
 
 std::string TokenDecoder::decode(const std::vector<int32_t>& ids) const {
@@ -406,15 +439,21 @@ absl::StatusOr<std::vector<int32_t>> TokenIdDecoder::encode_prompt(absl::string_
 // ---------------------------------------------------------------------------------------------------
 // Construction by kind
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> make_tokenizer(const std::string& kind, const std::string& path) {
-  if (kind == "byte") return std::unique_ptr<Tokenizer>(new ByteTokenizer());
-  if (kind == "bpe") {
+absl::StatusOr<std::unique_ptr<Tokenizer>> make_tokenizer(const std::string& kind, const std::string& path,
+                                                          const SpecialTokens& table) {
+  std::unique_ptr<Tokenizer> t;
+  if (kind == "byte") {
+    t = std::make_unique<ByteTokenizer>();
+  } else if (kind == "bpe") {
     if (path.empty()) return absl::InvalidArgumentError("tokenizer 'bpe' needs the path of a merges file");
-    absl::StatusOr<BpeTokenizer> t = BpeTokenizer::load(path);
-    if (!t.ok()) return t.status();
-    return std::unique_ptr<Tokenizer>(new BpeTokenizer(std::move(*t)));
+    absl::StatusOr<BpeTokenizer> bpe = BpeTokenizer::load(path);
+    if (!bpe.ok()) return bpe.status();
+    t = std::make_unique<BpeTokenizer>(std::move(*bpe));
+  } else {
+    return absl::InvalidArgumentError("unknown tokenizer '" + kind + "' (byte or bpe)");
   }
-  return absl::InvalidArgumentError("unknown tokenizer '" + kind + "' (byte or bpe)");
+  t->set_special_tokens(table);
+  return t;
 }
 
 absl::StatusOr<std::unique_ptr<TokenDecoder>> make_decoder(const std::string& kind, const std::string& path,

@@ -4,13 +4,18 @@
 // starts every document, which ids stand for no text, and the ids of a prompt. Tokenizer adds encode()
 // (the data pipeline tokenises corpora with it); the decoders below have none.
 //
-// Every Tokenizer has a regular vocabulary (ids 0..n-1, each standing for a byte string) followed by the
-// same 19 special tokens: end-of-text, pad, mask and 16 sentinels (T5 span corruption):
-//   eot = n, pad = n+1, mask = n+2, sentinel(i) = n+3+i,   vocab_size() = n+19.
-// encode() never produces a special id (text such as "<|eot|>" is encoded as its bytes); the data
-// pipeline inserts them. decode() renders them as "<|eot|>", "<|pad|>", "<|mask|>", "<|sentinel_3|>".
+// Every Tokenizer has a regular vocabulary (ids 0..n-1, each standing for a byte string) followed by a
+// table of special tokens (special_tokens.h), chosen by data.objective; by default the language model's
+// 19 (end-of-text, pad, mask and 16 sentinels):
+//   eot = n, pad = n+1, mask = n+2, sentinel(i) = n+3+i,   vocab_size() = n+19;
+// masked_lm's [PAD] [CLS] [SEP] [MASK] (vocab n+4) and span_corruption's [PAD] [EOS] <extra_id_0> ...
+// take their place for those objectives, the regular ids unchanged. encode() never produces a special id
+// (text such as "<|eot|>" or "[MASK]" in a corpus is encoded as its bytes); the data pipeline inserts
+// them. decode() renders them as their table's texts ("<|eot|>", "<|sentinel_3|>", "[MASK]",
+// "<extra_id_0>"), and encode_prompt() reads those texts back as the ids for the masked_lm and
+// span_corruption tables (a prompt "The [MASK] sat" holds the [MASK] id), not for the lm table's markers.
 //
-// ByteTokenizer: ids 0..255 are the bytes, so any byte string round trips (vocab 275).
+// ByteTokenizer: ids 0..255 are the bytes, so any byte string round trips (vocab 275 with the lm table).
 // BpeTokenizer: byte-level BPE. Merge k joins two existing ids into id 256+k. Text is first cut into
 // chunks (see below) and merges never cross a chunk, so tokens do not span words. Merges file format:
 //   seqlab-bpe 1
@@ -33,6 +38,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <absl/container/flat_hash_map.h>
@@ -40,9 +46,12 @@
 #include <absl/status/statusor.h>
 #include <absl/strings/string_view.h>
 
+#include "train/data/special_tokens.h"
+
 namespace seqlab {
 
-constexpr int kNumSentinels = 16;
+// The lm table's sentinels and special tokens (special_tokens.h): a BPE vocabulary's size counts these.
+constexpr int kNumSentinels = kLmSentinels;
 constexpr int kNumSpecialTokens = 3 + kNumSentinels;
 
 class TokenDecoder {
@@ -70,24 +79,41 @@ class TokenDecoder {
 class Tokenizer : public TokenDecoder {
  public:
   virtual std::vector<int32_t> encode(absl::string_view text) const = 0;
-  absl::StatusOr<std::vector<int32_t>> encode_prompt(absl::string_view prompt) const override { return encode(prompt); }
+  // encode(prompt), except that with a table whose texts are read in prompts (masked_lm, span_corruption)
+  // each occurrence of a special token's text is that token's id (the longest text where several start).
+  absl::StatusOr<std::vector<int32_t>> encode_prompt(absl::string_view prompt) const override;
   std::string token_text(int32_t id) const override;
 
-  int32_t vocab_size() const override { return first_special_ + kNumSpecialTokens; }
-  int32_t eot() const override { return first_special_; }
-  int32_t pad() const { return first_special_ + 1; }
-  int32_t mask() const { return first_special_ + 2; }
-  int32_t sentinel(int i) const;  // 0 <= i < kNumSentinels
+  int32_t vocab_size() const override { return first_special_ + special_tokens_.size(); }
+  int32_t num_regular() const { return first_special_; }  // n: the ids that stand for text
+  // The ids of the table's roles (special_tokens.h). std::out_of_range, naming the table, for a role the
+  // table lacks (cls() of the lm table) and for a sentinel past the last.
+  int32_t eot() const override { return role_id(special_tokens_.eot, "end-of-text"); }
+  int32_t pad() const { return role_id(special_tokens_.pad, "padding"); }
+  int32_t mask() const { return role_id(special_tokens_.mask, "mask"); }
+  int32_t cls() const { return role_id(special_tokens_.cls, "[CLS]"); }
+  int32_t sep() const { return role_id(special_tokens_.sep, "[SEP]"); }
+  int32_t eos() const { return role_id(special_tokens_.eos, "[EOS]"); }
+  int32_t sentinel(int i) const;  // 0 <= i < num_sentinels()
+  int num_sentinels() const { return special_tokens_.sentinels; }
   bool is_special(int32_t id) const override { return id >= first_special_ && id < vocab_size(); }
 
+  const SpecialTokens& special_tokens() const { return special_tokens_; }
+  // Puts another objective's table after the same regular ids.
+  void set_special_tokens(SpecialTokens table) { special_tokens_ = std::move(table); }
+
  protected:
-  explicit Tokenizer(int32_t first_special) : first_special_(first_special) {}
+  explicit Tokenizer(int32_t first_special)
+      : first_special_(first_special), special_tokens_(seqlab::special_tokens(Objective::lm)) {}
   // The bytes of a regular token, 0 <= id < first_special.
   virtual const std::string& regular_bytes(int32_t id) const = 0;
   void set_first_special(int32_t n) { first_special_ = n; }
 
  private:
+  int32_t role_id(int index, const char* role) const;
+
   int32_t first_special_;
+  SpecialTokens special_tokens_;
 };
 
 class ByteTokenizer : public Tokenizer {
@@ -187,8 +213,10 @@ class TokenIdDecoder : public TokenDecoder {
 absl::StatusOr<std::vector<int32_t>> parse_prompt_ids(absl::string_view prompt, int32_t vocab_size,
                                                       const std::string& why_no_text);
 
-// "byte" needs no path; "bpe" loads a merges file from `path`. Errors name the kind or the file.
-absl::StatusOr<std::unique_ptr<Tokenizer>> make_tokenizer(const std::string& kind, const std::string& path = "");
+// "byte" needs no path; "bpe" loads a merges file from `path`; either with the special tokens `table`.
+// Errors name the kind or the file.
+absl::StatusOr<std::unique_ptr<Tokenizer>> make_tokenizer(const std::string& kind, const std::string& path = "",
+                                                          const SpecialTokens& table = special_tokens(Objective::lm));
 // make_tokenizer's kinds, "llmc" (llm.c's tokenizer file at `path`) and "ids" (a TokenIdDecoder of
 // `vocab_size` ids).
 absl::StatusOr<std::unique_ptr<TokenDecoder>> make_decoder(const std::string& kind, const std::string& path,

@@ -10,7 +10,9 @@
 #include "autograd/variable.h"
 #include "train/common/errors.h"
 #include "train/common/json.h"
+#include "train/data/masked_lm.h"
 #include "train/data/prepare.h"
+#include "train/data/span_corruption.h"
 #include "train/data/synthetic.h"
 #include "train/loop/sampling.h"
 #include "train/recipe/configs.h"
@@ -21,6 +23,79 @@ namespace {
 // "FILE: eval.seq_len[1] = 1024: ", the start of an error about one evaluation length.
 std::string eval_length_where(const Recipe& r, size_t i) {
   return absl::StrCat(r.source_path, ": eval.seq_len[", i, "] = ", r.eval.seq_len[i], ": ");
+}
+
+// The rows of data.objective = "masked_lm" or "span_corruption" (masked_lm.h, span_corruption.h) from
+// the prepared folder `dir`, into `d`: the training rows of rank `rank` of `world`, the evaluation
+// walks at train.seq_len and at each eval.seq_len, and the vocabulary with the objective's special
+// tokens. No sample prompt: these models are not sampled as text continuations.
+void open_objective_rows(const Recipe& r, const DatasetInfo& info, const std::string& dir, int rank, int world,
+                         Data& d) {
+  const Objective objective = data_objective(r);
+  std::unique_ptr<Tokenizer> tokenizer = value_or_throw(open_tokenizer(info, objective_special_tokens(r)));
+  const std::vector<std::string> train_shards = value_or_throw(find_shards(dir, "train"));
+  const std::vector<std::string> val_shards = value_or_throw(find_shards(dir, "val"));
+  struct Opened {
+    std::unique_ptr<BatchSource> source;
+    int64_t eval_batches = 0;  // of the batch size asked for, before the walk wraps around
+    std::string size;          // how much data, for the run's first line
+  };
+  auto open = [&](const std::vector<std::string>& shards, const LoaderOptions& lo,
+                  int64_t batch_size) -> absl::StatusOr<Opened> {
+    if (objective == Objective::masked_lm) {
+      absl::StatusOr<MaskedLmSource> s = MaskedLmSource::open(shards, static_cast<int32_t>(info.eot), *tokenizer, lo,
+                                                              masked_lm_config(r));
+      if (!s.ok()) return s.status();
+      Opened o{nullptr, s->eval_batches(batch_size), absl::StrFormat("%d documents", s->num_documents())};
+      o.source = std::make_unique<MaskedLmSource>(*std::move(s));
+      return o;
+    }
+    absl::StatusOr<SpanCorruptionSource> s = SpanCorruptionSource::open(shards, static_cast<int32_t>(info.eot),
+                                                                        *tokenizer, lo, span_corruption_config(r));
+    if (!s.ok()) return s.status();
+    const SpanLengths& l = s->lengths();
+    Opened o{nullptr, s->eval_batches(batch_size),
+             absl::StrFormat("%d text tokens, rows of %d (encoder inputs of %d tokens, decoder sequences of %d)",
+                             s->num_text_tokens(), l.raw, l.inputs, l.targets)};
+    o.source = std::make_unique<SpanCorruptionSource>(*std::move(s));
+    return o;
+  };
+  LoaderOptions lo = loader_options(r);
+  lo.vocab_size = info.vocab_size;  // the prepared stream's ids, checked as the shards open
+  lo.rank = rank;
+  lo.world = world;
+  Opened train = value_or_throw(open(train_shards, lo, r.train.batch_size));
+  lo.rank = 0;
+  lo.world = 1;
+  lo.shuffle = false;
+  Opened val = value_or_throw(open(val_shards, lo, r.train.batch_size));
+  d.eval_batches = std::min(r.log.eval_batches, val.eval_batches);
+  if (d.eval_batches < 1) {
+    throw UserError(absl::StrFormat("%s: the val split holds fewer than %d %s rows of %d tokens (one batch)", dir,
+                                    r.train.batch_size, r.data.objective, r.train.seq_len));
+  }
+  for (size_t i = 0; i < d.eval_lengths.size(); ++i) {
+    EvalLength& e = d.eval_lengths[i];
+    if (e.seq_len == r.train.seq_len) {
+      e.batches = d.eval_batches;
+      continue;
+    }
+    LoaderOptions at = lo;
+    at.seq_len = e.seq_len;
+    absl::StatusOr<Opened> walk = open(val_shards, at, e.batch_size);
+    if (!walk.ok()) throw UserError(eval_length_where(r, i) + std::string(walk.status().message()));
+    e.batches = std::min(r.log.eval_batches, walk->eval_batches);
+    if (e.batches < 1) {
+      throw UserError(absl::StrFormat("%s%s: the val split holds fewer than %d %s rows of %d tokens (one batch)",
+                                      eval_length_where(r, i), dir, e.batch_size, r.data.objective, e.seq_len));
+    }
+    e.val = std::move(walk->source);
+  }
+  d.train = std::move(train.source);
+  d.val = std::move(val.source);
+  d.vocab_size = tokenizer->vocab_size();
+  d.tokenizer = std::move(tokenizer);
+  d.description = absl::StrFormat("%s rows from %s in %s", r.data.objective, train.size, dir);
 }
 
 }  // namespace
@@ -59,6 +134,10 @@ Data open_data(const Recipe& r, int rank, int world) {
     dir = info.dir;
   } else {
     info = value_or_throw(open_shard_folder(dir, r.data.vocab_size, r.data.tokenizer_path));
+  }
+  if (data_objective(r) != Objective::lm) {
+    open_objective_rows(r, info, dir, rank, world, d);
+    return d;
   }
   d.vocab_size = info.vocab_size;
   d.tokenizer = value_or_throw(open_decoder(info));
@@ -163,7 +242,8 @@ EvalFields eval_fields(const Evaluation& e, bool bytes, const std::string& suffi
 EvalReport evaluate_all(LanguageModel& model, const Data& data, const Recipe& r, Device device) {
   EvalReport report;
   report.main = evaluate(model, *data.val, data.eval_batches, r.train.batch_size, data.synthetic, device);
-  const bool bytes = data.tokenizer && data.tokenizer->name() == "byte";
+  // Bits per byte of text: a language model's loss over byte tokens (the objectives score other things).
+  const bool bytes = data.tokenizer && data.tokenizer->name() == "byte" && r.data.objective == "lm";
   const EvalFields at_train = eval_fields(report.main, bytes, "");
   report.json = at_train.json;
   report.shown.push_back(at_train.shown);
@@ -179,7 +259,8 @@ EvalReport evaluate_all(LanguageModel& model, const Data& data, const Recipe& r,
 std::vector<std::string> reported_metrics(const Recipe& r) {
   std::vector<std::string> out{"loss", "lr", "grad_norm", "tokens_per_s", "mfu", "elapsed_s", "tokens", "train_flops"};
   const bool synthetic = r.data.source != "text" && r.data.source != "shards";
-  const bool bytes = (r.data.source == "text" && r.data.tokenizer == "byte") || r.data.source == "shards";
+  const bool bytes =
+      r.data.objective == "lm" && ((r.data.source == "text" && r.data.tokenizer == "byte") || r.data.source == "shards");
   std::vector<std::string> eval{"val_loss", "val_ppl"};
   if (bytes) eval.push_back("val_bpb");
   if (synthetic) eval.push_back("val_acc");

@@ -35,7 +35,9 @@ struct Data {
   int64_t eval_batches = 0;
   std::vector<EvalLength> eval_lengths;  // eval.seq_len, in the recipe's order
   std::unique_ptr<TokenDecoder> tokenizer;  // text data only: decodes samples
-  std::vector<int32_t> sample_prompt;       // end-of-text, then log.sample_prompt's ids
+  // End-of-text, then log.sample_prompt's ids; empty where the run samples no text (data.objective
+  // "masked_lm" and "span_corruption": their models do not continue a text).
+  std::vector<int32_t> sample_prompt;
   bool synthetic = false;
   std::string description;
 };
@@ -77,9 +79,10 @@ EvalReport evaluate_all(LanguageModel& model, const Data& data, const Recipe& r,
 
 // The fields a run of the recipe may log on its last step's metrics line (what a sweep's metric can
 // name): the training fields (loss, lr, grad_norm, tokens_per_s, mfu, elapsed_s, tokens, train_flops)
-// and the evaluation's — val_loss, val_ppl; val_bpb with bytes (text with data.tokenizer = "byte", or
-// shards, whose tokenizer the recipe does not say); val_acc for a synthetic task — and the same fields
-// NAME@L for each eval.seq_len L. Decided from the recipe alone, before any run.
+// and the evaluation's — val_loss, val_ppl; val_bpb with bytes (data.objective = "lm" on text with
+// data.tokenizer = "byte", or on shards, whose tokenizer the recipe does not say); val_acc for a
+// synthetic task — and the same fields NAME@L for each eval.seq_len L. Decided from the recipe alone,
+// before any run.
 std::vector<std::string> reported_metrics(const Recipe& r);
 
 }  // namespace seqlab::cli

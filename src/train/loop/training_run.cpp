@@ -301,11 +301,13 @@ std::string nonfinite_text(const StepResult& result) {
 // weights bit for bit.
 // This rank's part of a batch under sequence parallelism: its two zig-zag chunks of every row's inputs and
 // targets (sequence_parallel.h). Only whole token windows are split: a batch with lengths, segments or
-// loss weights is refused (no such batch reaches here today: text and shards give windows).
+// loss weights is refused (no such batch reaches here: the recipe refuses parallel.sp with the rows of
+// data.objective = "masked_lm" or "span_corruption").
 Batch sequence_local_batch(const Batch& b, const SequenceGroup& g) {
-  if (b.lengths.defined() || b.segment_ids.defined() || b.loss_weights.defined() || b.decoder_inputs.defined()) {
+  if (b.lengths.defined() || b.segment_ids.defined() || b.loss_weights.defined() || b.decoder_inputs.defined() ||
+      b.sequence_targets.defined()) {
     throw UserError("parallel.sp: sequence parallelism splits batches of whole token windows; this data gives "
-                    "lengths, segments, loss weights or decoder inputs");
+                    "lengths, segments, loss weights, decoder inputs or sequence targets");
   }
   return Batch(sequence_take_local(b.inputs, g), sequence_take_local(b.targets, g));
 }
@@ -464,7 +466,7 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
   }
   LogFile metrics;
   LogFile samples;
-  const bool sampling = writer && r.log.sample_every > 0 && data.tokenizer != nullptr;
+  const bool sampling = writer && r.log.sample_every > 0 && data.tokenizer != nullptr && !data.sample_prompt.empty();
   // The run's identity: given when it starts, kept by its resumes (run.json, every checkpoint).
   const RunIdentity identity = inv.resumed ? inv.resumed->identity : new_run_identity();
   if (writer) {

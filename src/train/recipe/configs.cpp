@@ -272,4 +272,16 @@ LoaderOptions loader_options(const Recipe& r, int64_t seq_len) {
   return lo;
 }
 
+Objective data_objective(const Recipe& r) { return parsed(parse_objective(r.data.objective)); }
+
+MaskedLmConfig masked_lm_config(const Recipe& r) { return {r.data.mask_fraction, r.data.next_sentence}; }
+
+SpanCorruptionConfig span_corruption_config(const Recipe& r) { return {r.data.noise_density, r.data.mean_span_length}; }
+
+SpecialTokens objective_special_tokens(const Recipe& r) {
+  const Objective o = data_objective(r);
+  if (o != Objective::span_corruption) return special_tokens(o);
+  return special_tokens(o, parsed(span_corruption_lengths(r.train.seq_len, span_corruption_config(r))).spans);
+}
+
 }  // namespace seqlab

@@ -12,7 +12,10 @@
 #include "layers/model/language_model.h"
 #include "tensor/dtype.h"
 #include "train/data/loader.h"
+#include "train/data/masked_lm.h"
 #include "train/data/prepare.h"
+#include "train/data/span_corruption.h"
+#include "train/data/special_tokens.h"
 #include "train/data/synthetic.h"
 #include "train/optim/optim.h"
 #include "train/optim/schedule.h"
@@ -76,5 +79,15 @@ SyntheticConfig synthetic_config(const Recipe& recipe, int64_t seq_len = 0);
 PrepareOptions prepare_options(const Recipe& recipe);
 // Windows of seq_len + 1 tokens (0: train.seq_len), shuffled from train.seed.
 LoaderOptions loader_options(const Recipe& recipe, int64_t seq_len = 0);
+
+// data.objective and its keys.
+Objective data_objective(const Recipe& recipe);
+MaskedLmConfig masked_lm_config(const Recipe& recipe);
+SpanCorruptionConfig span_corruption_config(const Recipe& recipe);
+// The special tokens of the run's vocabulary (special_tokens.h): data.objective's table; for
+// span_corruption with one sentinel per noise span of a row of train.seq_len tokens, the most any row
+// holds (span_corruption_lengths). With the tokenizer's regular ids it gives the model's vocab_size,
+// and the recipe a checkpoint holds rebuilds it for `seqlab sample` and `seqlab eval`.
+SpecialTokens objective_special_tokens(const Recipe& recipe);
 
 }  // namespace seqlab

@@ -5,6 +5,8 @@
 #include "train/recipe/blocks.h"
 #include "train/recipe/edit_distance.h"
 #include "train/common/atomic_file.h"
+#include "train/data/masked_lm.h"
+#include "train/data/span_corruption.h"
 
 #include <absl/strings/ascii.h>
 #include <absl/strings/numbers.h>
@@ -68,6 +70,7 @@ Bounds above(double lo) { return {lo, HUGE_VAL, true, false}; }
 Bounds closed(double lo, double hi) { return {lo, hi, false, false}; }
 Bounds closed_open(double lo, double hi) { return {lo, hi, false, true}; }
 Bounds open_closed(double lo, double hi) { return {lo, hi, true, false}; }
+Bounds open_open(double lo, double hi) { return {lo, hi, true, true}; }
 
 struct KeySpec {
   std::string section, key;
@@ -251,6 +254,94 @@ void add_mixer_sections(Schema& s) {
   }
 }
 
+// The value of a key as a resolved recipe writes it, when that differs from the schema's default; ""
+// when the key holds its default (a resolved recipe writes every key, so "set" cannot mean "written").
+// Defined below with the schema.
+std::string changed_value(const Recipe& r, const std::string& name);
+
+// The rules of data.objective (docs/training.md, "Objectives").
+void add_objective_checks(Schema& s) {
+  // A key of one objective set in a recipe of another would be silently ignored.
+  const std::pair<const char*, const char*> own_keys[] = {{"data.mask_fraction", "masked_lm"},
+                                                          {"data.next_sentence", "masked_lm"},
+                                                          {"data.noise_density", "span_corruption"},
+                                                          {"data.mean_span_length", "span_corruption"}};
+  for (const auto& [key, objective] : own_keys) {
+    s.checks.push_back(
+        {absl::StrCat(key, " is set only for data.objective = \"", objective, "\""),
+         {key, "data.objective"},
+         [key = std::string(key), objective = std::string(objective)](const Recipe& r) {
+           if (r.data.objective == objective) return std::string();
+           const std::string value = changed_value(r, key);
+           if (value.empty()) return std::string();
+           return absl::StrCat(key, " = ", value, " is read only for data.objective = \"", objective,
+                               "\"; data.objective = \"", r.data.objective, "\" does not use it: leave it out");
+         }});
+  }
+  s.checks.push_back(
+      {"data.objective = \"masked_lm\" or \"span_corruption\" reads text: data.source = \"text\" or \"shards\"",
+       {"data.objective", "data.source"},
+       [](const Recipe& r) {
+         if (r.data.objective == "lm" || r.data.source == "text" || r.data.source == "shards") return std::string();
+         return absl::StrCat("data.objective = \"", r.data.objective,
+                             "\" makes its rows from text (data.source = \"text\" or \"shards\"); data.source = \"",
+                             r.data.source, "\" is a synthetic task with inputs and targets of its own");
+       }});
+  // The shortest row each objective can make: masked_lm's [CLS] A [SEP] B [SEP], span_corruption's
+  // kept token, sentinel and [EOS].
+  auto shortest = [](const Recipe& r) -> std::pair<int64_t, const char*> {
+    if (r.data.objective == "masked_lm") return {kMaskedLmMinSeqLen, "[CLS] A [SEP] B [SEP] with a token each"};
+    if (r.data.objective == "span_corruption") return {kSpanCorruptionMinSeqLen, "a kept token, a sentinel and [EOS]"};
+    return {1, ""};
+  };
+  s.checks.push_back(
+      {absl::StrCat("data.objective = \"masked_lm\" needs train.seq_len ≥ ", kMaskedLmMinSeqLen,
+                    ", \"span_corruption\" ≥ ", kSpanCorruptionMinSeqLen, "; each eval.seq_len too"),
+       {"train.seq_len", "eval.seq_len", "data.objective"},
+       [shortest](const Recipe& r) {
+         const auto [least, why] = shortest(r);
+         if (r.train.seq_len < least) {
+           return absl::StrCat("data.objective = \"", r.data.objective, "\" needs train.seq_len ≥ ", least, " (", why,
+                               "); train.seq_len = ", r.train.seq_len, " is shorter");
+         }
+         for (size_t i = 0; i < r.eval.seq_len.size(); ++i) {
+           if (r.eval.seq_len[i] >= least) continue;
+           return absl::StrCat("data.objective = \"", r.data.objective, "\" needs each eval.seq_len ≥ ", least, " (",
+                               why, "); eval.seq_len[", i, "] = ", r.eval.seq_len[i], " is shorter");
+         }
+         return std::string();
+       }});
+  // The vocabulary holds the sentinels that rows of train.seq_len need (span_corruption.h): a longer row
+  // would need more, and a vocabulary sized by evaluation lengths would change with them.
+  s.checks.push_back(
+      {"eval.seq_len stays within train.seq_len with data.objective = \"span_corruption\" (its sentinels are "
+       "counted for train.seq_len)",
+       {"eval.seq_len", "data.objective", "train.seq_len"},
+       [](const Recipe& r) {
+         if (r.data.objective != "span_corruption") return std::string();
+         for (size_t i = 0; i < r.eval.seq_len.size(); ++i) {
+           if (r.eval.seq_len[i] <= r.train.seq_len) continue;
+           return absl::StrCat("eval.seq_len[", i, "] = ", r.eval.seq_len[i], " is longer than train.seq_len = ",
+                               r.train.seq_len, ": data.objective = \"span_corruption\" has sentinels for the noise "
+                               "spans of rows up to train.seq_len only");
+         }
+         return std::string();
+       }});
+  s.checks.push_back(
+      {"parallel.sp = 1 with data.objective = \"masked_lm\" or \"span_corruption\"",
+       {"parallel.sp", "data.objective"},
+       [](const Recipe& r) {
+         if (r.parallel.sp == 1 || r.data.objective == "lm") return std::string();
+         return absl::StrCat("parallel.sp = ", r.parallel.sp, " splits windows of the token stream; data.objective = \"",
+                             r.data.objective, "\" makes padded rows of its own: leave parallel.sp at 1 (--nproc ",
+                             "still trains data-parallel)");
+       }});
+  // model.arch and data.objective go together: masked_lm trains an encoder (model.arch = "encoder"),
+  // span_corruption an encoder-decoder ("encoder_decoder"), lm a decoder. That rule belongs here, next to
+  // the objectives' others, and arrives with those model families (model.arch has only "decoder" so far;
+  // meanwhile the decoder refuses the segment_ids and decoder_inputs of these rows, naming the field).
+}
+
 Schema build_schema() {
   Schema s;
   SectionBuilder<RecipeModel>(s, "model", &Recipe::model,
@@ -313,7 +404,9 @@ Schema build_schema() {
       .number("init_std", &RecipeModel::init_std, 0.02, above(0), "standard deviation of the initial weights");
   add_mixer_sections(s);
 
-  SectionBuilder<RecipeData>(s, "data", &Recipe::data, "Where the tokens come from: a corpus or a synthetic task.")
+  SectionBuilder<RecipeData>(s, "data", &Recipe::data,
+                             "Where the tokens come from, a corpus or a synthetic task, and what a corpus trains "
+                             "(data.objective).")
       .choice("source", &RecipeData::source, {"text", "shards", "mqar", "copy", "selective_copy", "induction"},
               "text: files tokenized on first use; shards: prepared .bin token shards; the rest: synthetic tasks")
       .text("path", &RecipeData::path, "/usr/share/games/fortunes",
@@ -333,6 +426,24 @@ Schema build_schema() {
       .number("val_fraction", &RecipeData::val_fraction, 0.05, open_closed(0, 0.5),
               "share of the data held out for evaluation")
       .text("cache_dir", &RecipeData::cache_dir, "data/cache", "where prepared token shards are written")
+      .choice("objective", &RecipeData::objective, {"lm", "masked_lm", "span_corruption"},
+              "what the text trains (docs/training.md, \"Objectives\"): lm, the next token of windows of the "
+              "token stream (decoder models); masked_lm, BERT's masked tokens in rows [CLS] A [SEP] B [SEP] of "
+              "one document each (encoder models); span_corruption, T5's noise spans replaced by sentinels in "
+              "the encoder's input and predicted by the decoder (encoder-decoder models). masked_lm and "
+              "span_corruption add their special tokens to the tokenizer's vocabulary")
+      .number("mask_fraction", &RecipeData::mask_fraction, 0.15, open_closed(0, 1),
+              "masked_lm: the share of a row's text tokens to predict, round(fraction · tokens) and at least "
+              "one; of those 80% read [MASK], 10% a random token, 10% themselves")
+      .boolean("next_sentence", &RecipeData::next_sentence, false,
+               "masked_lm: half the rows take B from another document, and each row's next-sentence label "
+               "(0: B follows A, 1: B is random) is its sequence target")
+      .number("noise_density", &RecipeData::noise_density, 0.15, open_open(0, 1),
+              "span_corruption: the share of a row's raw tokens that are noise, round(raw · density)")
+      .number("mean_span_length", &RecipeData::mean_span_length, 3.0, at_least(1),
+              "span_corruption: the mean length of a noise span (spans = round(noise / mean)); with "
+              "noise_density it sets how many raw tokens fill train.seq_len and how many sentinels the "
+              "vocabulary holds")
       .integer("task_vocab", &RecipeData::task_vocab, 64, at_least(2), "synthetic tasks: number of distinct symbols")
       .integer("task_num_pairs", &RecipeData::task_num_pairs, 8, at_least(1), "mqar: key-value pairs per sequence")
       .choice("task_mqar_layout", &RecipeData::task_mqar_layout, {"packed", "zoology"},
@@ -545,6 +656,7 @@ Schema build_schema() {
          return std::string();
        }},
   };
+  add_objective_checks(s);
   return s;
 }
 
@@ -626,6 +738,14 @@ std::string format_value(const Value& v) {
     std::string operator()(const IntegerList& l) const { return "[" + absl::StrJoin(l, ", ") + "]"; }
   } visitor;
   return std::visit(visitor, v);
+}
+
+std::string changed_value(const Recipe& r, const std::string& name) {
+  const size_t dot = name.rfind('.');
+  const KeySpec* k = find_key(name.substr(0, dot), name.substr(dot + 1));
+  if (k == nullptr) throw std::logic_error("recipe: a rule names the unknown key " + name);
+  const std::string value = format_value(k->get(r));
+  return value == format_value(k->default_value) ? "" : value;
 }
 
 // A bound as the user wrote it: integers without a fraction.

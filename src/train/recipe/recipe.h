@@ -50,6 +50,10 @@ struct RecipeModel {
 
 struct RecipeData {
   std::string source, path, format, jsonl_field, tokenizer, tokenizer_path;
+  std::string objective;                // "lm", "masked_lm" or "span_corruption" (train/data/special_tokens.h)
+  double mask_fraction = 0;             // masked_lm
+  bool next_sentence = false;           // masked_lm
+  double noise_density = 0, mean_span_length = 0;  // span_corruption
   double val_fraction = 0;
   std::string cache_dir;
   int64_t vocab_size = 0;  // shards without meta.json; 0: the tokenizer file's, else GPT-2's 50257
