@@ -197,26 +197,33 @@ Device training_device(const Recipe& r) {
   return cpu_device();
 }
 
-Evaluation evaluate(LanguageModel& model, const BatchSource& val, int64_t batches, int64_t batch_size, bool synthetic,
+Evaluation evaluate(LanguageModel& model, const BatchSource& val, int64_t batches, int64_t batch_size, bool accuracy,
                     Device device) {
   NoGradGuard no_grad;
   model.set_training(false);
   double total = 0;
-  AccuracyCount count;
+  AccuracyCount count, sequences;
   for (int64_t i = 0; i < batches; ++i) {
     Batch b = val.eval_batch(i, batch_size).to(device);
-    Tensor logits = model.logits(b);
-    total += model.loss_from_logits(b, logits).item();
-    if (synthetic) {
-      AccuracyCount c = count_correct(logits, ignore_past_lengths(b.scored_targets(), b.scored_lengths()));
+    const ModelOutputs out = model.outputs(b);
+    total += model.loss_from_logits(b, out.logits).item();  // the token loss (next-sentence apart)
+    if (accuracy) {
+      AccuracyCount c = count_correct(out.logits, ignore_past_lengths(b.scored_targets(), b.scored_lengths()));
       count.correct += c.correct;
       count.scored += c.scored;
+    }
+    if (out.sequence_logits.defined() && b.sequence_targets.defined()) {
+      const int64_t B = out.sequence_logits.size(0), K = out.sequence_logits.size(1);
+      AccuracyCount c = count_correct(kernel::view(out.sequence_logits, {B, 1, K}), kernel::view(b.sequence_targets, {B, 1}));
+      sequences.correct += c.correct;
+      sequences.scored += c.scored;
     }
   }
   model.set_training(true);
   Evaluation e;
   e.loss = total / static_cast<double>(batches);
-  if (synthetic) e.accuracy = count.fraction();
+  if (accuracy) e.accuracy = count.fraction();
+  if (sequences.scored > 0) e.sequence_accuracy = sequences.fraction();
   return e;
 }
 
@@ -233,7 +240,11 @@ EvalFields eval_fields(const Evaluation& e, bool bytes, const std::string& suffi
   }
   if (e.accuracy) {
     f.json += absl::StrFormat(", \"val_acc%s\": %s", suffix, json_number("%.5f", *e.accuracy));
-    f.shown += absl::StrFormat("  accuracy %.2f%%", 100.0 * *e.accuracy);
+    f.shown += absl::StrFormat("  %s %.2f%%", e.accuracy_name, 100.0 * *e.accuracy);
+  }
+  if (e.sequence_accuracy) {
+    f.json += absl::StrFormat(", \"val_nsp_acc%s\": %s", suffix, json_number("%.5f", *e.sequence_accuracy));
+    f.shown += absl::StrFormat("  next-sentence acc %.2f%%", 100.0 * *e.sequence_accuracy);
   }
   return f;
 }
@@ -241,14 +252,21 @@ EvalFields eval_fields(const Evaluation& e, bool bytes, const std::string& suffi
 
 EvalReport evaluate_all(LanguageModel& model, const Data& data, const Recipe& r, Device device) {
   EvalReport report;
-  report.main = evaluate(model, *data.val, data.eval_batches, r.train.batch_size, data.synthetic, device);
+  // Accuracy where a subset of positions is scored: a synthetic task's answers, the objectives' masks and spans.
+  const bool accuracy = data.synthetic || r.data.objective != "lm";
+  const std::string accuracy_name = r.data.objective == "masked_lm"         ? "masked acc"
+                                    : r.data.objective == "span_corruption" ? "span acc"
+                                                                            : "accuracy";
+  report.main = evaluate(model, *data.val, data.eval_batches, r.train.batch_size, accuracy, device);
+  report.main.accuracy_name = accuracy_name;
   // Bits per byte of text: a language model's loss over byte tokens (the objectives score other things).
   const bool bytes = data.tokenizer && data.tokenizer->name() == "byte" && r.data.objective == "lm";
   const EvalFields at_train = eval_fields(report.main, bytes, "");
   report.json = at_train.json;
   report.shown.push_back(at_train.shown);
   for (const EvalLength& e : data.eval_lengths) {
-    const Evaluation at = e.val ? evaluate(model, *e.val, e.batches, e.batch_size, data.synthetic, device) : report.main;
+    Evaluation at = e.val ? evaluate(model, *e.val, e.batches, e.batch_size, accuracy, device) : report.main;
+    at.accuracy_name = accuracy_name;
     const EvalFields f = eval_fields(at, bytes, absl::StrCat("@", e.seq_len));
     report.json += f.json;
     report.shown.push_back(absl::StrFormat("at %d tokens: %s", e.seq_len, f.shown));
@@ -263,7 +281,8 @@ std::vector<std::string> reported_metrics(const Recipe& r) {
       r.data.objective == "lm" && ((r.data.source == "text" && r.data.tokenizer == "byte") || r.data.source == "shards");
   std::vector<std::string> eval{"val_loss", "val_ppl"};
   if (bytes) eval.push_back("val_bpb");
-  if (synthetic) eval.push_back("val_acc");
+  if (synthetic || r.data.objective != "lm") eval.push_back("val_acc");
+  if (r.data.objective == "masked_lm" && r.data.next_sentence) eval.push_back("val_nsp_acc");
   out.insert(out.end(), eval.begin(), eval.end());
   for (int64_t len : r.eval.seq_len) {
     for (const std::string& name : eval) out.push_back(absl::StrCat(name, "@", len));

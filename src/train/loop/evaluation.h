@@ -52,12 +52,16 @@ Device training_device(const Recipe& r);
 
 struct Evaluation {
   double loss = 0;
-  std::optional<double> accuracy;  // synthetic tasks
+  // The fraction of scored positions predicted right (argmax): a synthetic task's answers, the masked
+  // tokens of masked_lm, the targets of span_corruption (sentinels and span tokens).
+  std::optional<double> accuracy;
+  std::string accuracy_name = "accuracy";  // how the progress line names it ("masked acc", "span acc")
+  std::optional<double> sequence_accuracy;  // BERT's next-sentence prediction, rows with a label
 };
 
 // The mean loss (and, for synthetic tasks, the accuracy) over the first `batches` evaluation batches
 // of `val`, in evaluation mode and without gradients (the model is left in training mode).
-Evaluation evaluate(LanguageModel& model, const BatchSource& val, int64_t batches, int64_t batch_size, bool synthetic,
+Evaluation evaluate(LanguageModel& model, const BatchSource& val, int64_t batches, int64_t batch_size, bool accuracy,
                     Device device);
 
 // The fields of one evaluation in a metrics line, their names ending in `suffix` ("" at train.seq_len,

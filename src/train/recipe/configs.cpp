@@ -68,6 +68,7 @@ absl::StatusOr<ModelConfig> model_config(const Recipe& r, int64_t data_vocab) {
   c.norm_placement = m.norm_placement == "post" ? NormPlacement::post : NormPlacement::pre;
   c.tie_embeddings = m.tie_embeddings;
   c.segments = c.kind == ModelKind::encoder ? m.segments : 0;
+  c.next_sentence = c.kind == ModelKind::encoder && r.data.objective == "masked_lm" && r.data.next_sentence;
   c.norm = m.norm == "rmsnorm" ? NormKind::rms_norm : NormKind::layer_norm;
   c.norm_eps = m.norm_eps;
   c.bias = *m.bias;

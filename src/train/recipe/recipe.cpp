@@ -337,9 +337,27 @@ void add_objective_checks(Schema& s) {
                              "still trains data-parallel)");
        }});
   // model.arch and data.objective go together: masked_lm trains an encoder (model.arch = "encoder"),
-  // span_corruption an encoder-decoder ("encoder_decoder"), lm a decoder. That rule belongs here, next to
-  // the objectives' others, and arrives with those model families (model.arch has only "decoder" so far;
-  // meanwhile the decoder refuses the segment_ids and decoder_inputs of these rows, naming the field).
+  // span_corruption an encoder-decoder ("encoder_decoder"), lm a decoder.
+  s.checks.push_back(
+      {"data.objective fits model.arch: lm a decoder, masked_lm an encoder, span_corruption an encoder_decoder",
+       {"data.objective", "model.arch"},
+       [](const Recipe& r) {
+         const std::string want = r.data.objective == "masked_lm"         ? "encoder"
+                                  : r.data.objective == "span_corruption" ? "encoder_decoder"
+                                                                          : "decoder";
+         if (r.model.arch == want) return std::string();
+         return absl::StrCat("data.objective = \"", r.data.objective, "\" trains model.arch = \"", want,
+                             "\", but model.arch = \"", r.model.arch, "\"");
+       }});
+  // The masked-LM rows carry sentences A and B as segment ids 0 and 1.
+  s.checks.push_back({"data.objective = \"masked_lm\" needs model.segments ≥ 2 (sentences A and B)",
+                      {"data.objective", "model.segments"},
+                      [](const Recipe& r) {
+                        if (r.data.objective != "masked_lm" || r.model.segments >= 2) return std::string();
+                        return absl::StrCat("data.objective = \"masked_lm\" gives each token the segment of its ",
+                                            "sentence (A: 0, B: 1): model.segments must be at least 2, got ",
+                                            r.model.segments);
+                      }});
 }
 
 Schema build_schema() {
