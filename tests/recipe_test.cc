@@ -421,17 +421,30 @@ TEST_F(RecipeTest, ObjectiveKeysAndTheirRules) {
             "FILE:4: parallel.sp = 2 splits windows of the token stream; data.objective = \"masked_lm\" makes padded "
             "rows of its own: leave parallel.sp at 1 (--nproc still trains data-parallel)");
 
-  Recipe mlm = load_ok("[data]\nobjective = \"masked_lm\"\nmask_fraction = 0.2\nnext_sentence = true\n"
+  Recipe mlm = load_ok("[model]\narch = \"encoder\"\nsegments = 2\n"
+                       "[data]\nobjective = \"masked_lm\"\nmask_fraction = 0.2\nnext_sentence = true\n"
                        "[train]\nseq_len = 6\n[eval]\nseq_len = [5, 6]\n");
   EXPECT_EQ(mlm.data.mask_fraction, 0.2);
   EXPECT_TRUE(masked_lm_config(mlm).next_sentence);
   EXPECT_EQ(data_objective(mlm), Objective::masked_lm);
   EXPECT_EQ(objective_special_tokens(mlm), special_tokens(Objective::masked_lm));
-  Recipe t5 = load_ok("[data]\nobjective = \"span_corruption\"\nnoise_density = 0.15\nmean_span_length = 3\n"
+  Recipe t5 = load_ok("[model]\narch = \"encoder_decoder\"\n"
+                      "[data]\nobjective = \"span_corruption\"\nnoise_density = 0.15\nmean_span_length = 3\n"
                       "[train]\nseq_len = 512\n[eval]\nseq_len = [128, 512]\n");
   EXPECT_EQ(span_corruption_config(t5).mean_span_length, 3.0);
   EXPECT_EQ(objective_special_tokens(t5), special_tokens(Objective::span_corruption, 28));  // T5's 512: 28 spans
   EXPECT_EQ(objective_special_tokens(Recipe()), special_tokens(Objective::lm));
+  // The objective and the model kind go together; the masked-LM rows need segments A and B.
+  EXPECT_EQ(error_of("[data]\nobjective = \"masked_lm\"\n"),
+            "FILE:2: data.objective = \"masked_lm\" trains model.arch = \"encoder\", but model.arch = \"decoder\"");
+  EXPECT_EQ(error_of("[model]\narch = \"encoder\"\n"),
+            "FILE:2: data.objective = \"lm\" trains model.arch = \"decoder\", but model.arch = \"encoder\"");
+  EXPECT_EQ(error_of("[model]\narch = \"encoder\"\n[data]\nobjective = \"masked_lm\"\n"),
+            "FILE:4: data.objective = \"masked_lm\" gives each token the segment of its sentence (A: 0, B: 1): "
+            "model.segments must be at least 2, got 0");
+  EXPECT_EQ(error_of("[model]\narch = \"encoder\"\nmixer = \"gla\"\nsegments = 2\n[data]\nobjective = \"masked_lm\"\n"),
+            "FILE:3: model.arch = \"encoder\" needs bidirectional blocks, but mixer 'gla' is causal only (attention is "
+            "bidirectional)");
 }
 
 // eval.seq_len: a list of lengths (one integer is a list of one), each checked and named by its index, in
