@@ -498,9 +498,10 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
     const double state = model_state_size(value_or_throw(model_config(r, data.vocab_size)), r.train.seq_len);
     ok_or_throw(write_file_atomically(
         (inv.run_dir / "model.json").string(),
-        absl::StrFormat("{\"parameters\": %d, \"flops_per_token\": %s, \"state_size\": %s, \"seq_len\": %d}\n",
-                        model->num_parameters(), json_number("%.6g", flops_per_token), json_number("%.0f", state),
-                        r.train.seq_len)));
+        absl::StrFormat("{\"arch\": \"%s\", \"parameters\": %d, \"flops_per_token\": %s, \"state_size\": %s, "
+                        "\"seq_len\": %d}\n",
+                        r.model.arch, model->num_parameters(), json_number("%.6g", flops_per_token),
+                        json_number("%.0f", state), r.train.seq_len)));
   }
   progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s%s", r.name,
                                 model->num_parameters(), data.description, run,
