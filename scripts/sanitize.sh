@@ -31,6 +31,8 @@ for s in "${steps[@]}"; do
     seqlab_build
     seqlab_say "ASan + UBSan: the CPU tests in $SEQLAB_BUILD"
     # Leaks inside third-party libraries on their error paths are suppressed (tests/lsan_suppressions.txt).
+    # hf_export_test.py runs in the main build's Python environment rather than making a second one here.
+    SEQLAB_PYENV="${SEQLAB_PYENV:-$SEQLAB_ROOT/build/pyenv}" \
     ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" \
       LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$SEQLAB_ROOT/tests/lsan_suppressions.txt:print_suppressions=0}" \
       ctest --test-dir "$SEQLAB_BUILD" -L cpu --output-on-failure -j "$jobs"

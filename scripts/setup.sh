@@ -13,8 +13,10 @@ SEQLAB_PACKAGES=(cmake ninja-build ccache g++ git libabsl-dev googletest libgtes
 # its sanitizer and libFuzzer runtimes, and LLVM's OpenMP runtime, which clang's -fopenmp links.
 SEQLAB_CLANG_PACKAGES=(clang libclang-rt-14-dev libomp-dev)
 # What ./test.sh adds for the tests alone: a Redis server, for the multi-node launch through Gloo's Redis
-# store (tests/train_dp_test.sh starts a private one; without it that case is skipped).
-SEQLAB_TEST_PACKAGES=(redis-server)
+# store (tests/train_dp_test.sh starts a private one; without it that case is skipped); Python's venv
+# module, for the environment of PyTorch and transformers that tests/hf_export_test.py runs in
+# (scripts/python_env.sh).
+SEQLAB_TEST_PACKAGES=(redis-server python3-venv)
 
 # OpenMP threads sleep when idle instead of spinning: on a machine shared with other work, spinning
 # threads steal the cores the busy ones need (a GPT step measured 2-4x slower under load with the
@@ -63,6 +65,13 @@ seqlab_build() {
     seqlab_say "build failed (full log: $log)"
     return 1
   fi
+}
+
+# The virtual environment of PyTorch, transformers and safetensors that tests/hf_export_test.py runs in
+# (scripts/python_env.sh): made in $SEQLAB_PYENV, by default build/pyenv, on first use (about 2 minutes and
+# 1 GB from PyPI), only checked afterwards. Its progress goes to stderr.
+seqlab_python_env() {
+  "$SEQLAB_ROOT/scripts/python_env.sh" "${SEQLAB_PYENV:-$SEQLAB_BUILD/pyenv}" python3 >/dev/null
 }
 
 seqlab_ensure_numpy() {

@@ -23,6 +23,11 @@ int sample_command(const std::vector<std::string>& args);
 // `seqlab eval RUN ...` with the arguments after "eval": a run's checkpoint scored on its held-out data,
 // at train.seq_len and at every eval.seq_len (--set can give others).
 int eval_command(const std::vector<std::string>& args);
+// `seqlab export --hf RUN OUT ...` with the arguments after "export": a run's model as a Hugging Face
+// transformers folder (config.json, model.safetensors).
+int export_command(const std::vector<std::string>& args);
+// `seqlab logits RUN ...` with the arguments after "logits": the logits of given token ids as a .npy file.
+int logits_command(const std::vector<std::string>& args);
 // `seqlab plot RUN ...` with the arguments after "plot": the loss curves as a PNG.
 int plot_command(const std::vector<std::string>& args);
 // `seqlab sweep SWEEP.toml ...` with the arguments after "sweep": every point of a grid of runs, and the

@@ -1,5 +1,6 @@
 // `seqlab tokenizer train|encode` and `seqlab prepare`: the data layer from the command line. The
-// training loop calls the same functions (prepare_cached, BpeTokenizer::load) from a recipe.
+// training loop calls the same functions (prepare_cached, BpeTokenizer::load) from a recipe. And a run's
+// tokenizer, for the commands that open a run (sample, export).
 #include "train/cli/data.h"
 
 #include <absl/strings/match.h>
@@ -21,6 +22,7 @@
 #include "train/data/documents.h"
 #include "train/data/prepare.h"
 #include "train/data/tokenizer.h"
+#include "train/recipe/configs.h"
 
 namespace seqlab::cli {
 namespace {
@@ -142,5 +144,20 @@ int tokenizer_command(const std::vector<std::string>& args) {
 }
 
 int prepare_command(const std::vector<std::string>& args) { return run_guarded("prepare", [&] { prepare(args); }); }
+
+bool run_has_text(const Recipe& r) { return r.data.source == "text" || r.data.source == "shards"; }
+
+std::unique_ptr<TokenDecoder> run_tokenizer(const Recipe& r) {
+  if (r.data.source == "text") {
+    return std::unique_ptr<TokenDecoder>(
+        value_or_throw(make_tokenizer(r.data.tokenizer, r.data.tokenizer_path, objective_special_tokens(r))));
+  }
+  if (r.data.source == "shards") {
+    return value_or_throw(open_decoder(
+        value_or_throw(open_shard_folder(r.data.path, r.data.vocab_size, r.data.tokenizer_path)),
+        objective_special_tokens(r)));
+  }
+  throw UserError("the run trains on the synthetic task " + r.data.source + ", which has no tokenizer");
+}
 
 }  // namespace seqlab::cli

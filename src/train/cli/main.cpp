@@ -54,6 +54,8 @@ int dispatch(const std::vector<std::string>& args) {
   if (command == "recipe") return recipe_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (command == "sample") return sample_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (command == "eval") return eval_command(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (command == "export") return export_command(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (command == "logits") return logits_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (command == "plot") return plot_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (command == "sweep") return sweep_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (absl::EndsWith(command, ".toml") || command == "--resume") return train_command(args);

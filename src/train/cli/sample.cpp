@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "train/cli/commands.h"
+#include "train/cli/data.h"
 #include "train/cli/util.h"
 #include "train/data/prepare.h"
 #include "train/checkpoint/checkpoint.h"
@@ -37,21 +38,6 @@ constexpr char kSampleUsage[] =
     "                     (default 1: no limit)\n"
     "  --seed S           the random draws (default 0): the same seed gives the same text\n"
     "  --checkpoint FILE  a checkpoint other than RUN's newest\n";
-
-// The decoder of the run's data: its recipe's tokenizer, or that of its shard folder (meta.json's, or
-// for llm.c's shards data.tokenizer_path's, else token ids), with data.objective's special tokens.
-std::unique_ptr<TokenDecoder> run_tokenizer(const Recipe& r) {
-  if (r.data.source == "text") {
-    return std::unique_ptr<TokenDecoder>(
-        value_or_throw(make_tokenizer(r.data.tokenizer, r.data.tokenizer_path, objective_special_tokens(r))));
-  }
-  if (r.data.source == "shards") {
-    return value_or_throw(open_decoder(
-        value_or_throw(open_shard_folder(r.data.path, r.data.vocab_size, r.data.tokenizer_path)),
-        objective_special_tokens(r)));
-  }
-  throw UserError("the run trains on the synthetic task " + r.data.source + ", which has no text to sample");
-}
 
 // An encoder's or an encoder-decoder's sample. BERT (masked_lm): the row [CLS] prompt [SEP] with every
 // [MASK] filled in one pass, printed without [CLS] and [SEP]. T5 (span_corruption): the encoder reads
@@ -131,6 +117,9 @@ void sample(const std::vector<std::string>& args) {
   RunCheckpoint opened = open_run_checkpoint(run, f.get("--checkpoint"), {}, true);
   const Recipe& recipe = opened.recipe;
   const Checkpoint& checkpoint = opened.checkpoint;
+  if (!run_has_text(recipe)) {
+    throw UserError("the run trains on the synthetic task " + recipe.data.source + ", which has no text to sample");
+  }
   std::unique_ptr<TokenDecoder> tokenizer = run_tokenizer(recipe);
   std::unique_ptr<LanguageModel> model = value_or_throw(build_model(recipe, checkpoint.vocab_size));
   restore_weights(checkpoint, *model);
