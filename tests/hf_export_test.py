@@ -212,10 +212,16 @@ with tempfile.TemporaryDirectory() as work:
     p = run("export", "--hf", plain, out)
     check(one_line_refusal(p) and "--force" in p.stderr and os.listdir(out) == ["notes.txt"],
           "an OUT that holds files is refused without --force, left as it was", p.stderr.strip())
+    # What a killed export leaves beside OUT: deleted when its process is gone, kept while it runs (pid 1).
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for leftover in (f"taken.tmp.{dead.pid}", f"taken.old.{dead.pid}", "taken.tmp.1"):
+        os.makedirs(os.path.join(work, leftover, "x"))
     p = run("export", "--hf", plain, out, "--force")
     check(p.returncode == 0 and sorted(os.listdir(out)) == ["config.json", "model.safetensors"] and
-          not [e for e in os.listdir(work) if e.startswith("taken.")],
-          "--force replaces it whole, no temporary left", (p.stdout + p.stderr).strip())
+          [e for e in os.listdir(work) if e.startswith("taken.")] == ["taken.tmp.1"],
+          "--force replaces it whole; the temporaries of a dead export are deleted, no new one left",
+          (p.stdout + p.stderr).strip() + f" {sorted(os.listdir(work))}")
     os.makedirs(os.path.join(out, "sub"))
     p = run("export", "--hf", plain, out, "--force")
     check(one_line_refusal(p) and "the folder sub" in p.stderr and "sub" in os.listdir(out),
@@ -224,6 +230,8 @@ with tempfile.TemporaryDirectory() as work:
     p = run("export", "--hf", plain, plain, "--force")
     check(one_line_refusal(p) and "a run's files" in p.stderr and sorted(os.listdir(plain)) == before,
           "--force does not replace a run folder", p.stderr.strip())
+    p = run("export", "--hf", plain, ".")
+    check(one_line_refusal(p) and "name the output folder itself" in p.stderr, "OUT = . is refused", p.stderr.strip())
     p = run("export", plain, os.path.join(work, "nohf"))
     check(one_line_refusal(p) and "--hf" in p.stderr and not os.path.exists(os.path.join(work, "nohf")),
           "export without --hf is refused", p.stderr.strip())

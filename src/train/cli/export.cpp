@@ -5,10 +5,13 @@
 // unless --force; then the new folder and the old one are swapped in one step (renameat2 with
 // RENAME_EXCHANGE, where the file system has it; else two renames, between which OUT is briefly absent)
 // and the old one is deleted. --force never deletes a folder that holds subfolders or a run's files, so
-// a mistyped OUT (a run, the runs/ folder, a home directory) is refused instead of deleted.
+// a mistyped OUT (a run, the runs/ folder, a home directory) is refused instead of deleted. A temporary
+// folder left by an export that was killed (its process gone) is deleted by the next export to the same OUT.
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -84,6 +87,25 @@ void sync_folder(const fs::path& dir) {
   ::close(fd);
 }
 
+// Deletes OUT.tmp.PID and OUT.old.PID beside `out` whose process PID no longer runs: what an export killed
+// in the middle leaves. Nothing else beside OUT is touched.
+void remove_leftovers(const fs::path& out, const fs::path& parent) {
+  std::error_code ec;
+  const std::string stem = out.filename().string();
+  for (const fs::directory_entry& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    std::string rest;
+    for (const char* tag : {".tmp.", ".old."}) {
+      if (name.rfind(stem + tag, 0) == 0) rest = name.substr(stem.size() + 5);
+    }
+    int64_t pid = 0;
+    if (rest.empty() || !absl::SimpleAtoi(rest, &pid) || pid <= 0 || !e.is_directory(ec)) continue;
+    if (pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) continue;  // alive
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+  }
+}
+
 // Writes `e` into the folder `out` (OUT, created whole): into a temporary folder beside it, then renamed.
 // `replace`: OUT exists with files (an earlier export, checked by the caller) and is replaced.
 void write_export(const HfExport& e, const fs::path& out, bool replace) {
@@ -91,6 +113,7 @@ void write_export(const HfExport& e, const fs::path& out, bool replace) {
   const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
   fs::create_directories(parent, ec);
   if (ec) throw UserError(absl::StrCat(parent.string(), ": cannot create the folder (", ec.message(), ")"));
+  remove_leftovers(out, parent);
   const fs::path tmp = temporary_name(out.string());
   fs::remove_all(tmp, ec);  // a leftover of an earlier process with this pid
   if (!fs::create_directory(tmp, ec)) {
@@ -116,6 +139,8 @@ void write_export(const HfExport& e, const fs::path& out, bool replace) {
     }
   } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) == 0) {
     fs::remove_all(tmp, ec);  // now the old export
+  } else if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
+    fail(absl::StrCat(out.string(), ": cannot replace it by ", tmp.string(), " (", std::strerror(errno), ")"));
   } else {
     // No atomic exchange on this file system: the old folder aside, the new one in, the old one deleted.
     const fs::path old = absl::StrCat(out.string(), ".old.", ::getpid());
@@ -151,6 +176,9 @@ void export_run(const std::vector<std::string>& args) {
   // OUT without a trailing slash, so that OUT.tmp.PID lies beside it and not inside it.
   fs::path out = fs::path(f.positional()[1]).lexically_normal();
   if (!out.has_filename()) out = out.parent_path();
+  if (out.empty() || out.filename() == "." || out.filename() == "..") {
+    throw UserError("name the output folder itself, not '" + f.positional()[1] + "'");
+  }
   const bool force = f.has("--force");
 
   // Where the export goes, checked before the work (and OUT's state again by the rename at the end).
