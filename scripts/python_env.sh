@@ -37,6 +37,10 @@ fi
 venv="$1"
 python="${2:-python3}"
 log="$venv.log"
+if ! command -v "$python" >/dev/null 2>&1; then
+  say "no '$python' to make the environment with (Debian: apt-get install python3 python3-venv)"
+  exit 1
+fi
 
 # The check a warm environment passes: every package imports at its pinned version.
 check_env() {
@@ -69,7 +73,7 @@ step() {
   say "$what"
   if ! "$@" >>"$log" 2>&1; then
     tail -n 15 "$log" >&2
-    say "failed: $what (full log: $log)"
+    say "failed: $what (full log: $log; pip needs PyPI, or the index that pip's configuration names)"
     exit 1
   fi
 }
