@@ -1,8 +1,8 @@
 // The transformers export's mapping (train/export/hf_export.h), without transformers: GPT-2's names and
 // layouts (Conv1D weights transposed, every other tensor as it is, the tied lm_head not stored), values
 // copied exactly and in f32 from a bf16 model, config.json's sizes taken from the weights, and the one-line
-// refusals naming every setting GPT2LMHeadModel cannot hold — also those no recipe can train yet (an untied
-// output projection) and another model.arch. tests/hf_export_test.py loads real exports in transformers.
+// refusals naming every setting GPT2LMHeadModel cannot hold — attention's options included, and those no
+// recipe can train yet (an untied output projection) and another model.arch. tests/hf_export_test.py loads real exports in transformers.
 #include "train/export/hf_export.h"
 
 #include <gtest/gtest.h>
@@ -151,6 +151,17 @@ TEST(HfExportTest, RefusesWhatGpt2CannotHoldNamingEverySetting) {
   for (size_t i : {0, 2, 3}) cfg.blocks[i].mixer = "retention";
   cfg.positions = PositionKind::none;
   expect_refused(cfg, {"the recurrent mixer 'retention' in blocks 0, 2-3 ", "no position embedding"});
+}
+
+TEST(HfExportTest, RefusesAttentionOptionsOtherThanTheirDefaults) {
+  DecoderConfig cfg = gpt2_config(kV, kC, 1, kH, kT);
+  MixerOptions options(mixer_spec("attention").options);
+  options.set("scale", 0.5);
+  cfg.mixer_options["attention"] = options;
+  expect_refused(cfg, {"model.attention.scale = 0.5 (GPT-2 has only its default, 0.0)"});
+  // The defaults, given explicitly, export.
+  cfg.mixer_options["attention"] = MixerOptions(mixer_spec("attention").options);
+  EXPECT_TRUE(export_of(cfg).result.ok());
 }
 
 TEST(HfExportTest, RefusesAnUntiedOutputProjection) {

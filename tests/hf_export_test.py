@@ -14,8 +14,8 @@ evaluation mode, as seqlab's logits do); d_ff != 4 d_model (GPT-2's n_inner). Se
 full context, and a length between. The export's tensors must be those transformers' own save_pretrained
 writes (names, shapes, values), with nothing missing or unexpected on loading.
 
-Refusals: recipes transformers' GPT-2 cannot hold (GLA, rotary positions, grouped key/value heads, a
-hybrid pattern) end in exit code 2 and one line naming each setting that does not map, with nothing
+Refusals: recipes transformers' GPT-2 cannot hold (GLA, rotary positions, grouped key/value heads, an
+attention scale other than 1/sqrt(D), a hybrid pattern) end in exit code 2 and one line naming each setting that does not map, with nothing
 written; so do an OUT that holds files (without --force, and with --force where OUT holds a folder or a
 run), a missing --hf, and `seqlab logits` ids outside the vocabulary or beyond the context.
 
@@ -201,6 +201,8 @@ with tempfile.TemporaryDirectory() as work:
                    ["RMSNorm", "SwiGLU", "no biases"])
     expect_refused(work, "gqa", {**gpt2, "n_heads": 4, "n_kv_heads": 2, "d_model": 16},
                    ["grouped key/value heads (model.n_kv_heads = 2 for 4 heads)"], ["rotary", "RMSNorm"])
+    expect_refused(work, "scale", {**gpt2, "attention": "{ scale = 0.5 }"},
+                   ["model.attention.scale = 0.5 (GPT-2 has only its default, 0.0)"], ["rotary", "RMSNorm"])
     expect_refused(work, "hybrid", {**gpt2, "d_model": 16, "n_heads": 2, "pattern": '"attention gla"'},
                    ["the recurrent mixer 'gla' in block 1 "], ["RMSNorm", "SwiGLU", "no biases"])
 

@@ -142,7 +142,7 @@ std::vector<std::string> gpt2_mismatches(const Recipe& recipe, const DecoderConf
     if (cfg.blocks[i].ffn == FfnKind::none) no_ffn.push_back(i);
   }
   for (const std::string& m : mixers) {
-    out.push_back(absl::StrCat(mixer_spec(m).recurrent ? "the recurrent mixer '" : "the mixer '", m, "' in ",
+    out.push_back(absl::StrCat(mixer_spec(m).traits.recurrent ? "the recurrent mixer '" : "the mixer '", m, "' in ",
                                block_list(mixer_blocks[m]), " (model.mixer, model.pattern)"));
   }
   if (!swiglu.empty()) out.push_back("SwiGLU FFNs in " + block_list(swiglu) + " (model.mlp, model.pattern)");
@@ -157,7 +157,7 @@ std::vector<std::string> gpt2_mismatches(const Recipe& recipe, const DecoderConf
                                " heads)"));
   }
   if (!recipe.model.tie_embeddings) out.push_back("an untied output projection (model.tie_embeddings = false)");
-  // Attention's own options, should it gain any (a window, a soft cap, ...): GPT-2 has their defaults only.
+  // Attention's own options ([model.attention] scale, and any it gains later): GPT-2 has their defaults only.
   const MixerSpec& attention = mixer_spec("attention");
   auto set = cfg.mixer_options.find(attention.name);
   if (set != cfg.mixer_options.end()) {
@@ -165,7 +165,8 @@ std::vector<std::string> gpt2_mismatches(const Recipe& recipe, const DecoderConf
     for (const OptionSpec& o : attention.options) {
       const std::string value = option_text(set->second, o), fallback = option_text(defaults, o);
       if (value != fallback) {
-        out.push_back(absl::StrCat("model.attention.", o.key, " = ", value, " (GPT-2 has only ", fallback, ")"));
+        out.push_back(
+            absl::StrCat("model.attention.", o.key, " = ", value, " (GPT-2 has only its default, ", fallback, ")"));
       }
     }
   }
