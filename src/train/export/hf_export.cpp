@@ -92,10 +92,12 @@ const HfMapping kGpt2{
 // feed_forward_proj = "gated-gelu"), .layer.1.layer_norm.weight, encoder.final_layer_norm.weight; the
 // decoder the same plus .layer.1.EncDecAttention.{q, k, v, o}.weight and its layer.1.layer_norm, the FFN
 // moving to layer.2, and decoder.final_layer_norm.weight; lm_head.weight stored only when untied. T5 has
-// no biases, RMSNorm without a mean (T5LayerNorm), no 1/√d_kv in its attention scores (fold it into q:
-// W_q / √d_kv, a fourth layout), relative position buckets instead of learned or rotary positions (a seqlab
-// T5 without them is refused), and with tied embeddings it scales the decoder's output by d_model^−½
-// before lm_head (a seqlab model that does not is refused, or exported untied with lm_head = wte · d_model^−½).
+// no biases, RMSNorm without a mean (T5LayerNorm), no 1/√d_kv in its attention scores (seqlab's
+// [model.attention] scale = 1 maps as it is; the default 1/√d_kv needs W_q / √d_kv, a fourth layout),
+// relative position buckets, added to the scores (MixerInput::bias), instead of learned or rotary
+// positions (a seqlab T5 without them is refused), and with tied embeddings it scales the decoder's output
+// by d_model^−½ before lm_head (a seqlab model that does not is refused, or exported untied with
+// lm_head = wte · d_model^−½).
 // config: d_model, d_kv, d_ff, num_heads, num_layers, num_decoder_layers, relative_attention_num_buckets,
 // relative_attention_max_distance, feed_forward_proj, layer_norm_epsilon, tie_word_embeddings,
 // decoder_start_token_id and pad_token_id.
