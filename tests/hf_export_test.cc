@@ -1,8 +1,8 @@
 // The transformers export's mapping (train/export/hf_export.h), without transformers: GPT-2's names and
-// layouts (Conv1D weights transposed, every other tensor as it is, the tied lm_head not stored), values
-// copied exactly and in f32 from a bf16 model, config.json's sizes taken from the weights, and the one-line
-// refusals naming every setting GPT2LMHeadModel cannot hold — attention's options included, and those no
-// recipe can train yet (an untied output projection) and another model.arch. tests/hf_export_test.py loads real exports in transformers.
+// layouts (Conv1D weights transposed, every other tensor as it is, a tied lm_head not stored, an untied one
+// stored as it is), values copied exactly and in f32 from a bf16 model, config.json's sizes taken from the
+// weights, the one-line refusals naming every setting GPT2LMHeadModel cannot hold (attention's options
+// included), and the refusal of the kinds whose tables are not written (an encoder). tests/hf_export_test.py loads real exports in transformers.
 #include "train/export/hf_export.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include <string>
 
 #include "layers/model/decoder.h"
+#include "layers/model/model_config.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -23,14 +24,14 @@ struct Exported {
   std::map<std::string, Tensor> seqlab;  // the model's parameters, by name
 };
 
-Exported export_of(const DecoderConfig& cfg, const Recipe& recipe = Recipe(), HfExportSource source = {},
+Exported export_of(const ModelConfig& cfg, const Recipe& recipe = Recipe(), HfExportSource source = {},
                    bool bf16 = false) {
   Generator gen(3);
-  Decoder model(cfg, gen);
-  if (bf16) model.to(cpu_device(), DType::bf16);
+  std::unique_ptr<LanguageModel> model = make_model(cfg, gen);
+  if (bf16) model->to(cpu_device(), DType::bf16);
   Exported e;
-  for (const Parameter& p : model.parameters()) e.seqlab.emplace(p.name, kernel::contiguous(*p.tensor));
-  e.result = hf_export(recipe, model, source);
+  for (const Parameter& p : model->parameters()) e.seqlab.emplace(p.name, kernel::contiguous(*p.tensor));
+  e.result = hf_export(recipe, *model, source);
   return e;
 }
 
@@ -45,7 +46,7 @@ double at(const Tensor& t, int64_t i, int64_t j) {
 }
 
 TEST(HfExportTest, Gpt2NamesLayoutsAndValues) {
-  DecoderConfig cfg = gpt2_config(kV, kC, kL, kH, kT);
+  ModelConfig cfg = gpt2_config(kV, kC, kL, kH, kT);
   cfg.d_ff = 12;  // n_inner, not 4·d_model
   HfExportSource source;
   source.run_id = "abc";
@@ -101,7 +102,7 @@ TEST(HfExportTest, Gpt2NamesLayoutsAndValues) {
 }
 
 TEST(HfExportTest, NoEndOfTextIsNullAndDropoutIsCarried) {
-  DecoderConfig cfg = gpt2_config(kV, kC, 1, kH, kT);
+  ModelConfig cfg = gpt2_config(kV, kC, 1, kH, kT);
   cfg.dropout = 0.25;
   const Exported e = export_of(cfg);
   ASSERT_TRUE(e.result.ok()) << e.result.status();
@@ -125,7 +126,7 @@ TEST(HfExportTest, Bf16ModelExportsItsValuesInF32) {
 }
 
 // The refusal of `cfg`: one line that holds every expected piece.
-void expect_refused(const DecoderConfig& cfg, const std::vector<std::string>& pieces, const Recipe& recipe = Recipe()) {
+void expect_refused(const ModelConfig& cfg, const std::vector<std::string>& pieces, const Recipe& recipe = Recipe()) {
   const Exported e = export_of(cfg, recipe);
   ASSERT_FALSE(e.result.ok());
   EXPECT_EQ(e.result.status().code(), absl::StatusCode::kInvalidArgument);
@@ -136,7 +137,7 @@ void expect_refused(const DecoderConfig& cfg, const std::vector<std::string>& pi
 }
 
 TEST(HfExportTest, RefusesWhatGpt2CannotHoldNamingEverySetting) {
-  DecoderConfig cfg = gpt2_config(kV, kC, 3, kH, kT);
+  ModelConfig cfg = gpt2_config(kV, kC, 3, kH, kT);
   cfg.positions = PositionKind::rope;
   cfg.norm = NormKind::rms_norm;
   cfg.bias = false;
@@ -151,10 +152,18 @@ TEST(HfExportTest, RefusesWhatGpt2CannotHoldNamingEverySetting) {
   for (size_t i : {0, 2, 3}) cfg.blocks[i].mixer = "retention";
   cfg.positions = PositionKind::none;
   expect_refused(cfg, {"the recurrent mixer 'retention' in blocks 0, 2-3 ", "no position embedding"});
+
+  cfg = gpt2_config(kV, kC, 2, kH, kT);
+  cfg.norm_placement = NormPlacement::post;
+  cfg.positions = PositionKind::sinusoidal;
+  cfg.blocks[0].ffn = FfnKind::relu;
+  cfg.blocks[1].ffn = FfnKind::geglu;
+  expect_refused(cfg, {"post-norm blocks (model.norm_placement = \"post\")", "ReLU FFNs in block 0 ",
+                       "GEGLU FFNs in block 1 ", "sinusoidal positions (model.positions = \"sinusoidal\")"});
 }
 
 TEST(HfExportTest, RefusesAttentionOptionsOtherThanTheirDefaults) {
-  DecoderConfig cfg = gpt2_config(kV, kC, 1, kH, kT);
+  ModelConfig cfg = gpt2_config(kV, kC, 1, kH, kT);
   MixerOptions options(mixer_spec("attention").options);
   options.set("scale", 0.5);
   cfg.mixer_options["attention"] = options;
@@ -164,21 +173,35 @@ TEST(HfExportTest, RefusesAttentionOptionsOtherThanTheirDefaults) {
   EXPECT_TRUE(export_of(cfg).result.ok());
 }
 
-TEST(HfExportTest, RefusesAnUntiedOutputProjection) {
-  Recipe recipe;
-  recipe.model.tie_embeddings = false;
-  expect_refused(gpt2_config(kV, kC, 1, kH, kT), {"an untied output projection (model.tie_embeddings = false)"},
-                 recipe);
+TEST(HfExportTest, UntiedOutputProjectionIsStored) {
+  ModelConfig cfg = gpt2_config(kV, kC, 1, kH, kT);
+  cfg.tie_embeddings = false;
+  const Exported e = export_of(cfg);
+  ASSERT_TRUE(e.result.ok()) << e.result.status();
+  const std::map<std::string, Tensor> hf = by_name(*e.result);
+  ASSERT_EQ(hf.count("lm_head.weight"), 1u);
+  const Tensor& ours = e.seqlab.at("lm_head.weight");
+  ASSERT_EQ(hf.at("lm_head.weight").shape(), (Shape{kV, kC}));
+  for (int64_t i = 0; i < kV; ++i) {
+    for (int64_t j = 0; j < kC; ++j) ASSERT_EQ(at(ours, i, j), at(hf.at("lm_head.weight"), i, j));
+  }
+  EXPECT_NE(e.result->config_json.find("\"tie_word_embeddings\": false"), std::string::npos) << e.result->config_json;
 }
 
-TEST(HfExportTest, RefusesAnotherArchitecture) {
+TEST(HfExportTest, RefusesAnEncoder) {
+  // BERT's block: bidirectional attention, post-norm LayerNorm, GELU, biases, learned positions.
+  ModelConfig cfg = gpt2_config(kV, kC, 1, kH, kT);
+  cfg.kind = ModelKind::encoder;
+  cfg.norm_placement = NormPlacement::post;
   Recipe recipe;
   recipe.model.arch = "encoder";
-  const Exported e = export_of(gpt2_config(kV, kC, 1, kH, kT), recipe);
+  const Exported e = export_of(cfg, recipe);
   ASSERT_FALSE(e.result.ok());
-  EXPECT_NE(e.result.status().message().find("model.arch = \"encoder\" has no transformers export yet"),
+  const std::string message(e.result.status().message());
+  EXPECT_NE(message.find("model.arch = \"encoder\" has no transformers export yet (BertForMaskedLM's mapping is "
+                         "not written)"),
             std::string::npos)
-      << e.result.status();
+      << message;
 }
 
 }  // namespace

@@ -10,12 +10,13 @@ each sequence: at every position t,
 
 (the largest difference over the vocabulary relative to the largest logit at that position), with
 transformers' SDPA attention and with its eager attention. Runs: plain; dropout 0.1 (the export runs in
-evaluation mode, as seqlab's logits do); d_ff != 4 d_model (GPT-2's n_inner). Sequences: one token, the
+evaluation mode, as seqlab's logits do); d_ff != 4 d_model (GPT-2's n_inner); an untied lm_head. Sequences: one token, the
 full context, and a length between. The export's tensors must be those transformers' own save_pretrained
 writes (names, shapes, values), with nothing missing or unexpected on loading.
 
 Refusals: recipes transformers' GPT-2 cannot hold (GLA, rotary positions, grouped key/value heads, an
-attention scale other than 1/sqrt(D), a hybrid pattern) end in exit code 2 and one line naming each setting that does not map, with nothing
+attention scale other than 1/sqrt(D), post-norm blocks, a hybrid pattern; an encoder, whose BERT table is
+not written yet) end in exit code 2 and one line naming each setting that does not map, with nothing
 written; so do an OUT that holds files (without --force, and with --force where OUT holds a folder or a
 run), a missing --hf, and `seqlab logits` ids outside the vocabulary or beyond the context.
 
@@ -134,8 +135,9 @@ def compare_with_transformers(work, run_dir, name, seq_len):
         ours = {k: f.get_tensor(k) for k in f.keys()}
     check(metadata.get("format") == "pt" and metadata.get("seqlab_checkpoint", "").startswith("ckpt_"),
           f"{name}: model.safetensors' metadata names the format and the checkpoint ({metadata})")
-    check(all(t.dtype == torch.float32 for t in ours.values()) and "lm_head.weight" not in ours,
-          f"{name}: f32 tensors, the tied lm_head not stored")
+    tied = config["tie_word_embeddings"]
+    check(all(t.dtype == torch.float32 for t in ours.values()) and ("lm_head.weight" in ours) != tied,
+          f"{name}: f32 tensors, lm_head stored only when untied (tie_word_embeddings {tied})")
 
     rng = random.Random(11)
     sequences = [[rng.randrange(vocab)], [rng.randrange(vocab) for _ in range(seq_len)],
@@ -147,8 +149,8 @@ def compare_with_transformers(work, run_dir, name, seq_len):
         if attention == "sdpa":
             check(not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"],
                   f"{name}: from_pretrained finds every weight, nothing unexpected ({info})")
-            check(model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr(),
-                  f"{name}: transformers ties lm_head to wte")
+            check((model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()) == tied,
+                  f"{name}: transformers " + ("ties lm_head to wte" if tied else "keeps lm_head apart from wte"))
             saved = os.path.join(work, name + "_resaved")
             model.save_pretrained(saved)
             with safe_open(os.path.join(saved, "model.safetensors"), "pt") as f:
@@ -193,6 +195,9 @@ with tempfile.TemporaryDirectory() as work:
     wide = train(work, "wide", {**gpt2, "n_layers": 3, "n_heads": 2, "d_ff": 40}, seq_len=12)
     model = compare_with_transformers(work, wide, "wide", 12)
     check(model is not None and model.config.n_inner == 40, "wide: d_ff = 40 is GPT-2's n_inner")
+    untied = train(work, "untied", {**gpt2, "tie_embeddings": "false"})
+    model = compare_with_transformers(work, untied, "untied", 16)
+    check(model is not None and not model.config.tie_word_embeddings, "untied: config.json says tie_word_embeddings false")
 
     expect_refused(work, "gla", {"d_model": 16, "n_layers": 2, "n_heads": 2, "mixer": '"gla"'},
                    ["GPT2LMHeadModel", "the recurrent mixer 'gla' in blocks 0-1", "RMSNorm", "SwiGLU", "no biases",
@@ -203,6 +208,10 @@ with tempfile.TemporaryDirectory() as work:
                    ["grouped key/value heads (model.n_kv_heads = 2 for 4 heads)"], ["rotary", "RMSNorm"])
     expect_refused(work, "scale", {**gpt2, "attention": "{ scale = 0.5 }"},
                    ["model.attention.scale = 0.5 (GPT-2 has only its default, 0.0)"], ["rotary", "RMSNorm"])
+    expect_refused(work, "post", {**gpt2, "norm_placement": '"post"'},
+                   ["post-norm blocks (model.norm_placement = \"post\")"], ["rotary", "RMSNorm"])
+    expect_refused(work, "bert", {"arch": '"encoder"', "d_model": 16, "n_layers": 1, "n_heads": 2},
+                   ["model.arch = \"encoder\" has no transformers export yet (BertForMaskedLM's mapping is not written)"])
     expect_refused(work, "hybrid", {**gpt2, "d_model": 16, "n_heads": 2, "pattern": '"attention gla"'},
                    ["the recurrent mixer 'gla' in block 1 "], ["RMSNorm", "SwiGLU", "no biases"])
 

@@ -9,7 +9,7 @@ A folder of src/ includes only from itself and the folders below it:
 and src/tensor/cpu/ is private to src/tensor (ops use the public helpers tensor/parallel.h and
 tensor/blas_rows.h). Inside src/train the sub-folders are layered the same way, bottom to top:
 
-    common <- data <- optim <- recipe <- checkpoint <- launch <- loop <- sweep <- cli
+    common <- data <- optim <- recipe <- checkpoint <- export <- launch <- loop <- sweep <- cli
 
 (a file of src/train/X/ includes from src/train/Y/ only when Y is X or below it; nothing includes
 cli). Every quoted #include of every .h, .cpp, .cu and .cuh under src/ must name a file of src/ (or
@@ -42,7 +42,7 @@ ALLOWED = {
     "train": {"tensor", "autograd", "dist", "layers", "train"},
 }
 # The sub-folders of src/train, bottom to top: each includes only from itself and those before it.
-TRAIN_ORDER = ["common", "data", "optim", "recipe", "checkpoint", "launch", "loop", "sweep", "cli"]
+TRAIN_ORDER = ["common", "data", "optim", "recipe", "checkpoint", "export", "launch", "loop", "sweep", "cli"]
 GENERATED = {"build_info.h": {"train"}}  # generated headers, and the folders that may include them
 SOURCE_SUFFIXES = (".h", ".cpp", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')

@@ -10,8 +10,10 @@
 // recipe that the class has no counterpart for — is refused with one line naming each such setting
 // (and its recipe key); nothing is exported in part.
 //
-// Mapped today: model.arch = "decoder" with every block causal softmax attention, a GELU MLP, LayerNorm,
-// biases, learned positions, full key/value heads and the tied output embedding → GPT2LMHeadModel.
+// Mapped today: model.arch = "decoder" with every block causal softmax attention and a GELU MLP (of any
+// width), pre-norm LayerNorm, biases, learned positions, full key/value heads and a tied or untied output
+// → GPT2LMHeadModel. BERT (encoder) and T5 (encoder_decoder) are designed in hf_export.cpp, not written:
+// they are refused.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +43,8 @@ struct HfExport {
   std::string architecture;  // the transformers class: "GPT2LMHeadModel"
   std::string config_json;   // config.json
   // model.safetensors: transformers' names, f32, contiguous on the CPU (a tied output matrix is not
-  // stored: transformers ties it to the input embedding on loading, as its own save_pretrained does).
+  // stored: transformers ties it to the input embedding on loading, as its own save_pretrained does; an
+  // untied one is).
   std::vector<std::pair<std::string, Tensor>> tensors;
   // model.safetensors' metadata: "format": "pt", which transformers requires of a safetensors file, and
   // where the weights came from (seqlab_run_id, seqlab_checkpoint, seqlab_step).
