@@ -86,8 +86,8 @@ HfMapping gpt2_mapping(const ModelConfig& cfg) {
 // norm_in → bert.embeddings.LayerNorm; per block i, bert.encoder.layer.{i}: mixer.qkv rows [0, C), [C, 2C),
 // [2C, 3C) → attention.self.{query, key, value} (weights and biases), mixer.proj → attention.output.dense,
 // norm1 → attention.output.LayerNorm, mlp.fc → intermediate.dense, mlp.proj → output.dense, norm2 →
-// output.LayerNorm; head_dense → cls.predictions.transform.dense, head_norm →
-// cls.predictions.transform.LayerNorm, head_bias → cls.predictions.bias, lm_head (untied) →
+// output.LayerNorm; head.dense → cls.predictions.transform.dense, head.norm →
+// cls.predictions.transform.LayerNorm, head.bias → cls.predictions.bias, lm_head (untied) →
 // cls.predictions.decoder.weight (tied: not stored). All nn.Linear, [out, in] as seqlab's. Mismatches:
 // pre-norm blocks (BERT is post-norm: norm_placement = "post"), RMSNorm, no biases, a FFN other than GELU,
 // rotary, sinusoidal, relative or no positions, grouped KV heads, a recurrent mixer, attention options.
