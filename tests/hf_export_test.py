@@ -93,12 +93,13 @@ def word_corpus(path, docs=80, words=40):
             f.write(" ".join(rng.choice(vocab) for _ in range(words)) + ".\n\n")
 
 
-def train(work, name, model_keys, steps=30, seq_len=16):
+def train(work, name, model_keys, steps=30, seq_len=16, data_keys=None):
     """A tiny run trained for `steps` steps on the CPU; returns its folder."""
     recipe = os.path.join(work, name + ".toml")
     with open(recipe, "w") as f:
         f.write("[model]\n" + "".join(f"{k} = {v}\n" for k, v in model_keys.items()))
         f.write(f'[data]\npath = "{work}/corpus.txt"\nformat = "text"\nval_fraction = 0.2\ncache_dir = "{work}/cache"\n')
+        f.write("".join(f"{k} = {v}\n" for k, v in (data_keys or {}).items()))
         f.write(f'[train]\nsteps = {steps}\nbatch_size = 4\nseq_len = {seq_len}\ndevice = "cpu"\nseed = 5\n')
         f.write("[log]\neval_every = 1000\neval_batches = 1\nsample_every = 0\n[checkpoint]\nevery = 0\n")
     out = os.path.join(work, name)
@@ -169,8 +170,8 @@ def compare_with_transformers(work, run_dir, name, seq_len):
     return model
 
 
-def expect_refused(work, name, model_keys, must_name, must_not_name=()):
-    run_dir = train(work, name, model_keys, steps=2)
+def expect_refused(work, name, model_keys, must_name, must_not_name=(), data_keys=None):
+    run_dir = train(work, name, model_keys, steps=2, data_keys=data_keys)
     out = os.path.join(work, name + "_hf")
     p = run("export", "--hf", run_dir, out)
     line = p.stderr.strip()
@@ -210,8 +211,9 @@ with tempfile.TemporaryDirectory() as work:
                    ["model.attention.scale = 0.5 (GPT-2 has only its default, 0.0)"], ["rotary", "RMSNorm"])
     expect_refused(work, "post", {**gpt2, "norm_placement": '"post"'},
                    ["post-norm blocks (model.norm_placement = \"post\")"], ["rotary", "RMSNorm"])
-    expect_refused(work, "bert", {"arch": '"encoder"', "d_model": 16, "n_layers": 1, "n_heads": 2},
-                   ["model.arch = \"encoder\" has no transformers export yet (BertForMaskedLM's mapping is not written)"])
+    expect_refused(work, "bert", {"arch": '"encoder"', "d_model": 16, "n_layers": 1, "n_heads": 2, "segments": 2},
+                   ["model.arch = \"encoder\" has no transformers export yet (BertForMaskedLM's mapping is not written)"],
+                   data_keys={"objective": '"masked_lm"'})
     expect_refused(work, "hybrid", {**gpt2, "d_model": 16, "n_heads": 2, "pattern": '"attention gla"'},
                    ["the recurrent mixer 'gla' in block 1 "], ["RMSNorm", "SwiGLU", "no biases"])
 
