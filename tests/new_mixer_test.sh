@@ -29,8 +29,9 @@
 # or ops, a central switch, a missing registration.
 # Run time on the 2-core development machine, ccache warm for the tree: about 40 s when the room's own
 # objects are cached too, 1 minute when they are not (its seven files compile, nvcc's among them); in the
-# ASan build of scripts/sanitize.sh about 2.5 minutes. Every run recompiles mixer_test.cc and
-# recipe_test.cc, whose generated source_dir.h names the copy's (random) folder; the rest hits ccache.
+# ASan build of scripts/sanitize.sh, which runs it again, 1.5 to 2.5 minutes. Every run recompiles
+# mixer_test.cc and recipe_test.cc, whose generated source_dir.h names the copy's (random) folder; the
+# rest hits ccache.
 # Usage: new_mixer_test.sh /path/to/seqlab
 set -u
 SEQLAB=${1:?usage: $0 /path/to/seqlab}
