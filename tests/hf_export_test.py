@@ -1,24 +1,35 @@
 #!/usr/bin/env python3
-"""seqlab's GPT-2 checked by code no one here wrote: Hugging Face transformers.
+"""seqlab's GPT-2, BERT and T5 checked by code no one here wrote: Hugging Face transformers.
 
-Tiny GPT-2 runs are trained for a few steps (seconds), exported with `seqlab export --hf RUN OUT`, loaded
-with transformers' GPT2LMHeadModel.from_pretrained(OUT), and the logits transformers computes for token
-ids are compared with those `seqlab logits RUN --tokens ...` computes, in f32 on the CPU. The bound, for
-each sequence: at every position t,
+Tiny runs are trained for a few steps (seconds), exported with `seqlab export --hf RUN OUT`, loaded with
+transformers' class (GPT2LMHeadModel, BertForMaskedLM, T5ForConditionalGeneration).from_pretrained(OUT),
+and the logits transformers computes for token ids are compared with those `seqlab logits RUN --tokens ...`
+computes, in f32 on the CPU. The bound, for each sequence: at every position t,
 
     max_v |seqlab[t, v] - transformers[t, v]| / max_v |transformers[t, v]|  <=  1e-4
 
 (the largest difference over the vocabulary relative to the largest logit at that position), with
-transformers' SDPA attention and with its eager attention. Runs: plain; dropout 0.1 (the export runs in
-evaluation mode, as seqlab's logits do); d_ff != 4 d_model (GPT-2's n_inner); an untied lm_head. Sequences: one token, the
-full context, and a length between. The export's tensors must be those transformers' own save_pretrained
-writes (names, shapes, values), with nothing missing or unexpected on loading.
+transformers' SDPA attention and with its eager attention. The export's tensors must be those
+transformers' own save_pretrained writes (names, shapes, values), with nothing missing or unexpected on
+loading.
 
-Refusals: recipes transformers' GPT-2 cannot hold (GLA, rotary positions, grouped key/value heads, an
-attention scale other than 1/sqrt(D), post-norm blocks, a hybrid pattern; an encoder, whose BERT table is
-not written yet) end in exit code 2 and one line naming each setting that does not map, with nothing
+GPT-2 runs: plain; dropout 0.1 (the export runs in evaluation mode, as seqlab's logits do); d_ff != 4
+d_model (GPT-2's n_inner); an untied lm_head. Sequences: one token, the full context, and a length between.
+BERT runs (data.objective = masked_lm, two segments): with the next-sentence head (left out of
+BertForMaskedLM) and without, tied; untied with dropout and d_ff != 4 d_model. Sequences: [CLS] A [SEP] B
+[SEP] with its segment ids, whole and padded (--length; attention_mask in transformers, the valid rows
+compared), and a single [CLS]. T5 runs (data.objective = span_corruption, [model.attention] scale = 1): ReLU
+and tied (T5); GEGLU and untied (T5 v1.1) with more decoder layers than encoder layers and few relative
+buckets up to a short max distance, so that distances past it share the last bucket. Sequences: a full
+source and a padded one (--length; attention_mask), with decoder inputs of one token and of several.
+
+Refusals: recipes the classes cannot hold (for GPT-2: GLA, rotary positions, grouped key/value heads, an
+attention scale other than 1/sqrt(D), post-norm blocks, a hybrid pattern; for BERT: pre-norm, RMSNorm,
+rotary positions, grouped heads; for T5: the default attention scale, LayerNorm, biases, learned
+positions, SwiGLU) end in exit code 2 and one line naming each setting that does not map, with nothing
 written; so do an OUT that holds files (without --force, and with --force where OUT holds a folder or a
-run), a missing --hf, and `seqlab logits` ids outside the vocabulary or beyond the context.
+run), a missing --hf, and `seqlab logits` ids outside the vocabulary or beyond the context, and its flags
+given to a model kind that does not read them.
 
 The test runs in the virtual environment of scripts/python_env.sh (PyTorch for the CPU, transformers,
 safetensors): $SEQLAB_PYENV, else pyenv/ in the folder of the seqlab binary (build/pyenv). The first run
@@ -109,11 +120,15 @@ def train(work, name, model_keys, steps=30, seq_len=16, data_keys=None):
     return out
 
 
-def seqlab_logits(run_dir, ids, out):
-    p = run("logits", run_dir, "--tokens", " ".join(map(str, ids)), "--out", out)
+def seqlab_logits(run_dir, ids, out, *flags):
+    p = run("logits", run_dir, "--tokens", " ".join(map(str, ids)), "--out", out, *flags)
     if p.returncode != 0:
         raise SystemExit(f"FAIL seqlab logits {run_dir}: {p.stderr.strip()}")
     return np.load(out)
+
+
+def ids_text(ids):
+    return " ".join(map(str, ids))
 
 
 def worst_relative_error(ours, theirs):
@@ -170,6 +185,131 @@ def compare_with_transformers(work, run_dir, name, seq_len):
     return model
 
 
+def export_and_load(work, run_dir, name, cls, attention):
+    """Exports run_dir, checks the folder, loads it with `cls` and checks the loading: the config, the
+    model (eval mode) and the export's tensors; None where the export failed."""
+    out = os.path.join(work, name + "_hf")
+    if not os.path.exists(out):
+        p = run("export", "--hf", run_dir, out)
+        if not check(p.returncode == 0 and sorted(os.listdir(out)) == ["config.json", "model.safetensors"],
+                     f"{name}: export writes config.json and model.safetensors", (p.stdout + p.stderr).strip()):
+            return None
+    config = json.load(open(os.path.join(out, "config.json")))
+    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+        ours = {k: f.get_tensor(k) for k in f.keys()}
+    model, info = cls.from_pretrained(out, output_loading_info=True, attn_implementation=attention)
+    model.eval()
+    if attention == "sdpa":
+        check(all(t.dtype == torch.float32 for t in ours.values()), f"{name}: f32 tensors")
+        check(not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"],
+              f"{name}: from_pretrained finds every weight, nothing unexpected ({info})")
+        saved = os.path.join(work, name + "_resaved")
+        model.save_pretrained(saved)
+        with safe_open(os.path.join(saved, "model.safetensors"), "pt") as f:
+            theirs = {k: f.get_tensor(k) for k in f.keys()}
+        same = sorted(theirs) == sorted(ours) and all(
+            theirs[k].shape == ours[k].shape and torch.equal(theirs[k], ours[k]) for k in ours)
+        check(same, f"{name}: the tensors are those transformers' own save_pretrained writes",
+              f"only ours: {sorted(set(ours) - set(theirs))}, only theirs: {sorted(set(theirs) - set(ours))}")
+    return config, ours, model
+
+
+def compare_rows(name, attention, what, expected, got):
+    err = worst_relative_error(expected, got) if expected.shape == got.shape else float("inf")
+    check(err <= TOLERANCE, f"{name}: {attention} attention, {what}: logits {got.shape} within {TOLERANCE:g} "
+          f"relative (worst {err:.2e})", f"seqlab {expected.shape}, transformers {got.shape}")
+
+
+# The byte tokenizer's special ids (special_tokens.h): masked_lm [PAD] [CLS] [SEP] [MASK], span_corruption
+# [PAD] [EOS] <extra_id_0> ...
+PAD, CLS, SEP, MASK = 256, 257, 258, 259
+EOS, SENTINEL = 257, 258
+
+
+def compare_bert(work, run_dir, name, seq_len, tied=True):
+    """BertForMaskedLM against seqlab logits: [CLS] A [SEP] B [SEP] with segment ids, whole and padded, and
+    [CLS] alone."""
+    rng = random.Random(13)
+    a = [rng.randrange(256) for _ in range(5)]
+    b = [rng.randrange(256) for _ in range(seq_len - len(a) - 3)]
+    a[1] = MASK
+    full = [CLS] + a + [SEP] + b + [SEP]
+    segments = [0] * (len(a) + 2) + [1] * (len(b) + 1)
+    n = len(a) + 2 + 3 + 1  # [CLS] A [SEP] and three tokens of B, [SEP]; the rest padding
+    padded = full[:n - 1] + [SEP] + [PAD] * (seq_len - n)
+    padded_segments = segments[:n] + [0] * (seq_len - n)
+    cases = [(f"[CLS] A [SEP] B [SEP], T = {seq_len}", full, segments, seq_len),
+             (f"{n} tokens padded to {seq_len}", padded, padded_segments, n),
+             ("[CLS] alone", [CLS], [0], 1)]
+    model = None
+    for attention in ("sdpa", "eager"):
+        loaded = export_and_load(work, run_dir, name, transformers.BertForMaskedLM, attention)
+        if loaded is None:
+            return None
+        config, ours, model = loaded
+        if attention == "sdpa":
+            check(config["hidden_act"] == "gelu_new" and config["type_vocab_size"] == 2 and
+                  config["max_position_embeddings"] == seq_len and config["pad_token_id"] == PAD and
+                  config["tie_word_embeddings"] == tied,
+                  f"{name}: config.json: gelu_new, type_vocab_size 2, {seq_len} positions, pad {PAD}, tied {tied}",
+                  json.dumps(config))
+            stored = {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"} & set(ours)
+            check(bool(stored) != tied and not any(k.startswith(("bert.pooler", "cls.seq_relationship")) for k in ours),
+                  f"{name}: the output layer stored only when untied; no pooler or next-sentence head",
+                  f"{sorted(stored)}")
+            check((model.cls.predictions.decoder.weight.data_ptr() ==
+                   model.bert.embeddings.word_embeddings.weight.data_ptr()) == tied,
+                  f"{name}: transformers " + ("ties the decoder to the word embeddings" if tied else
+                                              "keeps the decoder apart from the word embeddings"))
+        for what, ids, seg, length in cases:
+            flags = ["--segments", ids_text(seg)] + (["--length", str(length)] if length < len(ids) else [])
+            expected = seqlab_logits(run_dir, ids, os.path.join(work, "logits.npy"), *flags)
+            mask = [1] * length + [0] * (len(ids) - length)
+            with torch.no_grad():
+                got = model(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([seg]),
+                            attention_mask=torch.tensor([mask])).logits[0].numpy()
+            compare_rows(name, attention, what, expected[:length], got[:length])
+    return model
+
+
+def compare_t5(work, run_dir, name, seq_len, tied=True):
+    """T5ForConditionalGeneration against seqlab logits: a source (full, and padded with attention_mask) and
+    decoder inputs starting with [PAD], the decoder start."""
+    rng = random.Random(17)
+    # One sentinel: what a row of 16 tokens needs, so the vocabulary is 259 ids.
+    source = [rng.randrange(256) for _ in range(seq_len - 4)] + [SENTINEL, 65, 66, EOS]
+    n = seq_len - 5
+    padded = source[:n - 2] + [SENTINEL, EOS] + [PAD] * (seq_len - n)
+    target = [PAD, SENTINEL, 67, 68, 69, 70, 71, 72, EOS]
+    cases = [(f"source T = {seq_len}, decoder S = 1", source, seq_len, [PAD]),
+             (f"source T = {seq_len}, decoder S = {len(target)}", source, seq_len, target),
+             (f"source of {n} padded to {seq_len}, decoder S = {len(target)}", padded, n, target)]
+    model = None
+    for attention in ("sdpa", "eager"):
+        loaded = export_and_load(work, run_dir, name, transformers.T5ForConditionalGeneration, attention)
+        if loaded is None:
+            return None
+        config, ours, model = loaded
+        if attention == "sdpa":
+            check(config["decoder_start_token_id"] == PAD and config["pad_token_id"] == PAD and
+                  config["eos_token_id"] == EOS and config["tie_word_embeddings"] == tied and
+                  config["d_kv"] * config["num_heads"] == config["d_model"],
+                  f"{name}: config.json: decoder start = pad = {PAD}, eos {EOS}, tied {tied}, d_kv", json.dumps(config))
+            check(("lm_head.weight" in ours) != tied and model.config.scale_decoder_outputs == tied and
+                  (model.lm_head.weight.data_ptr() == model.shared.weight.data_ptr()) == tied,
+                  f"{name}: lm_head " + ("tied to shared, output scaled by d_model^-1/2" if tied else
+                                         "stored and kept apart from shared, output not rescaled"))
+        for what, src, length, dec in cases:
+            flags = ["--decoder-tokens", ids_text(dec)] + (["--length", str(length)] if length < len(src) else [])
+            expected = seqlab_logits(run_dir, src, os.path.join(work, "logits.npy"), *flags)
+            mask = [1] * length + [0] * (len(src) - length)
+            with torch.no_grad():
+                got = model(input_ids=torch.tensor([src]), attention_mask=torch.tensor([mask]),
+                            decoder_input_ids=torch.tensor([dec])).logits[0].numpy()
+            compare_rows(name, attention, what, expected, got)
+    return model
+
+
 def expect_refused(work, name, model_keys, must_name, must_not_name=(), data_keys=None):
     run_dir = train(work, name, model_keys, steps=2, data_keys=data_keys)
     out = os.path.join(work, name + "_hf")
@@ -211,9 +351,54 @@ with tempfile.TemporaryDirectory() as work:
                    ["model.attention.scale = 0.5 (GPT-2 has only its default, 0.0)"], ["rotary", "RMSNorm"])
     expect_refused(work, "post", {**gpt2, "norm_placement": '"post"'},
                    ["post-norm blocks (model.norm_placement = \"post\")"], ["rotary", "RMSNorm"])
-    expect_refused(work, "bert", {"arch": '"encoder"', "d_model": 16, "n_layers": 1, "n_heads": 2, "segments": 2},
-                   ["model.arch = \"encoder\" has no transformers export yet (BertForMaskedLM's mapping is not written)"],
-                   data_keys={"objective": '"masked_lm"'})
+
+    # BERT: the masked-LM data (two segments), with and without the next-sentence head.
+    bert = {"arch": '"encoder"', "d_model": 24, "n_layers": 2, "n_heads": 3, "segments": 2, "norm_eps": "1e-12"}
+    masked_lm = {"objective": '"masked_lm"'}
+    nsp = train(work, "bert_nsp", bert, data_keys={**masked_lm, "next_sentence": "true"})
+    model = compare_bert(work, nsp, "bert_nsp", 16)
+    check(model is not None and model.config.layer_norm_eps == 1e-12, "bert_nsp: layer_norm_eps is model.norm_eps")
+    compare_bert(work, train(work, "bert", bert, data_keys=masked_lm), "bert", 16)
+    untied = train(work, "bert_untied", {**bert, "tie_embeddings": "false", "dropout": 0.1, "d_ff": 40},
+                   data_keys=masked_lm)
+    model = compare_bert(work, untied, "bert_untied", 16, tied=False)
+    check(model is not None and model.config.intermediate_size == 40 and model.config.hidden_dropout_prob == 0.1 and
+          model.config.attention_probs_dropout_prob == 0.0,
+          "bert_untied: intermediate_size is d_ff, hidden_dropout_prob the dropout, no attention dropout")
+
+    # T5: span corruption, unscaled attention; ReLU tied, and GEGLU untied (v1.1) with few buckets.
+    t5 = {"arch": '"encoder_decoder"', "d_model": 24, "n_layers": 2, "n_heads": 3, "norm_eps": "1e-6",
+          "attention": "{ scale = 1.0 }"}
+    span = {"objective": '"span_corruption"'}
+    relu = train(work, "t5", t5, data_keys=span)
+    model = compare_t5(work, relu, "t5", 16)
+    check(model is not None and model.config.feed_forward_proj == "relu" and model.config.num_layers == 2 and
+          model.config.num_decoder_layers == 2, "t5: feed_forward_proj relu, 2 + 2 layers")
+    v11 = train(work, "t5_v11", {**t5, "mlp": '"geglu"', "tie_embeddings": "false", "decoder_layers": 3,
+                                 "relative_buckets": 8, "relative_max_distance": 6}, data_keys=span)
+    model = compare_t5(work, v11, "t5_v11", 16, tied=False)
+    check(model is not None and model.config.feed_forward_proj == "gated-gelu" and
+          model.config.dense_act_fn == "gelu_new" and model.config.num_decoder_layers == 3 and
+          model.config.relative_attention_num_buckets == 8 and model.config.relative_attention_max_distance == 6,
+          "t5_v11: gated-gelu (gelu_new), 3 decoder layers, 8 buckets up to distance 6")
+
+    small_bert = {**bert, "d_model": 16, "n_heads": 2}
+    expect_refused(work, "bert_pre", {**small_bert, "norm_placement": '"pre"', "norm": '"rmsnorm"', "positions": '"rope"'},
+                   ["BertForMaskedLM cannot hold this model", "pre-norm blocks (model.norm_placement = \"pre\")",
+                    "RMSNorm (model.norm = \"rmsnorm\")", "rotary positions (model.positions = \"rope\")"],
+                   ["biases (model.bias"], data_keys=masked_lm)
+    expect_refused(work, "bert_gqa", {**small_bert, "n_heads": 4, "n_kv_heads": 2, "mlp": '"swiglu"'},
+                   ["grouped key/value heads (model.n_kv_heads = 2 for 4 heads)", "SwiGLU FFNs in blocks 0-1 "],
+                   ["post-norm blocks (", "pre-norm blocks ("], data_keys=masked_lm)
+    small_t5 = {**t5, "d_model": 16, "n_heads": 2}
+    expect_refused(work, "t5_scale", {**small_t5, "attention": "{ scale = 0.0 }"},
+                   ["T5ForConditionalGeneration cannot hold this model", "model.attention.scale = 0.0 (T5 has only 1.0)"],
+                   ["RMSNorm (", "LayerNorm (", "biases (model.bias"], data_keys=span)
+    expect_refused(work, "t5_bert_block", {**small_t5, "norm": '"layernorm"', "bias": "true", "positions": '"learned"',
+                                           "mlp": '"swiglu"'},
+                   ["SwiGLU FFNs in encoder blocks 0-1 ", "SwiGLU FFNs in decoder blocks 0-1 ",
+                    "learned positions (model.positions = \"learned\")", "LayerNorm (model.norm = \"layernorm\")",
+                    "biases (model.bias = true)"], ["model.attention.scale"], data_keys=span)
     expect_refused(work, "hybrid", {**gpt2, "d_model": 16, "n_heads": 2, "pattern": '"attention gla"'},
                    ["the recurrent mixer 'gla' in block 1 "], ["RMSNorm", "SwiGLU", "no biases"])
 
@@ -255,6 +440,18 @@ with tempfile.TemporaryDirectory() as work:
     p = run("logits", plain, "--tokens", " ".join(["1"] * 17), "--out", os.path.join(work, "x.npy"))
     check(one_line_refusal(p) and "17 ids, more than the 16 positions" in p.stderr and
           not os.path.exists(os.path.join(work, "x.npy")), "logits: more ids than positions is refused", p.stderr.strip())
+    x = os.path.join(work, "x.npy")
+    for run_dir, flags, message, what in [
+            (plain, ["--segments", "0"], "--segments is read by an encoder", "--segments to a decoder"),
+            (plain, ["--length", "1"], "--length is read by encoders and encoder-decoders", "--length to a decoder"),
+            (nsp, ["--decoder-tokens", "1"], "--decoder-tokens is read by an encoder-decoder", "--decoder-tokens to BERT"),
+            (nsp, ["--segments", "0 2"], "--segments: id 2 is outside the model's segments of 2", "a segment id >= 2"),
+            (nsp, ["--segments", "0"], "--segments holds 1 ids for the 2 of --tokens", "one segment id for 2 tokens"),
+            (nsp, ["--length", "3"], "--length expects an integer from 1 to 2", "--length past the tokens"),
+            (relu, [], "--decoder-tokens is required for an encoder-decoder", "T5 without --decoder-tokens")]:
+        p = run("logits", run_dir, "--tokens", "1 2", "--out", x, *flags)
+        check(one_line_refusal(p) and message in p.stderr and not os.path.exists(x),
+              f"logits: {what} is refused", p.stderr.strip())
 
 print(f"transformers {transformers.__version__}, torch {torch.__version__}")
 sys.exit(1 if failures else 0)

@@ -27,6 +27,7 @@
 #include "train/cli/commands.h"
 #include "train/cli/data.h"
 #include "train/cli/util.h"
+#include "train/data/tokenizer.h"
 #include "train/export/hf_export.h"
 #include "train/recipe/configs.h"
 
@@ -42,11 +43,14 @@ constexpr char kExportUsage[] =
     "Hugging Face transformers folder OUT: OUT/config.json and OUT/model.safetensors (f32, under transformers'\n"
     "parameter names and layouts), which the class's from_pretrained(OUT) loads. A decoder whose every block is\n"
     "causal attention with a GELU MLP, pre-norm, with LayerNorm, biases, learned positions and full key/value\n"
-    "heads, is a GPT2LMHeadModel (d_ff is its n_inner; a tied or untied output). A model transformers has no\n"
-    "class for (RoPE, SwiGLU, RMSNorm, no biases, grouped key/value heads, post-norm, a recurrent mixer such as\n"
-    "gla, ...) is refused in one line naming each setting that does not map, and nothing is written; so are\n"
-    "encoders and encoder-decoders, whose BERT and T5 mappings are not written yet. OUT is written under a\n"
-    "temporary name beside it and renamed when whole. `seqlab logits` gives the logits to compare with.\n"
+    "heads, is a GPT2LMHeadModel (d_ff is its n_inner; a tied or untied output). An encoder with BERT's block\n"
+    "(post-norm LayerNorm, GELU, biases, learned positions) is a BertForMaskedLM (without the next-sentence head,\n"
+    "which that class has no place for). An encoder-decoder with T5's block (pre-norm RMSNorm, ReLU or GEGLU, no\n"
+    "biases, relative positions, [model.attention] scale = 1) is a T5ForConditionalGeneration, tied or untied.\n"
+    "A model the class cannot hold (RoPE, SwiGLU, RMSNorm in a GPT-2, no biases, grouped key/value heads, a\n"
+    "recurrent mixer such as gla, ...) is refused in one line naming each setting that does not map, and\n"
+    "nothing is written. OUT is written under a temporary name beside it and renamed when whole.\n"
+    "`seqlab logits` gives the logits to compare with.\n"
     "\n"
     "  --hf               the format: Hugging Face transformers (the only one so far; required)\n"
     "  --checkpoint FILE  a checkpoint other than RUN's newest\n"
@@ -210,13 +214,19 @@ void export_run(const std::vector<std::string>& args) {
   source.run_id = opened.identity.id;
   source.checkpoint = fs::path(checkpoint.file).filename().string();
   source.step = checkpoint.step;
-  // bos and eos are the end-of-text token that starts every training document, as in GPT-2.
+  // bos and eos are the end-of-text token that starts every training document, as in GPT-2; BERT and T5
+  // name the padding id of the objective's table, T5 its [EOS] too.
   if (run_has_text(recipe)) {
     try {
-      source.eot = run_tokenizer(recipe)->eot();
+      const std::unique_ptr<TokenDecoder> tokenizer = run_tokenizer(recipe);
+      source.eot = tokenizer->eot();
+      if (const auto* table = dynamic_cast<const Tokenizer*>(tokenizer.get())) {
+        if (table->special_tokens().pad >= 0) source.pad = table->pad();
+        if (table->special_tokens().eos >= 0) source.eos = table->eos();
+      }
     } catch (const UserError& e) {
-      std::cerr << "seqlab export: note: bos_token_id and eos_token_id are null in config.json: the run's "
-                   "tokenizer cannot be opened here ("
+      std::cerr << "seqlab export: note: the special token ids (bos_token_id, eos_token_id, pad_token_id) are "
+                   "null in config.json: the run's tokenizer cannot be opened here ("
                 << e.what() << ")\n";
     }
   }

@@ -10,10 +10,13 @@
 // recipe that the class has no counterpart for — is refused with one line naming each such setting
 // (and its recipe key); nothing is exported in part.
 //
-// Mapped today: model.arch = "decoder" with every block causal softmax attention and a GELU MLP (of any
-// width), pre-norm LayerNorm, biases, learned positions, full key/value heads and a tied or untied output
-// → GPT2LMHeadModel. BERT (encoder) and T5 (encoder_decoder) are designed in hf_export.cpp, not written:
-// they are refused.
+// Mapped: model.arch = "decoder" with every block causal softmax attention and a GELU MLP (of any width),
+// pre-norm, LayerNorm, biases, learned positions, full key/value heads and a tied or untied output
+// → GPT2LMHeadModel; model.arch = "encoder" with BERT's block (post-norm LayerNorm, GELU, biases, learned
+// positions, full key/value heads, default attention scale) → BertForMaskedLM, without the next-sentence
+// head (pooler, nsp), which that class has no place for; model.arch = "encoder_decoder" with T5's block
+// (pre-norm RMSNorm, a ReLU or GEGLU FFN, no biases, relative positions, [model.attention] scale = 1,
+// full key/value heads), tied (T5) or untied (T5 v1.1) → T5ForConditionalGeneration.
 #pragma once
 
 #include <cstdint>
@@ -37,10 +40,12 @@ struct HfExportSource {
   std::string checkpoint;      // the file name of the checkpoint the weights were read from
   int64_t step = 0;            // its step
   std::optional<int32_t> eot;  // the end-of-text id of the run's tokenizer (bos/eos); none for synthetic tasks
+  std::optional<int32_t> pad;  // its padding id ([PAD]: BERT's pad_token_id, T5's and its decoder start)
+  std::optional<int32_t> eos;  // its [EOS] id (T5's eos_token_id; span_corruption's table has one)
 };
 
 struct HfExport {
-  std::string architecture;  // the transformers class: "GPT2LMHeadModel"
+  std::string architecture;  // the transformers class: "GPT2LMHeadModel", "BertForMaskedLM", ...
   std::string config_json;   // config.json
   // model.safetensors: transformers' names, f32, contiguous on the CPU (a tied output matrix is not
   // stored: transformers ties it to the input embedding on loading, as its own save_pretrained does; an
