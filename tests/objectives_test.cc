@@ -632,7 +632,11 @@ class ObjectiveRecipes : public Objectives {
       for (const std::string& d : many_documents(120)) text += d + "\n";
       return text;
     }();
-    const std::string toml = "[data]\npath = \"" + path("corpus.txt") + "\"\nformat = \"text\"\nval_fraction = 0.25\n" +
+    // The model kind each objective trains (the recipe ties them).
+    const std::string model = objective == "masked_lm"         ? "[model]\narch = \"encoder\"\nsegments = 2\n"
+                              : objective == "span_corruption" ? "[model]\narch = \"encoder_decoder\"\n"
+                                                               : "";
+    const std::string toml = model + "[data]\npath = \"" + path("corpus.txt") + "\"\nformat = \"text\"\nval_fraction = 0.25\n" +
                              "cache_dir = \"" + path("cache") + "\"\nobjective = \"" + objective + "\"\n" +
                              "[train]\nseq_len = 32\nbatch_size = 4\n[log]\neval_batches = 3\n";
     std::ofstream(path("r.toml")) << toml;

@@ -135,7 +135,7 @@ std::vector<Planned> plan(const Sweep& sweep, const fs::path& out, std::string* 
       q.result.settings = recipe_values(*r);
       q.steps = r->train.steps;
       q.result.tokens = r->train.steps * r->train.grad_accum * r->train.batch_size * r->train.seq_len;
-      absl::StatusOr<ModelConfig> cfg = model_config(*r, r->model.vocab_size > 0 ? r->model.vocab_size : 256);
+      absl::StatusOr<ModelConfig> cfg = model_config(*r, planned_vocab_size(*r));
       if (cfg.ok()) {
         try {
           q.result.outcome.params = model_parameter_count(*cfg);

@@ -285,4 +285,11 @@ SpecialTokens objective_special_tokens(const Recipe& r) {
   return special_tokens(o, parsed(span_corruption_lengths(r.train.seq_len, span_corruption_config(r))).spans);
 }
 
+int64_t planned_vocab_size(const Recipe& r) {
+  if (r.model.vocab_size > 0) return r.model.vocab_size;
+  if (r.data.source == "text" && r.data.tokenizer == "byte") return 256 + objective_special_tokens(r).size();
+  if (r.data.source != "text" && r.data.source != "shards") return synthetic_config(r).vocab_size;
+  return 256;
+}
+
 }  // namespace seqlab

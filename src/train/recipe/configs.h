@@ -89,5 +89,10 @@ SpanCorruptionConfig span_corruption_config(const Recipe& recipe);
 // holds (span_corruption_lengths). With the tokenizer's regular ids it gives the model's vocab_size,
 // and the recipe a checkpoint holds rebuilds it for `seqlab sample` and `seqlab eval`.
 SpecialTokens objective_special_tokens(const Recipe& recipe);
+// The model's vocabulary as far as the recipe alone says it, for plans made before any data is opened (a
+// sweep's sizes and FLOPs): model.vocab_size when set; the byte tokenizer's 256 ids and the objective's
+// special tokens for text; a synthetic task's; 256 where only the data's files know (a BPE merges file,
+// shards).
+int64_t planned_vocab_size(const Recipe& recipe);
 
 }  // namespace seqlab
