@@ -17,6 +17,7 @@
 
 #include "autograd/ops.h"
 #include "autograd/variable.h"
+#include "model_gradcheck.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -342,40 +343,13 @@ void expect_gradients_match(ModelConfig cfg, bool training, const std::string& w
   model.to(cpu_device(), DType::f64);
   model.set_training(training);
   const std::string masks = model.dropout_generator().state();
-  auto loss = [&] {
-    model.dropout_generator().set_state(masks);
-    return model.loss(batch);
-  };
-  backward(loss());
-  if (checked.empty()) {
-    for (const Parameter& p : model.parameters()) checked.push_back({p.name, {p.tensor->numel() / 2}});
-  }
-  for (const auto& [name, elements] : checked) {
-    Tensor* p = nullptr;
-    for (const Parameter& q : model.parameters()) {
-      if (q.name == name) p = q.tensor;
-    }
-    ASSERT_NE(p, nullptr) << name;
-    ASSERT_EQ(p->dtype(), DType::f64);
-    std::vector<double> grad = grad_of(*p).to_doubles();
-    double* w = p->data<double>();
-    const double h = 1e-5;
-    for (int64_t idx : elements) {
-      NoGradGuard no_grad;
-      const double saved = w[idx];
-      w[idx] = saved + h;
-      const double up = loss().item();
-      w[idx] = saved - h;
-      const double down = loss().item();
-      w[idx] = saved;
-      const double numeric = (up - down) / (2 * h);
-      const double analytic = grad[static_cast<size_t>(idx)];
-      // relative error |n − a| / max(|n|, |a|, 1e-3)
-      const double rel = std::abs(numeric - analytic) / std::max({std::abs(numeric), std::abs(analytic), 1e-3});
-      EXPECT_LE(rel, 1e-6) << what << ": " << name << " element " << idx << " numeric " << numeric << " analytic "
-                           << analytic;
-    }
-  }
+  expect_parameter_gradients_match(
+      model,
+      [&] {
+        model.dropout_generator().set_state(masks);
+        return model.loss(batch);
+      },
+      std::move(checked), what);
 }
 
 TEST(Decoder, GptGradientMatchesFiniteDifferencesF64) {

@@ -20,6 +20,7 @@
 #include "layers/model/encoder.h"
 #include "layers/model/encoder_decoder.h"
 #include "layers/model/model_config.h"
+#include "model_gradcheck.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -97,43 +98,23 @@ Batch seq2seq_batch() {
   return b;
 }
 
-// Central differences of the float64 loss against backward's gradient, one element of every parameter
-// (the middle one) and, for `more`, several elements of the named ones. Dropout masks are replayed.
+// Every parameter's middle element and, for `more`, several elements of the named ones (dropout masks
+// replayed).
 void expect_gradients_match(const ModelConfig& cfg, const Batch& batch, const std::string& what,
                             const std::vector<std::pair<std::string, std::vector<int64_t>>>& more = {}) {
   Generator gen(5);
   std::unique_ptr<LanguageModel> model = make_model(cfg, gen);
   model->to(cpu_device(), DType::f64);
-  const std::string masks = model->dropout_generator().state();
-  auto loss = [&] {
-    model->dropout_generator().set_state(masks);
-    return model->loss(batch);
-  };
-  backward(loss());
   std::vector<std::pair<std::string, std::vector<int64_t>>> checked = more;
   for (const Parameter& p : model->parameters()) checked.push_back({p.name, {p.tensor->numel() / 2}});
-  for (const auto& [name, elements] : checked) {
-    Tensor* p = nullptr;
-    for (const Parameter& q : model->parameters()) {
-      if (q.name == name) p = q.tensor;
-    }
-    ASSERT_NE(p, nullptr) << what << ": " << name;
-    const std::vector<double> grad = grad_of(*p).to_doubles();
-    double* w = p->data<double>();
-    const double h = 1e-5;
-    for (int64_t idx : elements) {
-      NoGradGuard no_grad;
-      const double saved = w[idx];
-      w[idx] = saved + h;
-      const double up = loss().item();
-      w[idx] = saved - h;
-      const double down = loss().item();
-      w[idx] = saved;
-      const double numeric = (up - down) / (2 * h), analytic = grad[static_cast<size_t>(idx)];
-      const double rel = std::abs(numeric - analytic) / std::max({std::abs(numeric), std::abs(analytic), 1e-3});
-      EXPECT_LE(rel, 1e-6) << what << ": " << name << "[" << idx << "] numeric " << numeric << " analytic " << analytic;
-    }
-  }
+  const std::string masks = model->dropout_generator().state();
+  expect_parameter_gradients_match(
+      *model,
+      [&] {
+        model->dropout_generator().set_state(masks);
+        return model->loss(batch);
+      },
+      checked, what);
 }
 
 TEST(ModelKinds, ParameterCountsFromTheConfigurationAreTheBuiltModels) {

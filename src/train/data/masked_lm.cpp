@@ -161,28 +161,13 @@ Batch MaskedLmSource::make_batch(int64_t batch_size, const std::vector<int64_t>&
 }
 
 Batch MaskedLmSource::next_batch(int64_t batch_size) {
-  if (batch_size < 1) throw std::invalid_argument(absl::StrCat("batch size ", batch_size, " must be at least 1"));
-  std::vector<int64_t> documents;
-  std::vector<Generator> gens;
-  for (int64_t row = 0; row < batch_size; ++row) {
-    const EpochOrder::Entry e = order_.next();
-    documents.push_back(e.item);
-    gens.push_back(example_generator(opt_.seed, kTrainSalt, e.epoch, e.index));
-  }
-  return make_batch(batch_size, documents, gens);
+  BatchDraws d = next_batch_draws(order_, opt_.seed, kTrainSalt, batch_size);
+  return make_batch(batch_size, d.items, d.gens);
 }
 
 Batch MaskedLmSource::eval_batch(int64_t index, int64_t batch_size) const {
-  if (batch_size < 1) throw std::invalid_argument(absl::StrCat("batch size ", batch_size, " must be at least 1"));
-  if (index < 0) throw std::invalid_argument(absl::StrCat("eval batch index ", index, " is negative"));
-  std::vector<int64_t> documents;
-  std::vector<Generator> gens;
-  for (int64_t row = 0; row < batch_size; ++row) {
-    const int64_t j = index * batch_size + row;
-    documents.push_back(j % num_documents());
-    gens.push_back(example_generator(opt_.seed, kEvalSalt, 0, j));
-  }
-  return make_batch(batch_size, documents, gens);
+  BatchDraws d = eval_batch_draws(num_documents(), opt_.seed, kEvalSalt, index, batch_size);
+  return make_batch(batch_size, d.items, d.gens);
 }
 
 }  // namespace seqlab

@@ -173,4 +173,27 @@ int64_t round_half_even(double x) {
   return static_cast<int64_t>(up ? below + 1 : below);
 }
 
+BatchDraws next_batch_draws(EpochOrder& order, uint64_t seed, uint64_t salt, int64_t batch_size) {
+  if (batch_size < 1) throw std::invalid_argument(absl::StrCat("batch size ", batch_size, " must be at least 1"));
+  BatchDraws d;
+  for (int64_t row = 0; row < batch_size; ++row) {
+    const EpochOrder::Entry e = order.next();
+    d.items.push_back(e.item);
+    d.gens.push_back(example_generator(seed, salt, e.epoch, e.index));
+  }
+  return d;
+}
+
+BatchDraws eval_batch_draws(int64_t items, uint64_t seed, uint64_t salt, int64_t index, int64_t batch_size) {
+  if (batch_size < 1) throw std::invalid_argument(absl::StrCat("batch size ", batch_size, " must be at least 1"));
+  if (index < 0) throw std::invalid_argument(absl::StrCat("eval batch index ", index, " is negative"));
+  BatchDraws d;
+  for (int64_t row = 0; row < batch_size; ++row) {
+    const int64_t j = index * batch_size + row;
+    d.items.push_back(j % items);
+    d.gens.push_back(example_generator(seed, salt, 0, j));
+  }
+  return d;
+}
+
 }  // namespace seqlab

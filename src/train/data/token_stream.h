@@ -111,6 +111,17 @@ class EpochOrder {
 // example is the same whichever rank draws it and however the run was resumed.
 Generator example_generator(uint64_t seed, uint64_t salt, int64_t epoch, int64_t index);
 
+// The examples of one batch with each one's generator: for training the next batch_size entries of
+// `order`; for evaluation, batch `index` of the walk over `items` examples (example j of the walk is item
+// j mod items). std::invalid_argument for a batch size below 1 or a negative index, as BatchSource's
+// calls say.
+struct BatchDraws {
+  std::vector<int64_t> items;
+  std::vector<Generator> gens;
+};
+BatchDraws next_batch_draws(EpochOrder& order, uint64_t seed, uint64_t salt, int64_t batch_size);
+BatchDraws eval_batch_draws(int64_t items, uint64_t seed, uint64_t salt, int64_t index, int64_t batch_size);
+
 // x rounded to the nearest integer, halves to the even one: Python's round() and TensorFlow's tf.round,
 // which BERT's and T5's data code count with (round(2.5) = 2, round(3.5) = 4).
 int64_t round_half_even(double x);
