@@ -15,7 +15,10 @@ namespace seqlab {
 EncoderDecoder::EncoderDecoder(const ModelConfig& cfg, Generator& gen)
     : cfg_(resolved_config(cfg)),
       dropout_gen_(cfg_.dropout_seed),
-      wte_(add_module("wte", std::make_unique<Embedding>(cfg_.vocab_size, cfg_.d_model, gen, cfg_.init_std))) {
+      // T5's shared embedding starts at N(0, 1), not init_std: its rows reach the stacks through an RMSNorm,
+      // and the tied output divides by √d_model, so small rows would give near-zero logits that take
+      // hundreds of steps to grow.
+      wte_(add_module("wte", std::make_unique<Embedding>(cfg_.vocab_size, cfg_.d_model, gen, kT5EmbeddingStd))) {
   if (cfg_.kind != ModelKind::encoder_decoder) {
     throw std::logic_error("EncoderDecoder: the configuration is of another kind");
   }

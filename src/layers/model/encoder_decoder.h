@@ -14,6 +14,9 @@
 // forward_step then feeds decoder tokens, with the self-attention KV caches growing and the cross
 // attention's keys and values computed from the memory once, at the first step.
 //
+// Initialisation: as every model's (N(0, init_std²) matrices), but the shared embedding wte starts at
+// N(0, 1), T5's (kT5EmbeddingStd).
+//
 // Parameter names: wte.weight, wpe.weight (learned positions), encoder.* and decoder.* (each stack's:
 // relative_bias.weight, blocks.{i}.* — the decoder's with cross_norm.*, cross.* — norm_f.*),
 // lm_head.weight (untied).
@@ -29,6 +32,8 @@
 #include "layers/model/stack.h"
 
 namespace seqlab {
+
+constexpr double kT5EmbeddingStd = 1.0;  // the shared embedding's initial standard deviation (T5's)
 
 struct EncoderDecoderState : DecodeState {
   Tensor memory;          // [B, S, C] the encoder's output
