@@ -126,8 +126,8 @@ std::vector<PowerLaw> power_law_fits(const SweepTable& table);
 // The settings results.md lists for every sweep (those the grid does not vary): what a reader needs to
 // know what the rows were compared at.
 inline const std::vector<std::string> kBlockSettingKeys = {
-    "model.n_layers", "model.d_model", "model.n_heads", "model.n_kv_heads", "model.d_ff", "model.mlp",
-    "model.norm", "model.positions", "model.bias", "model.tie_embeddings", "model.dropout", "model.init_std",
+    "model.arch", "model.n_layers", "model.d_model", "model.n_heads", "model.n_kv_heads", "model.d_ff", "model.mlp",
+    "model.norm", "model.norm_placement", "model.positions", "model.bias", "model.tie_embeddings", "model.dropout", "model.init_std",
     "optim.name", "optim.lr", "optim.weight_decay", "optim.schedule", "optim.warmup_steps", "train.steps",
     "train.batch_size", "train.seq_len", "train.seed"};
 
