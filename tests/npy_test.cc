@@ -207,11 +207,19 @@ TEST_F(Npy, TruncatedData) {
 }
 
 TEST_F(Npy, AHugeShapeIsRejectedBeforeAllocating) {
-  for (const char* shape : {"(1099511627776,)", "(4000000000000, 4000000000000, 3)"}) {
-    std::string dict = std::string("{'descr': '<f8', 'fortran_order': False, 'shape': ") + shape + ", }";
-    std::string msg = read_error(npy_v1(dict, std::string(8, '\0')));
-    EXPECT_TRUE(contains(msg, "truncated data")) << msg;
+  auto error_for = [&](const std::string& shape) {
+    std::string dict = "{'descr': '<f8', 'fortran_order': False, 'shape': " + shape + ", }";
+    return read_error(npy_v1(dict, std::string(8, '\0')));
+  };
+  std::string msg = error_for("(1099511627776,)");  // 8 TiB: the file holds 8 bytes
+  EXPECT_TRUE(contains(msg, "truncated data")) << msg;
+  // Past 2^62 bytes, and a zero dimension beside others whose strides would overflow (found by fuzzing:
+  // an empty tensor of shape (0, 09999999999, 09999999999, 3) overflowed its strides).
+  for (const char* shape : {"(4000000000000, 4000000000000, 3)", "(0, 9999999999, 9999999999, 3)"}) {
+    msg = error_for(shape);
+    EXPECT_TRUE(contains(msg, "is too large: its dimensions multiply past 2^62 bytes")) << msg;
   }
+  EXPECT_TRUE(contains(error_for("(0, 1000, 3)"), "size mismatch"));  // an empty array of fine strides: no data
 }
 
 TEST_F(Npy, MoreDataThanTheShapeNeeds) {

@@ -10,6 +10,7 @@
 #include <absl/strings/str_join.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -195,9 +196,18 @@ absl::StatusOr<Tensor> read_npy(const std::string& path) {
   // The data size is checked against the file before allocating, so a corrupt shape cannot ask for
   // terabytes; the running product stays below 2^62 bytes so it cannot overflow either.
   uint64_t need = dtype_size(dtype);
+  // A zero dimension makes the data empty, but the other dimensions still set the strides: their product
+  // (each zero counted as 1) must stay below 2^62 bytes too, or a (0, 10^10, 10^10) header would make a
+  // tensor whose strides overflow.
+  uint64_t span = dtype_size(dtype);
   for (int64_t d : h.shape) {
     if (d != 0 && need > (uint64_t{1} << 62) / static_cast<uint64_t>(d)) need = UINT64_MAX;
     if (need != UINT64_MAX) need *= static_cast<uint64_t>(d);
+    const uint64_t extent = static_cast<uint64_t>(std::max<int64_t>(d, 1));
+    span = span > (uint64_t{1} << 62) / extent ? UINT64_MAX : span * extent;
+  }
+  if (span == UINT64_MAX) {
+    return fail("shape " + shape_tuple(h.shape) + " is too large: its dimensions multiply past 2^62 bytes");
   }
   long start = std::ftell(f.get());
   if (start < 0 || std::fseek(f.get(), 0, SEEK_END) != 0) return fail("cannot seek in the file");
