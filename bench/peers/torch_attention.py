@@ -1,5 +1,5 @@
-# Project peer, copied unchanged from the shared bench folder (../shared/bench/torch_attention.py, beside the repository) so that it
-# travels with the repository to a GPU machine; bench/gpu_vs_torch.sh runs it. Keep it in step with that file.
+# The PyTorch peer of seqlab's benchmarks (causal attention forward and backward in PyTorch): the baseline every speed ratio is measured
+# against, kept in the repository so it travels to a GPU machine with it; bench/gpu_vs_torch.sh runs it.
 """Peer baseline: causal softmax attention forward + backward in PyTorch, timed.
 
 On the CPU it is the materialised form (matmul, masked softmax, matmul, autograd); on a CUDA GPU it uses

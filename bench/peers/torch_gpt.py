@@ -1,5 +1,5 @@
-# Project peer, copied unchanged from the shared bench folder (../shared/bench/torch_gpt.py, beside the repository) so that it
-# travels with the repository to a GPU machine; bench/gpu_vs_torch.sh runs it. Keep it in step with that file.
+# The PyTorch peer of seqlab's benchmarks (a GPT-2-style model trained by PyTorch): the baseline every speed ratio is measured
+# against, kept in the repository so it travels to a GPU machine with it; bench/gpu_vs_torch.sh runs it.
 """Peer baseline: a GPT-2-style language model trained by PyTorch (eager, optionally compiled).
 
 Prints training tokens/s over a fixed number of steps at the given shapes, on the CPU or a CUDA GPU.

@@ -16,6 +16,16 @@ bool bounded_context(const ModelConfig& cfg, const std::vector<BlockSpec>& block
                      [](const BlockSpec& b) { return !mixer_spec(b.mixer).traits.recurrent; });
 }
 
+ModelConfig causal_stack_config(const ModelConfig& cfg, const std::vector<BlockSpec>& blocks) {
+  ModelConfig c = cfg;
+  c.kind = ModelKind::decoder;
+  c.blocks = blocks;
+  c.decoder_blocks.clear();
+  c.segments = 0;
+  c.next_sentence = false;
+  return c;
+}
+
 Tensor absolute_positions(const ModelConfig& cfg, const Embedding* wpe, const std::vector<int64_t>& positions,
                           DType dtype, Device device) {
   const int64_t T = static_cast<int64_t>(positions.size());

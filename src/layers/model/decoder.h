@@ -74,6 +74,10 @@ double decoder_parameter_count(const ModelConfig& cfg);
 double decoder_mixing_flops_per_token(const ModelConfig& cfg, int64_t seq_len);
 double decoder_state_size(const ModelConfig& cfg, int64_t seq_len);
 
+// One stack of `cfg` (its settings, these blocks) as a decoder-only configuration, for counting a stack's
+// mixing FLOPs and decoding state with the decoder's counts (an encoder's, an encoder-decoder's two).
+ModelConfig causal_stack_config(const ModelConfig& cfg, const std::vector<BlockSpec>& blocks);
+
 // Whether a model of these settings has a bounded context: absolute positions, or an attention block
 // (whose cache grows); then max_seq_len bounds it.
 bool bounded_context(const ModelConfig& cfg, const std::vector<BlockSpec>& blocks);

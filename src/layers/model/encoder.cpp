@@ -54,11 +54,7 @@ double encoder_parameter_count(const ModelConfig& config) {
 
 // Every row sees every token: twice a causal stack's token mixing.
 double encoder_mixing_flops_per_token(const ModelConfig& cfg, int64_t seq_len) {
-  ModelConfig as_decoder = cfg;  // the same blocks, counted as a causal stack
-  as_decoder.kind = ModelKind::decoder;
-  as_decoder.segments = 0;
-  as_decoder.next_sentence = false;
-  return 2 * decoder_mixing_flops_per_token(as_decoder, seq_len);
+  return 2 * decoder_mixing_flops_per_token(causal_stack_config(cfg, cfg.blocks), seq_len);
 }
 
 double Encoder::mixing_flops_per_token(int64_t seq_len) const { return encoder_mixing_flops_per_token(cfg_, seq_len); }

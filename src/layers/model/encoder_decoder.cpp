@@ -50,19 +50,12 @@ namespace {
 double cross_flops(const ModelConfig& cfg, int64_t seq_len) {
   return 12.0 * static_cast<double>(seq_len) * static_cast<double>(cfg.d_model);
 }
-ModelConfig stack_as_decoder(const ModelConfig& cfg, const std::vector<BlockSpec>& blocks) {
-  ModelConfig c = cfg;
-  c.kind = ModelKind::decoder;
-  c.blocks = blocks;
-  c.decoder_blocks.clear();
-  return c;
-}
 }  // namespace
 
 double encoder_decoder_mixing_flops_per_token(const ModelConfig& config, int64_t seq_len) {
   const ModelConfig cfg = resolved_config(config);
-  return 2 * decoder_mixing_flops_per_token(stack_as_decoder(cfg, cfg.blocks), seq_len) +
-         decoder_mixing_flops_per_token(stack_as_decoder(cfg, cfg.decoder_blocks), seq_len) +
+  return 2 * decoder_mixing_flops_per_token(causal_stack_config(cfg, cfg.blocks), seq_len) +
+         decoder_mixing_flops_per_token(causal_stack_config(cfg, cfg.decoder_blocks), seq_len) +
          static_cast<double>(cfg.decoder_blocks.size()) * cross_flops(cfg, seq_len);
 }
 
@@ -70,7 +63,7 @@ double encoder_decoder_state_size(const ModelConfig& config, int64_t seq_len) {
   const ModelConfig cfg = resolved_config(config);
   const MixerSpec& attention = mixer_spec("attention");
   const double cross = attention.state_size(mixer_context_of(cfg), options_of(cfg, attention), seq_len);
-  return decoder_state_size(stack_as_decoder(cfg, cfg.decoder_blocks), seq_len) +
+  return decoder_state_size(causal_stack_config(cfg, cfg.decoder_blocks), seq_len) +
          static_cast<double>(cfg.decoder_blocks.size()) * cross;
 }
 
