@@ -294,3 +294,21 @@ TEST(S4, RefusesBadInputsInOneLine) {
 
 }  // namespace
 }  // namespace seqlab
+namespace seqlab {
+namespace {
+TEST(S4, TmpLegsFast) {
+  const HippoNplr legs = hippo_legs_nplr(64);
+  Inputs in = make_inputs(2, 11, 2, 32, DType::f64, 3, std::log(1e-3), std::log(1e-1));
+  std::vector<double> a(2 * 32 * 2);
+  for (int h = 0; h < 2; ++h) for (int n = 0; n < 32; ++n) { a[(h*32+n)*2] = -0.5; a[(h*32+n)*2+1] = legs.lambda[n].imag(); }
+  in.A = Tensor::from_vector(a, {2, 32, 2}, DType::f64);
+  for (double eps : {1e-5, 1e-6, 1e-7}) {
+    GradcheckOptions go; go.eps = eps;
+    GradcheckResult r = gradcheck([&](const std::vector<Tensor>& x) {
+      S4Output out = s4(x[0], x[1], x[2], x[3], x[4], x[5], x[6], {});
+      return std::vector<Tensor>{out.y, out.final_state}; }, in.list(), go);
+    printf("eps %g err %g %s\n", eps, r.max_error, r.worst.c_str());
+  }
+}
+}
+}

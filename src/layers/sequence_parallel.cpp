@@ -129,6 +129,19 @@ std::vector<Tensor> sequence_halo(const Tensor& x, int64_t h, const SequenceGrou
 
 // ---- state passing ----
 
+namespace {
+
+// a ⊗ b per element for complex numbers stored as trailing (re, im) pairs of equal shapes:
+// (ar br − ai bi, ar bi + ai br). Differentiable through the primitives it is made of.
+Tensor complex_product(const Tensor& a, const Tensor& b) {
+  const int64_t last = a.dim() - 1;
+  const Tensor ar = narrow(a, last, 0, 1), ai = narrow(a, last, 1, 1), br = narrow(b, last, 0, 1),
+               bi = narrow(b, last, 1, 1);
+  return concat({sub(mul(ar, br), mul(ai, bi)), add(mul(ar, bi), mul(ai, br))}, last);
+}
+
+}  // namespace
+
 Tensor sequence_recurrence(const LinearRecurrence& rec, int64_t local_len, const SequenceGroup& g) {
   const int64_t c = sequence_chunk_len(local_len, "sequence_recurrence"), chunks = 2 * int64_t{g.size()};
   const size_t n_states = rec.kinds.size();
@@ -147,8 +160,8 @@ Tensor sequence_recurrence(const LinearRecurrence& rec, int64_t local_len, const
       pieces.push_back(reshape(f, {f.numel()}));
       shapes.push_back(f.shape());
       if (rec.kinds[i] == StateTransition::additive) continue;
-      const Tensor t = rec.kinds[i] == StateTransition::elementwise ? contiguous(expand(to_dtype(a[i], f.dtype()), f.shape()))
-                                                                    : to_dtype(a[i], f.dtype());
+      const bool broadcast = rec.kinds[i] == StateTransition::elementwise || rec.kinds[i] == StateTransition::complex_diagonal;
+      const Tensor t = broadcast ? contiguous(expand(to_dtype(a[i], f.dtype()), f.shape())) : to_dtype(a[i], f.dtype());
       pieces.push_back(reshape(t, {t.numel()}));
       shapes.push_back(t.shape());
     }
@@ -177,7 +190,10 @@ Tensor sequence_recurrence(const LinearRecurrence& rec, int64_t local_len, const
       } else {
         const Tensor A = summary(s, piece++);
         if (E[i].defined()) {
-          E[i] = add(rec.kinds[i] == StateTransition::elementwise ? mul(A, E[i]) : matmul(A, E[i]), F);
+          const Tensor AE = rec.kinds[i] == StateTransition::elementwise        ? mul(A, E[i])
+                            : rec.kinds[i] == StateTransition::complex_diagonal ? complex_product(A, E[i])
+                                                                                : matmul(A, E[i]);
+          E[i] = add(AE, F);
         } else {
           E[i] = F;
         }

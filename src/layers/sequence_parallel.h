@@ -106,6 +106,8 @@ enum class StateTransition {
   additive,     // S_out = S_in + F (linear attention, its normaliser)
   elementwise,  // S_out = A ⊙ S_in + F, A broadcastable to the state (GLA, retention)
   matrix,       // S_out = M S_in + F, M [..., dk, dk] acting on the state's rows (DeltaNet)
+  complex_diagonal,  // S_out = A ⊗ S_in + F, complex numbers as trailing (re, im) pairs: A [..., 2]
+                     // broadcastable to the state [..., 2], ⊗ the complex product per element (S4D: Ā^len)
 };
 struct RecurrenceSegment {
   Tensor o;                   // [B, len, ...]
