@@ -271,6 +271,151 @@ TEST(S4, HippoLegsMatrixAndItsNormalPlusLowRankForm) {
   EXPECT_THROW(hippo_legs_nplr(5), std::invalid_argument);
 }
 
+// ---- the diagonal-plus-low-rank form ----
+
+struct LowRank {
+  Tensor P, Q;
+};
+LowRank make_low_rank(int64_t H, int64_t N2, DType dtype, uint64_t seed, double scale = 0.3) {
+  Generator gen(seed);
+  return {Tensor::randn({H, N2, 2}, gen, dtype, scale), Tensor::randn({H, N2, 2}, gen, dtype, scale)};
+}
+
+Outcome run_dplr(const Inputs& x, const LowRank& lr, const S4Options& o, uint64_t cot_seed = 7) {
+  std::vector<Tensor> in = {x.u, x.log_dt, x.A, lr.P, lr.Q, x.B, x.C, x.D, x.x0};
+  for (Tensor& t : in) {
+    if (t.defined()) t = set_requires_grad(t.detach());
+  }
+  S4Output out = s4_dplr(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], in[8], o);
+  Generator gen(cot_seed);
+  const std::vector<Tensor> cot{Tensor::randn(out.y.shape(), gen, out.y.dtype()),
+                                Tensor::randn(out.final_state.shape(), gen, out.y.dtype())};
+  backward({out.y, out.final_state}, cot);
+  Outcome r{{out.y, out.final_state}, {}};
+  for (const Tensor& t : in) r.grads.push_back(t.defined() ? grad_of(t) : Tensor());
+  return r;
+}
+
+TEST(S4Dplr, FormsAgreeInF64AndF32) {
+  for (DType dtype : {DType::f64, DType::f32}) {
+    const double tol = dtype == DType::f64 ? 1e-10 : 1e-5;
+    for (bool with_state : {true, false}) {
+      const Inputs in = make_inputs(2, 13, 3, 3, dtype, 12, -2.5, 0.0, 0.2, 1.5, with_state, with_state);
+      const LowRank lr = make_low_rank(3, 3, dtype, 13);
+      expect_close(run_dplr(in, lr, options(S4Form::convolution, S4Discretisation::bilinear)),
+                   run_dplr(in, lr, options(S4Form::recurrent, S4Discretisation::bilinear)), tol, dtype_name(dtype));
+    }
+  }
+}
+
+// With P = Q = 0 the dense Ā is diag(Ā_n): the same outputs and gradients as the diagonal form (bilinear).
+TEST(S4Dplr, ZeroLowRankIsTheDiagonalForm) {
+  const Inputs in = make_inputs(2, 9, 3, 4, DType::f64, 14);
+  const LowRank zero{Tensor::zeros({3, 4, 2}, DType::f64), Tensor::zeros({3, 4, 2}, DType::f64)};
+  for (S4Form form : kForms) {
+    const Outcome dplr = run_dplr(in, zero, options(form, S4Discretisation::bilinear));
+    const Outcome diag = run(in, options(form, S4Discretisation::bilinear));
+    Outcome same{dplr.outputs, {dplr.grads[0], dplr.grads[1], dplr.grads[2], dplr.grads[5], dplr.grads[6],
+                                dplr.grads[7], dplr.grads[8]}};
+    expect_close(same, diag, 1e-12, s4_form_name(form));
+  }
+}
+
+// A dense recurrence written out here: M = I − ΔA/2 solved by the test's own elimination.
+TEST(S4Dplr, MatchesDenseBilinearRecurrenceWrittenHere) {
+  const int64_t H = 1, n = 3, T = 6;
+  const Inputs in = make_inputs(1, T, H, n, DType::f64, 15);
+  const LowRank lr = make_low_rank(H, n, DType::f64, 16, 0.5);
+  const S4Output out = s4_dplr(in.u, in.log_dt, in.A, lr.P, lr.Q, in.B, in.C, in.D, in.x0,
+                               options(S4Form::convolution, S4Discretisation::bilinear));
+  using c = std::complex<double>;
+  auto pairs = [](const Tensor& t) {
+    std::vector<double> v = t.to_doubles();
+    std::vector<c> z(v.size() / 2);
+    for (size_t i = 0; i < z.size(); ++i) z[i] = c(v[2 * i], v[2 * i + 1]);
+    return z;
+  };
+  const std::vector<c> lam = pairs(in.A), P = pairs(lr.P), Q = pairs(lr.Q), Bv = pairs(in.B), Cv = pairs(in.C),
+                       x0 = pairs(in.x0);
+  const double dt = std::exp(in.log_dt.to_doubles()[0]), D = in.D.to_doubles()[0];
+  const std::vector<double> u = in.u.to_doubles();
+  // Solve M X = [I + ΔA/2 | Δ B] (Gaussian elimination, no pivoting needed: M is close to I here).
+  std::vector<std::vector<c>> M(n, std::vector<c>(n)), rhs(n, std::vector<c>(n + 1));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const c a = (i == j ? lam[i] : c(0)) - P[i] * std::conj(Q[j]);
+      M[i][j] = (i == j ? 1.0 : 0.0) - 0.5 * dt * a;
+      rhs[i][j] = (i == j ? 1.0 : 0.0) + 0.5 * dt * a;
+    }
+    rhs[i][n] = dt * Bv[i];
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    for (int64_t i = k + 1; i < n; ++i) {
+      const c f = M[i][k] / M[k][k];
+      for (int64_t j = 0; j < n; ++j) M[i][j] -= f * M[k][j];
+      for (int64_t j = 0; j <= n; ++j) rhs[i][j] -= f * rhs[k][j];
+    }
+  }
+  for (int64_t i = n - 1; i >= 0; --i) {
+    for (int64_t j = 0; j <= n; ++j) {
+      for (int64_t k = i + 1; k < n; ++k) rhs[i][j] -= M[i][k] * rhs[k][j];
+      rhs[i][j] /= M[i][i];
+    }
+  }
+  std::vector<c> x = x0;
+  std::vector<double> y(T);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<c> nx(n);
+    for (int64_t i = 0; i < n; ++i) {
+      nx[i] = rhs[i][n] * u[t];
+      for (int64_t j = 0; j < n; ++j) nx[i] += rhs[i][j] * x[j];
+    }
+    x = nx;
+    c acc = 0;
+    for (int64_t i = 0; i < n; ++i) acc += Cv[i] * x[i];
+    y[t] = 2 * acc.real() + D * u[t];
+  }
+  EXPECT_LE(max_rel_error(out.y, Tensor::from_vector(y, {1, T, 1}, DType::f64)), 1e-12);
+}
+
+TEST(S4Dplr, GradcheckEveryInputBothForms) {
+  const Inputs ordinary = make_inputs(2, 7, 2, 3, DType::f64, 17);
+  const Inputs small_dt = make_inputs(1, 5, 2, 3, DType::f64, 18, std::log(1e-4), std::log(1.2e-4));
+  const Inputs large_dt = make_inputs(1, 5, 2, 2, DType::f64, 19, std::log(9.0), std::log(10.0));
+  for (const Inputs* in : {&ordinary, &small_dt, &large_dt}) {
+    const LowRank lr = make_low_rank(in->A.size(0), in->A.size(1), DType::f64, 20);
+    for (S4Form form : kForms) {
+      const S4Options o = options(form, S4Discretisation::bilinear);
+      GradcheckResult r = gradcheck(
+          [&](const std::vector<Tensor>& x) {
+            S4Output out = s4_dplr(x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8], o);
+            return std::vector<Tensor>{out.y, out.final_state};
+          },
+          {in->u, in->log_dt, in->A, lr.P, lr.Q, in->B, in->C, in->D, in->x0});
+      EXPECT_EQ(r.elements_checked, in->u.numel() + 5 * in->A.numel() + 2 * in->log_dt.numel() + in->x0.numel());
+      EXPECT_LE(r.max_error, 1e-6) << s4_form_name(form) << ": " << r.worst;
+    }
+  }
+}
+
+TEST(S4Dplr, RefusesZohAndAHalfGivenLowRank) {
+  const Inputs in = make_inputs(1, 4, 2, 2, DType::f64, 1);
+  const LowRank lr = make_low_rank(2, 2, DType::f64, 2);
+  try {
+    s4_dplr(in.u, in.log_dt, in.A, lr.P, lr.Q, in.B, in.C, in.D, in.x0, options(S4Form::recurrent, S4Discretisation::zoh));
+    ADD_FAILURE() << "zoh accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("discretised bilinearly"), std::string::npos) << e.what();
+  }
+  try {
+    s4_dplr(in.u, in.log_dt, in.A, lr.P, Tensor(), in.B, in.C, in.D, in.x0,
+            options(S4Form::recurrent, S4Discretisation::bilinear));
+    ADD_FAILURE() << "P without Q accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("must all be given"), std::string::npos) << e.what();
+  }
+}
+
 void expect_error(const std::function<void()>& f, const std::string& part) {
   try {
     f();
@@ -294,21 +439,3 @@ TEST(S4, RefusesBadInputsInOneLine) {
 
 }  // namespace
 }  // namespace seqlab
-namespace seqlab {
-namespace {
-TEST(S4, TmpLegsFast) {
-  const HippoNplr legs = hippo_legs_nplr(64);
-  Inputs in = make_inputs(2, 11, 2, 32, DType::f64, 3, std::log(1e-3), std::log(1e-1));
-  std::vector<double> a(2 * 32 * 2);
-  for (int h = 0; h < 2; ++h) for (int n = 0; n < 32; ++n) { a[(h*32+n)*2] = -0.5; a[(h*32+n)*2+1] = legs.lambda[n].imag(); }
-  in.A = Tensor::from_vector(a, {2, 32, 2}, DType::f64);
-  for (double eps : {1e-5, 1e-6, 1e-7}) {
-    GradcheckOptions go; go.eps = eps;
-    GradcheckResult r = gradcheck([&](const std::vector<Tensor>& x) {
-      S4Output out = s4(x[0], x[1], x[2], x[3], x[4], x[5], x[6], {});
-      return std::vector<Tensor>{out.y, out.final_state}; }, in.list(), go);
-    printf("eps %g err %g %s\n", eps, r.max_error, r.worst.c_str());
-  }
-}
-}
-}

@@ -141,6 +141,72 @@ S4Grads s4_backward(const Tensor& dy, const Tensor& dfinal, const Tensor& u, con
   return all;
 }
 
+namespace {
+
+// The low-rank factors of the DPLR form: both given, shaped as A, A's dtype and device, on the CPU, and
+// the bilinear discretisation.
+void check_low_rank(const Tensor& u, const Tensor& A, const Tensor& P, const Tensor& Q, const S4Options& opts) {
+  const VariantInputs in("s4", {{"u", u}, {"A", A}, {"P", P}, {"Q", Q}},
+                         "the diagonal-plus-low-rank form: A, P, Q [H, N2, 2], A = diag(Λ) − P Q*");
+  in.given({"P", "Q"});
+  in.shaped("P", A.shape(), "[H, N2, 2] (A's shape)");
+  in.shaped("Q", A.shape(), "[H, N2, 2] (A's shape)");
+  for (const Tensor* t : {&P, &Q}) {
+    if (t->dtype() != u.dtype() || t->device() != u.device()) in.fail("P and Q must have u's dtype and device");
+  }
+  if (opts.discretisation != S4Discretisation::bilinear) {
+    in.fail("the diagonal-plus-low-rank form is discretised bilinearly (zoh would need a matrix exponential)");
+  }
+  if (!u.device().is_cpu()) in.fail("the diagonal-plus-low-rank form runs on the CPU only, got " + u.device().str());
+}
+
+}  // namespace
+
+S4Output s4_dplr_forward(const Tensor& u, const Tensor& log_dt, const Tensor& A, const Tensor& P, const Tensor& Q,
+                         const Tensor& B, const Tensor& C, const Tensor& D, const Tensor& initial_state,
+                         const S4Options& opts) {
+  const Dims d = check_inputs(u, log_dt, A, B, C, D, initial_state);
+  check_low_rank(u, A, P, Q, opts);
+  S4Output out{Tensor::empty({d.B, d.T, d.H}, u.dtype(), u.device()),
+               Tensor::empty({d.B, d.H, d.N2, 2}, u.dtype(), u.device())};
+  s4_dplr_forward_kernel(u.device(), kernel::contiguous(u), kernel::contiguous(log_dt), kernel::contiguous(A),
+                         kernel::contiguous(P), kernel::contiguous(Q), kernel::contiguous(B), kernel::contiguous(C),
+                         contiguous_or_none(D), contiguous_or_none(initial_state), params_of(opts), out.y,
+                         out.final_state);
+  return out;
+}
+
+S4DplrGrads s4_dplr_backward(const Tensor& dy, const Tensor& dfinal, const Tensor& u, const Tensor& log_dt,
+                             const Tensor& A, const Tensor& P, const Tensor& Q, const Tensor& B, const Tensor& C,
+                             const Tensor& D, const Tensor& initial_state, const S4Options& opts,
+                             const std::vector<bool>& need) {
+  const Dims d = check_inputs(u, log_dt, A, B, C, D, initial_state);
+  check_low_rank(u, A, P, Q, opts);
+  if (need.size() != 9) throw std::invalid_argument("s4 backward: need one flag per input (9)");
+  const Shape y_shape{d.B, d.T, d.H}, s_shape{d.B, d.H, d.N2, 2};
+  const DType dt = u.dtype();
+  S4DplrGrads all;
+  all.du = Tensor::empty(u.shape(), dt, u.device());
+  all.dlog_dt = Tensor::empty(log_dt.shape(), dt, u.device());
+  all.dA = Tensor::empty(A.shape(), dt, u.device());
+  all.dP = Tensor::empty(A.shape(), dt, u.device());
+  all.dQ = Tensor::empty(A.shape(), dt, u.device());
+  all.dB = Tensor::empty(B.shape(), dt, u.device());
+  all.dC = Tensor::empty(C.shape(), dt, u.device());
+  if (need[7] && D.defined()) all.dD = Tensor::empty(D.shape(), dt, u.device());
+  if (need[8] && initial_state.defined()) all.dinitial_state = Tensor::empty(s_shape, dt, u.device());
+  const Tensor dY = dy.defined() ? kernel::contiguous(dy) : Tensor::zeros(y_shape, dt, u.device());
+  const Tensor dS = dfinal.defined() ? kernel::contiguous(dfinal) : Tensor::zeros(s_shape, dt, u.device());
+  s4_dplr_backward_kernel(u.device(), dY, dS, kernel::contiguous(u), kernel::contiguous(log_dt), kernel::contiguous(A),
+                          kernel::contiguous(P), kernel::contiguous(Q), kernel::contiguous(B), kernel::contiguous(C),
+                          contiguous_or_none(D), contiguous_or_none(initial_state), params_of(opts), all);
+  Tensor* fields[] = {&all.du, &all.dlog_dt, &all.dA, &all.dP, &all.dQ, &all.dB, &all.dC};
+  for (size_t i = 0; i < 7; ++i) {
+    if (!need[i]) *fields[i] = Tensor();
+  }
+  return all;
+}
+
 }  // namespace kernel
 
 // ------------------------------------------------------------------------------------------------
@@ -500,6 +566,346 @@ void convolution_backward(const Tensor& dy, const Tensor& dfinal, const Tensor& 
   }
 }
 
+// ---- diagonal-plus-low-rank form -----------------------------------------------------------------
+
+using Mat = std::vector<cplx>;  // n × n, row-major
+
+// The inverse of a complex n × n matrix by Gauss–Jordan elimination with partial pivoting. M = I − ΔA/2
+// has eigenvalues 1 − Δλ/2 with real part ≥ 1 when Re λ ≤ 0, so it is never singular there.
+Mat inverse(Mat M, int64_t n) {
+  Mat R(static_cast<size_t>(n * n), cplx(0));
+  for (int64_t i = 0; i < n; ++i) R[i * n + i] = 1;
+  for (int64_t c = 0; c < n; ++c) {
+    int64_t piv = c;
+    for (int64_t r = c + 1; r < n; ++r) {
+      if (std::abs(M[r * n + c]) > std::abs(M[piv * n + c])) piv = r;
+    }
+    if (std::abs(M[piv * n + c]) == 0) throw std::invalid_argument("s4: I − ΔA/2 is singular (is Re Λ > 0?)");
+    for (int64_t k = 0; k < n; ++k) {
+      std::swap(M[c * n + k], M[piv * n + k]);
+      std::swap(R[c * n + k], R[piv * n + k]);
+    }
+    const cplx inv = 1.0 / M[c * n + c];
+    for (int64_t k = 0; k < n; ++k) {
+      M[c * n + k] *= inv;
+      R[c * n + k] *= inv;
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      if (r == c || M[r * n + c] == cplx(0)) continue;
+      const cplx f = M[r * n + c];
+      for (int64_t k = 0; k < n; ++k) {
+        M[r * n + k] -= f * M[c * n + k];
+        R[r * n + k] -= f * R[c * n + k];
+      }
+    }
+  }
+  return R;
+}
+
+// y = M x, or M* x with `adjoint`.
+void matvec(const Mat& M, const cplx* x, cplx* y, int64_t n, bool adjoint = false) {
+  for (int64_t i = 0; i < n; ++i) {
+    cplx acc = 0;
+    for (int64_t j = 0; j < n; ++j) acc += adjoint ? std::conj(M[j * n + i]) * x[j] : M[i * n + j] * x[j];
+    y[i] = acc;
+  }
+}
+// G += a b* (an outer product).
+void add_outer(Mat& G, const cplx* a, const cplx* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) G[i * n + j] += a[i] * std::conj(b[j]);
+  }
+}
+cplx dotc(const std::vector<cplx>& C, const cplx* x) {  // Σ_n C_n x_n (no conjugate: y = 2·Re(C x))
+  cplx acc = 0;
+  for (size_t i = 0; i < C.size(); ++i) acc += C[i] * x[i];
+  return acc;
+}
+
+// One channel of the DPLR form: A = diag(Λ) − P Q*, M = I − ΔA/2, R = M⁻¹, Ā = (I − ΔA/2)⁻¹(I + ΔA/2) = 2R − I
+// (since I + ΔA/2 = 2I − M), B̄ = Δ R B.
+struct Dplr {
+  int64_t n = 0;
+  double dt = 0;
+  Mat A, R, Abar;
+  std::vector<cplx> B, C, P, Q, Bbar;
+};
+
+template <class T>
+Dplr dplr_of(const Geo& G, const Tensor& log_dt, const Tensor& A, const Tensor& P, const Tensor& Q, const Tensor& Bm,
+             const Tensor& C, int64_t h) {
+  Dplr c;
+  const int64_t n = G.N2, off = h * n * 2;
+  c.n = n;
+  c.dt = std::exp(static_cast<double>(log_dt.data<T>()[h]));
+  c.B.resize(n), c.C.resize(n), c.P.resize(n), c.Q.resize(n), c.Bbar.assign(n, cplx(0));
+  for (int64_t i = 0; i < n; ++i) {
+    c.B[i] = pair_at(Bm.data<T>() + off, i);
+    c.C[i] = pair_at(C.data<T>() + off, i);
+    c.P[i] = pair_at(P.data<T>() + off, i);
+    c.Q[i] = pair_at(Q.data<T>() + off, i);
+  }
+  c.A.assign(static_cast<size_t>(n * n), cplx(0));
+  Mat M(static_cast<size_t>(n * n));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      c.A[i * n + j] = (i == j ? pair_at(A.data<T>() + off, i) : cplx(0)) - c.P[i] * std::conj(c.Q[j]);
+      M[i * n + j] = (i == j ? 1.0 : 0.0) - 0.5 * c.dt * c.A[i * n + j];
+    }
+  }
+  c.R = inverse(M, n);
+  c.Abar = c.R;
+  for (int64_t i = 0; i < n * n; ++i) c.Abar[i] = 2.0 * c.R[i] - (i % (n + 1) == 0 ? 1.0 : 0.0);
+  matvec(c.R, c.B.data(), c.Bbar.data(), n);
+  for (cplx& b : c.Bbar) b *= c.dt;
+  return c;
+}
+
+// Forward per channel, batch inside. recurrent: x ← Ā x + B̄ u_t, y_t = 2·Re(C x) + D u_t. convolution:
+// v_j = Ā^j B̄ by v ← Ā v, K_j = 2·Re(C v_j); the initial state's term 2·Re(C w_t) with w_t = Ā^{t+1} x_{−1};
+// x_T by Horner's rule. Memory per task: Ā, R [n, n], K [T].
+template <class T>
+void dplr_forward(const Tensor& u, const Tensor& log_dt, const Tensor& A, const Tensor& P, const Tensor& Q,
+                  const Tensor& Bm, const Tensor& C, const Tensor& D, const Tensor& x0, const S4Params& p,
+                  const Tensor& y, const Tensor& xT) {
+  const Geo G = geo_of(u, A);
+  const int64_t n = G.N2, Tn = G.T;
+#pragma omp parallel for schedule(dynamic) if (G.parallel())
+  for (int64_t h = 0; h < G.H; ++h) {
+    const Dplr c = dplr_of<T>(G, log_dt, A, P, Q, Bm, C, h);
+    const double dskip = D.defined() ? static_cast<double>(D.data<T>()[h]) : 0.0;
+    std::vector<cplx> x(n), tmp(n), v = c.Bbar;
+    std::vector<double> K(static_cast<size_t>(Tn));
+    if (p.form == S4Form::convolution) {
+      for (int64_t j = 0; j < Tn; ++j) {
+        K[j] = 2 * dotc(c.C, v.data()).real();
+        matvec(c.Abar, v.data(), tmp.data(), n);
+        v.swap(tmp);
+      }
+    }
+    for (int64_t b = 0; b < G.B; ++b) {
+      const T* ub = u.data<T>() + b * Tn * G.H + h;
+      T* yb = y.data<T>() + b * Tn * G.H + h;
+      const int64_t s = (b * G.H + h) * n;
+      for (int64_t i = 0; i < n; ++i) x[i] = x0.defined() ? pair_at(x0.data<T>() + 2 * s, i) : cplx(0);
+      if (p.form == S4Form::recurrent) {
+        for (int64_t t = 0; t < Tn; ++t) {
+          const double ut = static_cast<double>(ub[t * G.H]);
+          matvec(c.Abar, x.data(), tmp.data(), n);
+          for (int64_t i = 0; i < n; ++i) x[i] = tmp[i] + c.Bbar[i] * ut;
+          yb[t * G.H] = static_cast<T>(2 * dotc(c.C, x.data()).real() + dskip * ut);
+        }
+      } else {
+        std::vector<cplx> w = x;  // w ← Ā w: Ā^{t+1} x_{−1}
+        for (int64_t t = 0; t < Tn; ++t) {
+          double acc = dskip * static_cast<double>(ub[t * G.H]);
+          for (int64_t j = 0; j <= t; ++j) acc += K[j] * static_cast<double>(ub[(t - j) * G.H]);
+          if (x0.defined()) {
+            matvec(c.Abar, w.data(), tmp.data(), n);
+            w.swap(tmp);
+            acc += 2 * dotc(c.C, w.data()).real();
+          }
+          yb[t * G.H] = static_cast<T>(acc);
+        }
+        for (int64_t t = 0; t < Tn; ++t) {  // Horner: x ← Ā x + B̄ u_s from x_{−1}
+          matvec(c.Abar, x.data(), tmp.data(), n);
+          for (int64_t i = 0; i < n; ++i) x[i] = tmp[i] + c.Bbar[i] * static_cast<double>(ub[t * G.H]);
+        }
+      }
+      for (int64_t i = 0; i < n; ++i) put_pair(xT.data<T>() + 2 * s, i, x[i]);
+    }
+  }
+}
+
+// Backward per channel. Both forms gather g_Ā [n, n], g_B̄, g_C (and du, dD, d initial_state):
+// recurrent, walking t back with g = ∂L/∂x_t (from dfinal), r_t = 2 dy_t:
+//   g += conj(C) r_t,  g_C += conj(x_t) r_t,  g_Ā += g x_{t−1}*,  g_B̄ += u_t g,
+//   du_t = Re(Σ conj(g) B̄) + D dy_t,  g ← Ā* g;   d initial_state = g.
+// convolution, the same sums grouped by what they pass through:
+//   the kernel v_j = Ā v_{j−1}, v_0 = B̄ (λ = ∂L/∂v_j walking j back):
+//     λ += conj(C) 2dK_j,  g_C += conj(v_j) 2dK_j,  g_Ā += λ v_{j−1}* (j ≥ 1),  λ ← Ā* λ;  g_B̄ += λ at j = 0;
+//   x_T's sum z_s = Ā z_{s−1} + B̄ u_s (ν = ∂L/∂z_s from G = dfinal):
+//     g_B̄ += u_s ν,  du_s += Re(Σ conj(ν) B̄),  g_Ā += ν z_{s−1}* (s ≥ 1),  ν ← Ā* ν;
+//   the initial state's w_t = Ā w_{t−1}, w_{−1} = x_{−1} (μ = ∂L/∂w_t, from G at t = T−1):
+//     μ += conj(C) r_t,  g_C += conj(w_t) r_t,  g_Ā += μ w_{t−1}*,  μ ← Ā* μ;  d initial_state = μ;
+//   and du_s = Σ_{t≥s} K_{t−s} dy_t + D dy_s, dK_j = Σ_b Σ_{t≥j} dy_t u_{t−j}.
+// Then, through Ā = 2R − I, B̄ = Δ R B, R = M⁻¹, M = I − (Δ/2)(diag(Λ) − P Q*):
+//   g_R = 2 g_Ā + Δ g_B̄ B*,  g_B = Δ R* g_B̄,  g_M = −R* g_R R*,
+//   g_Λ = −(Δ/2) diag(g_M),  g_P = (Δ/2) g_M Q,  g_Q = (Δ/2) g_M* P,
+//   ∂L/∂Δ = −½ Re tr(g_M* A) + Re((R B)* g_B̄),  d log_dt = Δ ∂L/∂Δ.
+template <class T>
+void dplr_backward(const Tensor& dy, const Tensor& dfinal, const Tensor& u, const Tensor& log_dt, const Tensor& A,
+                   const Tensor& P, const Tensor& Q, const Tensor& Bm, const Tensor& C, const Tensor& D,
+                   const Tensor& x0, const S4Params& p, const kernel::S4DplrGrads& grads) {
+  const Geo G = geo_of(u, A);
+  const int64_t n = G.N2, Tn = G.T;
+#pragma omp parallel for schedule(dynamic) if (G.parallel())
+  for (int64_t h = 0; h < G.H; ++h) {
+    const Dplr c = dplr_of<T>(G, log_dt, A, P, Q, Bm, C, h);
+    const double dskip = D.defined() ? static_cast<double>(D.data<T>()[h]) : 0.0;
+    Mat gA(static_cast<size_t>(n * n), cplx(0));
+    std::vector<cplx> gB(n), gC(n), g(n), tmp(n), xi(n), seq(static_cast<size_t>((Tn + 1) * n));
+    std::vector<double> K(static_cast<size_t>(Tn)), dK(static_cast<size_t>(Tn), 0.0);
+    double dD = 0;
+    auto row = [&](int64_t t) { return seq.data() + (t + 1) * n; };  // row(−1) is the starting vector
+    if (p.form == S4Form::convolution) {
+      std::copy(c.Bbar.begin(), c.Bbar.end(), row(0));  // v_j = row(j)
+      for (int64_t j = 0; j < Tn; ++j) {
+        K[j] = 2 * dotc(c.C, row(j)).real();
+        if (j + 1 < Tn) matvec(c.Abar, row(j), row(j + 1), n);
+      }
+      for (int64_t b = 0; b < G.B; ++b) {
+        const T *ub = u.data<T>() + b * Tn * G.H + h, *dyb = dy.data<T>() + b * Tn * G.H + h;
+        for (int64_t j = 0; j < Tn; ++j) {
+          double acc = 0;
+          for (int64_t t = j; t < Tn; ++t) acc += static_cast<double>(dyb[t * G.H]) * static_cast<double>(ub[(t - j) * G.H]);
+          dK[j] += acc;
+        }
+      }
+      std::fill(g.begin(), g.end(), cplx(0));  // λ
+      for (int64_t j = Tn - 1; j >= 0; --j) {
+        for (int64_t i = 0; i < n; ++i) {
+          g[i] += std::conj(c.C[i]) * (2 * dK[j]);
+          gC[i] += std::conj(row(j)[i]) * (2 * dK[j]);
+        }
+        if (j >= 1) {
+          add_outer(gA, g.data(), row(j - 1), n);
+          matvec(c.Abar, g.data(), tmp.data(), n, true);
+          g.swap(tmp);
+        } else {
+          for (int64_t i = 0; i < n; ++i) gB[i] += g[i];
+        }
+      }
+    }
+    for (int64_t b = 0; b < G.B; ++b) {
+      const T *ub = u.data<T>() + b * Tn * G.H + h, *dyb = dy.data<T>() + b * Tn * G.H + h;
+      T* dub = grads.du.data<T>() + b * Tn * G.H + h;
+      const int64_t s = (b * G.H + h) * n;
+      for (int64_t i = 0; i < n; ++i) xi[i] = x0.defined() ? pair_at(x0.data<T>() + 2 * s, i) : cplx(0);
+      std::vector<double> du(static_cast<size_t>(Tn));
+      for (int64_t t = 0; t < Tn; ++t) {
+        du[t] = dskip * static_cast<double>(dyb[t * G.H]);
+        dD += static_cast<double>(ub[t * G.H]) * static_cast<double>(dyb[t * G.H]);
+      }
+      auto step = [&](const cplx* prev, cplx* next, double ut) {  // next = Ā prev + B̄ u_t
+        matvec(c.Abar, prev, next, n);
+        for (int64_t i = 0; i < n; ++i) next[i] += c.Bbar[i] * ut;
+      };
+      if (p.form == S4Form::recurrent) {
+        std::copy(xi.begin(), xi.end(), row(-1));
+        for (int64_t t = 0; t < Tn; ++t) step(row(t - 1), row(t), static_cast<double>(ub[t * G.H]));
+        for (int64_t i = 0; i < n; ++i) g[i] = pair_at(dfinal.data<T>() + 2 * s, i);
+        for (int64_t t = Tn - 1; t >= 0; --t) {
+          const double r = 2 * static_cast<double>(dyb[t * G.H]), ut = static_cast<double>(ub[t * G.H]);
+          for (int64_t i = 0; i < n; ++i) {
+            g[i] += std::conj(c.C[i]) * r;
+            gC[i] += std::conj(row(t)[i]) * r;
+            gB[i] += ut * g[i];
+            du[t] += (std::conj(g[i]) * c.Bbar[i]).real();
+          }
+          add_outer(gA, g.data(), row(t - 1), n);
+          matvec(c.Abar, g.data(), tmp.data(), n, true);
+          g.swap(tmp);
+        }
+      } else {
+        for (int64_t s2 = 0; s2 < Tn; ++s2) {
+          for (int64_t t = s2; t < Tn; ++t) du[s2] += K[t - s2] * static_cast<double>(dyb[t * G.H]);
+        }
+        // x_T's sum: z_s into seq (z_{−1} = 0), then ν walking back.
+        std::fill(row(-1), row(-1) + n, cplx(0));
+        for (int64_t t = 0; t < Tn; ++t) step(row(t - 1), row(t), static_cast<double>(ub[t * G.H]));
+        for (int64_t i = 0; i < n; ++i) g[i] = pair_at(dfinal.data<T>() + 2 * s, i);  // ν
+        for (int64_t t = Tn - 1; t >= 0; --t) {
+          const double ut = static_cast<double>(ub[t * G.H]);
+          for (int64_t i = 0; i < n; ++i) {
+            gB[i] += ut * g[i];
+            du[t] += (std::conj(g[i]) * c.Bbar[i]).real();
+          }
+          if (t >= 1) add_outer(gA, g.data(), row(t - 1), n);
+          matvec(c.Abar, g.data(), tmp.data(), n, true);
+          g.swap(tmp);
+        }
+        if (x0.defined()) {  // w_t = Ā^{t+1} x_{−1} into seq, then μ walking back
+          std::copy(xi.begin(), xi.end(), row(-1));
+          for (int64_t t = 0; t < Tn; ++t) matvec(c.Abar, row(t - 1), row(t), n);
+          for (int64_t i = 0; i < n; ++i) g[i] = pair_at(dfinal.data<T>() + 2 * s, i);  // μ
+          for (int64_t t = Tn - 1; t >= 0; --t) {
+            const double r = 2 * static_cast<double>(dyb[t * G.H]);
+            for (int64_t i = 0; i < n; ++i) {
+              g[i] += std::conj(c.C[i]) * r;
+              gC[i] += std::conj(row(t)[i]) * r;
+            }
+            add_outer(gA, g.data(), row(t - 1), n);
+            matvec(c.Abar, g.data(), tmp.data(), n, true);
+            g.swap(tmp);
+          }
+        } else {
+          std::fill(g.begin(), g.end(), cplx(0));
+        }
+      }
+      for (int64_t t = 0; t < Tn; ++t) dub[t * G.H] = static_cast<T>(du[t]);
+      if (grads.dinitial_state.defined()) {
+        for (int64_t i = 0; i < n; ++i) put_pair(grads.dinitial_state.data<T>() + 2 * s, i, g[i]);
+      }
+    }
+    if (grads.dD.defined()) grads.dD.data<T>()[h] = static_cast<T>(dD);
+    // The chain through R = M⁻¹.
+    Mat gR(static_cast<size_t>(n * n)), tmpM(static_cast<size_t>(n * n), cplx(0)), gM(static_cast<size_t>(n * n), cplx(0));
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) gR[i * n + j] = 2.0 * gA[i * n + j] + c.dt * gB[i] * std::conj(c.B[j]);
+    }
+    for (int64_t i = 0; i < n; ++i) {  // tmpM = R* g_R
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t k = 0; k < n; ++k) tmpM[i * n + j] += std::conj(c.R[k * n + i]) * gR[k * n + j];
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {  // g_M = −(R* g_R) R*
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t k = 0; k < n; ++k) gM[i * n + j] -= tmpM[i * n + k] * std::conj(c.R[j * n + k]);
+      }
+    }
+    std::vector<cplx> RB(n);
+    matvec(c.R, c.B.data(), RB.data(), n);
+    double d_dt = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      d_dt += (std::conj(RB[i]) * gB[i]).real();
+      for (int64_t j = 0; j < n; ++j) d_dt -= 0.5 * (std::conj(gM[i * n + j]) * c.A[i * n + j]).real();
+    }
+    grads.dlog_dt.data<T>()[h] = static_cast<T>(c.dt * d_dt);
+    const int64_t off = h * n * 2;
+    std::vector<cplx> gBin(n);
+    matvec(c.R, gB.data(), gBin.data(), n, true);
+    for (int64_t i = 0; i < n; ++i) {
+      cplx gp = 0, gq = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        gp += gM[i * n + j] * c.Q[j];
+        gq += std::conj(gM[j * n + i]) * c.P[j];
+      }
+      put_pair(grads.dA.data<T>() + off, i, -0.5 * c.dt * gM[i * n + i]);
+      put_pair(grads.dP.data<T>() + off, i, 0.5 * c.dt * gp);
+      put_pair(grads.dQ.data<T>() + off, i, 0.5 * c.dt * gq);
+      put_pair(grads.dB.data<T>() + off, i, c.dt * gBin[i]);
+      put_pair(grads.dC.data<T>() + off, i, gC[i]);
+    }
+  }
+}
+
+void dplr_forward_cpu(const Tensor& u, const Tensor& log_dt, const Tensor& A, const Tensor& P, const Tensor& Q,
+                      const Tensor& B, const Tensor& C, const Tensor& D, const Tensor& x0, const S4Params& p,
+                      const Tensor& y, const Tensor& xT) {
+  dispatch_float(u.dtype(), "s4", [&](auto tag) {
+    dplr_forward<decltype(tag)>(u, log_dt, A, P, Q, B, C, D, x0, p, y, xT);
+  });
+}
+
+void dplr_backward_cpu(const Tensor& dy, const Tensor& dfinal, const Tensor& u, const Tensor& log_dt, const Tensor& A,
+                       const Tensor& P, const Tensor& Q, const Tensor& B, const Tensor& C, const Tensor& D,
+                       const Tensor& x0, const S4Params& p, const kernel::S4DplrGrads& grads) {
+  dispatch_float(u.dtype(), "s4 backward", [&](auto tag) {
+    dplr_backward<decltype(tag)>(dy, dfinal, u, log_dt, A, P, Q, B, C, D, x0, p, grads);
+  });
+}
+
 void forward_cpu(const Tensor& u, const Tensor& log_dt, const Tensor& A, const Tensor& B, const Tensor& C,
                  const Tensor& D, const Tensor& x0, const S4Params& p, const Tensor& y, const Tensor& xT) {
   dispatch_float(u.dtype(), "s4", [&](auto tag) {
@@ -531,6 +937,8 @@ void backward_cpu(const Tensor& dy, const Tensor& dfinal, const Tensor& u, const
 namespace kernel {
 SEQLAB_REGISTER_KERNEL(s4_forward_kernel, DeviceType::CPU, &cpu::forward_cpu);
 SEQLAB_REGISTER_KERNEL(s4_backward_kernel, DeviceType::CPU, &cpu::backward_cpu);
+SEQLAB_REGISTER_KERNEL(s4_dplr_forward_kernel, DeviceType::CPU, &cpu::dplr_forward_cpu);
+SEQLAB_REGISTER_KERNEL(s4_dplr_backward_kernel, DeviceType::CPU, &cpu::dplr_backward_cpu);
 }  // namespace kernel
 
 // ------------------------------------------------------------------------------------------------
@@ -543,6 +951,19 @@ S4Output s4(const Tensor& u, const Tensor& log_dt, const Tensor& A, const Tensor
          [opts](const std::vector<Tensor>& g, const std::vector<Tensor>& s, const std::vector<bool>& need) {
            kernel::S4Grads r = kernel::s4_backward(g[0], g[1], s[0], s[1], s[2], s[3], s[4], s[5], s[6], opts, need);
            return std::vector<Tensor>{r.du, r.dlog_dt, r.dA, r.dB, r.dC, r.dD, r.dinitial_state};
+         });
+  return out;
+}
+
+S4Output s4_dplr(const Tensor& u, const Tensor& log_dt, const Tensor& A, const Tensor& P, const Tensor& Q,
+                 const Tensor& B, const Tensor& C, const Tensor& D, const Tensor& initial_state, const S4Options& opts) {
+  S4Output out = kernel::s4_dplr_forward(u, log_dt, A, P, Q, B, C, D, initial_state, opts);
+  record("s4", {u, log_dt, A, P, Q, B, C, D, initial_state}, {&out.y, &out.final_state},
+         {u, log_dt, A, P, Q, B, C, D, initial_state},
+         [opts](const std::vector<Tensor>& g, const std::vector<Tensor>& s, const std::vector<bool>& need) {
+           kernel::S4DplrGrads r =
+               kernel::s4_dplr_backward(g[0], g[1], s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], opts, need);
+           return std::vector<Tensor>{r.du, r.dlog_dt, r.dA, r.dP, r.dQ, r.dB, r.dC, r.dD, r.dinitial_state};
          });
   return out;
 }
@@ -662,14 +1083,17 @@ SEQLAB_REGISTER_OP(([] {
   s.name = "s4";
   s.summary =
       "S4D: x_t = Ā x_{t-1} + B̄ u_t, y_t = 2·Re(C x_t) + D u_t per channel, Ā, B̄ from Λ = A and Δ = exp(log_dt) by "
-      "zoh or bilinear; u [B, T, H], log_dt [H], A, B, C [H, N2, 2] (re, im), D [H], initial_state [B, H, N2, 2]";
+      "zoh or bilinear; u [B, T, H], log_dt [H], A, B, C [H, N2, 2] (re, im), D [H], initial_state [B, H, N2, 2]; with "
+      "P, Q [H, N2, 2] the diagonal-plus-low-rank form A = diag(Λ) − P Q* (bilinear)";
   s.inputs = {{"u"},
               {"log_dt"},
               {"A"},
               {"B"},
               {"C"},
               {"D", OpInputKind::floating, true},
-              {"initial_state", OpInputKind::floating, true}};
+              {"initial_state", OpInputKind::floating, true},
+              {"P", OpInputKind::floating, true},
+              {"Q", OpInputKind::floating, true}};
   s.outputs = {"y", "final_state"};
   s.attrs = {{"form", AttrType::string, "convolution", "convolution (direct causal convolution) or recurrent"},
              {"discretisation", AttrType::string, "zoh", "zoh or bilinear"}};
@@ -677,7 +1101,10 @@ SEQLAB_REGISTER_OP(([] {
     S4Options o;
     o.form = parse_s4_form(a.get_string("form"));
     o.discretisation = parse_s4_discretisation(a.get_string("discretisation"));
-    S4Output out = s4(in[0], in[1], in[2], in[3], in[4], in[5], in[6], o);
+    // P and Q given: the diagonal-plus-low-rank form A = diag(Λ) − P Q* (bilinear only).
+    S4Output out = in[7].defined() || in[8].defined()
+                       ? s4_dplr(in[0], in[1], in[2], in[7], in[8], in[3], in[4], in[5], in[6], o)
+                       : s4(in[0], in[1], in[2], in[3], in[4], in[5], in[6], o);
     return std::vector<Tensor>{out.y, out.final_state};
   };
   // T = 7, H = 3, N2 = 2 modes, an initial state; Re Λ in [−1.3, −0.3], Δ in [0.1, 0.8] so decays matter.
@@ -689,7 +1116,7 @@ SEQLAB_REGISTER_OP(([] {
     return std::vector<Tensor>{Tensor::randn({2, 7, H}, gen, dtype), Tensor::rand({H}, gen, dtype, -2.3, -0.2),
                                Tensor::from_vector(a, {H, N2, 2}, dtype), Tensor::randn({H, N2, 2}, gen, dtype),
                                Tensor::randn({H, N2, 2}, gen, dtype), Tensor::randn({H}, gen, dtype),
-                               Tensor::randn({2, H, N2, 2}, gen, dtype)};
+                               Tensor::randn({2, H, N2, 2}, gen, dtype), Tensor(), Tensor()};
   };
   return s;
 }()));

@@ -49,6 +49,16 @@ struct S4Output {
 S4Output s4(const Tensor& u, const Tensor& log_dt, const Tensor& A, const Tensor& B, const Tensor& C,
             const Tensor& D = Tensor(), const Tensor& initial_state = Tensor(), const S4Options& opts = {});
 
+// The diagonal-plus-low-rank form of the same op (S4): A = diag(Λ) − P Q* with P, Q [H, N2, 2] (a rank-one
+// correction per channel), discretised bilinearly into a dense Ā = (I − ΔA/2)⁻¹(I + ΔA/2), B̄ = Δ(I − ΔA/2)⁻¹ B;
+// x_t = Ā x_{t−1} + B̄ u_t, y_t = 2·Re(C x_t) + D u_t, in both forms (convolution: K_j = 2·Re(C Ā^j B̄) by
+// matrix-vector products, then the same direct causal convolution). O(N2²) per step: meant for small N.
+// CPU only. Throws std::invalid_argument for zoh (which would need a matrix exponential), for P, Q not both
+// given or not shaped as A, and on a CUDA device.
+S4Output s4_dplr(const Tensor& u, const Tensor& log_dt, const Tensor& A, const Tensor& P, const Tensor& Q,
+                 const Tensor& B, const Tensor& C, const Tensor& D = Tensor(), const Tensor& initial_state = Tensor(),
+                 const S4Options& opts = {});
+
 const char* s4_form_name(S4Form form);                        // "convolution" / "recurrent"
 S4Form parse_s4_form(const std::string& s);                   // throws std::invalid_argument otherwise
 const char* s4_discretisation_name(S4Discretisation d);       // "zoh" / "bilinear"
@@ -82,6 +92,15 @@ S4Output s4_forward(const Tensor& u, const Tensor& log_dt, const Tensor& A, cons
 S4Grads s4_backward(const Tensor& dy, const Tensor& dfinal, const Tensor& u, const Tensor& log_dt, const Tensor& A,
                     const Tensor& B, const Tensor& C, const Tensor& D, const Tensor& initial_state,
                     const S4Options& opts, const std::vector<bool>& need);
+
+S4Output s4_dplr_forward(const Tensor& u, const Tensor& log_dt, const Tensor& A, const Tensor& P, const Tensor& Q,
+                         const Tensor& B, const Tensor& C, const Tensor& D, const Tensor& initial_state,
+                         const S4Options& opts);
+// `need` per input in the order u, log_dt, A, P, Q, B, C, D, initial_state.
+S4DplrGrads s4_dplr_backward(const Tensor& dy, const Tensor& dfinal, const Tensor& u, const Tensor& log_dt,
+                             const Tensor& A, const Tensor& P, const Tensor& Q, const Tensor& B, const Tensor& C,
+                             const Tensor& D, const Tensor& initial_state, const S4Options& opts,
+                             const std::vector<bool>& need);
 
 }  // namespace kernel
 }  // namespace seqlab

@@ -47,5 +47,24 @@ SEQLAB_DECLARE_KERNEL(s4_backward_kernel,
                                const Tensor& A, const Tensor& B, const Tensor& C, const Tensor& D,
                                const Tensor& initial_state, const S4Params& p, const S4Grads& grads));
 
+// The diagonal-plus-low-rank form (S4: Λ − P Q*, bilinear, a dense N2 × N2 Ā per channel), CPU only:
+// P, Q [H, N2, 2] besides the inputs above; the backward also writes dP, dQ.
+struct S4DplrGrads {
+  Tensor du, dlog_dt, dA, dP, dQ, dB, dC, dD, dinitial_state;  // undefined where not asked for
+};
+inline auto tensor_fields(S4DplrGrads& g) {  // see tensor/dispatch.h
+  return std::tie(g.du, g.dlog_dt, g.dA, g.dP, g.dQ, g.dB, g.dC, g.dD, g.dinitial_state);
+}
+SEQLAB_DECLARE_KERNEL(s4_dplr_forward_kernel,
+                      void (*)(const Tensor& u, const Tensor& log_dt, const Tensor& A, const Tensor& P,
+                               const Tensor& Q, const Tensor& B, const Tensor& C, const Tensor& D,
+                               const Tensor& initial_state, const S4Params& p, const Tensor& y,
+                               const Tensor& final_state));
+SEQLAB_DECLARE_KERNEL(s4_dplr_backward_kernel,
+                      void (*)(const Tensor& dy, const Tensor& dfinal, const Tensor& u, const Tensor& log_dt,
+                               const Tensor& A, const Tensor& P, const Tensor& Q, const Tensor& B, const Tensor& C,
+                               const Tensor& D, const Tensor& initial_state, const S4Params& p,
+                               const S4DplrGrads& grads));
+
 }  // namespace kernel
 }  // namespace seqlab
