@@ -16,6 +16,7 @@
 //   O(B·T²·H) (exact, no FFT round-off, and at the lengths trained here cheaper than writing a complex FFT).
 // - recurrent: the scan above, token by token; the decode step (T = 1 from a state) and the reference.
 // Only non-negative powers of Ā appear and |Ā| < 1 when Re Λ < 0, so no Δ (1e-4 … 10) overflows.
+// The diagonal-plus-low-rank form of S4 (A = diag(Λ) − P Q*) is s4_dplr below: the same op with P, Q given.
 //
 // HiPPO-LegS (Gu et al. 2020/2021): the LegS matrix A_nk = −√(2n+1)√(2k+1) (n > k), −(n+1) (n = k), 0
 // (n < k), its normal-plus-low-rank split A = S − P Pᵀ with P_n = √(n + ½) and S = −½ I + (skew-symmetric),
