@@ -1,6 +1,7 @@
 // S4D: the raw entry points, the discretisation and its derivatives, the CPU kernels of both forms
-// (forward and backward side by side), the autograd node, HiPPO-LegS and the registry entry.
-// Equations in s4.h; the derivations in docs/variants/s4.md.
+// (forward and backward side by side), the diagonal-plus-low-rank form (S4: dense bilinear Ā per channel),
+// the autograd nodes, HiPPO-LegS and the registry entry. Equations in s4.h; the derivations in
+// docs/variants/s4.md.
 //
 // How the CPU kernels work:
 // - Everything is computed in double whatever the tensors' dtype (inputs widened on reading, outputs
