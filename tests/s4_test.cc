@@ -88,7 +88,9 @@ void expect_close(const Outcome& a, const Outcome& b, double tol, const std::str
   }
   for (size_t i = 0; i < a.grads.size(); ++i) {
     ASSERT_EQ(a.grads[i].defined(), b.grads[i].defined()) << what << ": gradient " << i;
-    if (a.grads[i].defined()) EXPECT_LE(max_rel_error(a.grads[i], b.grads[i]), tol) << what << ": gradient " << i;
+    if (a.grads[i].defined()) {
+      EXPECT_LE(max_rel_error(a.grads[i], b.grads[i]), tol) << what << ": gradient " << i;
+    }
   }
 }
 
@@ -250,7 +252,9 @@ TEST(S4, HippoLegsMatrixAndItsNormalPlusLowRankForm) {
     for (int64_t m = 0; m < N2; ++m) {
       EXPECT_NEAR(r.lambda[m].real(), -0.5, 1e-12);
       EXPECT_GT(r.lambda[m].imag(), 0);
-      if (m) EXPECT_GE(r.lambda[m].imag(), r.lambda[m - 1].imag());
+      if (m) {
+        EXPECT_GE(r.lambda[m].imag(), r.lambda[m - 1].imag());
+      }
       for (int64_t i = 0; i < N; ++i) {  // S v = λ v
         std::complex<double> sv = 0;
         for (int64_t k = 0; k < N; ++k) sv += r.S[i * N + k] * r.V[k * N2 + m];
