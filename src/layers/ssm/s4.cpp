@@ -18,6 +18,8 @@
 #include <complex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "autograd/function.h"

@@ -20,7 +20,10 @@
 //
 // Parameters: log_dt, log_a_real, a_imag, B, C, D, out.
 #include <cmath>
+#include <complex>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "autograd/ops.h"
