@@ -3,7 +3,7 @@
 // index, kernel after kernel in the launch order (no kernel has barriers or shared memory, so the order
 // of the threads within a kernel cannot matter). Results are compared with the CPU kernels
 // (src/layers/ssm/s4.cpp) for both forms and both discretisations, with and without D and the initial
-// state, T = 1 and odd T, H, N2, and steps from 1e-4 to 10. Outputs and scratch start as NaN, so a missed
+// state, T = 0, T = 1 and odd T, H, N2, and steps from 1e-4 to 10. Outputs and scratch start as NaN, so a missed
 // write or a read before a write shows up. Element types: f64 (≤ 1e-11 against the f64 CPU kernels),
 // f32 (≤ 1e-5 against the f32 CPU kernels on the same values: both compute in double, so only the
 // summation order differs before the same rounding), bf16 stored with double compute (≤ 2e-2 against the
@@ -37,6 +37,7 @@ struct Case {
 const Case kCases[] = {
     {2, 13, 3, 3, -2.5, 0.0, true, true},     // odd everything, D and an initial state
     {1, 1, 2, 2, -2.5, 0.0, true, true},      // T = 1: one decode step
+    {2, 0, 2, 2, -2.5, 0.0, true, true},      // T = 0: the final state is the initial one
     {2, 9, 1, 5, -2.5, 0.0, false, false},    // no D, zero initial state
     {1, 17, 2, 4, std::log(1e-4), std::log(1.2e-4), true, true},  // Δ ≈ 1e-4 (Ā ≈ 1, zoh's series branch)
     {1, 11, 2, 3, std::log(9.0), std::log(10.0), true, true},     // Δ ≈ 10 (Ā ≈ 0)

@@ -151,10 +151,12 @@ void forward_cuda(const Tensor& u, const Tensor& log_dt, const Tensor& A, const 
       SEQLAB_CUDA_CHECK_LAUNCH("s4 recurrent forward kernel");
     } else {
       Tensor K = scratch(d.H * d.T, u);
-      s4_conv_kernel<T><<<blocks_of(d.H * d.T), kBlock, 0, st>>>(d, in, mptr<double>(K));
-      SEQLAB_CUDA_CHECK_LAUNCH("s4 convolution kernel kernel");
-      s4_conv_fwd<T><<<blocks_of(d.B * d.H * d.T), kBlock, 0, st>>>(d, in, cptr<double>(K), mptr<T>(y));
-      SEQLAB_CUDA_CHECK_LAUNCH("s4 convolution forward kernel");
+      if (d.T > 0) {  // no empty grids: a launch of zero blocks is an error
+        s4_conv_kernel<T><<<blocks_of(d.H * d.T), kBlock, 0, st>>>(d, in, mptr<double>(K));
+        SEQLAB_CUDA_CHECK_LAUNCH("s4 convolution kernel kernel");
+        s4_conv_fwd<T><<<blocks_of(d.B * d.H * d.T), kBlock, 0, st>>>(d, in, cptr<double>(K), mptr<T>(y));
+        SEQLAB_CUDA_CHECK_LAUNCH("s4 convolution forward kernel");
+      }
       s4_conv_final<T><<<blocks_of(d.B * d.H * d.N2), kBlock, 0, st>>>(d, in, mptr<T>(xT));
       SEQLAB_CUDA_CHECK_LAUNCH("s4 convolution final state kernel");
     }
@@ -185,10 +187,12 @@ void backward_cuda(const Tensor& dy, const Tensor& dfinal, const Tensor& u, cons
     if (p.form == S4Form::recurrent) {
       Tensor xs = scratch(2 * d.B * d.H * d.T, u), dubuf = scratch(d.B * d.H * d.T, u);
       Tensor partial = scratch(6 * d.B * d.H * d.N2, u), dd = scratch(d.B * d.H, u);
-      s4_recurrent_bwd<T><<<blocks_of(d.B * d.H), kBlock, 0, st>>>(
-          d, in, cptr<T>(dy), cptr<T>(dfinal), reinterpret_cast<sc::Cx*>(mptr<double>(xs)), mptr<double>(dubuf),
-          mptr<double>(partial), mptr<double>(dd), mptr<T>(g.du), dx0);
-      SEQLAB_CUDA_CHECK_LAUNCH("s4 recurrent backward kernel");
+      if (d.B > 0) {  // with no batch entries the partial sums below are empty (zero)
+        s4_recurrent_bwd<T><<<blocks_of(d.B * d.H), kBlock, 0, st>>>(
+            d, in, cptr<T>(dy), cptr<T>(dfinal), reinterpret_cast<sc::Cx*>(mptr<double>(xs)), mptr<double>(dubuf),
+            mptr<double>(partial), mptr<double>(dd), mptr<T>(g.du), dx0);
+        SEQLAB_CUDA_CHECK_LAUNCH("s4 recurrent backward kernel");
+      }
       s4_recurrent_modes<T><<<blocks_of(d.H * d.N2), kBlock, 0, st>>>(d, in, cptr<double>(partial), mptr<double>(ddt),
                                                                       mptr<T>(g.dA), mptr<T>(g.dB), mptr<T>(g.dC));
       SEQLAB_CUDA_CHECK_LAUNCH("s4 recurrent mode gradients kernel");
@@ -197,13 +201,17 @@ void backward_cuda(const Tensor& dy, const Tensor& dfinal, const Tensor& u, cons
       SEQLAB_CUDA_CHECK_LAUNCH("s4 channel gradients kernel");
     } else {
       Tensor K = scratch(d.H * d.T, u), dK = scratch(d.H * d.T, u);
-      s4_conv_kernel<T><<<blocks_of(d.H * d.T), kBlock, 0, st>>>(d, in, mptr<double>(K));
-      SEQLAB_CUDA_CHECK_LAUNCH("s4 convolution kernel kernel");
-      s4_conv_dkernel<T><<<blocks_of(d.H * d.T), kBlock, 0, st>>>(d, in, cptr<T>(dy), mptr<double>(dK));
-      SEQLAB_CUDA_CHECK_LAUNCH("s4 convolution kernel gradient kernel");
-      s4_conv_du<T><<<blocks_of(d.B * d.H * d.T), kBlock, 0, st>>>(d, in, cptr<T>(dy), cptr<T>(dfinal), cptr<double>(K),
-                                                                    mptr<T>(g.du));
-      SEQLAB_CUDA_CHECK_LAUNCH("s4 convolution du kernel");
+      if (d.T > 0) {
+        s4_conv_kernel<T><<<blocks_of(d.H * d.T), kBlock, 0, st>>>(d, in, mptr<double>(K));
+        SEQLAB_CUDA_CHECK_LAUNCH("s4 convolution kernel kernel");
+        s4_conv_dkernel<T><<<blocks_of(d.H * d.T), kBlock, 0, st>>>(d, in, cptr<T>(dy), mptr<double>(dK));
+        SEQLAB_CUDA_CHECK_LAUNCH("s4 convolution kernel gradient kernel");
+      }
+      if (d.B * d.T > 0) {
+        s4_conv_du<T><<<blocks_of(d.B * d.H * d.T), kBlock, 0, st>>>(d, in, cptr<T>(dy), cptr<T>(dfinal),
+                                                                      cptr<double>(K), mptr<T>(g.du));
+        SEQLAB_CUDA_CHECK_LAUNCH("s4 convolution du kernel");
+      }
       s4_conv_modes<T><<<blocks_of(d.H * d.N2), kBlock, 0, st>>>(d, in, cptr<T>(dy), cptr<T>(dfinal), cptr<double>(dK),
                                                                  mptr<double>(ddt), mptr<T>(g.dA), mptr<T>(g.dB),
                                                                  mptr<T>(g.dC), dx0);
