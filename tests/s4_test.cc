@@ -205,6 +205,20 @@ TEST(S4, SplitSequenceAndDecodingEqualWhole) {
   }
 }
 
+// T = 0: no output, the state passes through unchanged, and its gradient is d final_state, in every form.
+TEST(S4, EmptySequenceKeepsTheState) {
+  const Inputs in = make_inputs(2, 0, 3, 2, DType::f64, 23);
+  for (S4Form form : kForms) {
+    const Outcome r = run(in, options(form, S4Discretisation::zoh));
+    EXPECT_EQ(r.outputs[0].shape(), (Shape{2, 0, 3}));
+    EXPECT_LE(max_rel_error(r.outputs[1], in.x0), 0.0) << s4_form_name(form);
+    Generator gen(7);  // run()'s cotangents: the second is d final_state
+    Tensor::randn({2, 0, 3}, gen, DType::f64);
+    EXPECT_LE(max_rel_error(r.grads[6], Tensor::randn({2, 3, 2, 2}, gen, DType::f64)), 0.0) << s4_form_name(form);
+    for (size_t i = 1; i < 6; ++i) EXPECT_TRUE(finite(r.grads[i])) << i;
+  }
+}
+
 // Against the discrete recurrence written out here with std::complex (zoh: Ā = e^{ΔΛ}).
 TEST(S4, MatchesLoopWrittenHere) {
   const Inputs in = make_inputs(1, 6, 2, 2, DType::f64, 33);
