@@ -45,8 +45,8 @@ Dims check_inputs(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   if (weight.dim() != 2) in.fail("weight must have 2 dimensions [W, C]");
   const Dims d{x.size(0), x.size(1), x.size(2), weight.size(0)};
   if (d.W < 1 || d.W > kMaxConv1dWidth) {
-    // The bound is the op's (conv1d.h, kMaxConv1dWidth): the CUDA kernel holds a channel's taps and its
-    // last W − 1 inputs in registers.
+    // The bound is the op's (tensor/slots/ssm/conv1d.h, kMaxConv1dWidth): a short convolution, whose taps
+    // the CUDA kernels hold in registers.
     in.fail("the width W = " + std::to_string(d.W) + " is not in 1 … " + std::to_string(kMaxConv1dWidth) +
             " (a short convolution; a wider one needs another algorithm)");
   }

@@ -32,12 +32,6 @@
 
 namespace seqlab {
 
-// The widest convolution the op takes. Short convolutions are 2 to 4 taps in every model that uses
-// them (Mamba, Mamba-2, DeltaNet, H3); the CUDA kernel keeps a channel's W taps and its last W − 1
-// inputs in registers, sized by this bound, and a wide convolution wants another algorithm
-// (a GEMM or an FFT over time), not this op.
-constexpr int64_t kMaxConv1dWidth = 4;
-
 struct Conv1dOutput {
   Tensor y;            // [B, T, C]
   Tensor final_state;  // [B, W−1, C]

@@ -11,6 +11,12 @@
 #include "tensor/tensor.h"
 
 namespace seqlab {
+
+// The widest convolution the op takes. Short convolutions are 2 to 4 taps in every model that uses
+// them (Mamba, Mamba-2, DeltaNet, H3); the CUDA kernels keep a thread's W taps in registers, sized by
+// this bound, and a wide convolution wants another algorithm (a GEMM or an FFT over time), not this op.
+constexpr int64_t kMaxConv1dWidth = 4;
+
 namespace kernel {
 
 struct Conv1dGrads {
