@@ -303,6 +303,18 @@ TEST(Conv1d, ExtremeValuesStayFinite) {
   }
 }
 
+// bf16 on the CPU: the slot computes on f32 stand-ins and rounds the outputs once, so the bf16 op is the
+// f32 op on the same values, rounded: bit for bit.
+TEST(Conv1d, Bf16IsTheF32OpRoundedOnce) {
+  const Case c{2, 7, 9, 4, true, true, true};
+  const Inputs in = make_inputs(c, DType::bf16, 61);
+  const Conv1dOutput got = causal_conv1d(in.x, in.w, in.b, in.h0, true);
+  auto f32 = [](const Tensor& t) { return kernel::to_dtype(t, DType::f32); };
+  const Conv1dOutput want = causal_conv1d(f32(in.x), f32(in.w), f32(in.b), f32(in.h0), true);
+  EXPECT_TRUE(bitwise_equal(got.y, kernel::to_dtype(want.y, DType::bf16)));
+  EXPECT_TRUE(bitwise_equal(got.final_state, narrow(in.x, 1, c.T - 3, 3)));  // a copy of the last W − 1 inputs
+}
+
 // No gradient reached an output (final_state unused, as in training) and inputs that need none: the
 // backward computes only what is asked.
 TEST(Conv1d, BackwardWithoutTheFinalStatesGradient) {
