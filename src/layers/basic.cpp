@@ -40,8 +40,7 @@ AddNormResult Norm::add_forward(const Tensor& x, const Tensor& residual) const {
 }
 
 ShortConv::ShortConv(int64_t channels, int64_t kernel, Generator& gen, ShortConvOptions opts)
-    : channels_(channels),
-      kernel_(kernel),
+    : kernel_(kernel),
       silu_(opts.silu),
       // Start near the identity (the current token through, a little of the past) so a fresh layer
       // passes its inputs on.

@@ -74,7 +74,7 @@ class ShortConv : public Module {
   int64_t kernel_size() const { return kernel_; }
 
  private:
-  int64_t channels_, kernel_;
+  int64_t kernel_;
   bool silu_;
   Tensor& weight_;
   Tensor* bias_ = nullptr;
