@@ -303,6 +303,19 @@ TEST(Conv1d, ExtremeValuesStayFinite) {
   }
 }
 
+// T = 0: no output, and the state passes through unchanged (its gradient is dfinal's).
+TEST(Conv1d, EmptySequencePassesTheStateThrough) {
+  const Case c{2, 0, 3, 4, true, true, true};
+  const Inputs in = make_inputs(c, DType::f64, 5);
+  Generator gen(6);
+  const Tensor gf = Tensor::randn({c.B, c.W - 1, c.C}, gen, DType::f64);
+  const Result r = forward_backward(in, true, Tensor::zeros({c.B, 0, c.C}, DType::f64), gf);
+  EXPECT_EQ(r.y.shape(), (Shape{c.B, 0, c.C}));
+  EXPECT_EQ(max_rel_error(r.final_state, in.h0), 0.0);
+  EXPECT_EQ(max_rel_error(r.grads[3], gf), 0.0);
+  EXPECT_EQ(max_rel_error(r.grads[1], Tensor::zeros({c.W, c.C}, DType::f64)), 0.0);
+}
+
 // bf16 on the CPU: the slot computes on f32 stand-ins and rounds the outputs once, so the bf16 op is the
 // f32 op on the same values, rounded: bit for bit.
 TEST(Conv1d, Bf16IsTheF32OpRoundedOnce) {
