@@ -208,7 +208,7 @@ const MixerRegistration kMamba2{MixerSpec{
     {chunk_size_option(), OptionSpec::integer("expand", 2, 1, "inner width E = expand · d_model"),
      OptionSpec::integer("head_dim", 0, 0,
                          "head dim P of the SSM heads (H = E / P); 0: E / model.n_heads, so H = model.n_heads"),
-     OptionSpec::integer("state_size", 64, 1, "state size N per head dim (the state is P × N per head)"),
+     OptionSpec::integer("state_size", 64, 1, "state size N: each head carries a P × N state"),
      OptionSpec::integer("groups", 1, 1, "groups G of heads sharing B and C (divides the heads)"),
      OptionSpec::integer("d_conv", 4, 1, "taps of the causal depthwise convolution over x, B and C")},
     [](const MixerContext& ctx, const MixerOptions& opts, Generator& gen) -> std::unique_ptr<Mixer> {
