@@ -2,7 +2,7 @@
 // `model.mixer = "mamba2"` with the options of [model.mamba2]:
 //
 //   z, xBC, dt = x W_in                     z [B, T, E], xBC [B, T, E + 2GN], dt [B, T, H]   (E = expand·d)
-//   x, B, C    = silu(conv(xBC) + b_conv)   a causal depthwise convolution of d_conv taps over x, B and C
+//   x, B, C    = silu(conv(xBC) + b_conv)   the causal depthwise conv1d op (d_conv taps, bias, fused SiLU)
 //   Δ          = softplus(dt + dt_bias)     [B, T, H]
 //   A          = −exp(A_log)                [H]: one decay rate per head, a_t = exp(Δ_t A) ∈ (0, 1]
 //   y          = ssd(x, Δ, A, B, C, D)      heads of dim P = E / H; B, C [B, T, G, N] shared by groups of heads
@@ -11,7 +11,7 @@
 // Initialisation as the Mamba-2 paper's: Δ = softplus(dt_bias) log-uniform in [1e-3, 0.1] (dt_bias its
 // inverse softplus), A_log = log U[1, 16], D = 1, the convolution near the identity, its bias 0.
 //
-// Parameters: in_proj, conv, conv_bias, dt_bias, A_log, D, norm, out_proj.
+// Parameters: in_proj, conv (weight and bias), dt_bias, A_log, D, norm, out_proj.
 #include <cmath>
 #include <memory>
 #include <stdexcept>
@@ -22,6 +22,7 @@
 #include "layers/basic.h"
 #include "layers/mixer.h"
 #include "layers/sequence_parallel.h"
+#include "layers/ssm/conv1d.h"
 #include "layers/ssm/ssd.h"
 
 namespace seqlab {
@@ -80,8 +81,9 @@ class Mamba2Mixer : public Mixer {
       : s_(mamba2_sizes(ctx, opts)),
         chunk_(opts.integer("chunk_size")),
         in_proj_(add_module("in_proj", std::make_unique<Linear>(ctx.d_model, s_.in_width(), false, gen, ctx.init_std))),
-        conv_(add_module("conv", std::make_unique<ShortConv>(s_.conv_channels(), s_.conv, gen))),
-        conv_bias_(add_parameter("conv_bias", Tensor::zeros({s_.conv_channels()}), ParamRole::bias)),
+        // The convolution's bias and the SiLU after it are fused into the causal_conv1d op.
+        conv_(add_module("conv", std::make_unique<ShortConv>(s_.conv_channels(), s_.conv, gen,
+                                                             ShortConvOptions{true, true}))),
         dt_bias_(add_parameter("dt_bias", initial_dt_bias(s_.heads, gen), ParamRole::bias)),
         a_log_(add_parameter("A_log", initial_a_log(s_.heads, gen), ParamRole::bias)),
         d_(add_parameter("D", Tensor::ones({s_.heads}), ParamRole::bias)),
@@ -98,8 +100,8 @@ class Mamba2Mixer : public Mixer {
     const Tensor proj = in_proj_.forward(x);  // [B, T, 2E + 2GN + H]
     const Tensor z = narrow(proj, 2, 0, E);
     Tensor xbc = narrow(proj, 2, E, E + 2 * GN);
-    xbc = sp != nullptr ? sequence_conv(xbc, *sp) : conv_.forward(xbc, state != nullptr ? &state->conv : nullptr);
-    xbc = silu(add(xbc, conv_bias_));
+    xbc = sp != nullptr ? conv_.forward_sequence(xbc, *sp)
+                        : conv_.forward(xbc, state != nullptr ? &state->conv : nullptr);  // silu(conv(xBC) + b)
     const Tensor xs = reshape(narrow(xbc, 2, 0, E), {B, T, H, s_.head_dim});
     const Tensor Bm = reshape(narrow(xbc, 2, E, GN), {B, T, s_.groups, s_.state});
     const Tensor Cm = reshape(narrow(xbc, 2, E + GN, GN), {B, T, s_.groups, s_.state});
@@ -135,15 +137,6 @@ class Mamba2Mixer : public Mixer {
   std::unique_ptr<MixerState> new_state() const override { return std::make_unique<Mamba2State>(); }
 
  private:
-  // The short convolution over this rank's two chunks, each continuing the d_conv − 1 inputs before it in
-  // the whole sequence (sequence parallelism).
-  // conv1d: replace with ShortConv::forward_sequence when it lands
-  Tensor sequence_conv(const Tensor& u, const SequenceGroup& sp) const {
-    const int64_t c = u.size(1) / 2;
-    std::vector<Tensor> halo = sequence_halo(u, conv_.kernel_size() - 1, sp);
-    return concat({conv_.forward(narrow(u, 1, 0, c), &halo[0]), conv_.forward(narrow(u, 1, c, c), &halo[1])}, 1);
-  }
-
   // dt_bias = softplus⁻¹(Δ₀) = Δ₀ + log(1 − e^{−Δ₀}) with Δ₀ log-uniform in [1e-3, 0.1]: the initial steps
   // span fast and slow heads.
   static Tensor initial_dt_bias(int64_t heads, Generator& gen) {
@@ -165,7 +158,6 @@ class Mamba2Mixer : public Mixer {
   int64_t chunk_;
   Linear& in_proj_;
   ShortConv& conv_;
-  Tensor& conv_bias_;
   Tensor& dt_bias_;
   Tensor& a_log_;
   Tensor& d_;
@@ -199,6 +191,12 @@ double mamba2_state(const MixerContext& ctx, const MixerOptions& opts, int64_t) 
   return static_cast<double>(s.inner * s.state + (s.conv - 1) * s.conv_channels());
 }
 
+OptionSpec d_conv_option() {
+  OptionSpec s = OptionSpec::integer("d_conv", 4, 1, "taps of the causal depthwise convolution over x, B and C");
+  s.max = static_cast<double>(kMaxConv1dWidth);  // the widths of the causal_conv1d op
+  return s;
+}
+
 const MixerRegistration kMamba2{MixerSpec{
     "mamba2",
     {},
@@ -210,7 +208,7 @@ const MixerRegistration kMamba2{MixerSpec{
                          "head dim P of the SSM heads (H = E / P); 0: E / model.n_heads, so H = model.n_heads"),
      OptionSpec::integer("state_size", 64, 1, "state size N: each head carries a P × N state"),
      OptionSpec::integer("groups", 1, 1, "groups G of heads sharing B and C (divides the heads)"),
-     OptionSpec::integer("d_conv", 4, 1, "taps of the causal depthwise convolution over x, B and C")},
+     d_conv_option()},
     [](const MixerContext& ctx, const MixerOptions& opts, Generator& gen) -> std::unique_ptr<Mixer> {
       return std::make_unique<Mamba2Mixer>(ctx, opts, gen);
     },
