@@ -51,6 +51,13 @@ MambaSizes sizes_of(const MixerContext& ctx, const MixerOptions& opts) {
           rank > 0 ? rank : (ctx.d_model + 15) / 16};
 }
 
+// The mixer has channels, not heads, but n_heads is the model's: like every mixer it refuses a head count
+// that does not divide d_model (head_dim throws, naming the mixer), so a recipe means the same for any mixer.
+MambaSizes checked_sizes(const MixerContext& ctx, const MixerOptions& opts) {
+  head_dim(ctx, "mamba");
+  return sizes_of(ctx, opts);
+}
+
 // Decoding state: the convolution's last d_conv − 1 inputs [B, d_conv − 1, E] and the SSM state [B, E, N].
 struct MambaState : MixerState {
   Tensor conv, ssm;
@@ -60,7 +67,7 @@ struct MambaState : MixerState {
 class MambaMixer : public Mixer {
  public:
   MambaMixer(const MixerContext& ctx, const MixerOptions& opts, Generator& gen)
-      : s_(sizes_of(ctx, opts)),
+      : s_(checked_sizes(ctx, opts)),
         chunk_(opts.integer("chunk_size")),
         in_proj_(add_module("in_proj", std::make_unique<Linear>(s_.d, 2 * s_.inner, false, gen, ctx.init_std))),
         conv_(add_module("conv", std::make_unique<ShortConv>(s_.inner, s_.conv, gen))),
