@@ -234,15 +234,27 @@ inline T step_of(const Channel<T>& X, int64_t t, bool sp, T* slope = nullptr) {
   return sp ? softplus(x) : x;
 }
 
-// One step h ← exp(Δ A) ⊙ h + Δ u B_t for one channel; returns C_t · h (the new state's readout).
+// One step h ← exp(Δ A) ⊙ h + Δ u B_t for one channel; returns C_t · h (the new state's readout). The
+// decays go to `a` where given (the backward reuses them). Vectorised over N (math::exp_vec: a polynomial
+// for f32, libm for f64).
 template <class T>
-inline T scan_step(const Channel<T>& X, int64_t t, int64_t N, T dt, T* h) {
+inline T scan_step(const Channel<T>& X, int64_t t, int64_t N, T dt, T* h, T* a = nullptr) {
   const T du = dt * X.u[t * X.ld];
-  const T *Bt = X.B + t * N, *Ct = X.C + t * N;
+  const T *Bt = X.B + t * N, *Ct = X.C + t * N, *A = X.A;
   T acc = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    h[n] = std::exp(dt * X.A[n]) * h[n] + du * Bt[n];
-    acc += Ct[n] * h[n];
+  if (a) {
+#pragma omp simd reduction(+ : acc)
+    for (int64_t n = 0; n < N; ++n) {
+      a[n] = math::exp_vec(dt * A[n]);
+      h[n] = a[n] * h[n] + du * Bt[n];
+      acc += Ct[n] * h[n];
+    }
+  } else {
+#pragma omp simd reduction(+ : acc)
+    for (int64_t n = 0; n < N; ++n) {
+      h[n] = math::exp_vec(dt * A[n]) * h[n] + du * Bt[n];
+      acc += Ct[n] * h[n];
+    }
   }
   return acc;
 }
@@ -299,9 +311,10 @@ void backward(const Tensor& dy, const Tensor& dfinal, const SelectiveScanInputs&
 #pragma omp parallel for schedule(dynamic) if (G.parallel(tasks))
   for (int64_t task = 0; task < tasks; ++task) {
     const int64_t b = task / groups, grp = task % groups;
-    // The task's scratch: S [(K + 1)·N], dh [N], and the recurrent form's checkpoints [nc·N].
-    const Tensor scratch = Tensor::empty({(K + 2) * N + (ckpt.defined() ? 0 : nc * N)}, dt);
-    T *S = scratch.data<T>(), *dh = S + (K + 1) * N, *ck = dh + N;
+    // The task's scratch: S [(K + 1)·N], the chunk's decays [K·N], dh [N], and the recurrent form's
+    // checkpoints [nc·N].
+    const Tensor scratch = Tensor::empty({(2 * K + 2) * N + (ckpt.defined() ? 0 : nc * N)}, dt);
+    T *S = scratch.data<T>(), *dec = S + (K + 1) * N, *dh = dec + K * N, *ck = dh + N;
     T* dBp = pB.data<T>() + (b * groups + grp) * G.T * N;
     T* dCp = pC.data<T>() + (b * groups + grp) * G.T * N;
     for (int64_t d = grp * per; d < std::min(G.D, (grp + 1) * per); ++d) {
@@ -332,37 +345,41 @@ void backward(const Tensor& dy, const Tensor& dfinal, const SelectiveScanInputs&
         std::copy_n(entering(c), N, S);
         for (int64_t i = 0; i < L; ++i) {
           std::copy_n(S + i * N, N, S + (i + 1) * N);
-          scan_step(X, t0 + i, N, step_of(X, t0 + i, p.delta_softplus), S + (i + 1) * N);
+          scan_step(X, t0 + i, N, step_of(X, t0 + i, p.delta_softplus), S + (i + 1) * N, dec + i * N);
         }
         for (int64_t i = L - 1; i >= 0; --i) {
           const int64_t t = t0 + i;
-          const T *hp = S + i * N, *hc = S + (i + 1) * N, *Bt = X.B + t * N, *Ct = X.C + t * N;
+          const T *hp = S + i * N, *hc = S + (i + 1) * N, *at = dec + i * N, *Bt = X.B + t * N, *Ct = X.C + t * N;
+          const T* A = X.A;
           T slope;
           const T delta_t = step_of(X, t, p.delta_softplus, &slope), ut = X.u[t * X.ld];
           T gy = dY[t * X.ld];
           if (has_z) {
             // ŷ_t recomputed from the state; d silu(z)/dz = σ(z)(1 + z(1 − σ(z))).
-            T yhat = X.D * ut;
+            T yhat = 0;
+#pragma omp simd reduction(+ : yhat)
             for (int64_t n = 0; n < N; ++n) yhat += Ct[n] * hc[n];
+            yhat += X.D * ut;
             const T zt = X.z[t * X.ld], s = math::sigmoid(zt);
             if (dZ) dZ[t * X.ld] = gy * yhat * s * (T(1) + zt * (T(1) - s));
             gy *= zt * s;
           }
           dD += gy * ut;
-          T du = X.D * gy, ddt = 0;
+          T du = 0, ddt = 0;
           T *dBt = dBp + t * N, *dCt = dCp + t * N;
+          const T dtu = delta_t * ut;
+#pragma omp simd reduction(+ : du, ddt)
           for (int64_t n = 0; n < N; ++n) {
-            dh[n] += gy * Ct[n];
+            const T dhn = dh[n] + gy * Ct[n];
             dCt[n] += gy * hc[n];
-            const T a = std::exp(delta_t * X.A[n]);
-            const T ahp = a * hp[n];
-            ddt += dh[n] * (X.A[n] * ahp + ut * Bt[n]);
-            dA[n] += dh[n] * delta_t * ahp;
-            dBt[n] += dh[n] * delta_t * ut;
-            du += dh[n] * delta_t * Bt[n];
-            dh[n] *= a;
+            const T ahp = at[n] * hp[n];
+            ddt += dhn * (A[n] * ahp + ut * Bt[n]);
+            dA[n] += dhn * delta_t * ahp;
+            dBt[n] += dhn * dtu;
+            du += dhn * Bt[n];
+            dh[n] = dhn * at[n];
           }
-          dU[t * X.ld] = du;
+          dU[t * X.ld] = X.D * gy + delta_t * du;
           const T ddel = ddt * slope;
           dDel[t * X.ld] = ddel;
           dbias += ddel;
