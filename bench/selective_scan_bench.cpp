@@ -9,7 +9,8 @@
 // alternately.
 //
 // Usage: selective_scan_bench [runs] [max_T]; the peer runs where TORCH_PYTHON names a python with torch
-// (e.g. build/pyenv/bin/python3 of scripts/python_env.sh), with the same number of threads as OpenMP uses.
+// (e.g. build/pyenv/bin/python3 of scripts/python_env.sh), with the same number of threads as OpenMP uses;
+// SEQLAB_ROOT names the repository (default: the current folder).
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -75,6 +76,9 @@ double peer_seconds(int64_t T, int runs, int threads, const std::string& root) {
                           std::to_string(kB) + " --T " + std::to_string(T) + " --D " + std::to_string(kD) + " --N " +
                           std::to_string(kN) + " --runs " + std::to_string(runs) + " --threads " +
                           std::to_string(threads);
+  // Idle OpenMP threads sleep rather than spin, as scripts/setup.sh sets for seqlab itself: on a shared
+  // machine spinning threads steal the cores the busy ones need.
+  setenv("OMP_WAIT_POLICY", "passive", 0);
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return -1;
   char line[512];

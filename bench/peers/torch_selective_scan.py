@@ -33,9 +33,11 @@ def selective_scan_ref(u, delta, A, B, C, D, z, delta_bias):
     drive = (dt * u).unsqueeze(-1) * B.unsqueeze(2)                       # [B, T, D, N]: every step's Δ u B
     h = u.new_zeros(u.shape[0], u.shape[2], A.shape[1])
     ys = []
-    for t in range(u.shape[1]):
-        h = decay[:, t] * h + drive[:, t]
-        ys.append(torch.einsum("bdn,bn->bd", h, C[:, t]))
+    # The steps through unbind, not decay[:, t]: indexing in the loop would give every step's backward a
+    # zero-filled [B, T, D, N] gradient (O(T²) work); unbind's backward stacks the T slices once.
+    for a_t, f_t, c_t in zip(decay.unbind(1), drive.unbind(1), C.unbind(1)):
+        h = a_t * h + f_t
+        ys.append(torch.einsum("bdn,bn->bd", h, c_t))
     y = torch.stack(ys, dim=1) + u * D
     return y * F.silu(z), h
 
