@@ -124,12 +124,12 @@ TEST(MixerRegistry, OlderNamesResolveToTheCurrentOnes) {
   EXPECT_EQ(mixer_spec("deltanet").name, "delta_net");
   EXPECT_EQ(mixer_spec("gated_deltanet").name, "gated_delta_net");
   EXPECT_EQ(find_mixer("gla"), &mixer_spec("gla"));
-  EXPECT_EQ(find_mixer("mamba"), nullptr);
+  EXPECT_EQ(find_mixer("hyena"), nullptr);
   try {
-    mixer_spec("mamba");
+    mixer_spec("hyena");
     ADD_FAILURE() << "no error for an unknown mixer";
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()), "unknown mixer 'mamba' (mixers: " + mixer_names() + ")");
+    EXPECT_EQ(std::string(e.what()), "unknown mixer 'hyena' (mixers: " + mixer_names() + ")");
   }
 }
 
