@@ -1,20 +1,24 @@
 // The selective scan's CUDA kernels' exact schedule, run on the CPU. src/cuda/ssm/selective_scan.cu
 // launches the __host__ __device__ functions of src/cuda/ssm/selective_scan_schedule.h: the forward one
-// thread per (b, d); the backward one thread per (b, d) adding into zeroed accumulators, then one thread
-// per accumulator element writing the outputs. Here the same functions run for every thread, one after
-// another (the threads of a kernel share nothing but the accumulators, whose atomic adds become plain
-// adds), and the results are compared with the CPU kernels (src/layers/ssm/selective_scan.cpp) of both
-// forms: the chunked form with the forward's checkpoints, the recurrent form without (each thread then
-// makes its own).
+// thread per (b, d); the backward a begin launch per (b, d), then per chunk (last first) a walk back per
+// (b, d) writing each channel's terms of dB, dC and a reduce per (b, step, n) summing them over d, then a
+// finish per (d, n) and per d summing dA, dD, d bias over b. Here every launch runs in queue order and its
+// threads one after another, and the results are compared with the CPU kernels
+// (src/layers/ssm/selective_scan.cpp) of both forms: the chunked form with the forward's checkpoints, the
+// recurrent form without (each thread then makes its own). A second run with every launch's threads in
+// another order (blocks last first, threads shuffled) must give the same bits: the kernels' sums over
+// threads run in a fixed order, whatever order a GPU schedules them in.
 //
 // Outputs and scratch start as NaN, so an element the schedule fails to write, or a scratch element read
 // before it is written, shows up. Element types: f64 (against the f64 CPU kernels, ≤ 1e-11), f32
-// (against f32, ≤ 1e-5: dB, dC, dA, dD, d bias are summed in another order), and bf16 stored / f32
-// computed as on the GPU (against the f32 CPU kernels on the same bf16 values, ≤ 2e-2).
+// (against f32, ≤ 1e-5: dB, dC, dA, dD, d bias are summed in another order than the CPU's), and bf16
+// stored / f32 computed as on the GPU (against the f32 CPU kernels on the same bf16 values, ≤ 2e-2).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -43,18 +47,42 @@ struct Run {
   kernel::SelectiveScanGrads g;
 };
 
-// Both kernels of one form, emulated: element type T stored, A computed.
+// The order the emulated threads of a launch run in: as numbered, or the launch's blocks of 128 (the
+// kernels' block size) last first with each block's threads in a fixed shuffled order — standing for a
+// GPU that schedules blocks and warps as it likes. A schedule whose sums depend on which thread comes
+// first (atomic adds, or any unsynchronised accumulation) gives other bits in the second order.
+enum class Order { numbered, shuffled };
+
+template <class F>
+void launch(int64_t n, Order order, F&& thread) {
+  constexpr int64_t kBlock = 128;
+  if (order == Order::numbered) {
+    for (int64_t i = 0; i < n; ++i) thread(i);
+    return;
+  }
+  std::mt19937_64 rng(n);
+  for (int64_t start = (n - 1) / kBlock * kBlock; start >= 0; start -= kBlock) {
+    std::vector<int64_t> block;
+    for (int64_t i = start; i < std::min(n, start + kBlock); ++i) block.push_back(i);
+    std::shuffle(block.begin(), block.end(), rng);
+    for (int64_t i : block) thread(i);
+  }
+}
+
+// Every kernel of one form, emulated launch by launch as selective_scan.cu queues them: element type T
+// stored, A computed, the threads of each launch in `order`.
 template <class T, class A>
-Run emulate(const Case& c, const SelectiveScanData& x, DType dtype, SelectiveScanForm form) {
+Run emulate(const Case& c, const SelectiveScanData& x, DType dtype, SelectiveScanForm form,
+            Order order = Order::numbered) {
   const ss::Dims d{c.B, c.T, c.D, c.N, std::min(c.chunk, std::max<int64_t>(c.T, 1)), true};
   const ss::Inputs<T> in = inputs_of<T>(x.in);
   Run r;
   r.y = poisoned({c.B, c.T, c.D}, dtype, kCpu);
   r.fin = poisoned({c.B, c.D, c.N}, dtype, kCpu);
   if (form == SelectiveScanForm::chunked) r.ckpt = poisoned({c.B, d.chunks(), c.D, c.N}, dtype, kCpu);
-  for (int64_t idx = 0; idx < c.B * c.D; ++idx) {
-    ss::forward_channel<T, A>(idx, d, in, r.y.data<T>(), r.fin.data<T>(), mut<T>(r.ckpt));
-  }
+  const int64_t n = c.B * c.D;
+  launch(n, order,
+         [&](int64_t idx) { ss::forward_channel<T, A>(idx, d, in, r.y.data<T>(), r.fin.data<T>(), mut<T>(r.ckpt)); });
   auto out = [&](const Tensor& like) { return like.defined() ? poisoned(like.shape(), dtype, kCpu) : Tensor(); };
   r.g.du = out(x.in.u);
   r.g.ddelta = out(x.in.delta);
@@ -67,17 +95,20 @@ Run emulate(const Case& c, const SelectiveScanData& x, DType dtype, SelectiveSca
   r.g.dinitial_state = out(x.in.initial_state);
   const ss::Grads<T> g{mut<T>(r.g.du), mut<T>(r.g.ddelta), mut<T>(r.g.dz), mut<T>(r.g.dinitial_state), mut<T>(r.g.dB),
                        mut<T>(r.g.dC), mut<T>(r.g.dA),     mut<T>(r.g.dD), mut<T>(r.g.ddelta_bias)};
-  // The launch's buffers: accumulators zeroed, scratch uninitialised (NaN here).
-  std::vector<A> acc_buf(static_cast<size_t>(ss::accumulator_elements(d)), A(0));
-  const ss::Accumulators<A> acc = ss::accumulators_of(acc_buf.data(), d);
+  // The launch's workspace, uninitialised on the GPU: NaN here.
   const bool with_ckpt = r.ckpt.defined();
-  const int64_t per = ss::scratch_per_thread(d, with_ckpt);
-  std::vector<A> scratch(static_cast<size_t>(c.B * c.D * per), std::numeric_limits<A>::quiet_NaN());
-  for (int64_t idx = 0; idx < c.B * c.D; ++idx) {
-    ss::backward_channel<T, A>(idx, d, in, x.dy.data<T>(), x.dfinal.data<T>(), with_ckpt ? r.ckpt.data<T>() : nullptr,
-                               scratch.data() + idx * per, g, acc);
+  std::vector<A> ws(static_cast<size_t>(ss::workspace_elements(d, with_ckpt)), std::numeric_limits<A>::quiet_NaN());
+  const ss::Workspace<A> w = ss::workspace_of(ws.data(), d, with_ckpt);
+  const T* ckpt = with_ckpt ? r.ckpt.data<T>() : nullptr;
+  launch(n, order,
+         [&](int64_t idx) { ss::backward_begin_channel<T, A>(idx, d, in, x.dfinal.data<T>(), with_ckpt, w); });
+  for (int64_t ci = d.chunks() - 1; ci >= 0; --ci) {
+    launch(n, order,
+           [&](int64_t idx) { ss::backward_chunk_channel<T, A>(idx, ci, d, in, x.dy.data<T>(), ckpt, w, g); });
+    const int64_t steps = std::min(d.chunk, d.T - ci * d.chunk);
+    launch(c.B * steps * c.N, order, [&](int64_t i) { ss::reduce_chunk_element<T, A>(i, ci, d, w, g); });
   }
-  for (int64_t i = 0; i < ss::accumulator_elements(d); ++i) ss::finish_element<T, A>(i, d, acc, g);
+  launch(c.D * c.N + 2 * c.D, order, [&](int64_t i) { ss::finish_channel_element<T, A>(i, d, w, g); });
   return r;
 }
 
@@ -125,6 +156,45 @@ void check_all(DType dtype, double tol) {
 TEST(SelectiveScanEmulation, F64MatchesTheCpuKernels) { check_all<double, double>(DType::f64, 1e-11); }
 TEST(SelectiveScanEmulation, F32MatchesTheCpuKernels) { check_all<float, float>(DType::f32, 1e-5); }
 TEST(SelectiveScanEmulation, Bf16ComputedInF32MatchesTheCpuKernels) { check_all<bf16, float>(DType::bf16, 2e-2); }
+
+// A run's tensors, in the order of kOutputNames (undefined where the case has no such input).
+const char* const kOutputNames[] = {"y",  "final_state", "checkpoints", "du", "ddelta",      "dA",
+                                    "dB", "dC",          "dD",          "dz", "ddelta_bias", "dinitial_state"};
+std::vector<Tensor> outputs_of(const Run& r) {
+  return {r.y,    r.fin,  r.ckpt, r.g.du, r.g.ddelta,      r.g.dA,
+          r.g.dB, r.g.dC, r.g.dD, r.g.dz, r.g.ddelta_bias, r.g.dinitial_state};
+}
+
+// Determinism: every launch's threads run in another order (blocks last first, threads shuffled) and
+// every output, gradient and checkpoint keeps its bits. Each element has one writer per launch and every
+// sum over threads (dB, dC over d; dA, dD, d bias over b) is taken by one thread in a fixed order, so the
+// order in which a GPU runs blocks and warps cannot change a bit; the atomic adds this replaced would have
+// summed in thread order and failed here.
+template <class T, class A>
+void check_order_free(DType dtype) {
+  Generator gen(test_seed(43));
+  for (const Case& c : kSelectiveScanCases) {
+    const SelectiveScanData x = make_selective_scan_data(c, dtype, gen);
+    for (SelectiveScanForm form : {SelectiveScanForm::chunked, SelectiveScanForm::recurrent}) {
+      const std::string what = std::string(dtype_name(dtype)) + " " + c.name() + " " + selective_scan_form_name(form);
+      const Run first = emulate<T, A>(c, x, dtype, form, Order::numbered);
+      const Run second = emulate<T, A>(c, x, dtype, form, Order::shuffled);
+      const std::vector<Tensor> a = outputs_of(first), b = outputs_of(second);
+      for (size_t k = 0; k < a.size(); ++k) {
+        const std::string name = what + " " + kOutputNames[k];
+        ASSERT_EQ(a[k].defined(), b[k].defined()) << name;
+        if (!a[k].defined()) continue;
+        const std::vector<double> va = a[k].to_doubles(), vb = b[k].to_doubles();
+        for (double v : va) ASSERT_TRUE(std::isfinite(v)) << name << " has a non-finite value";
+        EXPECT_EQ(va, vb) << name << " changed with the order the threads ran in";
+      }
+    }
+  }
+}
+
+TEST(SelectiveScanEmulation, F64BitsDoNotDependOnThreadOrder) { check_order_free<double, double>(DType::f64); }
+TEST(SelectiveScanEmulation, F32BitsDoNotDependOnThreadOrder) { check_order_free<float, float>(DType::f32); }
+TEST(SelectiveScanEmulation, Bf16BitsDoNotDependOnThreadOrder) { check_order_free<bf16, float>(DType::bf16); }
 
 }  // namespace
 }  // namespace seqlab::testing

@@ -6,7 +6,8 @@
 // shape, in f32, f64 and bf16: every CUDA output poisoned with NaN first, then y, final_state, the
 // checkpoints and every gradient compared element by element with the CPU slots (for bf16 the CPU runs
 // in f32 on the same bf16 values). Tolerance |got − want| ≤ rtol · max(|want|, 1): 1e-4 for f32 (the
-// GPU sums dB, dC, dA by atomic adds, in another order than the CPU), 1e-10 for f64, 2e-2 for bf16.
+// GPU sums dB, dC over channels and dA, dD, d delta_bias over the batch in another order than the CPU),
+// 1e-10 for f64, 2e-2 for bf16. And the backward is deterministic: the same inputs give the same bits.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -79,6 +80,34 @@ TEST_F(CudaSelectiveScanVsCpu, ForwardAndBackwardBothForms) {
         expect_close(got.ddelta_bias, want.ddelta_bias, tol, what + " ddelta_bias");
         expect_close(got.dinitial_state, want.dinitial_state, tol, what + " dinitial_state");
       }
+    }
+  }
+}
+
+// The kernels write the same bits on every run (no atomics: every sum over threads in a fixed order), at a
+// training-like shape with many blocks and several chunks, both forms.
+TEST_F(CudaSelectiveScanVsCpu, Deterministic) {
+  const Case c{4, 300, 256, 16, 64, true};
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const SelectiveScanData x = make_selective_scan_data(c, dtype, gen_);
+    const kernel::SelectiveScanInputs gin = inputs_on(x.in, true);
+    const Tensor dy = on_gpu(x.dy), dfinal = on_gpu(x.dfinal);
+    for (SelectiveScanForm form : {SelectiveScanForm::chunked, SelectiveScanForm::recurrent}) {
+      const kernel::SelectiveScanParams p{form, c.chunk, true};
+      const int64_t nc = (c.T + p.chunk - 1) / p.chunk;
+      expect_same_bits_twice(
+          [&] {
+            Tensor y = poisoned({c.B, c.T, c.D}, dtype), fin = poisoned({c.B, c.D, c.N}, dtype);
+            Tensor ckpt = form == SelectiveScanForm::chunked ? poisoned({c.B, nc, c.D, c.N}, dtype) : Tensor();
+            kernel::selective_scan_forward_kernel(kGpu, gin, p, y, fin, ckpt);
+            kernel::SelectiveScanGrads gr = grads_like(x.in, dtype, true);
+            kernel::selective_scan_backward_kernel(kGpu, dy, dfinal, gin, ckpt, p, gr);
+            std::vector<Tensor> outs{y,     fin,   gr.du,          gr.ddelta,        gr.dA, gr.dB, gr.dC,
+                                     gr.dD, gr.dz, gr.ddelta_bias, gr.dinitial_state};
+            if (ckpt.defined()) outs.push_back(ckpt);
+            return outs;
+          },
+          std::string(dtype_name(dtype)) + " " + selective_scan_form_name(form), true);
     }
   }
 }

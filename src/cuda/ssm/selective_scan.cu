@@ -7,15 +7,20 @@
 // selective_scan_emulation_test.cc runs it on the CPU against the CPU kernels); this file launches it.
 //   forward (ss_fwd): one thread per (b, d), B·D threads in blocks of 128, the channel's N-element state in
 //     local memory; writes y, the final state and, in the chunked form, the checkpoints.
-//   backward (ss_bwd): one thread per (b, d) again, walking the chunks in reverse from the checkpoints
-//     (recomputed by the thread itself in the recurrent form), each chunk's states recomputed into the
-//     thread's global scratch; du, ddelta, dz and d initial_state are its own, dB, dC, dA, dD and d bias
-//     are atomic adds into zeroed compute-type accumulators, which ss_finish writes out.
+//   backward: ss_bwd_begin, one thread per (b, d), sets each thread's carry (dh = d final_state) and, in the
+//     recurrent form, finds its checkpoints; then per chunk, last first, two launches: ss_bwd_chunk, one
+//     thread per (b, d) walking the chunk back from the checkpoint (its states recomputed into the thread's
+//     global scratch), writing du, ddelta, dz and its terms of the chunk's dB, dC, and ss_bwd_reduce_chunk,
+//     one thread per (b, step, n), summing those terms over d in channel order into dB, dC; last,
+//     ss_bwd_finish sums the threads' dA, dD, d bias over b in batch order and writes d initial_state.
+//     Deterministic: no atomics, every sum in a fixed order. The scratch is bounded by the chunk (the
+//     schedule header gives its size); 2·⌈T/chunk⌉ + 2 launches.
 // f32 and bf16 compute in f32 (bf16 rounded on store), f64 in f64. N ≤ 64 (a clear error beyond). A
 // simple kernel, correct rather than fast: a chunked parallel scan over time is other work. Compiled for
 // sm_80/sm_90; tests/selective_scan_gpu_test.cc compares it with the CPU kernels on a GPU.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -41,20 +46,32 @@ __global__ void __launch_bounds__(kThreads)
 
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    ss_bwd(int64_t n, ss::Dims d, ss::Inputs<T> in, const T* dy, const T* dfinal, const T* ckpt,
-           compute_t<T>* scratch, ss::Grads<T> g, ss::Accumulators<compute_t<T>> acc) {
+    ss_bwd_begin(int64_t n, ss::Dims d, ss::Inputs<T> in, const T* dfinal, bool ckpt_given,
+                 ss::Workspace<compute_t<T>> w) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx < n) {
-    ss::backward_channel<T, compute_t<T>>(idx, d, in, dy, dfinal, ckpt,
-                                          scratch + idx * ss::scratch_per_thread(d, ckpt != nullptr), g, acc);
-  }
+  if (idx < n) ss::backward_begin_channel<T, compute_t<T>>(idx, d, in, dfinal, ckpt_given, w);
 }
 
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    ss_finish(int64_t n, ss::Dims d, ss::Accumulators<compute_t<T>> acc, ss::Grads<T> g) {
+    ss_bwd_chunk(int64_t n, int64_t c, ss::Dims d, ss::Inputs<T> in, const T* dy, const T* ckpt,
+                 ss::Workspace<compute_t<T>> w, ss::Grads<T> g) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx < n) ss::finish_element<T, compute_t<T>>(idx, d, acc, g);
+  if (idx < n) ss::backward_chunk_channel<T, compute_t<T>>(idx, c, d, in, dy, ckpt, w, g);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    ss_bwd_reduce_chunk(int64_t n, int64_t c, ss::Dims d, ss::Workspace<compute_t<T>> w, ss::Grads<T> g) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx < n) ss::reduce_chunk_element<T, compute_t<T>>(idx, c, d, w, g);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    ss_bwd_finish(int64_t n, ss::Dims d, ss::Workspace<compute_t<T>> w, ss::Grads<T> g) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx < n) ss::finish_channel_element<T, compute_t<T>>(idx, d, w, g);
 }
 
 void check_tensor(const Tensor& t, const Tensor& u, const char* what) {
@@ -136,26 +153,37 @@ void backward_cuda(const Tensor& dy, const Tensor& dfinal, const kernel::Selecti
     using T = typename decltype(tag)::type;
     using A = compute_t<T>;
     const int device = in.u.device().index;
-    // Accumulators zeroed here; per-thread scratch uninitialised (every element is written before it is
-    // read). Both return to the allocator's cache at exit: safe, since every later user of their blocks is
-    // queued after these kernels on the same stream.
-    const Tensor acc_t = Tensor::zeros({ss::accumulator_elements(d)}, dtype_of_compute<A>(), in.u.device());
-    const int64_t n = d.B * d.D;
-    const Tensor scratch =
-        Tensor::empty({n * ss::scratch_per_thread(d, ckpt.defined())}, dtype_of_compute<A>(), in.u.device());
-    const ss::Accumulators<A> acc = ss::accumulators_of(static_cast<A*>(acc_t.raw_data()), d);
+    // The workspace, uninitialised (every element is written before it is read), returns to the allocator's
+    // cache at exit: safe, since every later user of its block is queued after these kernels on the same
+    // stream. Its per-chunk buffers are rewritten by each chunk's launch once the previous chunk's reduce
+    // (queued before it on the stream) has read them.
+    const bool with_ckpt = ckpt.defined();
+    const Tensor ws_t = Tensor::empty({ss::workspace_elements(d, with_ckpt)}, dtype_of_compute<A>(), in.u.device());
+    const ss::Workspace<A> w = ss::workspace_of(static_cast<A*>(ws_t.raw_data()), d, with_ckpt);
+    const ss::Inputs<T> xin = inputs_of<T>(in);
     const ss::Grads<T> g{mut<T>(gr.du), mut<T>(gr.ddelta), mut<T>(gr.dz), mut<T>(gr.dinitial_state), mut<T>(gr.dB),
                          mut<T>(gr.dC), mut<T>(gr.dA),     mut<T>(gr.dD), mut<T>(gr.ddelta_bias)};
     DeviceGuard guard(device);
+    cudaStream_t st = stream(device);
+    const int64_t n = d.B * d.D;
     if (n > 0) {
-      ss_bwd<T><<<blocks_of(n), kThreads, 0, stream(device)>>>(n, d, inputs_of<T>(in), ptr<T>(dy), ptr<T>(dfinal),
-                                                               ptr<T>(ckpt), static_cast<A*>(scratch.raw_data()), g,
-                                                               acc);
-      SEQLAB_CUDA_CHECK_LAUNCH("selective_scan backward kernel");
+      ss_bwd_begin<T><<<blocks_of(n), kThreads, 0, st>>>(n, d, xin, ptr<T>(dfinal), with_ckpt, w);
+      SEQLAB_CUDA_CHECK_LAUNCH("selective_scan backward begin kernel");
     }
-    const int64_t m = ss::accumulator_elements(d);
+    for (int64_t c = d.chunks() - 1; c >= 0; --c) {
+      if (n > 0) {
+        ss_bwd_chunk<T><<<blocks_of(n), kThreads, 0, st>>>(n, c, d, xin, ptr<T>(dy), ptr<T>(ckpt), w, g);
+        SEQLAB_CUDA_CHECK_LAUNCH("selective_scan backward chunk kernel");
+      }
+      const int64_t steps = std::min(d.chunk, d.T - c * d.chunk), m = d.B * steps * d.N;
+      if (m > 0) {
+        ss_bwd_reduce_chunk<T><<<blocks_of(m), kThreads, 0, st>>>(m, c, d, w, g);
+        SEQLAB_CUDA_CHECK_LAUNCH("selective_scan backward chunk reduce kernel");
+      }
+    }
+    const int64_t m = d.D * d.N + 2 * d.D;
     if (m > 0) {
-      ss_finish<T><<<blocks_of(m), kThreads, 0, stream(device)>>>(m, d, acc, g);
+      ss_bwd_finish<T><<<blocks_of(m), kThreads, 0, st>>>(m, d, w, g);
       SEQLAB_CUDA_CHECK_LAUNCH("selective_scan backward finish kernel");
     }
   });
