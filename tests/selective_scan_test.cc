@@ -90,7 +90,9 @@ void expect_same(const Result& a, const Result& b, double tol, const std::string
   EXPECT_LE(max_rel_error(a.fs, b.fs), tol) << what << " final_state";
   for (size_t i = 0; i < 9; ++i) {
     ASSERT_EQ(a.grads[i].defined(), b.grads[i].defined()) << what << " d" << kInputNames[i];
-    if (a.grads[i].defined()) EXPECT_LE(max_rel_error(a.grads[i], b.grads[i]), tol) << what << " d" << kInputNames[i];
+    if (a.grads[i].defined()) {
+      EXPECT_LE(max_rel_error(a.grads[i], b.grads[i]), tol) << what << " d" << kInputNames[i];
+    }
   }
 }
 
@@ -349,7 +351,9 @@ int64_t chunked_peak_bytes(const Case& c) {
   }
   const int64_t peak = alloc.stats().peak_bytes - before;
   for (const Tensor& t : x) {
-    if (t.defined()) EXPECT_TRUE(testing::all_finite(grad_of(t)));
+    if (t.defined()) {
+      EXPECT_TRUE(testing::all_finite(grad_of(t)));
+    }
   }
   return peak;
 }
