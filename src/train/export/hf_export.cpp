@@ -251,6 +251,7 @@ const char* ffn_refusal(FfnKind kind) {
     case FfnKind::relu: return "ReLU FFNs";
     case FfnKind::none: return "no FFN";
     case FfnKind::gelu: return "GELU MLPs";
+    case FfnKind::moe: return "mixture-of-experts FFNs";
   }
   return "";
 }
