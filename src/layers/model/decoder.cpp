@@ -14,6 +14,7 @@ namespace seqlab {
 
 bool bounded_context(const ModelConfig& cfg, const std::vector<BlockSpec>& blocks) {
   return cfg.positions == PositionKind::learned || cfg.positions == PositionKind::sinusoidal ||
+         shared_attention_uses(cfg, blocks.size()) > 0 ||  // the shared attention block's caches grow
          std::any_of(blocks.begin(), blocks.end(),
                      [](const BlockSpec& b) { return !mixer_spec(b.mixer).traits.recurrent; });
 }
@@ -50,7 +51,8 @@ Decoder::Decoder(const ModelConfig& cfg, Generator& gen)
     wpe_ = &add_module("wpe", std::make_unique<Embedding>(cfg_.max_seq_len, cfg_.d_model, gen, cfg_.init_std));
   }
   stack_ = &add_module("", std::make_unique<Stack>(cfg_, cfg_.blocks, /*cross=*/false, gen, dropout_gen_));
-  has_moe_ = std::any_of(cfg_.blocks.begin(), cfg_.blocks.end(), [](const BlockSpec& b) { return b.ffn == FfnKind::moe; });
+  has_moe_ = std::any_of(cfg_.blocks.begin(), cfg_.blocks.end(), [](const BlockSpec& b) { return b.ffn == FfnKind::moe; }) ||
+             (shared_attention_uses(cfg_, cfg_.blocks.size()) > 0 && cfg_.shared_attention_ffn == FfnKind::moe);
   if (!cfg_.tie_embeddings) {
     lm_head_ = &add_module("lm_head", std::make_unique<Linear>(cfg_.d_model, cfg_.vocab_size, false, gen, cfg_.init_std));
   }
@@ -68,6 +70,10 @@ double decoder_state_size(const ModelConfig& config, int64_t seq_len) {
     const MixerSpec& spec = mixer_spec(b.mixer);
     sum += spec.state_size(ctx, options_of(cfg, spec), seq_len);
   }
+  if (const int64_t uses = shared_attention_uses(cfg, cfg.blocks.size()); uses > 0) {  // a cache per use
+    const MixerSpec& attention = mixer_spec("attention");
+    sum += static_cast<double>(uses) * attention.state_size(ctx, options_of(cfg, attention), seq_len);
+  }
   return sum;
 }
 
@@ -78,6 +84,10 @@ double decoder_mixing_flops_per_token(const ModelConfig& config, int64_t seq_len
   for (const BlockSpec& b : cfg.blocks) {
     const MixerSpec& spec = mixer_spec(b.mixer);
     sum += spec.mixing_flops_per_token(ctx, options_of(cfg, spec), seq_len);
+  }
+  if (const int64_t uses = shared_attention_uses(cfg, cfg.blocks.size()); uses > 0) {  // attention at every use
+    const MixerSpec& attention = mixer_spec("attention");
+    sum += static_cast<double>(uses) * attention.mixing_flops_per_token(ctx, options_of(cfg, attention), seq_len);
   }
   return sum;
 }

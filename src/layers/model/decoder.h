@@ -18,7 +18,8 @@
 // Parameter names are stable dotted paths: wte.weight, wpe.weight (learned positions only),
 // relative_bias.weight (relative positions), blocks.{i}.norm1.*, blocks.{i}.mixer.* (the mixer's own:
 // attention qkv.*, proj.*; gla q.*, ...), blocks.{i}.norm2.*, blocks.{i}.mlp.{fc,gate,proj}.* (no
-// norm2 and mlp where the FFN is none), norm_f.*, lm_head.weight (untied only).
+// norm2 and mlp where the FFN is none; blocks.{i}.moe.* for a mixture of experts), norm_f.*,
+// lm_head.weight (untied only); with Zamba's shared attention block (stack.h) shared.* and shared_in.{u}.*.
 #pragma once
 
 #include <cstdint>

@@ -107,6 +107,18 @@ ModelConfig resolved_config(ModelConfig cfg) {
     }
     check_moe_config(cfg.moe);
   }
+  if (cfg.shared_attention_every < 0) throw std::invalid_argument(kind + ": shared_attention_every must be 0 or positive");
+  if (cfg.shared_attention_every > 0) {
+    if (cfg.kind != ModelKind::decoder || cfg.norm_placement != NormPlacement::pre) {
+      throw std::invalid_argument(kind + ": the shared attention block is built into pre-norm decoder models only");
+    }
+    if (cfg.shared_attention_every > static_cast<int64_t>(cfg.blocks.size())) {
+      throw std::invalid_argument(kind + ": shared_attention_every = " + std::to_string(cfg.shared_attention_every) +
+                                  " is more than the " + std::to_string(cfg.blocks.size()) +
+                                  " blocks: the shared block would never run");
+    }
+    if (cfg.shared_attention_ffn == FfnKind::moe) check_moe_config(cfg.moe);
+  }
   return cfg;
 }
 
@@ -146,10 +158,23 @@ double model_parameter_count(const ModelConfig& cfg) {
   return 0;
 }
 
+int64_t shared_attention_uses(const ModelConfig& cfg, size_t layers) {
+  return cfg.shared_attention_every > 0 ? static_cast<int64_t>(layers) / cfg.shared_attention_every : 0;
+}
+
 double model_active_parameter_count(const ModelConfig& config) {
   const double total = model_parameter_count(config);
   const ModelConfig cfg = resolved_config(config);
   double inactive = 0;  // per MoE block, the experts a token is not routed to
+  if (const int64_t uses = shared_attention_uses(cfg, cfg.blocks.size()); uses > 0) {
+    // Counted once in the total, passed through once per use (an MoE FFN's top_k experts each time).
+    const BlockSpec shared{"attention", cfg.shared_attention_ffn};
+    const double idle = shared.ffn == FfnKind::moe
+                            ? moe_parameter_count(cfg.moe, cfg.d_model, cfg.d_ff, cfg.bias) -
+                                  moe_active_parameter_count(cfg.moe, cfg.d_model, cfg.d_ff, cfg.bias)
+                            : 0.0;
+    inactive += static_cast<double>(uses) * idle - static_cast<double>(uses - 1) * block_parameter_count(cfg, shared, false);
+  }
   for (const std::vector<BlockSpec>* blocks : {&cfg.blocks, &cfg.decoder_blocks}) {
     for (const BlockSpec& b : *blocks) {
       if (b.ffn != FfnKind::moe) continue;

@@ -88,10 +88,14 @@ struct ModelConfig {
   double dropout = 0;         // in [0, 1); applied in training mode only
   uint64_t dropout_seed = 0;  // seeds the model's dropout generator
   MoeConfig moe;              // the blocks whose FFN is moe
-  // Zamba's shared attention block (decoder only; shared_block.h): after every k-th block one attention
-  // block whose weights the whole model shares, each use with its own input projection; 0: none.
+  // Zamba's shared attention block (decoder only; stack.h): after every k-th block one attention block
+  // whose weights the whole model shares, each use with its own input projection; 0: none.
   int64_t shared_attention_every = 0;
+  FfnKind shared_attention_ffn = FfnKind::swiglu;  // the shared block's FFN
 };
+
+// How often a stack of `layers` blocks applies the shared attention block: layers / every (0 when off).
+int64_t shared_attention_uses(const ModelConfig& cfg, size_t layers);
 
 // A GPT-2: n_layers blocks of causal attention (n_heads heads) with GELU MLPs of 4·d_model, LayerNorm,
 // biases and learned positions for max_seq_len tokens.
@@ -118,9 +122,9 @@ std::unique_ptr<LanguageModel> make_model(const ModelConfig& cfg, Generator& gen
 // The number of weights make_model(cfg) has, counted from the configuration alone. Equals
 // make_model(cfg)->num_parameters(); throws as make_model does for sizes it cannot take.
 double model_parameter_count(const ModelConfig& cfg);
-// The weights one token's forward and backward pass through: all of them but, in every MoE block, the
-// E − top_k experts it is not routed to (what 6·N counts in the FLOPs per token). Equals
-// model_parameter_count for a model without MoE blocks.
+// The weights one token's forward and backward pass through, each time it does (what 6·N counts in the
+// FLOPs per token): all of them but, in every MoE block, the E − top_k experts it is not routed to, and
+// the shared attention block's once per use. Equals model_parameter_count for a model with neither.
 double model_active_parameter_count(const ModelConfig& cfg);
 // Token-mixing FLOPs per token for sequences of seq_len tokens, beyond 6 per weight (each block's
 // MixerSpec::mixing_flops_per_token, twice for a bidirectional stack, whose rows see every token; and a

@@ -76,6 +76,13 @@ absl::StatusOr<ModelConfig> model_config(const Recipe& r, int64_t data_vocab) {
   c.init_std = m.init_std;
   c.dropout = m.dropout;
   c.shared_attention_every = m.shared_attention_every;
+  // The shared block takes model.mlp's FFN (resolved: a concrete kind).
+  c.shared_attention_ffn = m.mlp == "gelu"    ? FfnKind::gelu
+                           : m.mlp == "relu"  ? FfnKind::relu
+                           : m.mlp == "geglu" ? FfnKind::geglu
+                           : m.mlp == "none"  ? FfnKind::none
+                           : m.mlp == "moe"   ? FfnKind::moe
+                                              : FfnKind::swiglu;
   c.moe.experts = m.moe.experts;
   c.moe.top_k = m.moe.top_k;
   c.moe.capacity_factor = m.moe.capacity_factor;
@@ -148,6 +155,11 @@ absl::StatusOr<MemoryEstimate> estimate_memory(const Recipe& r, int64_t data_voc
   };
   add_blocks(c->blocks, false);
   add_blocks(c->decoder_blocks, true);
+  // Each use of the shared attention block: a block's activations, and its input [x ; x_0] and projection.
+  for (int64_t u = 0; u < shared_attention_uses(*c, c->blocks.size()); ++u) {
+    add_blocks({BlockSpec{"attention", c->shared_attention_ffn}}, false);
+    per_token += 3 * d;
+  }
   e.activations = tokens * per_token * size;
   return e;
 }
