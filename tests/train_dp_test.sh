@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Data parallelism at the command line (`./train R --nproc N`, Gloo CPU ranks): tiny GPT and GLA models
-# trained by 2 and 4 ranks, and a GLA model with an MoE block by 2, log the losses of one process (within
+# trained by 2 and 4 ranks, and a GLA model with an MoE block and a shared attention block by 2, log the losses of one process (within
 # a relative 1e-5) at every step, the ranks end with weights identical bit for bit, a run resumes across world sizes (1 -> 2, 2 -> 1) with
 # the losses of an uninterrupted run, a rank killed with SIGKILL ends the job naming it (no rank left
 # running), SIGINT to the launcher saves a checkpoint and exits 130 like one process, two launchers
@@ -69,10 +69,11 @@ ACCUM=(--set train.grad_accum=2 --set log.eval_every=6)
 "$SEQLAB" "$WORK/tiny.toml" "${ACCUM[@]}" --out "$WORK/accum-1" > /dev/null || fail "grad_accum 2: one process"
 "$SEQLAB" "$WORK/tiny.toml" "${ACCUM[@]}" --nproc 2 --out "$WORK/accum-2" > /dev/null 2>&1 || fail "grad_accum 2: --nproc 2"
 close_losses "gpt --nproc 2, train.grad_accum = 2: the losses of one process" "$WORK/accum-1" "$WORK/accum-2"
-# The mixture-of-experts FFN (capacity binding: 0.5): the ranks route the whole batch together, so their
-# losses (aux loss included), drops and weights are one process's (docs/hybrids.md).
-MOE=(--set 'model.pattern="gla:moe attention"' --set model.n_layers=2 --set model.moe.experts=4
-     --set model.moe.capacity_factor=0.5)
+# The mixture-of-experts FFN (capacity binding: 0.5) and Zamba's shared attention block: the ranks route
+# the whole batch together, so their losses (aux loss included), drops and weights are one process's
+# (docs/hybrids.md).
+MOE=(--set 'model.pattern="gla:moe gla"' --set model.n_layers=2 --set model.moe.experts=4
+     --set model.moe.capacity_factor=0.5 --set model.shared_attention_every=2)
 "$SEQLAB" "$WORK/tiny.toml" "${MOE[@]}" --out "$WORK/moe-1" > /dev/null || fail "moe: one process"
 mkdir -p "$WORK/w-moe"
 SEQLAB_TEST_WEIGHTS_DIR="$WORK/w-moe" "$SEQLAB" "$WORK/tiny.toml" "${MOE[@]}" --nproc 2 --out "$WORK/moe-2" \
