@@ -319,6 +319,10 @@ std::vector<std::string> mismatches(const ModelConfig& cfg, const std::vector<St
           absl::StrCat(ffn_refusal(f), " in ", block_list(ffn_blocks[f], stack.name), " (model.mlp, model.pattern)"));
     }
   }
+  if (cfg.shared_attention_every > 0) {
+    out.push_back(absl::StrCat("a shared attention block after every ", cfg.shared_attention_every,
+                               " blocks (model.shared_attention_every)"));
+  }
   if (cfg.positions != needs.positions) out.push_back(positions_refusal(cfg.positions));
   if (cfg.norm != needs.norm) {
     out.push_back(cfg.norm == NormKind::rms_norm ? "RMSNorm (model.norm = \"rmsnorm\")"

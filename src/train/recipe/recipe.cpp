@@ -936,7 +936,7 @@ std::string unknown_section_message(const std::string& name) {
   if (dot != std::string::npos) {
     const std::string parent = name.substr(0, dot);
     return absl::StrCat("unknown section [", name, "] ([", parent, "] has the sub-tables ", section_names(parent),
-                        ": one per mixer)");
+                        ": one per mixer", parent == "model" ? ", and the MoE FFN's" : "", ")");
   }
   return absl::StrCat("unknown section [", name, "] (sections: ", section_names(), ")");
 }
