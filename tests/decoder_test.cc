@@ -233,8 +233,8 @@ TEST(Decoder, ConfigErrorsNameWhatIsWrong) {
     bad_dropout.dropout = p;
     EXPECT_NE(error_of(bad_dropout).find("dropout"), std::string::npos) << p;
   }
-  ModelConfig unknown = stack_config({{"mamba", FfnKind::swiglu}});
-  EXPECT_NE(error_of(unknown).find("unknown mixer 'mamba'"), std::string::npos) << error_of(unknown);
+  ModelConfig unknown = stack_config({{"hyena", FfnKind::swiglu}});
+  EXPECT_NE(error_of(unknown).find("unknown mixer 'hyena'"), std::string::npos) << error_of(unknown);
   EXPECT_NE(error_of(unknown).find("gla"), std::string::npos) << "lists the mixers: " << error_of(unknown);
   ModelConfig heads = stack_config({{"gla", FfnKind::swiglu}});
   heads.n_heads = 3;
