@@ -503,10 +503,11 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
     const double state = model_state_size(model_cfg, r.train.seq_len);
     ok_or_throw(write_file_atomically(
         (inv.run_dir / "model.json").string(),
-        absl::StrFormat("{\"arch\": \"%s\", \"parameters\": %d, \"flops_per_token\": %s, \"state_size\": %s, "
-                        "\"seq_len\": %d}\n",
-                        r.model.arch, model->num_parameters(), json_number("%.6g", flops_per_token),
-                        json_number("%.0f", state), r.train.seq_len)));
+        absl::StrFormat("{\"arch\": \"%s\", \"parameters\": %d, \"active_parameters\": %s, \"flops_per_token\": %s, "
+                        "\"state_size\": %s, \"seq_len\": %d}\n",
+                        r.model.arch, model->num_parameters(),
+                        json_number("%.0f", static_cast<double>(model->num_parameters()) - inactive),
+                        json_number("%.6g", flops_per_token), json_number("%.0f", state), r.train.seq_len)));
   }
   progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s%s", r.name,
                                 model->num_parameters(), data.description, run,
