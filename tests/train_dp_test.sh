@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Data parallelism at the command line (`./train R --nproc N`, Gloo CPU ranks): tiny GPT and GLA models
-# trained by 2 and 4 ranks, and a GLA model with an MoE block and a shared attention block by 2, log the losses of one process (within
-# a relative 1e-5) at every step, the ranks end with weights identical bit for bit, a run resumes across world sizes (1 -> 2, 2 -> 1) with
-# the losses of an uninterrupted run, a rank killed with SIGKILL ends the job naming it (no rank left
-# running), SIGINT to the launcher saves a checkpoint and exits 130 like one process, two launchers
-# (--nnodes 2) on this machine train as one job (through a shared folder, and through a Redis server where
-# redis-server is installed), and bad --nproc/--nnodes/--node-rank/--rendezvous values
+# trained by 2 and 4 ranks, and a GLA model with an MoE block and a shared attention block by 2, log the
+# losses of one process (within a relative 1e-5) at every step (the MoE model its aux losses and drops
+# too), the ranks end with weights identical bit for bit, a run resumes across world sizes (1 -> 2,
+# 2 -> 1) with the losses of an uninterrupted run, a rank killed with SIGKILL ends the job naming it (no
+# rank left running), SIGINT to the launcher saves a checkpoint and exits 130 like one process, two
+# launchers (--nnodes 2) on this machine train as one job (through a shared folder, and through a Redis
+# server where redis-server is installed), and bad --nproc/--nnodes/--node-rank/--rendezvous values
 # and a batch size the ranks cannot split are refused with exit code 2 and one line.
 # Usage: train_dp_test.sh /path/to/seqlab
 set -u
