@@ -739,6 +739,13 @@ TEST_F(RecipeTest, MixtureOfExpertsAndSharedAttention) {
   const std::string plain = resolved_recipe_toml(load_ok("[model]\nmixer = \"gla\"\n"));
   EXPECT_EQ(plain.find("\n[model.moe]\n"), std::string::npos);
   EXPECT_EQ(plain.find("\n[model.attention]\n"), std::string::npos);
+  // Patterns with the SSM mixers, Jamba's layer: MoE FFNs in every other block.
+  const ModelConfig jamba = *model_config(
+      load_ok("[model]\nn_layers = 8\npattern = \"mamba*3, attention:moe, mamba:moe mamba mamba:moe mamba\"\n"), 256);
+  EXPECT_EQ(jamba.blocks[0], (BlockSpec{"mamba", FfnKind::swiglu}));
+  EXPECT_EQ(jamba.blocks[3], (BlockSpec{"attention", FfnKind::moe}));
+  EXPECT_EQ(jamba.blocks[6], (BlockSpec{"mamba", FfnKind::moe}));
+  EXPECT_EQ(jamba.blocks[7], (BlockSpec{"mamba", FfnKind::swiglu}));
   // Every block's FFN an MoE.
   EXPECT_EQ(model_config(load_ok("[model]\nmixer = \"gla\"\nmlp = \"moe\"\n"), 256)->blocks[3].ffn, FfnKind::moe);
   EXPECT_EQ(error_of("[model]\nmlp = \"moe\"\n[model.moe]\nexperts = 2\ntop_k = 3\n"),
