@@ -22,7 +22,7 @@ jobs="$(nproc)"
 # The tests whose code runs OpenMP loops of the CPU kernels: the primitives of src/tensor/cpu, the
 # fused variant ops, the caching pool (locked across threads) and the optimizer steps.
 TSAN_TESTS=(tensor_test elementwise_test norm_test softmax_test index_test rope_test caching_pool_test optim_test
-            attention_test gla_test retention_test linear_attention_test delta_net_test)
+            attention_test gla_test retention_test linear_attention_test delta_net_test conv1d_test)
 
 for s in "${steps[@]}"; do
   if [ "$s" = asan ]; then

@@ -214,7 +214,11 @@ TEST(MixerRegistry, ParameterCountEqualsTheBuiltMixers) {
       for (const OptionSpec& o : m->options) {
         if (o.type != OptionType::integer) continue;
         MixerOptions changed(m->options);
-        changed.set(o.key, std::get<int64_t>(o.default_value) + 3);
+        // Another value inside the option's range: 3 above the default, or below where that passes
+        // the maximum (a short convolution's 4 taps).
+        const int64_t def = std::get<int64_t>(o.default_value);
+        changed.set(o.key, static_cast<double>(def + 3) <= o.max ? def + 3
+                                                                 : std::max(static_cast<int64_t>(o.min), def - 3));
         variants.push_back(changed);
       }
       for (const MixerOptions& opts : variants) {

@@ -1,6 +1,12 @@
 #include "layers/basic.h"
 
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 #include "autograd/ops.h"
+#include "layers/sequence_parallel.h"
+#include "layers/ssm/conv1d.h"
 #include "tensor/kernels.h"
 
 namespace seqlab {
@@ -33,31 +39,37 @@ AddNormResult Norm::add_forward(const Tensor& x, const Tensor& residual) const {
                                        : add_rms_norm(x, residual, weight_, eps_);
 }
 
-ShortConv::ShortConv(int64_t channels, int64_t kernel, Generator& gen)
-    : channels_(channels),
-      kernel_(kernel),
+ShortConv::ShortConv(int64_t channels, int64_t kernel, Generator& gen, ShortConvOptions opts)
+    : kernel_(kernel),
+      silu_(opts.silu),
       // Start near the identity (the current token through, a little of the past) so a fresh layer
       // passes its inputs on.
       weight_(add_parameter("weight", [&] {
+        if (kernel < 1 || kernel > kMaxConv1dWidth) {
+          throw std::invalid_argument("ShortConv: kernel size " + std::to_string(kernel) + " is not in 1 … " +
+                                      std::to_string(kMaxConv1dWidth) + " (the causal_conv1d op's widths)");
+        }
         Tensor w = Tensor::randn({kernel, channels}, gen, DType::f32, 0.02);
         kernel::fill_(kernel::narrow(w, 0, 0, 1), 1.0);
         return w;
-      }(), ParamRole::matrix)) {}
+      }(), ParamRole::matrix)) {
+  if (opts.bias) bias_ = &add_parameter("bias", Tensor::zeros({channels}), ParamRole::bias);
+}
 
 Tensor ShortConv::forward(const Tensor& x, Tensor* conv_state) const {
-  const int64_t B = x.shape()[0], T = x.shape()[1];
-  Tensor past = conv_state != nullptr && conv_state->defined()
-                    ? *conv_state
-                    : Tensor::zeros({B, kernel_ - 1, channels_}, x.dtype(), x.device());
-  Tensor padded = kernel_ > 1 ? concat({past, x}, 1) : x;  // [B, K−1+T, C]
-  // y_t = Σ_j w_j ⊙ x_{t−j}: x_{t−j} sits at row t + K−1−j of `padded`.
-  Tensor y;
-  for (int64_t j = 0; j < kernel_; ++j) {
-    Tensor term = mul(narrow(padded, 1, kernel_ - 1 - j, T), reshape(narrow(weight_, 0, j, 1), {channels_}));
-    y = j == 0 ? term : add(y, term);
-  }
-  if (conv_state != nullptr) *conv_state = narrow(padded, 1, T, kernel_ - 1).detach();
-  return y;
+  const Tensor past = conv_state != nullptr ? *conv_state : Tensor();  // undefined: zeros
+  Conv1dOutput r = causal_conv1d(x, weight_, bias_ != nullptr ? *bias_ : Tensor(), past, silu_);
+  if (conv_state != nullptr) *conv_state = r.final_state.detach();
+  return r.y;
+}
+
+Tensor ShortConv::forward_sequence(const Tensor& x, const SequenceGroup& sp) const {
+  const int64_t c = sequence_chunk_len(x.size(1), "ShortConv");
+  const std::vector<Tensor> halo = sequence_halo(x, kernel_ - 1, sp);
+  const Tensor bias = bias_ != nullptr ? *bias_ : Tensor();
+  return concat({causal_conv1d(narrow(x, 1, 0, c), weight_, bias, halo[0], silu_).y,
+                 causal_conv1d(narrow(x, 1, c, c), weight_, bias, halo[1], silu_).y},
+                1);
 }
 
 Tensor l2_normalize(const Tensor& x, double eps) { return mul(x, rsqrt(add(sum(square(x), {-1}, true), eps))); }

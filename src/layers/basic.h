@@ -1,5 +1,6 @@
 // The basic layers: Linear, Embedding, LayerNorm, RMSNorm, and the short causal convolution some
-// mixers put before their op. Each is a thin module over differentiable ops of src/autograd/ops.h.
+// mixers put before their op. Each is a thin module over differentiable ops of src/autograd/ops.h
+// (the convolution: over the fused causal_conv1d op of layers/ssm/conv1d.h).
 #pragma once
 
 #include "autograd/ops.h"
@@ -50,18 +51,33 @@ class Norm : public Module {
   Tensor* bias_ = nullptr;
 };
 
-// Depthwise causal convolution over time: y_t = Σ_{j<K} w_j ⊙ x_{t−j} (x_{<0} from the state, or 0),
-// weights w [K, C]. Composed of differentiable primitives (shifted narrows); `conv_state` (when not
-// null) holds the last K−1 inputs, read before and replaced after.
+// Depthwise causal convolution over time, the `causal_conv1d` op (layers/ssm/conv1d.h):
+// y_t = act(Σ_{j<K} w_j ⊙ x_{t−j} + b) (x_{<0} from the state, or 0), weights w [K, C] with 1 ≤ K ≤ 4,
+// the bias b [C] and act = SiLU only when the options ask for them. `conv_state` (when not null) holds
+// the last K−1 inputs, read before and replaced after (a decode step continues it).
+struct ShortConvOptions {
+  bool bias = false;  // a learned bias b [C], starting at 0
+  bool silu = false;  // y = silu(conv(x)), fused into the op
+};
+
+class SequenceGroup;
+
 class ShortConv : public Module {
  public:
-  ShortConv(int64_t channels, int64_t kernel, Generator& gen);
+  // Throws std::invalid_argument when kernel is not in 1 … 4 (kMaxConv1dWidth).
+  ShortConv(int64_t channels, int64_t kernel, Generator& gen, ShortConvOptions opts = {});
   Tensor forward(const Tensor& x, Tensor* conv_state) const;
+  // Under sequence parallelism: x [B, 2c, C] is a rank's two chunks (layers/sequence_parallel.h), each
+  // convolved continuing the K − 1 inputs before it in the whole sequence (sequence_halo), from zeros
+  // before the first chunk. The halo's gradient goes back to the ranks that hold those inputs.
+  Tensor forward_sequence(const Tensor& x, const SequenceGroup& sp) const;
   int64_t kernel_size() const { return kernel_; }
 
  private:
-  int64_t channels_, kernel_;
+  int64_t kernel_;
+  bool silu_;
   Tensor& weight_;
+  Tensor* bias_ = nullptr;
 };
 
 // x / √(Σ x² + eps) over the last dimension.

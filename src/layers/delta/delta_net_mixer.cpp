@@ -18,6 +18,7 @@
 #include "layers/delta/delta_net.h"
 #include "layers/mixer.h"
 #include "layers/sequence_parallel.h"
+#include "layers/ssm/conv1d.h"
 
 namespace seqlab {
 namespace {
@@ -39,7 +40,9 @@ class DeltaNetMixer : public Mixer {
         chunk_(opts.integer("chunk_size")),
         temperature_(gated ? opts.number("gate_temperature") : 1.0),
         qkv_(add_module("qkv", std::make_unique<Linear>(ctx.d_model, 3 * ctx.d_model, false, gen, ctx.init_std))),
-        conv_(add_module("conv", std::make_unique<ShortConv>(3 * ctx.d_model, opts.integer("conv_size"), gen))),
+        // The SiLU after the convolution is fused into it (the same arithmetic as silu(conv(·))).
+        conv_(add_module("conv", std::make_unique<ShortConv>(3 * ctx.d_model, opts.integer("conv_size"), gen,
+                                                             ShortConvOptions{false, true}))),
         beta_(add_module("beta", std::make_unique<Linear>(ctx.d_model, ctx.n_heads, true, gen, ctx.init_std))),
         decay_(gated
                    ? &add_module("decay", std::make_unique<Linear>(ctx.d_model, ctx.n_heads, true, gen, ctx.init_std))
@@ -54,8 +57,8 @@ class DeltaNetMixer : public Mixer {
     const Tensor& x = in.x;
     const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
     const SequenceGroup* sp = state == nullptr ? sequence_group() : nullptr;
-    Tensor qkv = silu(sp != nullptr ? sequence_conv(qkv_.forward(x), *sp)
-                                    : conv_.forward(qkv_.forward(x), state != nullptr ? &state->conv : nullptr));  // [B, T, 3C]
+    Tensor qkv = sp != nullptr ? conv_.forward_sequence(qkv_.forward(x), *sp)
+                               : conv_.forward(qkv_.forward(x), state != nullptr ? &state->conv : nullptr);  // [B, T, 3C]
     auto head = [&](int64_t part) { return reshape(narrow(qkv, 2, part * C, C), {B, T, heads_, head_dim_}); };
     Tensor q = l2_normalize(head(0)), k = l2_normalize(head(1)), v = head(2);
     Tensor beta = sigmoid(beta_.forward(x));  // [B, T, H]
@@ -92,13 +95,6 @@ class DeltaNetMixer : public Mixer {
   }
 
  private:
-  // The short convolution over this rank's two chunks, each continuing the K − 1 inputs before it in the
-  // whole sequence (sequence parallelism).
-  Tensor sequence_conv(const Tensor& u, const SequenceGroup& sp) const {
-    const int64_t c = u.size(1) / 2;
-    std::vector<Tensor> halo = sequence_halo(u, conv_.kernel_size() - 1, sp);
-    return concat({conv_.forward(narrow(u, 1, 0, c), &halo[0]), conv_.forward(narrow(u, 1, c, c), &halo[1])}, 1);
-  }
   std::unique_ptr<MixerState> new_state() const override { return std::make_unique<DeltaNetState>(); }
 
   // I [B, H, dk, dk] in x's dtype, the initial state whose final state is the segment's transition.
@@ -121,7 +117,9 @@ class DeltaNetMixer : public Mixer {
 };
 
 OptionSpec conv_size_option() {
-  return OptionSpec::integer("conv_size", 4, 1, "taps of the short causal convolution over q, k, v");
+  OptionSpec s = OptionSpec::integer("conv_size", 4, 1, "taps of the short causal convolution over q, k, v");
+  s.max = static_cast<double>(kMaxConv1dWidth);  // the widths of the causal_conv1d op
+  return s;
 }
 
 // The matrix state H·D·D and the convolution's last K − 1 inputs of q, k, v (3d channels).

@@ -2,7 +2,7 @@
 // (selective_scan.h), registered as `model.mixer = "mamba"` with the options of [model.mamba]:
 //
 //   x, z  = split(h W_in)                    [B, T, E] each, E = d_inner = expand · d_model
-//   x     = silu(conv1d(x) + b_conv)         causal depthwise convolution of d_conv taps
+//   x     = silu(conv1d(x) + b_conv)         causal depthwise convolution of d_conv taps (ShortConv, fused)
 //   r, B, C = split(x W_x)                   [B, T, R], [B, T, N], [B, T, N]   (R = dt_rank)
 //   delta = r W_dt                           [B, T, E]; the op takes Δ = softplus(delta + dt_bias)
 //   A     = −exp(A_log)                      [E, N], so every decay exp(Δ A) is in (0, 1]
@@ -13,14 +13,15 @@
 // Initialisation as the paper's code: dt_bias so that softplus(dt_bias) is log-uniform in
 // [dt_min, dt_max] (dt_bias = Δ + log(1 − e^{−Δ}), the inverse of softplus), W_dt uniform in ±R^{−1/2},
 // A_log[e, n] = log(n + 1) (S4D-real), D = 1, the convolution as ShortConv starts it, its bias 0. A_log,
-// D and the biases take no weight decay (their role is bias).
+// D and the biases take no weight decay (their role is bias). d_conv is 1 … 4 (the causal_conv1d op's
+// widths; ShortConv refuses others).
 //
 // Decoding state: the convolution's last d_conv − 1 inputs [B, d_conv − 1, E] and the SSM state
 // [B, E, N]; one token runs the op's recurrent form. Sequence parallelism: the convolution's halo (the
 // d_conv − 1 inputs before each local chunk) and state passing with an elementwise transition,
 // exp(A ⊙ Σ_t Δ_t) [B, E, N] over a segment (selective_scan_decay).
 //
-// Parameters: in_proj, conv (weight), conv_bias, x_proj, dt_proj, dt_bias, A_log, D, out_proj.
+// Parameters: in_proj, conv (weight, bias), x_proj, dt_proj, dt_bias, A_log, D, out_proj.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -32,6 +33,7 @@
 #include "layers/basic.h"
 #include "layers/mixer.h"
 #include "layers/sequence_parallel.h"
+#include "layers/ssm/conv1d.h"
 #include "layers/ssm/selective_scan.h"
 #include "tensor/kernels.h"
 
@@ -51,6 +53,13 @@ MambaSizes sizes_of(const MixerContext& ctx, const MixerOptions& opts) {
           rank > 0 ? rank : (ctx.d_model + 15) / 16};
 }
 
+// The mixer has channels, not heads, but n_heads is the model's: like every mixer it refuses a head count
+// that does not divide d_model (head_dim throws, naming the mixer), so a recipe means the same for any mixer.
+MambaSizes checked_sizes(const MixerContext& ctx, const MixerOptions& opts) {
+  head_dim(ctx, "mamba");
+  return sizes_of(ctx, opts);
+}
+
 // Decoding state: the convolution's last d_conv − 1 inputs [B, d_conv − 1, E] and the SSM state [B, E, N].
 struct MambaState : MixerState {
   Tensor conv, ssm;
@@ -60,11 +69,10 @@ struct MambaState : MixerState {
 class MambaMixer : public Mixer {
  public:
   MambaMixer(const MixerContext& ctx, const MixerOptions& opts, Generator& gen)
-      : s_(sizes_of(ctx, opts)),
+      : s_(checked_sizes(ctx, opts)),
         chunk_(opts.integer("chunk_size")),
         in_proj_(add_module("in_proj", std::make_unique<Linear>(s_.d, 2 * s_.inner, false, gen, ctx.init_std))),
-        conv_(add_module("conv", std::make_unique<ShortConv>(s_.inner, s_.conv, gen))),
-        conv_bias_(add_parameter("conv_bias", Tensor::zeros({s_.inner}), ParamRole::bias)),
+        conv_(add_module("conv", std::make_unique<ShortConv>(s_.inner, s_.conv, gen, ShortConvOptions{true, true}))),
         x_proj_(add_module("x_proj",
                            std::make_unique<Linear>(s_.inner, s_.rank + 2 * s_.state, false, gen, ctx.init_std))),
         dt_proj_(add_module("dt_proj", std::make_unique<Linear>(s_.rank, s_.inner, false, gen, ctx.init_std))),
@@ -85,9 +93,9 @@ class MambaMixer : public Mixer {
     const SequenceGroup* sp = state == nullptr ? sequence_group() : nullptr;
     const Tensor xz = in_proj_.forward(h);  // [B, T, 2E]
     const Tensor x_in = narrow(xz, 2, 0, s_.inner), z = narrow(xz, 2, s_.inner, s_.inner);
-    const Tensor conv = sp != nullptr ? sequence_conv(x_in, *sp)
-                                      : conv_.forward(x_in, state != nullptr ? &state->conv : nullptr);
-    const Tensor x = silu(add(conv, conv_bias_));  // [B, T, E]
+    // [B, T, E]: silu(conv(x) + b), the SiLU and bias fused into the convolution
+    const Tensor x = sp != nullptr ? conv_.forward_sequence(x_in, *sp)
+                                   : conv_.forward(x_in, state != nullptr ? &state->conv : nullptr);
     const Tensor rbc = x_proj_.forward(x);          // [B, T, R + 2N]
     const Tensor delta = dt_proj_.forward(narrow(rbc, 2, 0, s_.rank));
     const Tensor Bm = narrow(rbc, 2, s_.rank, s_.state), Cm = narrow(rbc, 2, s_.rank + s_.state, s_.state);
@@ -122,15 +130,6 @@ class MambaMixer : public Mixer {
   std::unique_ptr<MixerState> new_state() const override { return std::make_unique<MambaState>(); }
 
  private:
-  // The convolution over this rank's two chunks, each continuing the d_conv − 1 inputs before it in the
-  // whole sequence (sequence parallelism).
-  // conv1d: replace with ShortConv::forward_sequence when it lands
-  Tensor sequence_conv(const Tensor& u, const SequenceGroup& sp) const {
-    const int64_t c = u.size(1) / 2;
-    std::vector<Tensor> halo = sequence_halo(u, conv_.kernel_size() - 1, sp);
-    return concat({conv_.forward(narrow(u, 1, 0, c), &halo[0]), conv_.forward(narrow(u, 1, c, c), &halo[1])}, 1);
-  }
-
   // softplus(dt_bias) log-uniform in [dt_min, dt_max] (floored at 1e-4): dt_bias = Δ + log(1 − e^{−Δ}).
   Tensor initial_dt_bias(const MixerOptions& opts, Generator& gen) const {
     const double lo = std::log(opts.number("dt_min")), hi = std::log(opts.number("dt_max"));
@@ -156,7 +155,6 @@ class MambaMixer : public Mixer {
   int64_t chunk_;
   Linear& in_proj_;
   ShortConv& conv_;
-  Tensor& conv_bias_;
   Linear& x_proj_;
   Linear& dt_proj_;
   Tensor& dt_bias_;
@@ -164,6 +162,12 @@ class MambaMixer : public Mixer {
   Tensor& d_;
   Linear& out_proj_;
 };
+
+OptionSpec d_conv_option() {
+  OptionSpec s = OptionSpec::integer("d_conv", 4, 1, "taps of the causal depthwise convolution before the scan");
+  s.max = static_cast<double>(kMaxConv1dWidth);  // the widths of the causal_conv1d op
+  return s;
+}
 
 // in_proj d×2E; the convolution's d_conv taps and bias over E channels; x_proj E×(R + 2N); dt_proj R×E
 // and dt_bias E; A_log E×N; D E; out_proj E×d.
@@ -196,7 +200,7 @@ const MixerRegistration kMamba{MixerSpec{
     kTraits,
     {chunk_size_option(), OptionSpec::integer("expand", 2, 1, "d_inner = expand · d_model channels of the scan"),
      OptionSpec::integer("state_size", 16, 1, "N: state elements per channel"),
-     OptionSpec::integer("d_conv", 4, 1, "taps of the causal depthwise convolution before the scan"),
+     d_conv_option(),
      OptionSpec::integer("dt_rank", 0, 0, "rank R of the Δ projection; 0: ⌈d_model / 16⌉"),
      OptionSpec::number("dt_min", 1e-3, 0, true, "softplus(dt_bias) starts log-uniform in [dt_min, dt_max]"),
      OptionSpec::number("dt_max", 0.1, 0, true, "softplus(dt_bias) starts log-uniform in [dt_min, dt_max]")},

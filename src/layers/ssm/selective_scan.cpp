@@ -4,14 +4,18 @@
 //
 // How the CPU kernels work:
 // - Every channel d of every batch entry b is its own recurrence over an N-vector state, so the
-//   forward is one task per (b, d), OpenMP over B·D, time sequential inside a task.
+//   forward is one task per (b, group of 16 channels), OpenMP over the tasks, time sequential inside.
+// - Chunk-major loops: a task walks the chunks and, inside each, its channels, so that the chunk's rows
+//   of B, C (and of the backward's dB, dC partials) stay in cache across channels at any T — time then
+//   grows linearly with T (bench/selective_scan_bench.cpp checks it).
 // - The backward's dB and dC sum over the channels (B_t and C_t are shared by all of them). Channels
-//   are cut into kGroups fixed groups; task (b, group) walks its channels one after another and adds
-//   into its own [T, N] partials, which are then summed over the groups in group order — no atomics,
+//   are cut into kGroups fixed groups; task (b, group) walks its channels and adds into its own [T, N]
+//   partials, which are then summed over the groups in group order — no atomics,
 //   and the same bits for any thread count. dA, dD and d delta_bias sum over the batch the same way
 //   (per-b partials, summed in b order).
 // - Memory: the chunked forward saves ⌈T/chunk⌉ states per channel; the backward holds, per task,
-//   one chunk of recomputed states ((chunk + 1)·N) and the running gradient dh (N). Every buffer comes
+//   one chunk of recomputed states and decays ((2·chunk + 1)·N) and the running gradients dh of its
+//   channels (D/8·N). Every buffer comes
 //   from the tensor allocator, so tests/selective_scan_test.cc measures the op's peak there.
 // - Decays are exp(Δ·A) with Δ ≥ 0 and A < 0: factors in (0, 1] that never overflow; a state is never
 //   recovered by dividing by a decay (it is recomputed from a checkpoint).
@@ -189,6 +193,8 @@ using kernel::SelectiveScanParams;
 
 // Channel groups of the backward: fixed, so the order of every sum is the same on any thread count.
 constexpr int64_t kGroups = 8;
+// Channels per forward task (the forward sums nothing across channels: any split gives the same bits).
+constexpr int64_t kForwardChannels = 16;
 
 template <class T>
 inline T softplus(T x) {
@@ -234,56 +240,81 @@ inline T step_of(const Channel<T>& X, int64_t t, bool sp, T* slope = nullptr) {
   return sp ? softplus(x) : x;
 }
 
-// One step h ← exp(Δ A) ⊙ h + Δ u B_t for one channel; returns C_t · h (the new state's readout).
+// One step h ← exp(Δ A) ⊙ h + Δ u B_t for one channel; returns C_t · h (the new state's readout). The
+// decays go to `a` where given (the backward reuses them). Vectorised over N (math::exp_vec: a polynomial
+// for f32, libm for f64).
 template <class T>
-inline T scan_step(const Channel<T>& X, int64_t t, int64_t N, T dt, T* h) {
+inline T scan_step(const Channel<T>& X, int64_t t, int64_t N, T dt, T* h, T* a = nullptr) {
   const T du = dt * X.u[t * X.ld];
-  const T *Bt = X.B + t * N, *Ct = X.C + t * N;
+  const T *Bt = X.B + t * N, *Ct = X.C + t * N, *A = X.A;
   T acc = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    h[n] = std::exp(dt * X.A[n]) * h[n] + du * Bt[n];
-    acc += Ct[n] * h[n];
+  if (a) {
+#pragma omp simd reduction(+ : acc)
+    for (int64_t n = 0; n < N; ++n) {
+      a[n] = math::exp_vec(dt * A[n]);
+      h[n] = a[n] * h[n] + du * Bt[n];
+      acc += Ct[n] * h[n];
+    }
+  } else {
+#pragma omp simd reduction(+ : acc)
+    for (int64_t n = 0; n < N; ++n) {
+      h[n] = math::exp_vec(dt * A[n]) * h[n] + du * Bt[n];
+      acc += Ct[n] * h[n];
+    }
   }
   return acc;
 }
 
-// Forward, one task per (b, d): h = h₀ (or 0); for t: [checkpoint h at a chunk start] step, y_t =
-// (C_t·h + D u_t) ⊙ silu(z_t). Memory: reads the channel's inputs and B, C; writes its y, final state and
-// checkpoints; no scratch beyond the state, which lives in final_state.
+// Forward. Task (b, group of kForwardChannels channels) walks the chunks in order and, inside a chunk,
+// its channels one after another (chunk-major, so that the chunk's rows of B and C stay in cache across
+// the channels, whatever T): per channel, [checkpoint h at the chunk start], then for each step of the
+// chunk h ← exp(Δ A) ⊙ h + Δ u B_t, y_t = (C_t·h + D u_t) ⊙ silu(z_t). The states live in final_state.
+// Memory: reads the inputs, writes y, final_state and the checkpoints; no scratch.
 template <class T>
 void forward(const SelectiveScanInputs& in, const SelectiveScanParams& p, const Tensor& y, const Tensor& fs,
              const Tensor& ckpt) {
   const Geo G = geo_of(in);
-  const int64_t tasks = G.B * G.D, nc = (G.T + p.chunk - 1) / p.chunk;
+  const int64_t K = p.chunk, nc = (G.T + K - 1) / K, N = G.N;
+  const int64_t groups = (G.D + kForwardChannels - 1) / kForwardChannels, tasks = G.B * groups;
 #pragma omp parallel for schedule(static) if (G.parallel(tasks))
   for (int64_t task = 0; task < tasks; ++task) {
-    const int64_t b = task / G.D, d = task % G.D;
-    const Channel<T> X = channel_of<T>(G, in, b, d);
-    T* h = fs.data<T>() + (b * G.D + d) * G.N;
-    T* Y = y.data<T>() + b * G.T * G.D + d;
-    if (X.h0) {
-      std::copy_n(X.h0, G.N, h);
-    } else {
-      std::fill_n(h, G.N, T(0));
-    }
-    for (int64_t t = 0; t < G.T; ++t) {
-      if (ckpt.defined() && t % p.chunk == 0) {
-        std::copy_n(h, G.N, ckpt.data<T>() + ((b * nc + t / p.chunk) * G.D + d) * G.N);
+    const int64_t b = task / groups, d0 = (task % groups) * kForwardChannels;
+    const int64_t d1 = std::min(G.D, d0 + kForwardChannels);
+    for (int64_t d = d0; d < d1; ++d) {
+      const Channel<T> X = channel_of<T>(G, in, b, d);
+      T* h = fs.data<T>() + (b * G.D + d) * N;
+      if (X.h0) {
+        std::copy_n(X.h0, N, h);
+      } else {
+        std::fill_n(h, N, T(0));
       }
-      const T dt = step_of(X, t, p.delta_softplus);
-      T out = scan_step(X, t, G.N, dt, h) + X.D * X.u[t * X.ld];
-      if (X.z) out *= X.z[t * X.ld] * math::sigmoid(X.z[t * X.ld]);
-      Y[t * X.ld] = out;
+    }
+    for (int64_t c = 0; c < nc; ++c) {
+      const int64_t t0 = c * K, t1 = std::min(G.T, t0 + K);
+      for (int64_t d = d0; d < d1; ++d) {
+        const Channel<T> X = channel_of<T>(G, in, b, d);
+        T* h = fs.data<T>() + (b * G.D + d) * N;
+        T* Y = y.data<T>() + b * G.T * G.D + d;
+        if (ckpt.defined()) std::copy_n(h, N, ckpt.data<T>() + ((b * nc + c) * G.D + d) * N);
+        for (int64_t t = t0; t < t1; ++t) {
+          const T dt = step_of(X, t, p.delta_softplus);
+          T out = scan_step(X, t, N, dt, h) + X.D * X.u[t * X.ld];
+          if (X.z) out *= X.z[t * X.ld] * math::sigmoid(X.z[t * X.ld]);
+          Y[t * X.ld] = out;
+        }
+      }
     }
   }
 }
 
-// Backward. Task (b, group) takes the group's channels in order; for each channel, the chunks from the
-// last: the chunk's states are recomputed from its checkpoint into S (S[0] the entering state, S[i + 1]
-// the state after step t0 + i), then the steps are walked in reverse with dh = ∂L/∂h_t (the equations in
-// selective_scan.h). Without checkpoints (the recurrent form) the channel's checkpoints are first
-// recomputed by a forward sweep into the task's `ck`. Writes du, ddelta, dz, d initial_state per
-// channel; adds dB, dC into the task's partials [T, N] and dA, dD, d delta_bias into per-b partials.
+// Backward. Task (b, group) walks the chunks from the last and, inside a chunk, the group's channels one
+// after another (chunk-major, as the forward: the chunk's rows of B, C and of the task's dB, dC partials
+// stay in cache whatever T). Per channel: the chunk's states are recomputed from its checkpoint into S
+// (S[0] the entering state, S[i + 1] the state after step t0 + i; the decays into `dec`), then the steps
+// are walked in reverse with the channel's running dh = ∂L/∂h_t (the equations in selective_scan.h).
+// Without checkpoints (the recurrent form) the task first runs its channels forward to make them, into
+// its `ck`. Writes du, ddelta, dz, d initial_state per channel; adds dB, dC into the task's partials
+// [T, N] and dA, dD, d delta_bias into per-b partials.
 template <class T>
 void backward(const Tensor& dy, const Tensor& dfinal, const SelectiveScanInputs& in, const Tensor& ckpt,
               const SelectiveScanParams& p, const SelectiveScanGrads& g) {
@@ -299,78 +330,90 @@ void backward(const Tensor& dy, const Tensor& dfinal, const SelectiveScanInputs&
 #pragma omp parallel for schedule(dynamic) if (G.parallel(tasks))
   for (int64_t task = 0; task < tasks; ++task) {
     const int64_t b = task / groups, grp = task % groups;
-    // The task's scratch: S [(K + 1)·N], dh [N], and the recurrent form's checkpoints [nc·N].
-    const Tensor scratch = Tensor::empty({(K + 2) * N + (ckpt.defined() ? 0 : nc * N)}, dt);
-    T *S = scratch.data<T>(), *dh = S + (K + 1) * N, *ck = dh + N;
+    const int64_t d0 = std::min(G.D, grp * per), d1 = std::min(G.D, d0 + per), P = d1 - d0;
+    // The task's scratch: S [(K + 1)·N], the chunk's decays [K·N], every channel's dh [P·N], and the
+    // recurrent form's checkpoints [P·nc·N].
+    const Tensor scratch = Tensor::empty({(2 * K + 1) * N + P * N + (ckpt.defined() ? 0 : P * nc * N)}, dt);
+    T *S = scratch.data<T>(), *dec = S + (K + 1) * N, *dhs = dec + K * N, *ck = dhs + P * N;
     T* dBp = pB.data<T>() + (b * groups + grp) * G.T * N;
     T* dCp = pC.data<T>() + (b * groups + grp) * G.T * N;
-    for (int64_t d = grp * per; d < std::min(G.D, (grp + 1) * per); ++d) {
+    for (int64_t d = d0; d < d1; ++d) {
       const Channel<T> X = channel_of<T>(G, in, b, d);
-      const int64_t row = b * G.T * G.D + d;
-      const T* dY = dy.data<T>() + row;
-      T *dU = g.du.data<T>() + row, *dDel = g.ddelta.data<T>() + row;
-      T* dZ = g.dz.defined() ? g.dz.data<T>() + row : nullptr;
-      T* dA = pA.data<T>() + (b * G.D + d) * N;
-      T dD = 0, dbias = 0;
-      auto entering = [&](int64_t c) {  // the state entering chunk c
-        return ckpt.defined() ? ckpt.data<T>() + ((b * nc + c) * G.D + d) * N : ck + c * N;
-      };
-      if (!ckpt.defined()) {
-        if (X.h0) {
-          std::copy_n(X.h0, N, S);
-        } else {
-          std::fill_n(S, N, T(0));
-        }
-        for (int64_t t = 0; t < G.T; ++t) {
-          if (t % K == 0) std::copy_n(S, N, ck + (t / K) * N);
-          scan_step(X, t, N, step_of(X, t, p.delta_softplus), S);
-        }
+      std::copy_n(dfinal.data<T>() + (b * G.D + d) * N, N, dhs + (d - d0) * N);
+      if (ckpt.defined()) continue;
+      T* own = ck + (d - d0) * nc * N;  // this channel's checkpoints
+      if (X.h0) {
+        std::copy_n(X.h0, N, S);
+      } else {
+        std::fill_n(S, N, T(0));
       }
-      std::copy_n(dfinal.data<T>() + (b * G.D + d) * N, N, dh);
-      for (int64_t c = nc - 1; c >= 0; --c) {
-        const int64_t t0 = c * K, L = std::min(K, G.T - t0);
-        std::copy_n(entering(c), N, S);
+      for (int64_t t = 0; t < G.T; ++t) {
+        if (t % K == 0) std::copy_n(S, N, own + (t / K) * N);
+        scan_step(X, t, N, step_of(X, t, p.delta_softplus), S);
+      }
+    }
+    for (int64_t c = nc - 1; c >= 0; --c) {
+      const int64_t t0 = c * K, L = std::min(K, G.T - t0);
+      for (int64_t d = d0; d < d1; ++d) {
+        const Channel<T> X = channel_of<T>(G, in, b, d);
+        const int64_t row = b * G.T * G.D + d;
+        const T* dY = dy.data<T>() + row;
+        T *dU = g.du.data<T>() + row, *dDel = g.ddelta.data<T>() + row;
+        T* dZ = g.dz.defined() ? g.dz.data<T>() + row : nullptr;
+        T* dA = pA.data<T>() + (b * G.D + d) * N;
+        T* dh = dhs + (d - d0) * N;
+        // Running sums over the channel's steps (from the last), kept in the per-b partials.
+        T& dD = pD.data<T>()[b * G.D + d];
+        T& dbias = pbias.data<T>()[b * G.D + d];
+        std::copy_n(ckpt.defined() ? ckpt.data<T>() + ((b * nc + c) * G.D + d) * N : ck + ((d - d0) * nc + c) * N, N,
+                    S);
         for (int64_t i = 0; i < L; ++i) {
           std::copy_n(S + i * N, N, S + (i + 1) * N);
-          scan_step(X, t0 + i, N, step_of(X, t0 + i, p.delta_softplus), S + (i + 1) * N);
+          scan_step(X, t0 + i, N, step_of(X, t0 + i, p.delta_softplus), S + (i + 1) * N, dec + i * N);
         }
         for (int64_t i = L - 1; i >= 0; --i) {
           const int64_t t = t0 + i;
-          const T *hp = S + i * N, *hc = S + (i + 1) * N, *Bt = X.B + t * N, *Ct = X.C + t * N;
+          const T *hp = S + i * N, *hc = S + (i + 1) * N, *at = dec + i * N, *Bt = X.B + t * N, *Ct = X.C + t * N;
+          const T* A = X.A;
           T slope;
           const T delta_t = step_of(X, t, p.delta_softplus, &slope), ut = X.u[t * X.ld];
           T gy = dY[t * X.ld];
           if (has_z) {
             // ŷ_t recomputed from the state; d silu(z)/dz = σ(z)(1 + z(1 − σ(z))).
-            T yhat = X.D * ut;
+            T yhat = 0;
+#pragma omp simd reduction(+ : yhat)
             for (int64_t n = 0; n < N; ++n) yhat += Ct[n] * hc[n];
+            yhat += X.D * ut;
             const T zt = X.z[t * X.ld], s = math::sigmoid(zt);
             if (dZ) dZ[t * X.ld] = gy * yhat * s * (T(1) + zt * (T(1) - s));
             gy *= zt * s;
           }
           dD += gy * ut;
-          T du = X.D * gy, ddt = 0;
+          T du = 0, ddt = 0;
           T *dBt = dBp + t * N, *dCt = dCp + t * N;
+          const T dtu = delta_t * ut;
+#pragma omp simd reduction(+ : du, ddt)
           for (int64_t n = 0; n < N; ++n) {
-            dh[n] += gy * Ct[n];
+            const T dhn = dh[n] + gy * Ct[n];
             dCt[n] += gy * hc[n];
-            const T a = std::exp(delta_t * X.A[n]);
-            const T ahp = a * hp[n];
-            ddt += dh[n] * (X.A[n] * ahp + ut * Bt[n]);
-            dA[n] += dh[n] * delta_t * ahp;
-            dBt[n] += dh[n] * delta_t * ut;
-            du += dh[n] * delta_t * Bt[n];
-            dh[n] *= a;
+            const T ahp = at[n] * hp[n];
+            ddt += dhn * (A[n] * ahp + ut * Bt[n]);
+            dA[n] += dhn * delta_t * ahp;
+            dBt[n] += dhn * dtu;
+            du += dhn * Bt[n];
+            dh[n] = dhn * at[n];
           }
-          dU[t * X.ld] = du;
+          dU[t * X.ld] = X.D * gy + delta_t * du;
           const T ddel = ddt * slope;
           dDel[t * X.ld] = ddel;
           dbias += ddel;
         }
       }
-      pD.data<T>()[b * G.D + d] = dD;
-      pbias.data<T>()[b * G.D + d] = dbias;
-      if (g.dinitial_state.defined()) std::copy_n(dh, N, g.dinitial_state.data<T>() + (b * G.D + d) * N);
+    }
+    if (g.dinitial_state.defined()) {
+      for (int64_t d = d0; d < d1; ++d) {
+        std::copy_n(dhs + (d - d0) * N, N, g.dinitial_state.data<T>() + (b * G.D + d) * N);
+      }
     }
   }
   // The sums over channel groups (dB, dC) and over the batch (dA, dD, d delta_bias), in a fixed order.
