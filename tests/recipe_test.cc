@@ -248,11 +248,11 @@ TEST_F(RecipeTest, BadChoiceListsTheChoices) {
             "FILE:2: optim.schedule must be one of \"cosine\", \"linear\", \"constant\", got \"cosin\" "
             "(did you mean \"cosine\"?)");
   EXPECT_EQ(error_of("[model]\nmlp = \"gelux\"\n"),
-            "FILE:2: model.mlp must be one of \"auto\", \"gelu\", \"swiglu\", \"relu\", \"geglu\", \"none\", got "
-            "\"gelux\" (did you mean \"gelu\"?)");
+            "FILE:2: model.mlp must be one of \"auto\", \"gelu\", \"swiglu\", \"relu\", \"geglu\", \"none\", "
+            "\"moe\", got \"gelux\" (did you mean \"gelu\"?)");
   EXPECT_EQ(error_of("[model]\nmlp = \"mixture\"\n"),
-            "FILE:2: model.mlp must be one of \"auto\", \"gelu\", \"swiglu\", \"relu\", \"geglu\", \"none\", got "
-            "\"mixture\"");
+            "FILE:2: model.mlp must be one of \"auto\", \"gelu\", \"swiglu\", \"relu\", \"geglu\", \"none\", "
+            "\"moe\", got \"mixture\"");
   EXPECT_EQ(error_of("[model]\narch = \"bert\"\n"),
             "FILE:2: model.arch must be one of \"decoder\", \"encoder\", \"encoder_decoder\", got \"bert\"");
   // The choices are the registry's, attention (the default) first: adding a mixer adds it here by itself.
@@ -637,7 +637,8 @@ TEST_F(RecipeTest, MixerOptionsLiveInSubTables) {
     if (!m->options.empty()) tables += (tables.empty() ? "model." : ", model.") + m->name;
   }
   EXPECT_EQ(error_of("[model.nonesuch]\nd_state = 16\n"),
-            "FILE:1: unknown section [model.nonesuch] ([model] has the sub-tables " + tables + ": one per mixer)");
+            "FILE:1: unknown section [model.nonesuch] ([model] has the sub-tables " + tables +
+                ", model.moe: one per mixer, and the MoE FFN's)");
   EXPECT_EQ(error_of("", {"model.gla.chunksize=3"}),
             "--set model.gla.chunksize=3: unknown key model.gla.chunksize (did you mean model.gla.chunk_size?)");
   EXPECT_EQ(error_of("", {"model.glaa.chunk_size=3"}),
@@ -699,13 +700,63 @@ TEST_F(RecipeTest, PatternsListTheBlocks) {
   EXPECT_EQ(error_of("[model]\npattern = \"gla retnetx\"\n"),
             "FILE:2: model.pattern: unknown mixer \"retnetx\" in \"retnetx\" (did you mean \"retention\"?); mixers: " +
                 mixer_names());
-  EXPECT_EQ(error_of("[model]\npattern = \"gla:moe\"\n"),
-            "FILE:2: model.pattern: \"gla:moe\" names the FFN \"moe\"; the FFNs are gelu, swiglu, relu, geglu, none");
+  EXPECT_EQ(error_of("[model]\npattern = \"gla:mixture\"\n"),
+            "FILE:2: model.pattern: \"gla:mixture\" names the FFN \"mixture\"; the FFNs are gelu, swiglu, relu, geglu, "
+            "moe, none");
   EXPECT_EQ(error_of("[model]\npattern = \"gla*0\"\n"), "FILE:2: model.pattern: \"gla*0\" must end in *N with N ≥ 1");
   EXPECT_EQ(error_of("[model]\npattern = \"gla gla attention\"\n"),
             "FILE:2: model.pattern has 3 blocks, which do not divide model.n_layers = 4 (a pattern repeats to fill "
             "n_layers)");
   EXPECT_EQ(error_of("[model]\npattern = \" , \"\n"), "FILE:2: model.pattern names no block");
+}
+
+// [model.moe] and model.shared_attention_every: read into the model's configuration, written into the
+// resolved recipe only where a block uses them, refused where they cannot run.
+TEST_F(RecipeTest, MixtureOfExpertsAndSharedAttention) {
+  const Recipe r = load_ok(
+      "[model]\npattern = \"gla gla:moe\"\nshared_attention_every = 2\n[model.moe]\nexperts = 6\ntop_k = 1\n"
+      "capacity_factor = 0\nexpert = \"gelu\"\nd_ff = 96\naux_loss_weight = 0.05\nrouter_weights = \"softmax\"\n");
+  const ModelConfig c = *model_config(r, 256);
+  EXPECT_EQ(c.blocks[1], (BlockSpec{"gla", FfnKind::moe}));
+  EXPECT_EQ(c.blocks[0], (BlockSpec{"gla", FfnKind::swiglu}));
+  EXPECT_EQ(c.moe.experts, 6);
+  EXPECT_EQ(c.moe.top_k, 1);
+  EXPECT_EQ(c.moe.capacity_factor, 0.0);
+  EXPECT_EQ(c.moe.expert, FfnKind::gelu);
+  EXPECT_EQ(c.moe.d_ff, 96);
+  EXPECT_EQ(c.moe.aux_loss_weight, 0.05);
+  EXPECT_FALSE(c.moe.renormalize);
+  EXPECT_EQ(c.shared_attention_every, 2);
+  EXPECT_EQ(c.shared_attention_ffn, FfnKind::swiglu);
+  const std::string resolved = resolved_recipe_toml(r);
+  EXPECT_NE(resolved.find("[model.moe]\nexperts = 6"), std::string::npos);
+  EXPECT_NE(resolved.find("\n[model.attention]\n"), std::string::npos);  // the shared block's options
+  // It reads back to the same recipe.
+  absl::StatusOr<Recipe> again = load_recipe_text(resolved, put("", "again.toml"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(recipe_differences(r, *again, {"log.out_dir"}).empty());
+  // Without an MoE block or the shared block: neither section is written.
+  const std::string plain = resolved_recipe_toml(load_ok("[model]\nmixer = \"gla\"\n"));
+  EXPECT_EQ(plain.find("\n[model.moe]\n"), std::string::npos);
+  EXPECT_EQ(plain.find("\n[model.attention]\n"), std::string::npos);
+  // Patterns with the SSM mixers, Jamba's layer: MoE FFNs in every other block.
+  const ModelConfig jamba = *model_config(
+      load_ok("[model]\nn_layers = 8\npattern = \"mamba*3, attention:moe, mamba:moe mamba mamba:moe mamba\"\n"), 256);
+  EXPECT_EQ(jamba.blocks[0], (BlockSpec{"mamba", FfnKind::swiglu}));
+  EXPECT_EQ(jamba.blocks[3], (BlockSpec{"attention", FfnKind::moe}));
+  EXPECT_EQ(jamba.blocks[6], (BlockSpec{"mamba", FfnKind::moe}));
+  EXPECT_EQ(jamba.blocks[7], (BlockSpec{"mamba", FfnKind::swiglu}));
+  // Every block's FFN an MoE.
+  EXPECT_EQ(model_config(load_ok("[model]\nmixer = \"gla\"\nmlp = \"moe\"\n"), 256)->blocks[3].ffn, FfnKind::moe);
+  EXPECT_EQ(error_of("[model]\nmlp = \"moe\"\n[model.moe]\nexperts = 2\ntop_k = 3\n"),
+            "FILE:5: model.moe.top_k = 3 must be at most model.moe.experts = 2");
+  EXPECT_EQ(error_of("[model]\nmlp = \"moe\"\n[parallel]\nsp = 2\n"),
+            "FILE:2: a block with the MoE FFN trains with parallel.sp = 1 (data parallelism with --nproc works); "
+            "parallel.sp = 2");
+  EXPECT_EQ(error_of("[model]\nshared_attention_every = 2\narch = \"encoder\"\n[data]\nobjective = \"masked_lm\"\n"
+                     "[model.attention]\n"),
+            "FILE:2: model.shared_attention_every > 0 is built into model.arch = \"decoder\" only; model.arch = "
+            "\"encoder\"");
 }
 
 // Every recipe of recipes/ loads and builds its model; the hybrid's blocks are what its pattern says.

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Data parallelism at the command line (`./train R --nproc N`, Gloo CPU ranks): tiny GPT and GLA models
-# trained by 2 and 4 ranks log the losses of one process (within a relative 1e-5) at every step, the
-# ranks end with weights identical bit for bit, a run resumes across world sizes (1 -> 2, 2 -> 1) with
-# the losses of an uninterrupted run, a rank killed with SIGKILL ends the job naming it (no rank left
-# running), SIGINT to the launcher saves a checkpoint and exits 130 like one process, two launchers
-# (--nnodes 2) on this machine train as one job (through a shared folder, and through a Redis server where
-# redis-server is installed), and bad --nproc/--nnodes/--node-rank/--rendezvous values
+# trained by 2 and 4 ranks, and a GLA model with an MoE block and a shared attention block by 2, log the
+# losses of one process (within a relative 1e-5) at every step (the MoE model its aux losses and drops
+# too), the ranks end with weights identical bit for bit, a run resumes across world sizes (1 -> 2,
+# 2 -> 1) with the losses of an uninterrupted run, a rank killed with SIGKILL ends the job naming it (no
+# rank left running), SIGINT to the launcher saves a checkpoint and exits 130 like one process, two
+# launchers (--nnodes 2) on this machine train as one job (through a shared folder, and through a Redis
+# server where redis-server is installed), and bad --nproc/--nnodes/--node-rank/--rendezvous values
 # and a batch size the ranks cannot split are refused with exit code 2 and one line.
 # Usage: train_dp_test.sh /path/to/seqlab
 set -u
@@ -69,6 +70,28 @@ ACCUM=(--set train.grad_accum=2 --set log.eval_every=6)
 "$SEQLAB" "$WORK/tiny.toml" "${ACCUM[@]}" --out "$WORK/accum-1" > /dev/null || fail "grad_accum 2: one process"
 "$SEQLAB" "$WORK/tiny.toml" "${ACCUM[@]}" --nproc 2 --out "$WORK/accum-2" > /dev/null 2>&1 || fail "grad_accum 2: --nproc 2"
 close_losses "gpt --nproc 2, train.grad_accum = 2: the losses of one process" "$WORK/accum-1" "$WORK/accum-2"
+# The mixture-of-experts FFN (capacity binding: 0.5) and Zamba's shared attention block: the ranks route
+# the whole batch together, so their losses (aux loss included), drops and weights are one process's
+# (docs/hybrids.md).
+MOE=(--set 'model.pattern="gla:moe gla"' --set model.n_layers=2 --set model.moe.experts=4
+     --set model.moe.capacity_factor=0.5 --set model.shared_attention_every=2)
+"$SEQLAB" "$WORK/tiny.toml" "${MOE[@]}" --out "$WORK/moe-1" > /dev/null || fail "moe: one process"
+mkdir -p "$WORK/w-moe"
+SEQLAB_TEST_WEIGHTS_DIR="$WORK/w-moe" "$SEQLAB" "$WORK/tiny.toml" "${MOE[@]}" --nproc 2 --out "$WORK/moe-2" \
+  > /dev/null 2> "$WORK/moe-2.err" || { fail "moe: --nproc 2"; cat "$WORK/moe-2.err"; }
+close_losses "moe --nproc 2: the losses of one process" "$WORK/moe-1" "$WORK/moe-2"
+if python3 - "$WORK/moe-1/metrics.jsonl" "$WORK/moe-2/metrics.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert any(x["moe_dropped"] > 0 for x in a), "no token dropped"
+for x, y in zip(a, b):
+    for k in ("aux_loss", "moe_dropped"):
+        assert abs(x[k] - y[k]) <= 1e-6 * max(abs(x[k]), 1e-12), (x["step"], k, x[k], y[k])
+PY
+then pass "moe --nproc 2: aux_loss and moe_dropped of one process"; else fail "moe --nproc 2: aux_loss or moe_dropped differ"; fi
+cmp -s "$WORK/w-moe/rank0.bin" "$WORK/w-moe/rank1.bin" && pass "moe --nproc 2: the ranks' weights identical bit for bit" \
+  || fail "moe --nproc 2: the ranks' weights differ"
 [ ! -e "$WORK/gpt-2/.rendezvous" ] && pass "the rendezvous folder is removed" || fail "rendezvous folder left behind"
 # Rank 0's stderr comes through as it is; every other rank's lines are prefixed "[rank R] " (each rank
 # says once that bf16 is emulated on the CPU).

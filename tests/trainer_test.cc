@@ -186,6 +186,48 @@ TEST(Trainer, TheLossHookGivesTheStepsLossAndItsNonFiniteCheck) {
   EXPECT_EQ(weights_of(b), before);
 }
 
+// A model with an MoE block: the step's metrics are the mean of its micro-batches' training_metrics,
+// then what the metrics hook makes of each (data parallelism: the average over the ranks); a model
+// without such blocks has none.
+TEST(Trainer, TheStepsMetricsAreTheMicroBatchesMeanThroughTheHook) {
+  ModelConfig cfg = hybrid_config();
+  cfg.blocks[0].ffn = FfnKind::moe;
+  cfg.moe.experts = 3;
+  cfg.moe.d_ff = 8;
+  cfg.moe.capacity_factor = 0.6;
+  Generator ga(2), gb(2);
+  Decoder a(cfg, ga), b(cfg, gb);
+  a.to(cpu_device(), DType::f64);
+  b.to(cpu_device(), DType::f64);
+  OptimConfig sgd;
+  sgd.name = "sgd";
+  Optimizer opt_a(sgd, a.parameters()), opt_b(sgd, b.parameters());
+  Trainer trainer(a, opt_a, kSchedule, {2, 0});
+  trainer.set_metrics_hook([](double v) { return 10 * v; });
+  int64_t i = 0;
+  const StepResult r = trainer.step(0, [&] { return micro_batch(i++); });
+  // The same micro-batches one at a time through the model b (equal to a before the step).
+  b.set_training(true);
+  std::vector<std::pair<std::string, double>> want;
+  for (int64_t m = 0; m < 2; ++m) {
+    b.loss(micro_batch(m));
+    const auto got = b.training_metrics();
+    if (m == 0) want = got;
+    for (size_t k = 0; m > 0 && k < got.size(); ++k) want[k].second += got[k].second;
+  }
+  ASSERT_EQ(r.metrics.size(), 3u);
+  for (size_t k = 0; k < want.size(); ++k) {
+    EXPECT_EQ(r.metrics[k].first, want[k].first);
+    EXPECT_NEAR(r.metrics[k].second, 10 * want[k].second / 2, 1e-12) << want[k].first;
+  }
+  EXPECT_GT(r.metrics[2].second, 0.0);  // capacity 0.6 drops
+  Generator gc(2);
+  Decoder plain(hybrid_config(), gc);
+  Optimizer opt_c(sgd, plain.parameters());
+  Trainer plain_trainer(plain, opt_c, kSchedule, {1, 0});
+  EXPECT_TRUE(plain_trainer.step(0, [&] { return micro_batch(0); }).metrics.empty());
+}
+
 // bf16 weights with grad_accum 2: the update equals that of the f32 sums of the micro-batches'
 // gradients, which the trainer keeps (the engine alone would add them in bf16).
 TEST(Trainer, Bf16AccumulationSumsInF32) {

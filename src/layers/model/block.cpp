@@ -5,6 +5,7 @@
 #include <string>
 
 #include "autograd/ops.h"
+#include "layers/model/moe.h"
 
 namespace seqlab {
 
@@ -16,7 +17,9 @@ Ffn::Ffn(FfnKind kind, int64_t d_model, int64_t d_ff, bool bias, Generator& gen,
       gate_(ffn_gated(kind) ? &add_module("gate", std::make_unique<Linear>(d_model, d_ff, bias, gen, init_std))
                             : nullptr),
       proj_(add_module("proj", std::make_unique<Linear>(d_ff, d_model, bias, gen, init_std))) {
-  if (kind == FfnKind::none) throw std::logic_error("Ffn: a block without an FFN has no Ffn module");
+  if (kind == FfnKind::none || kind == FfnKind::moe) {
+    throw std::logic_error("Ffn: a block without an FFN, or with a mixture of experts, has no Ffn module");
+  }
 }
 
 Tensor Ffn::forward(const Tensor& x) const {
@@ -26,13 +29,14 @@ Tensor Ffn::forward(const Tensor& x) const {
     case FfnKind::relu: h = relu(fc_.forward(x)); break;                         // relu(fc x)
     case FfnKind::swiglu: h = mul(silu(fc_.forward(x)), gate_->forward(x)); break;  // silu(fc x) ⊙ gate x
     case FfnKind::geglu: h = mul(fc_.forward_gelu(x), gate_->forward(x)); break;    // gelu(fc x) ⊙ gate x
-    case FfnKind::none: break;
+    case FfnKind::none:
+    case FfnKind::moe: break;
   }
   return proj_.forward(h);
 }
 
 double ffn_parameter_count(FfnKind kind, int64_t d_model, int64_t d_ff, bool bias) {
-  if (kind == FfnKind::none) return 0;
+  if (kind == FfnKind::none || kind == FfnKind::moe) return 0;
   const double d = static_cast<double>(d_model), ff = static_cast<double>(d_ff);
   const double inputs = ffn_gated(kind) ? 2 : 1;  // fc (and gate): d → d_ff each
   return inputs * d * ff + ff * d + (bias ? inputs * ff + d : 0.0);
@@ -60,6 +64,10 @@ Block::Block(const ModelConfig& cfg, const BlockSpec& spec, const MixerContext& 
   }
   if (spec.ffn == FfnKind::none) return;
   norm2_ = &add_module("norm2", std::make_unique<Norm>(cfg.norm, cfg.d_model, cfg.norm_eps));
+  if (spec.ffn == FfnKind::moe) {
+    moe_ = &add_module("moe", std::make_unique<MoeFfn>(cfg.moe, cfg.d_model, cfg.d_ff, cfg.bias, init_gen, cfg.init_std));
+    return;
+  }
   const int64_t d_ff = cfg.d_ff > 0 ? cfg.d_ff : ffn_d_ff(spec.ffn, cfg.d_model);
   ffn_ = &add_module("mlp", std::make_unique<Ffn>(spec.ffn, cfg.d_model, d_ff, cfg.bias, init_gen, cfg.init_std));
 }
@@ -77,7 +85,9 @@ double block_parameter_count(const ModelConfig& cfg, const BlockSpec& spec, bool
     cross_ctx.memory_dim = cfg.d_model;
     n += norm + attention.parameter_count(cross_ctx, options_of(cfg, attention));
   }
-  if (spec.ffn != FfnKind::none) {
+  if (spec.ffn == FfnKind::moe) {
+    n += norm + moe_parameter_count(cfg.moe, cfg.d_model, cfg.d_ff, cfg.bias);
+  } else if (spec.ffn != FfnKind::none) {
     const int64_t d_ff = cfg.d_ff > 0 ? cfg.d_ff : ffn_d_ff(spec.ffn, cfg.d_model);
     n += norm + ffn_parameter_count(spec.ffn, cfg.d_model, d_ff, cfg.bias);
   }
@@ -102,6 +112,10 @@ Tensor Block::mix(const Mixer& m, const Tensor& x, const StackInput& in, bool cr
   return m.forward(input, state);
 }
 
+Tensor Block::feed_forward(const Tensor& x, const StackInput& in) const {
+  return moe_ != nullptr ? moe_->forward(x, in.moe) : ffn_->forward(x);
+}
+
 BlockState Block::new_state() const {
   BlockState s;
   s.mixer = mixer_.new_state();
@@ -118,8 +132,8 @@ std::pair<Tensor, Tensor> Block::forward(const Tensor& x, const Tensor& branch, 
     // x = norm1(x + drop(mixer x)), then norm2(x + drop(ffn x)); cross attention likewise.
     Tensor h = norm1_.add_forward(x, drop(mix(mixer_, x, in, false, self_state))).y;
     if (cross_ != nullptr) h = cross_norm_->add_forward(h, drop(mix(*cross_, h, in, true, cross_state))).y;
-    if (ffn_ == nullptr) return {h, Tensor()};
-    return {norm2_->add_forward(h, drop(ffn_->forward(h))).y, Tensor()};
+    if (norm2_ == nullptr) return {h, Tensor()};
+    return {norm2_->add_forward(h, drop(feed_forward(h, in))).y, Tensor()};
   }
   // Pre-norm residual: x + drop(mixer(norm1 x)), + drop(cross(cross_norm ·)), + drop(ffn(norm2 ·)),
   // each add fused with the norm that reads its result.
@@ -131,9 +145,9 @@ std::pair<Tensor, Tensor> Block::forward(const Tensor& x, const Tensor& branch, 
     stream = c.sum;
     last = drop(mix(*cross_, c.y, in, true, cross_state));
   }
-  if (ffn_ == nullptr) return {stream, last};
+  if (norm2_ == nullptr) return {stream, last};
   const AddNormResult mid = norm2_->add_forward(stream, last);
-  return {mid.sum, drop(ffn_->forward(mid.y))};
+  return {mid.sum, drop(feed_forward(mid.y, in))};
 }
 
 }  // namespace seqlab

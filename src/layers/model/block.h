@@ -14,7 +14,7 @@
 // model's generator in a fixed order: mixer, cross, FFN.
 //
 // Parameter names: norm1.*, mixer.*, cross_norm.*, cross.*, norm2.*, mlp.{fc,gate,proj}.* (no norm2
-// and mlp where the FFN is none).
+// and mlp where the FFN is none; moe.router.*, moe.experts.{e}.* in its place where the FFN is moe).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,9 @@
 #include "layers/module.h"
 
 namespace seqlab {
+
+class MoeFfn;
+struct MoeStats;
 
 // The FFN of a block (model_config.h FfnKind): proj(act(fc x)) or proj(act(fc x) ⊙ gate x); GELU's
 // GEMM and activation fused (linear_gelu).
@@ -51,6 +54,7 @@ struct StackInput {
   Tensor lengths;
   Tensor memory, memory_lengths;
   Tensor bias;  // [1, H, T, S] for the blocks' self mixers (relative positions); undefined: none
+  MoeStats* moe = nullptr;  // where the MoE blocks add their aux loss and counts (training); null: nowhere
 };
 
 // A block's decoding states: its mixer's and (encoder-decoder) its cross attention's.
@@ -75,6 +79,7 @@ class Block : public Module {
  private:
   Tensor drop(const Tensor& x) const;  // dropout in training mode, else x
   Tensor mix(const Mixer& m, const Tensor& x, const StackInput& in, bool cross, MixerState* state) const;
+  Tensor feed_forward(const Tensor& x, const StackInput& in) const;  // the FFN or the MoE
 
   double dropout_;
   bool post_norm_;
@@ -85,6 +90,7 @@ class Block : public Module {
   Mixer* cross_ = nullptr;
   Norm* norm2_ = nullptr;
   Ffn* ffn_ = nullptr;
+  MoeFfn* moe_ = nullptr;
 };
 
 // The weights of one block of `spec` (norms, mixer, cross attention when `cross`, FFN), counted from

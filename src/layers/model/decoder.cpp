@@ -4,14 +4,17 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "autograd/ops.h"
+#include "layers/model/moe.h"
 #include "layers/sequence_parallel.h"
 
 namespace seqlab {
 
 bool bounded_context(const ModelConfig& cfg, const std::vector<BlockSpec>& blocks) {
   return cfg.positions == PositionKind::learned || cfg.positions == PositionKind::sinusoidal ||
+         shared_attention_uses(cfg, blocks.size()) > 0 ||  // the shared attention block's caches grow
          std::any_of(blocks.begin(), blocks.end(),
                      [](const BlockSpec& b) { return !mixer_spec(b.mixer).traits.recurrent; });
 }
@@ -48,6 +51,8 @@ Decoder::Decoder(const ModelConfig& cfg, Generator& gen)
     wpe_ = &add_module("wpe", std::make_unique<Embedding>(cfg_.max_seq_len, cfg_.d_model, gen, cfg_.init_std));
   }
   stack_ = &add_module("", std::make_unique<Stack>(cfg_, cfg_.blocks, /*cross=*/false, gen, dropout_gen_));
+  has_moe_ = std::any_of(cfg_.blocks.begin(), cfg_.blocks.end(), [](const BlockSpec& b) { return b.ffn == FfnKind::moe; }) ||
+             (shared_attention_uses(cfg_, cfg_.blocks.size()) > 0 && cfg_.shared_attention_ffn == FfnKind::moe);
   if (!cfg_.tie_embeddings) {
     lm_head_ = &add_module("lm_head", std::make_unique<Linear>(cfg_.d_model, cfg_.vocab_size, false, gen, cfg_.init_std));
   }
@@ -65,6 +70,10 @@ double decoder_state_size(const ModelConfig& config, int64_t seq_len) {
     const MixerSpec& spec = mixer_spec(b.mixer);
     sum += spec.state_size(ctx, options_of(cfg, spec), seq_len);
   }
+  if (const int64_t uses = shared_attention_uses(cfg, cfg.blocks.size()); uses > 0) {  // a cache per use
+    const MixerSpec& attention = mixer_spec("attention");
+    sum += static_cast<double>(uses) * attention.state_size(ctx, options_of(cfg, attention), seq_len);
+  }
   return sum;
 }
 
@@ -75,6 +84,10 @@ double decoder_mixing_flops_per_token(const ModelConfig& config, int64_t seq_len
   for (const BlockSpec& b : cfg.blocks) {
     const MixerSpec& spec = mixer_spec(b.mixer);
     sum += spec.mixing_flops_per_token(ctx, options_of(cfg, spec), seq_len);
+  }
+  if (const int64_t uses = shared_attention_uses(cfg, cfg.blocks.size()); uses > 0) {  // attention at every use
+    const MixerSpec& attention = mixer_spec("attention");
+    sum += static_cast<double>(uses) * attention.mixing_flops_per_token(ctx, options_of(cfg, attention), seq_len);
   }
   return sum;
 }
@@ -110,7 +123,16 @@ Tensor Decoder::run(const Tensor& tokens, DecoderState* state) {
     x = add(x, p);  // [T, C] broadcast over B
   }
   StackInput in;  // causal, every token valid (a causal row never sees the padding after it)
+  MoeStats moe;
+  const bool moe_stats = has_moe_ && state == nullptr && training();
+  if (moe_stats) in.moe = &moe;
   x = stack_->forward(x, in, start, state != nullptr ? &state->blocks : nullptr);
+  if (moe_stats) {
+    last_aux_ = moe.aux_loss;
+    last_aux_value_ = moe.aux_value;
+    last_balance_ = moe.blocks > 0 ? moe.balance / static_cast<double>(moe.blocks) : 0.0;
+    last_dropped_ = moe.assignments > 0 ? static_cast<double>(moe.dropped) / static_cast<double>(moe.assignments) : 0.0;
+  }
   if (state != nullptr) state->position = start + T;
   // Tied output: logits = x · wteᵀ (untied: its own lm_head).
   return linear(x, lm_head_ != nullptr ? lm_head_->weight() : wte_.weight());
@@ -127,6 +149,20 @@ Tensor Decoder::logits(const Batch& batch) {
   }
   if (!batch.inputs.defined()) throw std::invalid_argument("decoder: the batch has no inputs");
   return run(batch.inputs, nullptr);
+}
+
+ModelOutputs Decoder::outputs(const Batch& batch) {
+  last_aux_ = Tensor();
+  ModelOutputs out;
+  out.logits = logits(batch);
+  out.aux_loss = std::move(last_aux_);  // not kept past the call: it holds the router's graph
+  last_aux_ = Tensor();
+  return out;
+}
+
+std::vector<std::pair<std::string, double>> Decoder::training_metrics() const {
+  if (!has_moe_) return {};
+  return {{"aux_loss", last_aux_value_}, {"moe_balance", last_balance_}, {"moe_dropped", last_dropped_}};
 }
 
 Tensor Decoder::forward_step(const Tensor& tokens, DecodeState& state) {

@@ -18,12 +18,14 @@
 // Parameter names are stable dotted paths: wte.weight, wpe.weight (learned positions only),
 // relative_bias.weight (relative positions), blocks.{i}.norm1.*, blocks.{i}.mixer.* (the mixer's own:
 // attention qkv.*, proj.*; gla q.*, ...), blocks.{i}.norm2.*, blocks.{i}.mlp.{fc,gate,proj}.* (no
-// norm2 and mlp where the FFN is none), norm_f.*, lm_head.weight (untied only).
+// norm2 and mlp where the FFN is none; blocks.{i}.moe.* for a mixture of experts), norm_f.*,
+// lm_head.weight (untied only); with Zamba's shared attention block (stack.h) shared.* and shared_in.{u}.*.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "layers/basic.h"
@@ -48,6 +50,12 @@ class Decoder : public LanguageModel {
   const ModelConfig& config() const { return cfg_; }
   // Reads batch.inputs (and lengths, through the loss); refuses decoder_inputs and segment_ids.
   Tensor logits(const Batch& batch) override;
+  // The logits and, in training, the MoE blocks' aux loss (moe.h).
+  ModelOutputs outputs(const Batch& batch) override;
+  // The MoE blocks' figures of the last training forward: aux_loss (the term the objective added),
+  // moe_balance (E · Σ f_e P_e per block, averaged over the blocks: 1 when balanced) and moe_dropped
+  // (the fraction of token-expert assignments past capacity). Empty without MoE blocks.
+  std::vector<std::pair<std::string, double>> training_metrics() const override;
   bool can_decode() const override { return true; }
   std::unique_ptr<DecodeState> new_decode_state() const override { return std::make_unique<DecoderState>(); }
   Tensor forward_step(const Tensor& tokens, DecodeState& state) override;
@@ -66,6 +74,9 @@ class Decoder : public LanguageModel {
   Embedding& wte_;
   Embedding* wpe_ = nullptr;
   Stack* stack_ = nullptr;
+  bool has_moe_ = false;
+  Tensor last_aux_;  // the last training forward's aux loss, until outputs() takes it
+  double last_aux_value_ = 0, last_balance_ = 0, last_dropped_ = 0;
   Linear* lm_head_ = nullptr;
 };
 

@@ -44,6 +44,7 @@ Tensor LanguageModel::loss_from_outputs(const Batch& batch, const ModelOutputs& 
     const Tensor targets = kernel::view(batch.sequence_targets, {B, 1});
     loss = add(loss, cross_entropy(reshape(out.sequence_logits, {B, 1, K}), targets, kIgnoreIndex));
   }
+  if (out.aux_loss.defined()) loss = add(loss, out.aux_loss);
   return loss;
 }
 

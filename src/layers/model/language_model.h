@@ -6,6 +6,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "layers/model/batch.h"
 #include "layers/module.h"
@@ -23,6 +26,7 @@ struct DecodeState {
 struct ModelOutputs {
   Tensor logits;           // [B, T, V] at the positions the loss scores
   Tensor sequence_logits;  // [B, K] one classification per row (BERT's next sentence); undefined: none
+  Tensor aux_loss;         // a scalar the objective adds (the MoE blocks' load balancing); undefined: none
 };
 
 class LanguageModel : public Module {
@@ -31,13 +35,14 @@ class LanguageModel : public Module {
   // Throws std::invalid_argument naming a field of the batch the model cannot use.
   virtual Tensor logits(const Batch& batch) = 0;
   // The logits and whatever else the model's heads give (by default the logits alone).
-  virtual ModelOutputs outputs(const Batch& batch) { return {logits(batch), Tensor()}; }
+  virtual ModelOutputs outputs(const Batch& batch) { return {logits(batch), Tensor(), Tensor()}; }
   // The model's objective on `logits` (= logits(batch)): by default the cross-entropy against
   // batch.scored_targets(), averaged over the positions scored — targets ≠ kIgnoreIndex within the
   // row's length — and weighted by batch.loss_weights when given (Σ w·ℓ / Σ w).
   virtual Tensor loss_from_logits(const Batch& batch, const Tensor& logits) const;
   // The objective on all the outputs: loss_from_logits, plus the cross-entropy of sequence_logits against
-  // batch.sequence_targets where both are there (BERT's masked LM + next sentence).
+  // batch.sequence_targets where both are there (BERT's masked LM + next sentence), plus aux_loss where
+  // there is one (the MoE blocks' load-balancing loss, in training).
   Tensor loss_from_outputs(const Batch& batch, const ModelOutputs& out) const;
   Tensor loss(const Batch& batch) { return loss_from_outputs(batch, outputs(batch)); }
 
@@ -59,6 +64,11 @@ class LanguageModel : public Module {
   virtual int64_t max_context() const = 0;
   // The generator of every dropout mask: checkpoint its state() and set_state() it on resume.
   virtual Generator& dropout_generator() = 0;
+
+  // Figures of the last training forward the objective does not show, by name, each averaged over
+  // micro-batches and ranks by the trainer and logged (the MoE blocks': aux_loss, moe_balance,
+  // moe_dropped; moe.h). Empty by default and for models without such blocks.
+  virtual std::vector<std::pair<std::string, double>> training_metrics() const { return {}; }
 };
 
 // `targets` with every position at or past its row's length set to kIgnoreIndex (lengths [B], targets

@@ -8,6 +8,7 @@
 #include "layers/model/decoder.h"
 #include "layers/model/encoder.h"
 #include "layers/model/encoder_decoder.h"
+#include "layers/model/moe.h"
 
 namespace seqlab {
 
@@ -27,6 +28,7 @@ const char* ffn_kind_name(FfnKind kind) {
     case FfnKind::none: return "none";
     case FfnKind::relu: return "relu";
     case FfnKind::geglu: return "geglu";
+    case FfnKind::moe: return "moe";
   }
   return "";
 }
@@ -97,6 +99,26 @@ ModelConfig resolved_config(ModelConfig cfg) {
     }
   }
   for (const BlockSpec& b : cfg.decoder_blocks) mixer_spec(b.mixer);
+  const auto is_moe = [](const BlockSpec& b) { return b.ffn == FfnKind::moe; };
+  if (std::any_of(cfg.blocks.begin(), cfg.blocks.end(), is_moe) ||
+      std::any_of(cfg.decoder_blocks.begin(), cfg.decoder_blocks.end(), is_moe)) {
+    if (cfg.kind != ModelKind::decoder) {
+      throw std::invalid_argument(kind + ": the mixture-of-experts FFN (moe) is built into decoder models only");
+    }
+    check_moe_config(cfg.moe);
+  }
+  if (cfg.shared_attention_every < 0) throw std::invalid_argument(kind + ": shared_attention_every must be 0 or positive");
+  if (cfg.shared_attention_every > 0) {
+    if (cfg.kind != ModelKind::decoder || cfg.norm_placement != NormPlacement::pre) {
+      throw std::invalid_argument(kind + ": the shared attention block is built into pre-norm decoder models only");
+    }
+    if (cfg.shared_attention_every > static_cast<int64_t>(cfg.blocks.size())) {
+      throw std::invalid_argument(kind + ": shared_attention_every = " + std::to_string(cfg.shared_attention_every) +
+                                  " is more than the " + std::to_string(cfg.blocks.size()) +
+                                  " blocks: the shared block would never run");
+    }
+    if (cfg.shared_attention_ffn == FfnKind::moe) check_moe_config(cfg.moe);
+  }
   return cfg;
 }
 
@@ -134,6 +156,33 @@ double model_parameter_count(const ModelConfig& cfg) {
     case ModelKind::encoder_decoder: return encoder_decoder_parameter_count(cfg);
   }
   return 0;
+}
+
+int64_t shared_attention_uses(const ModelConfig& cfg, size_t layers) {
+  return cfg.shared_attention_every > 0 ? static_cast<int64_t>(layers) / cfg.shared_attention_every : 0;
+}
+
+double model_active_parameter_count(const ModelConfig& config) {
+  const double total = model_parameter_count(config);
+  const ModelConfig cfg = resolved_config(config);
+  double inactive = 0;  // per MoE block, the experts a token is not routed to
+  if (const int64_t uses = shared_attention_uses(cfg, cfg.blocks.size()); uses > 0) {
+    // Counted once in the total, passed through once per use (an MoE FFN's top_k experts each time).
+    const BlockSpec shared{"attention", cfg.shared_attention_ffn};
+    const double idle = shared.ffn == FfnKind::moe
+                            ? moe_parameter_count(cfg.moe, cfg.d_model, cfg.d_ff, cfg.bias) -
+                                  moe_active_parameter_count(cfg.moe, cfg.d_model, cfg.d_ff, cfg.bias)
+                            : 0.0;
+    inactive += static_cast<double>(uses) * idle - static_cast<double>(uses - 1) * block_parameter_count(cfg, shared, false);
+  }
+  for (const std::vector<BlockSpec>* blocks : {&cfg.blocks, &cfg.decoder_blocks}) {
+    for (const BlockSpec& b : *blocks) {
+      if (b.ffn != FfnKind::moe) continue;
+      inactive += moe_parameter_count(cfg.moe, cfg.d_model, cfg.d_ff, cfg.bias) -
+                  moe_active_parameter_count(cfg.moe, cfg.d_model, cfg.d_ff, cfg.bias);
+    }
+  }
+  return total - inactive;
 }
 
 double model_mixing_flops_per_token(const ModelConfig& cfg, int64_t seq_len) {

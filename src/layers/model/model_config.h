@@ -29,11 +29,27 @@ enum class ModelKind { decoder, encoder, encoder_decoder };
 const char* model_kind_name(ModelKind kind);  // "decoder", "encoder", "encoder_decoder"
 
 // The FFN of a block: proj(gelu(fc x)) (GPT-2, BERT), proj(relu(fc x)) (T5), or gated with a third
-// matrix: proj(silu(fc x) ⊙ gate x) (SwiGLU) or proj(gelu(fc x) ⊙ gate x) (GEGLU, T5 v1.1); or none.
-// gelu is the tanh form throughout (autograd/ops.h).
-enum class FfnKind { gelu, swiglu, none, relu, geglu };
-const char* ffn_kind_name(FfnKind kind);  // "gelu", "swiglu", "none", "relu", "geglu"
+// matrix: proj(silu(fc x) ⊙ gate x) (SwiGLU) or proj(gelu(fc x) ⊙ gate x) (GEGLU, T5 v1.1); or none;
+// or a mixture of experts (moe.h: a router sends each token to top_k of `experts` FFNs of one of the
+// kinds above, configured by ModelConfig::moe). gelu is the tanh form throughout (autograd/ops.h).
+enum class FfnKind { gelu, swiglu, none, relu, geglu, moe };
+const char* ffn_kind_name(FfnKind kind);  // "gelu", "swiglu", "none", "relu", "geglu", "moe"
 bool ffn_gated(FfnKind kind);             // swiglu, geglu: three matrices
+
+// The mixture-of-experts FFN of the blocks whose FFN is moe (moe.h has the equations).
+struct MoeConfig {
+  int64_t experts = 8;           // E expert FFNs per MoE block
+  int64_t top_k = 2;             // experts each token is sent to
+  double capacity_factor = 1.25; // in training, an expert takes ceil(factor · N · k / E) of N tokens; 0: no limit
+  FfnKind expert = FfnKind::swiglu;  // every expert's FFN (not none or moe)
+  int64_t d_ff = 0;              // each expert's hidden width; 0: ModelConfig::d_ff, else ffn_d_ff(expert, d)
+  double aux_loss_weight = 0.01; // the load-balancing loss's weight in the objective
+  bool renormalize = true;       // the k routing weights divided by their sum (else the router's probabilities)
+  bool operator==(const MoeConfig& o) const {
+    return experts == o.experts && top_k == o.top_k && capacity_factor == o.capacity_factor && expert == o.expert &&
+           d_ff == o.d_ff && aux_loss_weight == o.aux_loss_weight && renormalize == o.renormalize;
+  }
+};
 
 // Where a block's norms sit: before each sub-layer, with a final norm after the stack (GPT-2, T5), or
 // after each residual add (the original Transformer, BERT), with a norm of the embeddings instead.
@@ -71,7 +87,15 @@ struct ModelConfig {
   double init_std = 0.02;
   double dropout = 0;         // in [0, 1); applied in training mode only
   uint64_t dropout_seed = 0;  // seeds the model's dropout generator
+  MoeConfig moe;              // the blocks whose FFN is moe
+  // Zamba's shared attention block (decoder only; stack.h): after every k-th block one attention block
+  // whose weights the whole model shares, each use with its own input projection; 0: none.
+  int64_t shared_attention_every = 0;
+  FfnKind shared_attention_ffn = FfnKind::swiglu;  // the shared block's FFN
 };
+
+// How often a stack of `layers` blocks applies the shared attention block: layers / every (0 when off).
+int64_t shared_attention_uses(const ModelConfig& cfg, size_t layers);
 
 // A GPT-2: n_layers blocks of causal attention (n_heads heads) with GELU MLPs of 4·d_model, LayerNorm,
 // biases and learned positions for max_seq_len tokens.
@@ -98,6 +122,10 @@ std::unique_ptr<LanguageModel> make_model(const ModelConfig& cfg, Generator& gen
 // The number of weights make_model(cfg) has, counted from the configuration alone. Equals
 // make_model(cfg)->num_parameters(); throws as make_model does for sizes it cannot take.
 double model_parameter_count(const ModelConfig& cfg);
+// The weights one token's forward and backward pass through, each time it does (what 6·N counts in the
+// FLOPs per token): all of them but, in every MoE block, the E − top_k experts it is not routed to, and
+// the shared attention block's once per use. Equals model_parameter_count for a model with neither.
+double model_active_parameter_count(const ModelConfig& cfg);
 // Token-mixing FLOPs per token for sequences of seq_len tokens, beyond 6 per weight (each block's
 // MixerSpec::mixing_flops_per_token, twice for a bidirectional stack, whose rows see every token; and a
 // cross-attention layer's over seq_len memory tokens): equals make_model(cfg)->mixing_flops_per_token.

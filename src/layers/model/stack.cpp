@@ -33,6 +33,18 @@ Stack::Stack(const ModelConfig& cfg, const std::vector<BlockSpec>& specs, bool c
                                   std::make_unique<Block>(cfg, specs[i], ctx, cross, init_gen, dropout_gen)));
   }
   if (!post_norm_) norm_f_ = &add_module("norm_f", std::make_unique<Norm>(cfg.norm, cfg.d_model, cfg.norm_eps));
+  // The shared block and its projections come last, so a model without them draws its weights as before.
+  if (const int64_t uses = cross ? 0 : shared_attention_uses(cfg, specs.size()); uses > 0) {
+    if (post_norm_) throw std::invalid_argument("stack: the shared attention block needs pre-norm blocks");
+    shared_every_ = cfg.shared_attention_every;
+    shared_ = &add_module("shared", std::make_unique<Block>(cfg, BlockSpec{"attention", cfg.shared_attention_ffn}, ctx,
+                                                            false, init_gen, dropout_gen));
+    for (int64_t u = 0; u < uses; ++u) {
+      shared_in_.push_back(&add_module("shared_in." + std::to_string(u),
+                                       std::make_unique<Linear>(2 * cfg.d_model, cfg.d_model, false, init_gen,
+                                                                cfg.init_std)));
+    }
+  }
 }
 
 double stack_parameter_count(const ModelConfig& cfg, const std::vector<BlockSpec>& specs, bool cross) {
@@ -46,6 +58,10 @@ double stack_parameter_count(const ModelConfig& cfg, const std::vector<BlockSpec
   std::map<std::pair<std::string, FfnKind>, double> kinds;
   for (const BlockSpec& b : specs) kinds[{b.mixer, b.ffn}] += 1;
   for (const auto& [kind, count] : kinds) n += count * block_parameter_count(cfg, BlockSpec{kind.first, kind.second}, cross);
+  if (const int64_t uses = cross ? 0 : shared_attention_uses(cfg, specs.size()); uses > 0) {
+    n += block_parameter_count(cfg, BlockSpec{"attention", cfg.shared_attention_ffn}, false) +
+         static_cast<double>(uses) * 2 * d * d;  // the shared block once, an input projection per use
+  }
   return n;
 }
 
@@ -56,6 +72,7 @@ Tensor Stack::drop(const Tensor& x) const {
 std::vector<BlockState> Stack::new_states() const {
   std::vector<BlockState> states;
   for (const Block* b : blocks_) states.push_back(b->new_state());
+  for (size_t u = 0; u < shared_in_.size(); ++u) states.push_back(shared_->new_state());  // a cache per use
   return states;
 }
 
@@ -81,9 +98,17 @@ Tensor Stack::forward(const Tensor& x_in, const StackInput& input, int64_t start
   Tensor x = x_in;
   if (norm_in_ != nullptr) x = norm_in_->forward(x);
   x = drop(x);
+  const Tensor x0 = x;  // what the shared block's uses read besides the stream
   Tensor branch;  // pre-norm: the last block's output not yet added to x
   for (size_t i = 0; i < blocks_.size(); ++i) {
     std::tie(x, branch) = blocks_[i]->forward(x, branch, in, states != nullptr ? &(*states)[i] : nullptr);
+    if (shared_ == nullptr || (static_cast<int64_t>(i) + 1) % shared_every_ != 0) continue;
+    // x = x + shared(W_u [x ; x_0]): the stream, then the shared block's whole output as the branch.
+    const size_t use = (i + 1) / static_cast<size_t>(shared_every_) - 1;
+    if (branch.defined()) x = add(x, branch);
+    const Tensor z = shared_in_[use]->forward(concat({x, x0}, 2));
+    auto [s, last] = shared_->forward(z, Tensor(), in, states != nullptr ? &(*states)[blocks_.size() + use] : nullptr);
+    branch = last.defined() ? add(s, last) : s;
   }
   return norm_f_ != nullptr ? norm_f_->add_forward(x, branch).y : x;
 }

@@ -9,7 +9,22 @@
 // T, S) [1, H, T, S], computed once per call (S = start + T: the keys of the cache and the new ones),
 // bidirectional in a stack that is not causal, causal otherwise. Cross attention takes no bias.
 //
-// Parameter names: relative_bias.weight [buckets, H] (relative only), norm_in.*, blocks.{i}.*, norm_f.*.
+// Zamba's shared attention block (ModelConfig::shared_attention_every = k > 0; a pre-norm decoder's
+// stack): after every k-th block, one attention block (attention and the shared FFN, each behind its
+// norm) whose weights every use shares is applied to a per-use projection of the stream and the stack's
+// input (the embeddings x_0):
+//   x = x_{i}                                   the stream after block i, (i + 1) mod k = 0; use u = (i+1)/k − 1
+//   z = W_u [x ; x_0]                           W_u [C, 2C], use u's own input projection (no bias)
+//   s = z + attn(norm1 z);  s = s + ffn(norm2 s) the shared block, a pre-norm block on z
+//   x = x + s                                   its output added to the stream directly
+// Zamba (Glorioso et al., 2024) feeds the shared block the concatenation of the residual stream and
+// the original embeddings and gives each use its own linear map; here the per-use map comes first (2C →
+// C) so that the shared block has the model's width, and no per-use map follows it (its output, z and
+// its two branches, is added as it is). Decoding: each use keeps its own attention cache (the shared
+// weights see different inputs at each use), the states after the blocks' (new_states).
+//
+// Parameter names: relative_bias.weight [buckets, H] (relative only), norm_in.*, blocks.{i}.*, norm_f.*,
+// and with the shared block shared.{norm1,mixer,norm2,mlp}.* and shared_in.{u}.weight [C, 2C].
 #pragma once
 
 #include <cstdint>
@@ -28,7 +43,8 @@ class Stack : public Module {
   Stack(const ModelConfig& cfg, const std::vector<BlockSpec>& specs, bool cross, Generator& init_gen,
         Generator& dropout_gen);
   // x [B, T, C], the embedded tokens at positions start … start+T−1 → [B, T, C]. `states` null in
-  // training; when decoding, one BlockState per block (made by new_states() on first use).
+  // training; when decoding, one BlockState per block and then one per use of the shared block (made by
+  // new_states() on first use).
   Tensor forward(const Tensor& x, const StackInput& in, int64_t start, std::vector<BlockState>* states) const;
   std::vector<BlockState> new_states() const;
   size_t size() const { return blocks_.size(); }
@@ -46,6 +62,9 @@ class Stack : public Module {
   Norm* norm_in_ = nullptr;
   std::vector<Block*> blocks_;
   Norm* norm_f_ = nullptr;
+  int64_t shared_every_ = 0;
+  Block* shared_ = nullptr;            // the shared attention block
+  std::vector<Linear*> shared_in_;     // its per-use input projections
 };
 
 // The weights of a stack: its blocks, its norm and its relative bias table.

@@ -140,7 +140,9 @@ std::vector<Planned> plan(const Sweep& sweep, const fs::path& out, std::string* 
         try {
           q.result.outcome.params = model_parameter_count(*cfg);
           q.mixing_flops = model_mixing_flops_per_token(*cfg, r->train.seq_len);
-          q.result.flops = (6 * q.result.outcome.params + q.mixing_flops) * static_cast<double>(q.result.tokens);
+          // 6 FLOPs per weight a token passes through (an MoE block's top_k experts, not all E).
+          const double active = q.result.outcome.params - (model_parameter_count(*cfg) - model_active_parameter_count(*cfg));
+          q.result.flops = (6 * active + q.mixing_flops) * static_cast<double>(q.result.tokens);
           q.result.state_size = model_state_size(*cfg, r->train.seq_len);
           // What training would refuse before allocating (its memory check, on the CPU the point would
           // run on), refused here: the dry run says so, and the sweep does not start it.

@@ -251,6 +251,7 @@ const char* ffn_refusal(FfnKind kind) {
     case FfnKind::relu: return "ReLU FFNs";
     case FfnKind::none: return "no FFN";
     case FfnKind::gelu: return "GELU MLPs";
+    case FfnKind::moe: return "mixture-of-experts FFNs";
   }
   return "";
 }
@@ -317,6 +318,10 @@ std::vector<std::string> mismatches(const ModelConfig& cfg, const std::vector<St
       out.push_back(
           absl::StrCat(ffn_refusal(f), " in ", block_list(ffn_blocks[f], stack.name), " (model.mlp, model.pattern)"));
     }
+  }
+  if (cfg.shared_attention_every > 0) {
+    out.push_back(absl::StrCat("a shared attention block after every ", cfg.shared_attention_every,
+                               " blocks (model.shared_attention_every)"));
   }
   if (cfg.positions != needs.positions) out.push_back(positions_refusal(cfg.positions));
   if (cfg.norm != needs.norm) {

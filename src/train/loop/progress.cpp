@@ -70,7 +70,7 @@ double Progress::elapsed_s() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
-void Progress::step(int64_t step, double loss, double lr, int64_t tokens) {
+void Progress::step(int64_t step, double loss, double lr, int64_t tokens, const std::string& detail) {
   auto now = std::chrono::steady_clock::now();
   const double dt = std::max(1e-9, std::chrono::duration<double>(now - last_).count());
   last_ = now;
@@ -81,10 +81,10 @@ void Progress::step(int64_t step, double loss, double lr, int64_t tokens) {
   ++steps_seen_;
   check_peak();
   if (bar_) {
-    std::cout << "\r\033[K" << status(step, loss, lr) << std::flush;
+    std::cout << "\r\033[K" << status(step, loss, lr, detail) << std::flush;
     bar_drawn_ = true;
   } else if (step % every_ == 0 || step == total_) {
-    std::cout << status(step, loss, lr) << "\n" << std::flush;
+    std::cout << status(step, loss, lr, detail) << "\n" << std::flush;
   }
 }
 
@@ -99,7 +99,7 @@ void Progress::finish() {
   bar_drawn_ = false;
 }
 
-std::string Progress::status(int64_t step, double loss, double lr) const {
+std::string Progress::status(int64_t step, double loss, double lr, const std::string& detail) const {
   std::string head;
   if (bar_) {
     constexpr int kWidth = 20;
@@ -107,8 +107,9 @@ std::string Progress::status(int64_t step, double loss, double lr) const {
     head = "[" + std::string(static_cast<size_t>(filled), '#') + std::string(static_cast<size_t>(kWidth - filled), '.') +
            "] ";
   }
-  return head + absl::StrFormat("step %d/%d  loss %.4f  lr %.2e  %.0f tok/s  MFU %.1f%%  ETA %s", step, total_, loss,
-                                lr, tokens_per_s_, 100.0 * mfu(), format_duration(seconds_left(step)));
+  return head + absl::StrFormat("step %d/%d  loss %.4f%s  lr %.2e  %.0f tok/s  MFU %.1f%%  ETA %s", step, total_, loss,
+                                detail.empty() ? "" : "  " + detail, lr, tokens_per_s_, 100.0 * mfu(),
+                                format_duration(seconds_left(step)));
 }
 
 }  // namespace seqlab::cli

@@ -36,8 +36,9 @@ class Progress {
   Progress(bool bar, int64_t every, int64_t total_steps, double flops_per_token, double peak_flops,
            std::function<double()> measure_peak = {});
 
-  // After each optimiser step: `tokens` trained on in it.
-  void step(int64_t step, double loss, double lr, int64_t tokens);
+  // After each optimiser step: `tokens` trained on in it. `detail`, when not empty, follows the loss
+  // (the MoE blocks' figures: "aux 0.0101  dropped 1.2%").
+  void step(int64_t step, double loss, double lr, int64_t tokens, const std::string& detail = "");
   // A permanent line (evaluation, samples, messages) printed above the bar.
   void line(const std::string& text);
   // A second reading of the peak, taken right after a step: the higher one counts (a reading taken while
@@ -57,7 +58,7 @@ class Progress {
   double elapsed_s() const;
 
  private:
-  std::string status(int64_t step, double loss, double lr) const;
+  std::string status(int64_t step, double loss, double lr, const std::string& detail) const;
   // Keeps mfu() ≤ 1 (see the top of this file).
   void check_peak();
 

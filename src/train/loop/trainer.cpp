@@ -35,8 +35,12 @@ Trainer::Trainer(LanguageModel& model, Optimizer& optimizer, const LrSchedule& s
 
 StepResult Trainer::step(int64_t step, const std::function<Batch()>& next_batch) {
   double loss_sum = 0;
+  std::vector<std::pair<std::string, double>> metrics;
   for (int64_t micro = 0; micro < options_.grad_accum; ++micro) {
     Tensor loss = model_.loss(next_batch().to(device_));
+    const std::vector<std::pair<std::string, double>> m = model_.training_metrics();
+    if (micro == 0) metrics = m;
+    for (size_t i = 0; micro > 0 && i < m.size() && i < metrics.size(); ++i) metrics[i].second += m[i].second;
     const bool around = micro == options_.grad_accum - 1 && last_backward_start_ && !f32_sums_;
     if (around) last_backward_start_(model_.parameters());
     backward(loss);
@@ -51,6 +55,11 @@ StepResult Trainer::step(int64_t step, const std::function<Batch()>& next_batch)
   StepResult r;
   r.loss = loss_sum / static_cast<double>(options_.grad_accum);
   if (loss_hook_) r.loss = loss_hook_(r.loss);
+  for (auto& [name, value] : metrics) {
+    value /= static_cast<double>(options_.grad_accum);
+    if (metrics_hook_) value = metrics_hook_(value);
+  }
+  r.metrics = std::move(metrics);
   r.lr = schedule_.lr_at(step);
   // The norm, and the clip when grad_clip > 0 (a non-finite norm leaves the gradients as they are).
   r.grad_norm = clip_grad_norm(params, options_.grad_clip);

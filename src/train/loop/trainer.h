@@ -22,6 +22,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "layers/model/batch.h"
@@ -43,6 +44,9 @@ struct StepResult {
   // When not applied: the first parameter (in the model's order) whose gradient holds a value that is
   // not finite; "" when every gradient was finite (the loss alone was not).
   std::string nonfinite_gradient;
+  // The model's training_metrics (the MoE blocks' aux_loss, ...), each the mean over the micro-batches
+  // (and over the ranks, where the metrics hook averages them); empty for most models.
+  std::vector<std::pair<std::string, double>> metrics;
 };
 
 class Trainer {
@@ -59,6 +63,9 @@ class Trainer {
   // ranks, so every rank reports, and decides on, the same loss).
   using LossHook = std::function<double(double loss)>;
   void set_loss_hook(LossHook hook) { loss_hook_ = std::move(hook); }
+  // Called after the loss hook with each of the model's training metrics (mean over the micro-batches);
+  // what it returns is logged (data-parallel training returns the average over the ranks).
+  void set_metrics_hook(LossHook hook) { metrics_hook_ = std::move(hook); }
   // Around the backward of the step's last micro-batch: `start` with every parameter just before it (each
   // gradient is final once that backward has added its share: data parallelism starts averaging there),
   // `finish` right after it, before the mean over the micro-batches and the gradient hook (where data
@@ -85,6 +92,7 @@ class Trainer {
   std::optional<F32GradAccumulator> f32_sums_;
   GradientHook hook_;
   LossHook loss_hook_;
+  LossHook metrics_hook_;
   LastBackwardHook last_backward_start_;
   std::function<void()> last_backward_finish_;
 };

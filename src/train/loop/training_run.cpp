@@ -26,6 +26,7 @@
 #include "autograd/ops.h"
 #include "autograd/variable.h"
 #include "dist/communicator.h"
+#include "layers/model/moe.h"
 #include "layers/sequence_parallel.h"
 #include "tensor/kernels.h"
 #include "train/checkpoint/checkpoint.h"
@@ -443,6 +444,7 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
                                       [&] { dp->finish_overlap(); });
     }
     trainer.set_loss_hook([&](double loss) { return dp->average(loss); });
+    trainer.set_metrics_hook([&](double value) { return dp->average(value); });
   }
 
   int64_t start = 0;
@@ -486,7 +488,10 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
   };
 
   const bool bar = writer && (r.log.progress == "bar" || (r.log.progress == "auto" && ::isatty(STDOUT_FILENO)));
-  const double flops_per_token = 6.0 * static_cast<double>(model->num_parameters()) +
+  // 6 FLOPs per weight a token passes through: an MoE block's experts count top_k times, not E times.
+  const ModelConfig model_cfg = value_or_throw(model_config(r, data.vocab_size));
+  const double inactive = model_parameter_count(model_cfg) - model_active_parameter_count(model_cfg);
+  const double flops_per_token = 6.0 * (static_cast<double>(model->num_parameters()) - inactive) +
                                  model->mixing_flops_per_token(r.train.seq_len);
   const DType dtype = training_dtype(r);
   // MFU against the job's peak: every rank's device measured as this one (the ranks' devices are alike).
@@ -495,13 +500,14 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
   if (writer) {
     // What the sweeps compare runs by (docs/scaling.md): size, training FLOPs per token (the MFU's count)
     // and the decoding state per sequence at train.seq_len.
-    const double state = model_state_size(value_or_throw(model_config(r, data.vocab_size)), r.train.seq_len);
+    const double state = model_state_size(model_cfg, r.train.seq_len);
     ok_or_throw(write_file_atomically(
         (inv.run_dir / "model.json").string(),
-        absl::StrFormat("{\"arch\": \"%s\", \"parameters\": %d, \"flops_per_token\": %s, \"state_size\": %s, "
-                        "\"seq_len\": %d}\n",
-                        r.model.arch, model->num_parameters(), json_number("%.6g", flops_per_token),
-                        json_number("%.0f", state), r.train.seq_len)));
+        absl::StrFormat("{\"arch\": \"%s\", \"parameters\": %d, \"active_parameters\": %s, \"flops_per_token\": %s, "
+                        "\"state_size\": %s, \"seq_len\": %d}\n",
+                        r.model.arch, model->num_parameters(),
+                        json_number("%.0f", static_cast<double>(model->num_parameters()) - inactive),
+                        json_number("%.6g", flops_per_token), json_number("%.0f", state), r.train.seq_len)));
   }
   progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s%s", r.name,
                                 model->num_parameters(), data.description, run,
@@ -558,6 +564,8 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
     // forward and backward run in the group.
     const StepResult result = [&] {
       SequenceParallelScope in_group(sp_group ? &*sp_group : nullptr);  // the step only: rank 0 evaluates alone
+      // The MoE blocks route the whole batch of all ranks together (moe.h; sp = 1 with MoE).
+      MoeRoutingScope routing(dp && sp == 1 ? &dp->comm() : nullptr);
       return trainer.step(step, [&] {
         Batch b = data.train->next_batch(r.train.batch_size / dp_size);
         return sp_group ? sequence_local_batch(b, *sp_group) : b;
@@ -608,7 +616,12 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
                                     nonfinite_text(result), skipped.in_a_row, skipped.total));
     } else {
       skipped.in_a_row = 0;
-      progress.step(done, loss, lr, tokens_per_step);
+      std::string detail;  // the MoE blocks' figures, after the loss
+      for (const auto& [name, value] : result.metrics) {
+        if (name == "aux_loss") detail += absl::StrFormat("%saux %.4f", detail.empty() ? "" : "  ", value);
+        if (name == "moe_dropped") detail += absl::StrFormat("%sdropped %.1f%%", detail.empty() ? "" : "  ", 100 * value);
+      }
+      progress.step(done, loss, lr, tokens_per_step, detail);
       if (step == start) progress.raise_peak(job_peak());  // once more, now warm
     }
     const bool last = done == r.train.steps;
@@ -629,6 +642,9 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
             json_number("%.1f", static_cast<double>(tokens_since_log) / seconds_since_log),
             json_number("%.4f", progress.mfu()), json_number("%.1f", progress.elapsed_s()), done * tokens_per_step,
             json_number("%.6g", static_cast<double>(done * tokens_per_step) * flops_per_token));
+        for (const auto& [name, value] : result.metrics) {
+          line += absl::StrFormat(", \"%s\": %s", name, json_number("%.6g", value));
+        }
         tokens_since_log = 0;
         seconds_since_log = 0;
       }

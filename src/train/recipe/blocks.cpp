@@ -36,6 +36,7 @@ std::optional<FfnKind> parse_ffn(const std::string& name) {
   if (name == "none") return FfnKind::none;
   if (name == "relu") return FfnKind::relu;
   if (name == "geglu") return FfnKind::geglu;
+  if (name == "moe") return FfnKind::moe;
   return std::nullopt;
 }
 
@@ -58,7 +59,7 @@ absl::StatusOr<std::vector<BlockSpec>> pattern_blocks(const std::string& pattern
       std::optional<FfnKind> kind = parse_ffn(name);
       if (!kind) {
         return absl::InvalidArgumentError(absl::StrCat("model.pattern: \"", text, "\" names the FFN \"", name,
-                                                       "\"; the FFNs are gelu, swiglu, relu, geglu, none"));
+                                                       "\"; the FFNs are gelu, swiglu, relu, geglu, moe, none"));
       }
       ffn = *kind;
       mixer = mixer.substr(0, colon);

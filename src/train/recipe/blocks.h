@@ -21,7 +21,7 @@ std::vector<std::string> mixer_choices();
 std::map<std::string, std::string> mixer_value_aliases();
 
 // The items of a pattern, each repeated as its *N says, before the pattern repeats to fill n_layers:
-// mixer names separated by spaces or commas, each optionally with ":FFN" (gelu, swiglu, none; else
+// mixer names separated by spaces or commas, each optionally with ":FFN" (gelu, swiglu, relu, geglu, moe, none; else
 // `default_ffn`) and "*N". InvalidArgument naming the item that is wrong (an unknown mixer with a
 // did-you-mean, an unknown FFN, a bad count).
 absl::StatusOr<std::vector<BlockSpec>> pattern_blocks(const std::string& pattern, FfnKind default_ffn);

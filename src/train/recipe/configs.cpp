@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "layers/model/moe.h"
 #include "train/recipe/blocks.h"
 
 namespace seqlab {
@@ -74,6 +75,24 @@ absl::StatusOr<ModelConfig> model_config(const Recipe& r, int64_t data_vocab) {
   c.bias = *m.bias;
   c.init_std = m.init_std;
   c.dropout = m.dropout;
+  c.shared_attention_every = m.shared_attention_every;
+  // The shared block takes model.mlp's FFN (resolved: a concrete kind).
+  c.shared_attention_ffn = m.mlp == "gelu"    ? FfnKind::gelu
+                           : m.mlp == "relu"  ? FfnKind::relu
+                           : m.mlp == "geglu" ? FfnKind::geglu
+                           : m.mlp == "none"  ? FfnKind::none
+                           : m.mlp == "moe"   ? FfnKind::moe
+                                              : FfnKind::swiglu;
+  c.moe.experts = m.moe.experts;
+  c.moe.top_k = m.moe.top_k;
+  c.moe.capacity_factor = m.moe.capacity_factor;
+  c.moe.expert = m.moe.expert == "gelu"    ? FfnKind::gelu
+                 : m.moe.expert == "relu"  ? FfnKind::relu
+                 : m.moe.expert == "geglu" ? FfnKind::geglu
+                                           : FfnKind::swiglu;
+  c.moe.d_ff = m.moe.d_ff;
+  c.moe.aux_loss_weight = m.moe.aux_loss_weight;
+  c.moe.renormalize = m.moe.router_weights == "renormalized";
   // Its own stream, apart from the initialisation's (which draws from the raw seed).
   c.dropout_seed = static_cast<uint64_t>(r.train.seed) ^ 0x9e3779b97f4a7c15ULL;
   return c;
@@ -118,16 +137,29 @@ absl::StatusOr<MemoryEstimate> estimate_memory(const Recipe& r, int64_t data_voc
   // An encoder-decoder's decoder blocks add their cross attention's (4·d); its source and target are
   // counted as train.seq_len tokens each.
   double per_token = 2 * d + 2 * vocab;
+  // An MoE block keeps its router's logits and probabilities (2·E) and, per assignment of the top_k, the
+  // gathered input, the expert's hidden layer and output and the weighted output (3·d + 2 or 3 · d_ff).
   auto add_blocks = [&](const std::vector<BlockSpec>& blocks, bool cross) {
     for (const BlockSpec& b : blocks) {
       per_token += 8 * d + (cross ? 4 * d : 0);
       if (b.ffn == FfnKind::none) continue;
+      if (b.ffn == FfnKind::moe) {
+        const double ff = static_cast<double>(moe_expert_d_ff(c->moe, c->d_ff, c->d_model));
+        per_token += d + 2 * static_cast<double>(c->moe.experts) +
+                     static_cast<double>(c->moe.top_k) * (3 * d + (ffn_gated(c->moe.expert) ? 3 : 2) * ff);
+        continue;
+      }
       const double ff = static_cast<double>(c->d_ff > 0 ? c->d_ff : ffn_d_ff(b.ffn, c->d_model));
       per_token += d + (ffn_gated(b.ffn) ? 3 : 2) * ff;
     }
   };
   add_blocks(c->blocks, false);
   add_blocks(c->decoder_blocks, true);
+  // Each use of the shared attention block: a block's activations, and its input [x ; x_0] and projection.
+  for (int64_t u = 0; u < shared_attention_uses(*c, c->blocks.size()); ++u) {
+    add_blocks({BlockSpec{"attention", c->shared_attention_ffn}}, false);
+    per_token += 3 * d;
+  }
   e.activations = tokens * per_token * size;
   return e;
 }

@@ -94,6 +94,7 @@ struct SectionSpec {
   std::string name, doc;
   std::string mixer;                 // [model.<mixer>]: the mixer whose options it holds
   std::vector<std::string> aliases;  // older names of the section ([model.retnet])
+  std::string ffn;                   // [model.moe]: the FFN kind whose options it holds
 };
 
 // A rule between keys. `keys` are the keys it involves; an error points at the first of them that
@@ -116,7 +117,7 @@ class SectionBuilder {
  public:
   SectionBuilder(Schema& schema, const char* name, S Recipe::*section, const char* doc)
       : schema_(schema), name_(name), section_(section) {
-    schema.sections.push_back({name, doc, "", {}});
+    schema.sections.push_back({name, doc, "", {}, ""});
   }
   SectionBuilder& integer(const char* key, int64_t S::*field, int64_t def, Bounds bounds, const char* doc) {
     return add(key, KeyType::kInteger, field, def, bounds, {}, doc);
@@ -221,7 +222,7 @@ void add_mixer_sections(Schema& s) {
     s.sections.push_back({section,
                           absl::StrCat("Options of the ", m->name, " mixer (", m->summary, "; ", m->doc,
                                        "), read where a block uses it."),
-                          m->name, aliases});
+                          m->name, aliases, ""});
     for (const OptionSpec& o : m->options) {
       KeySpec k = option_key(section, o);
       k.get = [m, key = o.key](const Recipe& r) { return option_value(r, *m, key); };
@@ -252,6 +253,50 @@ void add_mixer_sections(Schema& s) {
     };
     s.keys.push_back(std::move(k));
   }
+}
+
+// [model.moe]: the mixture-of-experts FFN's keys, read where a block's FFN is moe.
+template <class T>
+KeySpec moe_key(const char* key, KeyType type, T RecipeMoe::*field, Value def, Bounds bounds,
+                std::vector<std::string> choices, const char* doc) {
+  KeySpec k;
+  k.section = "model.moe";
+  k.key = key;
+  k.type = type;
+  k.default_value = std::move(def);
+  k.bounds = bounds;
+  k.choices = std::move(choices);
+  k.doc = doc;
+  k.get = [field](const Recipe& r) { return Value(r.model.moe.*field); };
+  k.set = [field](Recipe& r, const Value& v) { r.model.moe.*field = std::get<T>(v); };
+  return k;
+}
+
+void add_moe_section(Schema& s) {
+  s.sections.push_back({"model.moe",
+                        "The mixture-of-experts FFN (model.mlp = \"moe\", or :moe after a mixer in model.pattern; "
+                        "docs/hybrids.md), read where a block's FFN is moe.",
+                        "", {}, "moe"});
+  s.keys.push_back(moe_key("experts", KeyType::kInteger, &RecipeMoe::experts, Value(int64_t{8}), at_least(1), {},
+                           "expert FFNs per MoE block"));
+  s.keys.push_back(moe_key("top_k", KeyType::kInteger, &RecipeMoe::top_k, Value(int64_t{2}), at_least(1), {},
+                           "experts each token is sent to (at most experts)"));
+  s.keys.push_back(moe_key("capacity_factor", KeyType::kNumber, &RecipeMoe::capacity_factor, Value(1.25),
+                           at_least(0), {},
+                           "in training an expert takes at most ceil(capacity_factor · tokens · top_k / experts) "
+                           "of a batch's assignments, the rest dropped (the residual carries them); 0: no limit"));
+  s.keys.push_back(moe_key("expert", KeyType::kString, &RecipeMoe::expert, Value(std::string("swiglu")), {},
+                           {"swiglu", "gelu", "relu", "geglu"}, "the FFN of every expert"));
+  s.keys.push_back(moe_key("d_ff", KeyType::kInteger, &RecipeMoe::d_ff, Value(int64_t{0}), at_least(0), {},
+                           "hidden width of each expert; 0: model.d_ff, else the expert FFN's default"));
+  s.keys.push_back(moe_key("aux_loss_weight", KeyType::kNumber, &RecipeMoe::aux_loss_weight, Value(0.01),
+                           at_least(0), {},
+                           "weight of the load-balancing loss E · Σ_e f_e P_e (Switch) added to the objective; "
+                           "logged as aux_loss"));
+  s.keys.push_back(moe_key("router_weights", KeyType::kString, &RecipeMoe::router_weights,
+                           Value(std::string("renormalized")), {}, {"renormalized", "softmax"},
+                           "renormalized: the top_k probabilities divided by their sum (Mixtral); softmax: the "
+                           "router's probabilities as they are (Switch, Jamba)"));
 }
 
 // The value of a key as a resolved recipe writes it, when that differs from the schema's default; ""
@@ -375,7 +420,7 @@ Schema build_schema() {
               mixer_value_aliases())
       .text("pattern", &RecipeModel::pattern, "",
             "per-layer blocks: mixer names separated by spaces or commas, each optionally with :FFN (gelu, "
-            "swiglu, none) and *N repeats, e.g. \"gla*3 attention\"; shorter than n_layers it repeats; \"\": "
+            "swiglu, relu, geglu, moe, none) and *N repeats, e.g. \"gla*3 attention\"; shorter than n_layers it repeats; \"\": "
             "model.mixer in every layer")
       .integer("vocab_size", &RecipeModel::vocab_size, 0, at_least(0), "vocabulary size; 0: the tokenizer's")
       .integer("d_model", &RecipeModel::d_model, 256, at_least(1), "width of the residual stream")
@@ -388,9 +433,9 @@ Schema build_schema() {
                "key/value heads of attention (grouped-query attention); 0: n_heads; must divide n_heads")
       .integer("d_ff", &RecipeModel::d_ff, 0, at_least(0),
                "hidden width of the FFNs; 0: 4·d_model for gelu, the multiple of 64 nearest 8/3·d_model for swiglu")
-      .choice("mlp", &RecipeModel::mlp, {"auto", "gelu", "swiglu", "relu", "geglu", "none"},
+      .choice("mlp", &RecipeModel::mlp, {"auto", "gelu", "swiglu", "relu", "geglu", "none", "moe"},
               "the FFN of every block (a pattern may name others): gelu or relu (two matrices), swiglu or geglu "
-              "(gated, three: T5 v1.1's is geglu) or none; auto: a decoder gelu when every block is attention "
+              "(gated, three: T5 v1.1's is geglu), moe (a mixture of experts, [model.moe]) or none; auto: a decoder gelu when every block is attention "
               "(GPT-2), swiglu otherwise; an encoder gelu (BERT); an encoder_decoder relu (T5)")
       .choice("norm", &RecipeModel::norm, {"auto", "layernorm", "rmsnorm"},
               "the norms of every block; auto: a decoder layernorm when every block is attention, rmsnorm "
@@ -419,8 +464,13 @@ Schema build_schema() {
                "the output projection shares the token embedding matrix (T5 then scales the decoder's output by "
                "d_model^-1/2); false: its own lm_head")
       .number("dropout", &RecipeModel::dropout, 0.0, closed_open(0, 1), "dropout probability")
-      .number("init_std", &RecipeModel::init_std, 0.02, above(0), "standard deviation of the initial weights");
+      .number("init_std", &RecipeModel::init_std, 0.02, above(0), "standard deviation of the initial weights")
+      .integer("shared_attention_every", &RecipeModel::shared_attention_every, 0, at_least(0),
+               "Zamba's shared attention block (decoder): after every k-th block one attention block with an FFN "
+               "whose weights all its uses share, each use with its own input projection of [stream, embedding] "
+               "(docs/hybrids.md); 0: none");
   add_mixer_sections(s);
+  add_moe_section(s);
 
   SectionBuilder<RecipeData>(s, "data", &Recipe::data,
                              "Where the tokens come from, a corpus or a synthetic task, and what a corpus trains "
@@ -673,6 +723,31 @@ Schema build_schema() {
          }
          return std::string();
        }},
+      {"model.moe.top_k is at most model.moe.experts",
+       {"model.moe.top_k", "model.moe.experts"},
+       [](const Recipe& r) {
+         if (r.model.moe.top_k <= r.model.moe.experts) return std::string();
+         return absl::StrCat("model.moe.top_k = ", r.model.moe.top_k, " must be at most model.moe.experts = ",
+                             r.model.moe.experts);
+       }},
+      {"the MoE FFN and the shared attention block belong to decoder models trained with parallel.sp = 1",
+       {"model.mlp", "model.pattern", "model.shared_attention_every", "model.arch", "parallel.sp"},
+       [](const Recipe& r) {
+         bool moe = false;
+         if (auto blocks = block_pattern(r.model); blocks.ok()) {
+           for (const BlockSpec& b : *blocks) moe = moe || b.ffn == FfnKind::moe;
+         }
+         const std::string what = moe ? "a block with the MoE FFN" : "model.shared_attention_every > 0";
+         if (!moe && r.model.shared_attention_every == 0) return std::string();
+         if (r.model.arch != "decoder") {
+           return absl::StrCat(what, " is built into model.arch = \"decoder\" only; model.arch = \"", r.model.arch, "\"");
+         }
+         if (r.parallel.sp > 1) {
+           return absl::StrCat(what, " trains with parallel.sp = 1 (data parallelism with --nproc works); parallel.sp = ",
+                               r.parallel.sp);
+         }
+         return std::string();
+       }},
   };
   add_objective_checks(s);
   return s;
@@ -861,7 +936,7 @@ std::string unknown_section_message(const std::string& name) {
   if (dot != std::string::npos) {
     const std::string parent = name.substr(0, dot);
     return absl::StrCat("unknown section [", name, "] ([", parent, "] has the sub-tables ", section_names(parent),
-                        ": one per mixer)");
+                        ": one per mixer", parent == "model" ? ", and the MoE FFN's" : "", ")");
   }
   return absl::StrCat("unknown section [", name, "] (sections: ", section_names(), ")");
 }
@@ -1254,8 +1329,16 @@ std::string resolved_recipe_toml(const Recipe& recipe) {
   } else {
     for (const MixerSpec* m : registered_mixers()) used.insert(m->name);
   }
+  // Zamba's shared block is an attention block: its options are read too.
+  if (r.model.shared_attention_every > 0) used.insert("attention");
+  // The MoE options where a block's FFN is moe.
+  bool moe = false;
+  if (auto blocks = block_pattern(r.model); blocks.ok()) {
+    for (const BlockSpec& b : *blocks) moe = moe || b.ffn == FfnKind::moe;
+  }
   for (const SectionSpec& section : schema().sections) {
     if (!section.mixer.empty() && !used.count(section.mixer)) continue;
+    if (section.ffn == "moe" && !moe) continue;
     std::vector<std::pair<std::string, std::string>> lines;  // (key = value, doc)
     size_t width = 0;
     for (const KeySpec& k : schema().keys) {

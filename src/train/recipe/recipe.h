@@ -23,6 +23,14 @@ namespace seqlab {
 // The values of a default-constructed section are placeholders; a Recipe's constructor fills in the
 // schema's defaults, so take sections from a Recipe. The keys of [model.<mixer>] sub-tables come from
 // each mixer's registration (layers/mixer.h), so they are checked and documented like the others.
+// [model.moe]: the mixture-of-experts FFN of the blocks whose FFN is moe (layers/model/moe.h).
+struct RecipeMoe {
+  int64_t experts = 0, top_k = 0, d_ff = 0;
+  double capacity_factor = 0, aux_loss_weight = 0;
+  std::string expert;          // the experts' FFN kind
+  std::string router_weights;  // "renormalized" or "softmax"
+};
+
 struct RecipeModel {
   std::string arch, mixer;
   std::string pattern;     // per-layer mixers ("" : model.mixer everywhere); see block_pattern()
@@ -40,6 +48,8 @@ struct RecipeModel {
   double rope_base = 0;
   bool tie_embeddings = false;
   double dropout = 0, init_std = 0;
+  int64_t shared_attention_every = 0;  // Zamba's shared attention block after every k-th block; 0: none
+  RecipeMoe moe;
   // [model.<mixer>]: the options of every registered mixer, by mixer name (defaults where unset).
   std::map<std::string, MixerOptions> mixers;
   // The recipe set a mixer option with its older flat spelling in [model] (model.chunk_size, ...): it
