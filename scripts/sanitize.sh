@@ -23,7 +23,7 @@ jobs="$(nproc)"
 # fused variant ops, the caching pool (locked across threads) and the optimizer steps.
 TSAN_TESTS=(tensor_test elementwise_test norm_test softmax_test index_test rope_test caching_pool_test optim_test
             attention_test gla_test retention_test linear_attention_test delta_net_test conv1d_test
-            selective_scan_test)
+            selective_scan_test ssd_test s4_test)
 
 for s in "${steps[@]}"; do
   if [ "$s" = asan ]; then
