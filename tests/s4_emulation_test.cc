@@ -7,7 +7,8 @@
 // write or a read before a write shows up. Element types: f64 (≤ 1e-11 against the f64 CPU kernels),
 // f32 (≤ 1e-5 against the f32 CPU kernels on the same values: both compute in double, so only the
 // summation order differs before the same rounding), bf16 stored with double compute (≤ 2e-2 against the
-// f32 CPU kernels on the same bf16 values).
+// f32 CPU kernels on the same bf16 values). The diagonal-plus-low-rank form (bilinear, P and Q of size ~0.3)
+// likewise, both forms, against the CPU's DPLR kernels.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -169,6 +170,105 @@ void check(DType dtype, DType rd, double tol, uint64_t seed) {
 TEST(S4CudaSchedule, F64MatchesCpuKernels) { check<double>(DType::f64, DType::f64, 1e-11, 10); }
 TEST(S4CudaSchedule, F32MatchesCpuKernels) { check<float>(DType::f32, DType::f32, 1e-5, 20); }
 TEST(S4CudaSchedule, Bf16StorageMatchesCpuKernels) { check<bf16>(DType::bf16, DType::f32, 2e-2, 30); }
+
+// ---- the diagonal-plus-low-rank form (bilinear only): one thread per channel, forward then backward ----
+
+const Case kDplrCases[] = {
+    {2, 13, 3, 3, -2.5, 0.0, true, true},     // odd everything, D and an initial state
+    {1, 1, 2, 2, -2.5, 0.0, true, true},      // T = 1: one decode step
+    {2, 0, 2, 2, -2.5, 0.0, true, true},      // T = 0: the final state is the initial one
+    {2, 9, 1, 5, -2.5, 0.0, false, false},    // no D, zero initial state
+    {2, 7, 2, 2, -2.5, 0.0, true, false},     // D without an initial state
+    {1, 11, 2, 4, std::log(1e-4), std::log(1.2e-4), false, true},  // Δ ≈ 1e-4, initial state without D
+    {1, 9, 2, 3, std::log(9.0), std::log(10.0), true, true},        // Δ ≈ 10
+};
+
+struct DplrData {
+  Data base;
+  Tensor P, Q;
+};
+
+DplrData make_dplr_data(const Case& c, DType dtype, uint64_t seed) {
+  DplrData x{make_data(c, dtype, seed), Tensor(), Tensor()};
+  Generator gen(seed + 1000);
+  // A rank-one correction of size ~0.3 per entry: the matrix is dense, its spectrum stays in Re < 0.
+  for (Tensor* t : {&x.P, &x.Q}) {
+    std::vector<double> v = Tensor::randn({c.H, c.N2, 2}, gen, DType::f64).to_doubles();
+    for (double& e : v) e *= 0.3;
+    *t = kernel::to_dtype(Tensor::from_vector(v, {c.H, c.N2, 2}, DType::f64), dtype);
+  }
+  return x;
+}
+
+struct DplrOutputs {
+  Tensor y, xT, du, dlog_dt, dA, dP, dQ, dB, dC, dD, dx0;
+};
+
+DplrOutputs dplr_outputs(const DplrData& x, DType dt, bool poison) {
+  auto make = [&](const Tensor& like) {
+    if (!like.defined()) return Tensor();
+    return poison ? poisoned(like.shape(), dt, kCpu) : Tensor::empty(like.shape(), dt);
+  };
+  const Data& b = x.base;
+  return {make(b.u), make(b.dfinal), make(b.u), make(b.log_dt), make(b.A), make(x.P),
+          make(x.Q), make(b.B),      make(b.C), make(b.D),      make(b.x0)};
+}
+
+// The launches of s4.cu's DPLR entry points: the forward's channels, then the backward's.
+template <class T>
+DplrOutputs run_dplr_schedule(const Case& c, const DplrData& x, DType dtype, bool recurrent) {
+  const sc::Dims d{c.B, c.T, c.H, c.N2, false};
+  const Data& b = x.base;
+  const sc::DplrInputs<T> in{b.u.data<T>(), b.log_dt.data<T>(), b.A.data<T>(), x.P.data<T>(),    x.Q.data<T>(),
+                             b.B.data<T>(), b.C.data<T>(),      ptr_or_null<T>(b.D), ptr_or_null<T>(b.x0)};
+  DplrOutputs r = dplr_outputs(x, dtype, true);
+  std::vector<double> cwork = nan_scratch(2 * c.H * sc::dplr_work_cx(d)), fwork = nan_scratch(c.H * sc::dplr_work_f64(d));
+  auto* cw = reinterpret_cast<sc::Cx*>(cwork.data());
+  for (int64_t h = 0; h < c.H; ++h) sc::dplr_forward(h, d, in, recurrent, cw, fwork.data(), r.y.data<T>(), r.xT.data<T>());
+  cwork = nan_scratch(2 * c.H * sc::dplr_work_cx(d)), fwork = nan_scratch(c.H * sc::dplr_work_f64(d));
+  cw = reinterpret_cast<sc::Cx*>(cwork.data());
+  for (int64_t h = 0; h < c.H; ++h) {
+    sc::dplr_backward(h, d, in, recurrent, b.dy.data<T>(), b.dfinal.data<T>(), cw, fwork.data(), r.du.data<T>(),
+                      r.dlog_dt.data<T>(), r.dA.data<T>(), r.dP.data<T>(), r.dQ.data<T>(), r.dB.data<T>(),
+                      r.dC.data<T>(), r.dD.defined() ? r.dD.data<T>() : nullptr,
+                      r.dx0.defined() ? r.dx0.data<T>() : nullptr);
+  }
+  return r;
+}
+
+DplrOutputs dplr_cpu_reference(const DplrData& x, DType rd, const kernel::S4Params& p) {
+  DplrOutputs r = dplr_outputs(x, rd, false);
+  const Data& b = x.base;
+  const Tensor u = to(b.u, rd), log_dt = to(b.log_dt, rd), A = to(b.A, rd), P = to(x.P, rd), Q = to(x.Q, rd),
+               B = to(b.B, rd), C = to(b.C, rd), D = to(b.D, rd), x0 = to(b.x0, rd);
+  kernel::s4_dplr_forward_kernel(kCpu, u, log_dt, A, P, Q, B, C, D, x0, p, r.y, r.xT);
+  kernel::S4DplrGrads g{r.du, r.dlog_dt, r.dA, r.dP, r.dQ, r.dB, r.dC, r.dD, r.dx0};
+  kernel::s4_dplr_backward_kernel(kCpu, to(b.dy, rd), to(b.dfinal, rd), u, log_dt, A, P, Q, B, C, D, x0, p, g);
+  return r;
+}
+
+template <class T>
+void check_dplr(DType dtype, DType rd, double tol, uint64_t seed) {
+  for (const Case& c : kDplrCases) {
+    const DplrData x = make_dplr_data(c, dtype, seed++);
+    for (S4Form form : {S4Form::convolution, S4Form::recurrent}) {
+      const kernel::S4Params p{form, S4Discretisation::bilinear};
+      const std::string what = std::string(dtype_name(dtype)) + " dplr " + c.name() + " " + s4_form_name(form) + " ";
+      const DplrOutputs got = run_dplr_schedule<T>(c, x, dtype, form == S4Form::recurrent),
+                        want = dplr_cpu_reference(x, rd, p);
+      const Tensor DplrOutputs::*fields[] = {&DplrOutputs::y,  &DplrOutputs::xT, &DplrOutputs::du, &DplrOutputs::dlog_dt,
+                                            &DplrOutputs::dA, &DplrOutputs::dP, &DplrOutputs::dQ, &DplrOutputs::dB,
+                                            &DplrOutputs::dC, &DplrOutputs::dD, &DplrOutputs::dx0};
+      const char* const names[] = {"y", "final_state", "du", "dlog_dt", "dA", "dP", "dQ", "dB", "dC", "dD",
+                                   "dinitial_state"};
+      for (size_t i = 0; i < 11; ++i) expect_schedule_close(got.*fields[i], want.*fields[i], tol, what + names[i]);
+    }
+  }
+}
+
+TEST(S4CudaSchedule, DplrF64MatchesCpuKernels) { check_dplr<double>(DType::f64, DType::f64, 1e-11, 110); }
+TEST(S4CudaSchedule, DplrF32MatchesCpuKernels) { check_dplr<float>(DType::f32, DType::f32, 1e-5, 120); }
+TEST(S4CudaSchedule, DplrBf16StorageMatchesCpuKernels) { check_dplr<bf16>(DType::bf16, DType::f32, 2e-2, 130); }
 
 }  // namespace
 }  // namespace seqlab::testing

@@ -7,7 +7,8 @@
 // Δ ≈ 10, and a training-like shape (T = 300, H = 16, N2 = 32). Both sides compute in double, so the
 // tolerance is that of the element type's rounding: |got − want| ≤ rtol · max(|want|, 1), f64 1e-10, f32
 // 1e-5 against the f32 CPU kernels on the same values, bf16 2e-2 against the f32 CPU kernels on the same
-// bf16 values. The backward is checked to write the same bits twice (no atomics).
+// bf16 values. The backward is checked to write the same bits twice (no atomics). The diagonal-plus-low-rank
+// form (kernel::s4_dplr_forward, kernel::s4_dplr_backward) likewise, at the small cases.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -96,6 +97,57 @@ TEST_F(CudaS4VsCpu, BackwardIsDeterministic) {
   for (S4Form form : {S4Form::convolution, S4Form::recurrent}) {
     expect_same_bits_twice([&] { return run(x, S4Options{form, S4Discretisation::zoh}, on_gpu); },
                            std::string("s4 ") + s4_form_name(form), false);
+  }
+}
+
+// The diagonal-plus-low-rank form (bilinear; P, Q of size ~0.3): both forms, every output and gradient
+// including dP and dQ, against the CPU's DPLR kernels, at the odd cases above (the training-like shape left
+// out: its dense Ā makes one thread per channel walk N2² per step), and a deterministic backward.
+std::vector<Tensor> run_dplr(const Data& x, const Tensor& P, const Tensor& Q, const S4Options& o,
+                             Tensor (*place)(const Tensor&)) {
+  const std::vector<bool> need(9, true);
+  const Tensor u = place(x.u), log_dt = place(x.log_dt), A = place(x.A), p = place(P), q = place(Q), B = place(x.B),
+               C = place(x.C), D = place(x.D), x0 = place(x.x0);
+  S4Output out = kernel::s4_dplr_forward(u, log_dt, A, p, q, B, C, D, x0, o);
+  kernel::S4DplrGrads g =
+      kernel::s4_dplr_backward(place(x.dy), place(x.dfinal), u, log_dt, A, p, q, B, C, D, x0, o, need);
+  return {out.y, out.final_state, g.du, g.dlog_dt, g.dA, g.dP, g.dQ, g.dB, g.dC, g.dD, g.dinitial_state};
+}
+
+const char* const kDplrNames[] = {"y",  "final_state", "du", "dlog_dt", "dA", "dP", "dQ", "dB", "dC", "dD",
+                                  "dinitial_state"};
+
+Tensor low_rank(const Case& c, DType dtype, Generator& gen) {
+  std::vector<double> v = Tensor::randn({c.H, c.N2, 2}, gen, DType::f64).to_doubles();
+  for (double& e : v) e *= 0.3;
+  return kernel::to_dtype(Tensor::from_vector(v, {c.H, c.N2, 2}, DType::f64), dtype);
+}
+
+TEST_F(CudaS4VsCpu, DplrEveryFormForwardAndBackward) {
+  for (DType dtype : kFloatTypes) {
+    const double tol = gpu_rtol(dtype);
+    for (const Case& c : kCases) {
+      if (c.T > 100) continue;
+      const Data x = make_data(c, dtype, gen_);
+      const Tensor P = low_rank(c, dtype, gen_), Q = low_rank(c, dtype, gen_);
+      for (S4Form form : {S4Form::convolution, S4Form::recurrent}) {
+        const S4Options o{form, S4Discretisation::bilinear};
+        const std::string what = std::string(dtype_name(dtype)) + " dplr T" + std::to_string(c.T) + " N2 " +
+                                 std::to_string(c.N2) + " " + s4_form_name(form);
+        const std::vector<Tensor> got = run_dplr(x, P, Q, o, on_gpu), want = run_dplr(x, P, Q, o, as_reference);
+        for (size_t i = 0; i < got.size(); ++i) expect_close(got[i], want[i], tol, what + " " + kDplrNames[i]);
+      }
+    }
+  }
+}
+
+TEST_F(CudaS4VsCpu, DplrBackwardIsDeterministic) {
+  const Case c{2, 37, 3, 4, -2.5, 0.0, true, true};
+  const Data x = make_data(c, DType::f32, gen_);
+  const Tensor P = low_rank(c, DType::f32, gen_), Q = low_rank(c, DType::f32, gen_);
+  for (S4Form form : {S4Form::convolution, S4Form::recurrent}) {
+    expect_same_bits_twice([&] { return run_dplr(x, P, Q, S4Options{form, S4Discretisation::bilinear}, on_gpu); },
+                           std::string("s4 dplr ") + s4_form_name(form), false);
   }
 }
 

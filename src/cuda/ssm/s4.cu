@@ -6,7 +6,9 @@
 // exist and what each writes is listed there); tests/s4_emulation_test.cc runs that exact schedule on the
 // CPU against the CPU kernels. This file only launches it: the recurrent form one thread per (b, h)
 // walking time, the convolution form its kernel per (h, j), its outputs per (b, h, t) and per (b, h, n),
-// and the backward's per-mode gradients per (h, n), then per-channel sums per h. A simple, correct kernel
+// and the backward's per-mode gradients per (h, n), then per-channel sums per h. The diagonal-plus-low-rank form
+// (P, Q [H, N2, 2] besides) runs one thread per channel h for the forward and one for the backward, each the
+// CPU's per-channel DPLR code with its locals in a per-channel scratch slice. A simple, correct kernel
 // set (GPU speed is not its aim): everything computes in double whatever the element type (f32, f64 and
 // bf16 storage), deterministic (no atomics, every sum in a fixed order). Compiled for sm_80/sm_90; not yet
 // run on a GPU (tests/s4_gpu_test.cc compares it with the CPU kernels there).
@@ -95,6 +97,23 @@ __global__ void __launch_bounds__(kBlock)
                   T* dB, T* dC, T* dx0) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < d.H * d.N2) sc::conv_mode_grads(i, d, in, dy, dfinal, dK, ddt, dA, dB, dC, dx0);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kBlock)
+    s4_dplr_fwd(sc::Dims d, sc::DplrInputs<T> in, bool recurrent, sc::Cx* cwork, double* fwork, T* y, T* xT) {
+  const int64_t h = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (h < d.H) sc::dplr_forward(h, d, in, recurrent, cwork, fwork, y, xT);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kBlock)
+    s4_dplr_bwd(sc::Dims d, sc::DplrInputs<T> in, bool recurrent, const T* dy, const T* dfinal, sc::Cx* cwork,
+                double* fwork, T* du, T* dlog_dt, T* dA, T* dP, T* dQ, T* dB, T* dC, T* dD, T* dx0) {
+  const int64_t h = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (h < d.H) {
+    sc::dplr_backward(h, d, in, recurrent, dy, dfinal, cwork, fwork, du, dlog_dt, dA, dP, dQ, dB, dC, dD, dx0);
+  }
 }
 
 void check_tensor(const Tensor& t, const Tensor& like, const char* op, const char* what) {
@@ -223,10 +242,74 @@ void backward_cuda(const Tensor& dy, const Tensor& dfinal, const Tensor& u, cons
   });
 }
 
+// ---- diagonal-plus-low-rank form: one thread per channel, forward and backward (s4_schedule.h) ----
+
+template <class T>
+sc::DplrInputs<T> dplr_inputs_of(const Tensor& u, const Tensor& log_dt, const Tensor& A, const Tensor& P,
+                                 const Tensor& Q, const Tensor& B, const Tensor& C, const Tensor& D, const Tensor& x0) {
+  return {cptr<T>(u), cptr<T>(log_dt), cptr<T>(A), cptr<T>(P), cptr<T>(Q), cptr<T>(B), cptr<T>(C),
+          cptr_or_null<T>(D), cptr_or_null<T>(x0)};
+}
+
+void dplr_forward_cuda(const Tensor& u, const Tensor& log_dt, const Tensor& A, const Tensor& P, const Tensor& Q,
+                       const Tensor& B, const Tensor& C, const Tensor& D, const Tensor& x0, const kernel::S4Params& p,
+                       const Tensor& y, const Tensor& xT) {
+  for (auto [t, what] : {std::pair{&u, "u"}, {&log_dt, "log_dt"}, {&A, "A"}, {&P, "P"}, {&Q, "Q"}, {&B, "B"},
+                         {&C, "C"}, {&y, "y"}, {&xT, "final_state"}}) {
+    check_tensor(*t, u, "s4", what);
+  }
+  if (D.defined()) check_tensor(D, u, "s4", "D");
+  if (x0.defined()) check_tensor(x0, u, "s4", "initial_state");
+  const sc::Dims d = dims_of(u, A, p);
+  if (d.H == 0) return;
+  dispatch_floating(u.dtype(), "s4", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int device = u.device().index;
+    DeviceGuard guard(device);
+    cudaStream_t st = stream(device);
+    Tensor cwork = scratch(2 * d.H * sc::dplr_work_cx(d), u), fwork = scratch(d.H * sc::dplr_work_f64(d), u);
+    s4_dplr_fwd<T><<<blocks_of(d.H), kBlock, 0, st>>>(d, dplr_inputs_of<T>(u, log_dt, A, P, Q, B, C, D, x0),
+                                                      p.form == S4Form::recurrent,
+                                                      reinterpret_cast<sc::Cx*>(mptr<double>(cwork)),
+                                                      mptr<double>(fwork), mptr<T>(y), mptr<T>(xT));
+    SEQLAB_CUDA_CHECK_LAUNCH("s4 diagonal-plus-low-rank forward kernel");
+  });
+}
+
+void dplr_backward_cuda(const Tensor& dy, const Tensor& dfinal, const Tensor& u, const Tensor& log_dt, const Tensor& A,
+                        const Tensor& P, const Tensor& Q, const Tensor& B, const Tensor& C, const Tensor& D,
+                        const Tensor& x0, const kernel::S4Params& p, const kernel::S4DplrGrads& g) {
+  for (auto [t, what] : {std::pair{&dy, "dy"}, {&dfinal, "dfinal"}, {&u, "u"}, {&log_dt, "log_dt"}, {&A, "A"},
+                         {&P, "P"}, {&Q, "Q"}, {&B, "B"}, {&C, "C"}, {&g.du, "du"}, {&g.dlog_dt, "dlog_dt"},
+                         {&g.dA, "dA"}, {&g.dP, "dP"}, {&g.dQ, "dQ"}, {&g.dB, "dB"}, {&g.dC, "dC"}}) {
+    check_tensor(*t, u, "s4 backward", what);
+  }
+  for (auto [t, what] : {std::pair{&D, "D"}, {&x0, "initial_state"}, {&g.dD, "dD"}, {&g.dinitial_state, "dinitial_state"}}) {
+    if (t->defined()) check_tensor(*t, u, "s4 backward", what);
+  }
+  const sc::Dims d = dims_of(u, A, p);
+  if (d.H == 0) return;
+  dispatch_floating(u.dtype(), "s4 backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int device = u.device().index;
+    DeviceGuard guard(device);
+    cudaStream_t st = stream(device);
+    Tensor cwork = scratch(2 * d.H * sc::dplr_work_cx(d), u), fwork = scratch(d.H * sc::dplr_work_f64(d), u);
+    s4_dplr_bwd<T><<<blocks_of(d.H), kBlock, 0, st>>>(
+        d, dplr_inputs_of<T>(u, log_dt, A, P, Q, B, C, D, x0), p.form == S4Form::recurrent, cptr<T>(dy),
+        cptr<T>(dfinal), reinterpret_cast<sc::Cx*>(mptr<double>(cwork)), mptr<double>(fwork), mptr<T>(g.du),
+        mptr<T>(g.dlog_dt), mptr<T>(g.dA), mptr<T>(g.dP), mptr<T>(g.dQ), mptr<T>(g.dB), mptr<T>(g.dC),
+        mptr_or_null<T>(g.dD), mptr_or_null<T>(g.dinitial_state));
+    SEQLAB_CUDA_CHECK_LAUNCH("s4 diagonal-plus-low-rank backward kernel");
+  });
+}
+
 }  // namespace
 }  // namespace seqlab::cuda
 
 namespace seqlab::kernel {
 SEQLAB_REGISTER_KERNEL(s4_forward_kernel, DeviceType::CUDA, &cuda::forward_cuda);
 SEQLAB_REGISTER_KERNEL(s4_backward_kernel, DeviceType::CUDA, &cuda::backward_cuda);
+SEQLAB_REGISTER_KERNEL(s4_dplr_forward_kernel, DeviceType::CUDA, &cuda::dplr_forward_cuda);
+SEQLAB_REGISTER_KERNEL(s4_dplr_backward_kernel, DeviceType::CUDA, &cuda::dplr_backward_cuda);
 }  // namespace seqlab::kernel

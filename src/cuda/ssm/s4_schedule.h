@@ -394,4 +394,325 @@ SEQLAB_HD void conv_mode_grads(int64_t hn, const Dims& d, const Inputs<T>& in, c
   ddt[hn] = write_mode_grads(d, m, gA, gB, gC, h, n, dA, dB, dC);
 }
 
+// ---- diagonal-plus-low-rank form -----------------------------------------------------------------
+// A = diag(Λ) − P Q*, M = I − ΔA/2, R = M⁻¹, Ā = 2R − I, B̄ = Δ R B (bilinear only; src/layers/ssm/s4.h).
+// One thread per channel h for the forward and one for the backward, each the CPU's dplr_forward /
+// dplr_backward (s4.cpp) for that h, step for step and in the same order (the batch walked inside), with
+// the CPU's std::vector and Mat locals carved from a per-channel scratch slice (DplrWork). I − ΔA/2 is
+// never singular when Re Λ ≤ 0 (the CPU throws otherwise; here such a channel's outputs are not finite).
+
+// Inputs, contiguous, element type T: as Inputs, with P, Q [H, N2, 2].
+template <class T>
+struct DplrInputs {
+  const T *u, *log_dt, *A, *P, *Q, *B, *C, *D, *x0;
+};
+
+// The per-channel scratch: 8 n × n complex matrices, 14 complex vectors [n], the sequence rows [(T + 1) n]
+// complex, and K, dK, du [T] double.
+SEQLAB_HD int64_t dplr_work_cx(const Dims& d) { return 8 * d.N2 * d.N2 + (14 + d.T + 1) * d.N2; }
+SEQLAB_HD int64_t dplr_work_f64(const Dims& d) { return 3 * d.T; }
+
+struct DplrWork {
+  Cx *A, *R, *Abar, *M, *gA, *gR, *tmpM, *gM;
+  Cx *B, *C, *P, *Q, *Bbar, *x, *tmp, *v, *gB, *gC, *g, *xi, *RB, *gBin, *seq;
+  double *K, *dK, *du;
+  double dt;
+};
+
+SEQLAB_HD DplrWork dplr_work(const Dims& d, Cx* cbase, double* fbase, int64_t h) {
+  const int64_t n = d.N2, nn = n * n;
+  Cx* c = cbase + h * dplr_work_cx(d);
+  double* f = fbase + h * dplr_work_f64(d);
+  DplrWork w;
+  Cx** mats[] = {&w.A, &w.R, &w.Abar, &w.M, &w.gA, &w.gR, &w.tmpM, &w.gM};
+  for (Cx** m : mats) *m = c, c += nn;
+  Cx** vecs[] = {&w.B, &w.C, &w.P, &w.Q, &w.Bbar, &w.x, &w.tmp, &w.v, &w.gB, &w.gC, &w.g, &w.xi, &w.RB, &w.gBin};
+  for (Cx** v : vecs) *v = c, c += n;
+  w.seq = c;
+  w.K = f, w.dK = f + d.T, w.du = f + 2 * d.T;
+  w.dt = 0;
+  return w;
+}
+
+// y = M x, or M* x with `adjoint` (the CPU's matvec).
+SEQLAB_HD void dplr_matvec(const Cx* M, const Cx* x, Cx* y, int64_t n, bool adjoint = false) {
+  for (int64_t i = 0; i < n; ++i) {
+    Cx acc = cx(0);
+    for (int64_t j = 0; j < n; ++j) acc = acc + (adjoint ? conj(M[j * n + i]) * x[j] : M[i * n + j] * x[j]);
+    y[i] = acc;
+  }
+}
+// G += a b*.
+SEQLAB_HD void dplr_add_outer(Cx* G, const Cx* a, const Cx* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) G[i * n + j] = G[i * n + j] + a[i] * conj(b[j]);
+  }
+}
+SEQLAB_HD Cx dplr_dot(const Cx* C, const Cx* x, int64_t n) {  // Σ_n C_n x_n (no conjugate)
+  Cx acc = cx(0);
+  for (int64_t i = 0; i < n; ++i) acc = acc + C[i] * x[i];
+  return acc;
+}
+SEQLAB_HD void dplr_swap(Cx*& a, Cx*& b) {
+  Cx* t = a;
+  a = b;
+  b = t;
+}
+
+// R = M⁻¹ by Gauss–Jordan elimination with partial pivoting (the CPU's inverse; M is overwritten).
+SEQLAB_HD void dplr_inverse(Cx* M, Cx* R, int64_t n) {
+  for (int64_t i = 0; i < n * n; ++i) R[i] = cx(0);
+  for (int64_t i = 0; i < n; ++i) R[i * n + i] = cx(1);
+  for (int64_t c = 0; c < n; ++c) {
+    int64_t piv = c;
+    for (int64_t r = c + 1; r < n; ++r) {
+      if (cabs(M[r * n + c]) > cabs(M[piv * n + c])) piv = r;
+    }
+    for (int64_t k = 0; k < n; ++k) {
+      const Cx a = M[c * n + k], b = R[c * n + k];
+      M[c * n + k] = M[piv * n + k], R[c * n + k] = R[piv * n + k];
+      M[piv * n + k] = a, R[piv * n + k] = b;
+    }
+    const Cx inv = cx(1) / M[c * n + c];
+    for (int64_t k = 0; k < n; ++k) {
+      M[c * n + k] = M[c * n + k] * inv;
+      R[c * n + k] = R[c * n + k] * inv;
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      if (r == c || (M[r * n + c].re == 0 && M[r * n + c].im == 0)) continue;
+      const Cx f = M[r * n + c];
+      for (int64_t k = 0; k < n; ++k) {
+        M[r * n + k] = M[r * n + k] - f * M[c * n + k];
+        R[r * n + k] = R[r * n + k] - f * R[c * n + k];
+      }
+    }
+  }
+}
+
+// Channel h's A, R, Ā, B̄ and its B, C, P, Q into w (the CPU's dplr_of).
+template <class T>
+SEQLAB_HD void dplr_setup(const Dims& d, const DplrInputs<T>& in, int64_t h, DplrWork& w) {
+  const int64_t n = d.N2;
+  w.dt = exp(ld(in.log_dt, h));
+  for (int64_t i = 0; i < n; ++i) {
+    w.B[i] = ldc(in.B, d.mode(h, i));
+    w.C[i] = ldc(in.C, d.mode(h, i));
+    w.P[i] = ldc(in.P, d.mode(h, i));
+    w.Q[i] = ldc(in.Q, d.mode(h, i));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      w.A[i * n + j] = (i == j ? ldc(in.A, d.mode(h, i)) : cx(0)) - w.P[i] * conj(w.Q[j]);
+      w.M[i * n + j] = cx(i == j ? 1.0 : 0.0) - (0.5 * w.dt) * w.A[i * n + j];
+    }
+  }
+  dplr_inverse(w.M, w.R, n);
+  for (int64_t i = 0; i < n * n; ++i) w.Abar[i] = 2.0 * w.R[i] - cx(i % (n + 1) == 0 ? 1.0 : 0.0);
+  dplr_matvec(w.R, w.B, w.Bbar, n);
+  for (int64_t i = 0; i < n; ++i) w.Bbar[i] = w.dt * w.Bbar[i];
+}
+
+// Thread h: y [B, T, H] at h and final_state [B, H, n] at h (the CPU's dplr_forward for channel h).
+template <class T>
+SEQLAB_HD void dplr_forward(int64_t h, const Dims& d, const DplrInputs<T>& in, bool recurrent, Cx* cwork,
+                            double* fwork, T* y, T* xT) {
+  DplrWork w = dplr_work(d, cwork, fwork, h);
+  dplr_setup(d, in, h, w);
+  const int64_t n = d.N2, Tn = d.T;
+  const double dskip = in.D ? ld(in.D, h) : 0.0;
+  Cx *x = w.x, *tmp = w.tmp, *v = w.v;
+  if (!recurrent) {
+    for (int64_t i = 0; i < n; ++i) v[i] = w.Bbar[i];
+    for (int64_t j = 0; j < Tn; ++j) {
+      w.K[j] = 2 * dplr_dot(w.C, v, n).re;
+      dplr_matvec(w.Abar, v, tmp, n);
+      dplr_swap(v, tmp);
+    }
+  }
+  for (int64_t b = 0; b < d.B; ++b) {
+    for (int64_t i = 0; i < n; ++i) x[i] = in.x0 ? ldc(in.x0, d.state(b, h, i)) : cx(0);
+    if (recurrent) {
+      for (int64_t t = 0; t < Tn; ++t) {
+        const double ut = ld(in.u, d.row(b, t, h));
+        dplr_matvec(w.Abar, x, tmp, n);
+        for (int64_t i = 0; i < n; ++i) x[i] = tmp[i] + ut * w.Bbar[i];
+        st(y, d.row(b, t, h), 2 * dplr_dot(w.C, x, n).re + dskip * ut);
+      }
+    } else {
+      Cx* wv = w.v;  // w ← Ā w: Ā^{t+1} x_{−1} (v is free once K is built)
+      tmp = w.tmp;
+      for (int64_t i = 0; i < n; ++i) wv[i] = x[i];
+      for (int64_t t = 0; t < Tn; ++t) {
+        double acc = dskip * ld(in.u, d.row(b, t, h));
+        for (int64_t j = 0; j <= t; ++j) acc += w.K[j] * ld(in.u, d.row(b, t - j, h));
+        if (in.x0) {
+          dplr_matvec(w.Abar, wv, tmp, n);
+          dplr_swap(wv, tmp);
+          acc += 2 * dplr_dot(w.C, wv, n).re;
+        }
+        st(y, d.row(b, t, h), acc);
+      }
+      for (int64_t t = 0; t < Tn; ++t) {  // Horner: x ← Ā x + B̄ u_s from x_{−1}
+        const double ut = ld(in.u, d.row(b, t, h));
+        dplr_matvec(w.Abar, x, tmp, n);
+        for (int64_t i = 0; i < n; ++i) x[i] = tmp[i] + ut * w.Bbar[i];
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) stc(xT, d.state(b, h, i), x[i]);
+  }
+}
+
+// Thread h: every gradient at channel h (the CPU's dplr_backward for channel h, which states the sums):
+// du [B, T, H] and d initial_state [B, H, n] at h, dlog_dt_h, dA, dP, dQ, dB, dC at h, dD_h.
+template <class T>
+SEQLAB_HD void dplr_backward(int64_t h, const Dims& d, const DplrInputs<T>& in, bool recurrent, const T* dy,
+                             const T* dfinal, Cx* cwork, double* fwork, T* du, T* dlog_dt, T* dA, T* dP, T* dQ, T* dB,
+                             T* dC, T* dD, T* dx0) {
+  DplrWork w = dplr_work(d, cwork, fwork, h);
+  dplr_setup(d, in, h, w);
+  const int64_t n = d.N2, Tn = d.T;
+  const double dskip = in.D ? ld(in.D, h) : 0.0;
+  Cx *g = w.g, *tmp = w.tmp;
+  for (int64_t i = 0; i < n * n; ++i) w.gA[i] = cx(0);
+  for (int64_t i = 0; i < n; ++i) w.gB[i] = cx(0), w.gC[i] = cx(0);
+  double dD_acc = 0;
+  auto row = [&](int64_t t) { return w.seq + (t + 1) * n; };  // row(−1) is the starting vector
+  if (!recurrent) {
+    if (Tn > 0) {  // v_j = row(j); with T = 0 there is no row 0
+      for (int64_t i = 0; i < n; ++i) row(0)[i] = w.Bbar[i];
+    }
+    for (int64_t j = 0; j < Tn; ++j) {
+      w.K[j] = 2 * dplr_dot(w.C, row(j), n).re;
+      if (j + 1 < Tn) dplr_matvec(w.Abar, row(j), row(j + 1), n);
+    }
+    for (int64_t j = 0; j < Tn; ++j) w.dK[j] = 0;
+    for (int64_t b = 0; b < d.B; ++b) {
+      for (int64_t j = 0; j < Tn; ++j) {
+        double acc = 0;
+        for (int64_t t = j; t < Tn; ++t) acc += ld(dy, d.row(b, t, h)) * ld(in.u, d.row(b, t - j, h));
+        w.dK[j] += acc;
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) g[i] = cx(0);  // λ
+    for (int64_t j = Tn - 1; j >= 0; --j) {
+      for (int64_t i = 0; i < n; ++i) {
+        g[i] = g[i] + (2 * w.dK[j]) * conj(w.C[i]);
+        w.gC[i] = w.gC[i] + (2 * w.dK[j]) * conj(row(j)[i]);
+      }
+      if (j >= 1) {
+        dplr_add_outer(w.gA, g, row(j - 1), n);
+        dplr_matvec(w.Abar, g, tmp, n, true);
+        dplr_swap(g, tmp);
+      } else {
+        for (int64_t i = 0; i < n; ++i) w.gB[i] = w.gB[i] + g[i];
+      }
+    }
+  }
+  for (int64_t b = 0; b < d.B; ++b) {
+    for (int64_t i = 0; i < n; ++i) w.xi[i] = in.x0 ? ldc(in.x0, d.state(b, h, i)) : cx(0);
+    for (int64_t t = 0; t < Tn; ++t) {
+      const int64_t r = d.row(b, t, h);
+      w.du[t] = dskip * ld(dy, r);
+      dD_acc += ld(in.u, r) * ld(dy, r);
+    }
+    auto step = [&](const Cx* prev, Cx* next, double ut) {  // next = Ā prev + B̄ u_t
+      dplr_matvec(w.Abar, prev, next, n);
+      for (int64_t i = 0; i < n; ++i) next[i] = next[i] + ut * w.Bbar[i];
+    };
+    if (recurrent) {
+      for (int64_t i = 0; i < n; ++i) row(-1)[i] = w.xi[i];
+      for (int64_t t = 0; t < Tn; ++t) step(row(t - 1), row(t), ld(in.u, d.row(b, t, h)));
+      for (int64_t i = 0; i < n; ++i) g[i] = ldc(dfinal, d.state(b, h, i));
+      for (int64_t t = Tn - 1; t >= 0; --t) {
+        const double r = 2 * ld(dy, d.row(b, t, h)), ut = ld(in.u, d.row(b, t, h));
+        for (int64_t i = 0; i < n; ++i) {
+          g[i] = g[i] + r * conj(w.C[i]);
+          w.gC[i] = w.gC[i] + r * conj(row(t)[i]);
+          w.gB[i] = w.gB[i] + ut * g[i];
+          w.du[t] += (conj(g[i]) * w.Bbar[i]).re;
+        }
+        dplr_add_outer(w.gA, g, row(t - 1), n);
+        dplr_matvec(w.Abar, g, tmp, n, true);
+        dplr_swap(g, tmp);
+      }
+    } else {
+      for (int64_t s = 0; s < Tn; ++s) {
+        for (int64_t t = s; t < Tn; ++t) w.du[s] += w.K[t - s] * ld(dy, d.row(b, t, h));
+      }
+      // x_T's sum: z_s into seq (z_{−1} = 0), then ν walking back.
+      for (int64_t i = 0; i < n; ++i) row(-1)[i] = cx(0);
+      for (int64_t t = 0; t < Tn; ++t) step(row(t - 1), row(t), ld(in.u, d.row(b, t, h)));
+      for (int64_t i = 0; i < n; ++i) g[i] = ldc(dfinal, d.state(b, h, i));  // ν
+      for (int64_t t = Tn - 1; t >= 0; --t) {
+        const double ut = ld(in.u, d.row(b, t, h));
+        for (int64_t i = 0; i < n; ++i) {
+          w.gB[i] = w.gB[i] + ut * g[i];
+          w.du[t] += (conj(g[i]) * w.Bbar[i]).re;
+        }
+        if (t >= 1) dplr_add_outer(w.gA, g, row(t - 1), n);
+        dplr_matvec(w.Abar, g, tmp, n, true);
+        dplr_swap(g, tmp);
+      }
+      if (in.x0) {  // w_t = Ā^{t+1} x_{−1} into seq, then μ walking back
+        for (int64_t i = 0; i < n; ++i) row(-1)[i] = w.xi[i];
+        for (int64_t t = 0; t < Tn; ++t) dplr_matvec(w.Abar, row(t - 1), row(t), n);
+        for (int64_t i = 0; i < n; ++i) g[i] = ldc(dfinal, d.state(b, h, i));  // μ
+        for (int64_t t = Tn - 1; t >= 0; --t) {
+          const double r = 2 * ld(dy, d.row(b, t, h));
+          for (int64_t i = 0; i < n; ++i) {
+            g[i] = g[i] + r * conj(w.C[i]);
+            w.gC[i] = w.gC[i] + r * conj(row(t)[i]);
+          }
+          dplr_add_outer(w.gA, g, row(t - 1), n);
+          dplr_matvec(w.Abar, g, tmp, n, true);
+          dplr_swap(g, tmp);
+        }
+      } else {
+        for (int64_t i = 0; i < n; ++i) g[i] = cx(0);
+      }
+    }
+    for (int64_t t = 0; t < Tn; ++t) st(du, d.row(b, t, h), w.du[t]);
+    if (dx0) {
+      for (int64_t i = 0; i < n; ++i) stc(dx0, d.state(b, h, i), g[i]);
+    }
+  }
+  if (dD) st(dD, h, dD_acc);
+  // The chain through R = M⁻¹: g_R = 2 g_Ā + Δ g_B̄ B*, g_M = −R* g_R R*.
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) w.gR[i * n + j] = 2.0 * w.gA[i * n + j] + (w.dt * w.gB[i]) * conj(w.B[j]);
+  }
+  for (int64_t i = 0; i < n * n; ++i) w.tmpM[i] = cx(0), w.gM[i] = cx(0);
+  for (int64_t i = 0; i < n; ++i) {  // tmpM = R* g_R
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t k = 0; k < n; ++k) w.tmpM[i * n + j] = w.tmpM[i * n + j] + conj(w.R[k * n + i]) * w.gR[k * n + j];
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t k = 0; k < n; ++k) w.gM[i * n + j] = w.gM[i * n + j] - w.tmpM[i * n + k] * conj(w.R[j * n + k]);
+    }
+  }
+  dplr_matvec(w.R, w.B, w.RB, n);
+  double d_dt = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    d_dt += (conj(w.RB[i]) * w.gB[i]).re;
+    for (int64_t j = 0; j < n; ++j) d_dt -= 0.5 * (conj(w.gM[i * n + j]) * w.A[i * n + j]).re;
+  }
+  st(dlog_dt, h, w.dt * d_dt);
+  dplr_matvec(w.R, w.gB, w.gBin, n, true);
+  for (int64_t i = 0; i < n; ++i) {
+    Cx gp = cx(0), gq = cx(0);
+    for (int64_t j = 0; j < n; ++j) {
+      gp = gp + w.gM[i * n + j] * w.Q[j];
+      gq = gq + conj(w.gM[j * n + i]) * w.P[j];
+    }
+    const int64_t m = d.mode(h, i);
+    stc(dA, m, (-0.5 * w.dt) * w.gM[i * n + i]);
+    stc(dP, m, (0.5 * w.dt) * gp);
+    stc(dQ, m, (0.5 * w.dt) * gq);
+    stc(dB, m, w.dt * w.gBin[i]);
+    stc(dC, m, w.gC[i]);
+  }
+}
+
 }  // namespace seqlab::s4_cuda

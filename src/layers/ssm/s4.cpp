@@ -146,8 +146,8 @@ S4Grads s4_backward(const Tensor& dy, const Tensor& dfinal, const Tensor& u, con
 
 namespace {
 
-// The low-rank factors of the DPLR form: both given, shaped as A, A's dtype and device, on the CPU, and
-// the bilinear discretisation.
+// The low-rank factors of the DPLR form: both given, shaped as A, A's dtype and device, and the bilinear
+// discretisation.
 void check_low_rank(const Tensor& u, const Tensor& A, const Tensor& P, const Tensor& Q, const S4Options& opts) {
   const VariantInputs in("s4", {{"u", u}, {"A", A}, {"P", P}, {"Q", Q}},
                          "the diagonal-plus-low-rank form: A, P, Q [H, N2, 2], A = diag(Λ) − P Q*");
@@ -160,7 +160,6 @@ void check_low_rank(const Tensor& u, const Tensor& A, const Tensor& P, const Ten
   if (opts.discretisation != S4Discretisation::bilinear) {
     in.fail("the diagonal-plus-low-rank form is discretised bilinearly (zoh would need a matrix exponential)");
   }
-  if (!u.device().is_cpu()) in.fail("the diagonal-plus-low-rank form runs on the CPU only, got " + u.device().str());
 }
 
 }  // namespace
@@ -752,7 +751,7 @@ void dplr_backward(const Tensor& dy, const Tensor& dfinal, const Tensor& u, cons
     double dD = 0;
     auto row = [&](int64_t t) { return seq.data() + (t + 1) * n; };  // row(−1) is the starting vector
     if (p.form == S4Form::convolution) {
-      std::copy(c.Bbar.begin(), c.Bbar.end(), row(0));  // v_j = row(j)
+      if (Tn > 0) std::copy(c.Bbar.begin(), c.Bbar.end(), row(0));  // v_j = row(j); T = 0 has no row 0
       for (int64_t j = 0; j < Tn; ++j) {
         K[j] = 2 * dotc(c.C, row(j)).real();
         if (j + 1 < Tn) matvec(c.Abar, row(j), row(j + 1), n);

@@ -54,8 +54,8 @@ S4Output s4(const Tensor& u, const Tensor& log_dt, const Tensor& A, const Tensor
 // correction per channel), discretised bilinearly into a dense Ā = (I − ΔA/2)⁻¹(I + ΔA/2), B̄ = Δ(I − ΔA/2)⁻¹ B;
 // x_t = Ā x_{t−1} + B̄ u_t, y_t = 2·Re(C x_t) + D u_t, in both forms (convolution: K_j = 2·Re(C Ā^j B̄) by
 // matrix-vector products, then the same direct causal convolution). O(N2²) per step: meant for small N.
-// CPU only. Throws std::invalid_argument for zoh (which would need a matrix exponential), for P, Q not both
-// given or not shaped as A, and on a CUDA device.
+// CPU and CUDA (src/cuda/ssm/s4.cu). Throws std::invalid_argument for zoh (which would need a matrix
+// exponential) and for P, Q not both given or not shaped as A.
 S4Output s4_dplr(const Tensor& u, const Tensor& log_dt, const Tensor& A, const Tensor& P, const Tensor& Q,
                  const Tensor& B, const Tensor& C, const Tensor& D = Tensor(), const Tensor& initial_state = Tensor(),
                  const S4Options& opts = {});

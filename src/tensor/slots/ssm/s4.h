@@ -47,7 +47,7 @@ SEQLAB_DECLARE_KERNEL(s4_backward_kernel,
                                const Tensor& A, const Tensor& B, const Tensor& C, const Tensor& D,
                                const Tensor& initial_state, const S4Params& p, const S4Grads& grads));
 
-// The diagonal-plus-low-rank form (S4: Λ − P Q*, bilinear, a dense N2 × N2 Ā per channel), CPU only:
+// The diagonal-plus-low-rank form (S4: Λ − P Q*, bilinear, a dense N2 × N2 Ā per channel):
 // P, Q [H, N2, 2] besides the inputs above; the backward also writes dP, dQ.
 struct S4DplrGrads {
   Tensor du, dlog_dt, dA, dP, dQ, dB, dC, dD, dinitial_state;  // undefined where not asked for
