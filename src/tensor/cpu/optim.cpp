@@ -2,6 +2,8 @@
 // Elementwise, so the result does not depend on the number of threads.
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "tensor/kernels.h"
@@ -19,6 +21,36 @@ namespace {
 // tensor/dispatch.h) the update reads and writes w[i], and p[i] gets the same value, which the
 // dispatch layer rounds to bf16.
 
+// AdamW's per-element constants in the compute type S, and the update of elements [begin, end): the one
+// definition both AdamW kernels run, so the per-tensor and the multi-tensor kernel give the same bits
+// (GCC contracts a·b + c into FMAs: written twice, two copies could contract differently). P is the
+// stored parameter type (S, or bf16 for a bf16 parameter with its master w in f32), G the gradient's.
+template <class S>
+struct AdamWConstants {
+  explicit AdamWConstants(const AdamWStep& s)
+      : lr(S(s.lr)), lr_wd(S(s.lr * s.weight_decay)), eps(S(s.eps)), b1(S(s.beta1)), c1(S(1.0 - s.beta1)),
+        b2(S(s.beta2)), c2(S(1.0 - s.beta2)), inv_bc1(S(1.0 / s.bias_correction1)),
+        inv_bc2(S(1.0 / s.bias_correction2)) {}
+  S lr, lr_wd, eps, b1, c1, b2, c2, inv_bc1, inv_bc2;
+};
+
+template <class S, class P, class G>
+inline void adamw_elements(const AdamWConstants<S>& k, P* pp, S* wp, const G* gp, S* mp, S* vp, int64_t begin,
+                           int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    const S gi = static_cast<S>(gp[i]);
+    S pi = wp[i];
+    pi -= k.lr_wd * pi;
+    const S mi = k.b1 * mp[i] + k.c1 * gi;
+    const S vi = k.b2 * vp[i] + k.c2 * gi * gi;
+    mp[i] = mi;
+    vp[i] = vi;
+    pi -= k.lr * (mi * k.inv_bc1) / (std::sqrt(vi * k.inv_bc2) + k.eps);
+    wp[i] = pi;
+    pp[i] = P(pi);
+  }
+}
+
 void adamw_step_cpu(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
                     const Tensor& w) {
   dispatch_float(p.dtype(), "adamw_step", [&](auto tag) {
@@ -28,23 +60,55 @@ void adamw_step_cpu(const AdamWStep& s, const Tensor& p, const Tensor& g, const 
     const S* gp = g.data<S>();
     S* mp = m.data<S>();
     S* vp = v.data<S>();
-    const S lr = S(s.lr), lr_wd = S(s.lr * s.weight_decay), eps = S(s.eps);
-    const S b1 = S(s.beta1), c1 = S(1.0 - s.beta1), b2 = S(s.beta2), c2 = S(1.0 - s.beta2);
-    const S inv_bc1 = S(1.0 / s.bias_correction1), inv_bc2 = S(1.0 / s.bias_correction2);
+    const AdamWConstants<S> k(s);
     parallel_for(p.numel(), kParallelGrain / 4, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const S gi = gp[i];
-        S pi = wp[i];
-        pi -= lr_wd * pi;
-        const S mi = b1 * mp[i] + c1 * gi;
-        const S vi = b2 * vp[i] + c2 * gi * gi;
-        mp[i] = mi;
-        vp[i] = vi;
-        pi -= lr * (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps);
-        wp[i] = pi;
-        pp[i] = pi;
-      }
+      adamw_elements(k, pp, wp, gp, mp, vp, begin, end);
     });
+  });
+}
+
+// Elements [begin, end) of one entry of the multi-tensor step, in its own types.
+void adamw_entry_range(const kernel::AdamWTensors& e, int64_t begin, int64_t end) {
+  const DType pd = e.p.dtype(), gd = e.g.dtype();
+  if (pd == DType::f64) {
+    adamw_elements(AdamWConstants<double>(e.step), e.p.data<double>(), e.p.data<double>(), e.g.data<double>(),
+                   e.m.data<double>(), e.v.data<double>(), begin, end);
+  } else if (pd == DType::f32) {
+    float* pp = e.p.data<float>();
+    adamw_elements(AdamWConstants<float>(e.step), pp, e.w.defined() ? e.w.data<float>() : pp, e.g.data<float>(),
+                   e.m.data<float>(), e.v.data<float>(), begin, end);
+  } else if (gd == DType::bf16) {  // a bf16 parameter: its master w in f32, its gradient bf16 ...
+    adamw_elements(AdamWConstants<float>(e.step), e.p.data<bf16>(), e.w.data<float>(), e.g.data<bf16>(),
+                   e.m.data<float>(), e.v.data<float>(), begin, end);
+  } else {  // ... or an f32 sum of micro-batch gradients
+    adamw_elements(AdamWConstants<float>(e.step), e.p.data<bf16>(), e.w.data<float>(), e.g.data<float>(),
+                   e.m.data<float>(), e.v.data<float>(), begin, end);
+  }
+}
+
+// One parallel region over the entries' elements laid end to end: thread t takes one contiguous range of
+// that sequence, which may span several small tensors or part of a large one. Elementwise, so the split
+// changes no bit.
+void adamw_multi_step_cpu(const std::vector<kernel::AdamWTensors>& entries) {
+  std::vector<int64_t> offset(entries.size() + 1, 0);  // entry j holds elements [offset[j], offset[j + 1])
+  for (size_t j = 0; j < entries.size(); ++j) {
+    const kernel::AdamWTensors& e = entries[j];
+    const bool bf16_param = e.p.dtype() == DType::bf16;
+    if (!is_floating(e.p.dtype()) || (bf16_param && !e.w.defined()) ||
+        (bf16_param ? (e.g.dtype() != DType::bf16 && e.g.dtype() != DType::f32) : e.g.dtype() != e.p.dtype())) {
+      throw std::invalid_argument(std::string("adamw_multi_step: entry ") + std::to_string(j) + " has a " +
+                                  dtype_name(e.p.dtype()) + " parameter with a " + dtype_name(e.g.dtype()) +
+                                  " gradient" + (bf16_param && !e.w.defined() ? " and no f32 master" : ""));
+    }
+    offset[j + 1] = offset[j] + e.p.numel();
+  }
+  const int64_t total = offset.back();
+  parallel_for(total, kParallelGrain / 4, [&](int64_t begin, int64_t end) {
+    size_t j = static_cast<size_t>(std::upper_bound(offset.begin(), offset.end(), begin) - offset.begin()) - 1;
+    for (; j < entries.size() && offset[j] < end; ++j) {
+      const int64_t lo = std::max(begin, offset[j]) - offset[j], hi = std::min(end, offset[j + 1]) - offset[j];
+      if (lo < hi) adamw_entry_range(entries[j], lo, hi);
+    }
   });
 }
 
@@ -116,6 +180,7 @@ void scale_inplace_cpu(const Tensor& x, double s) {
 
 namespace seqlab::kernel {
 SEQLAB_REGISTER_KERNEL(adamw_step_kernel, DeviceType::CPU, &cpu::adamw_step_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(adamw_multi_step_kernel, DeviceType::CPU, &cpu::adamw_multi_step_cpu);
 SEQLAB_REGISTER_KERNEL(sgd_step_kernel, DeviceType::CPU, &cpu::sgd_step_cpu);
 SEQLAB_REGISTER_KERNEL(sum_squares_kernel, DeviceType::CPU, &cpu::sum_squares_cpu);
 SEQLAB_REGISTER_KERNEL(scale_inplace_kernel, DeviceType::CPU, &cpu::scale_inplace_cpu);

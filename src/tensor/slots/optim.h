@@ -25,6 +25,19 @@ struct AdamWStep {
 SEQLAB_DECLARE_KERNEL(adamw_step_kernel, void (*)(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m,
                                                   const Tensor& v, const Tensor& w));
 
+// The AdamW step of many parameters in one call: each entry is what adamw_step_kernel takes, updated
+// exactly as adamw_step_kernel updates it (the same bits), but all entries in one pass with one parallel
+// region over their elements together, instead of one region per tensor (a model's biases and norm
+// gains are too small to split among threads on their own). The kernel handles bf16 parameters itself
+// (it takes the bf16 p, its f32 master w and a bf16 or f32 g and stores p = bf16(w), rounded to nearest
+// even as the per-tensor path's stand-ins are). CPU only: where a device has no kernel for it, the
+// optimizer calls adamw_step_kernel per parameter.
+struct AdamWTensors {
+  AdamWStep step;
+  Tensor p, g, m, v, w;
+};
+SEQLAB_DECLARE_KERNEL(adamw_multi_step_kernel, void (*)(const std::vector<AdamWTensors>& params));
+
 struct SgdStep {
   double lr = 0, weight_decay = 0, momentum = 0;
   bool nesterov = false;
