@@ -140,28 +140,69 @@ void sgd_step_cpu(const SgdStep& s, const Tensor& p, const Tensor& g, const Tens
   });
 }
 
+// Σ x² over elements [begin, end), in order, in double: the one definition both sum-of-squares kernels
+// run (a bf16 value reaches double exactly, as its f32 stand-in would).
+template <class T>
+double sum_squares_range(const T* p, int64_t begin, int64_t end) {
+  double acc = 0.0;
+  for (int64_t i = begin; i < end; ++i) {
+    const double e = convert_scalar<double>(p[i]);
+    acc += e * e;
+  }
+  return acc;
+}
+
 // Fixed blocks summed in order: the same bits whatever the thread count.
+constexpr int64_t kSquaresBlock = 1 << 15;
+
 void sum_squares_cpu(const Tensor& x, const Tensor& out) {
-  constexpr int64_t kBlock = 1 << 15;
-  const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
+  const int64_t n = x.numel(), blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
   std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
   dispatch_float(x.dtype(), "sum_squares", [&](auto tag) {
     using T = decltype(tag);
     const T* p = x.data<T>();
 #pragma omp parallel for schedule(static) if (blocks > 1)
     for (int64_t b = 0; b < blocks; ++b) {
-      double acc = 0.0;
-      const int64_t end = std::min(n, (b + 1) * kBlock);
-      for (int64_t i = b * kBlock; i < end; ++i) {
-        const double e = convert_scalar<double>(p[i]);
-        acc += e * e;
-      }
-      partial[static_cast<size_t>(b)] = acc;
+      partial[static_cast<size_t>(b)] = sum_squares_range(p, b * kSquaresBlock, std::min(n, (b + 1) * kSquaresBlock));
     }
   });
   double total = 0.0;
   for (double v : partial) total += v;
   out.data<double>()[0] = total;
+}
+
+// The blocks of every tensor in one list and one parallel region; each tensor's partial sums are then
+// added in its own block order, as sum_squares_cpu adds them.
+void sum_squares_multi_cpu(const std::vector<Tensor>& xs, const Tensor& out) {
+  struct Block {
+    size_t tensor;
+    int64_t begin, end;
+  };
+  std::vector<Block> blocks;
+  for (size_t j = 0; j < xs.size(); ++j) {
+    if (!is_floating(xs[j].dtype())) {
+      throw std::invalid_argument("sum_squares_multi: tensor " + std::to_string(j) + " is " +
+                                  dtype_name(xs[j].dtype()) + ", not a floating tensor");
+    }
+    const int64_t n = xs[j].numel();
+    for (int64_t b = 0; b * kSquaresBlock < n; ++b) blocks.push_back({j, b * kSquaresBlock, std::min(n, (b + 1) * kSquaresBlock)});
+  }
+  const int64_t count = static_cast<int64_t>(blocks.size());
+  std::vector<double> partial(blocks.size(), 0.0);
+#pragma omp parallel for schedule(static) if (count > 1)
+  for (int64_t b = 0; b < count; ++b) {
+    const Block& k = blocks[static_cast<size_t>(b)];
+    const Tensor& x = xs[k.tensor];
+    double& dst = partial[static_cast<size_t>(b)];
+    switch (x.dtype()) {
+      case DType::f64: dst = sum_squares_range(x.data<double>(), k.begin, k.end); break;
+      case DType::f32: dst = sum_squares_range(x.data<float>(), k.begin, k.end); break;
+      default: dst = sum_squares_range(x.data<bf16>(), k.begin, k.end); break;
+    }
+  }
+  double* o = out.data<double>();
+  for (size_t j = 0; j < xs.size(); ++j) o[j] = 0.0;
+  for (size_t b = 0; b < blocks.size(); ++b) o[blocks[b].tensor] += partial[b];
 }
 
 void scale_inplace_cpu(const Tensor& x, double s) {
@@ -175,6 +216,37 @@ void scale_inplace_cpu(const Tensor& x, double s) {
   });
 }
 
+// x ← s·x for every tensor, their elements laid end to end under one parallel region; a bf16 element is
+// scaled in f32 and rounded to nearest even, as its stand-in would be.
+void scale_inplace_multi_cpu(const std::vector<Tensor>& xs, double s) {
+  std::vector<int64_t> offset(xs.size() + 1, 0);
+  for (size_t j = 0; j < xs.size(); ++j) {
+    if (!is_floating(xs[j].dtype())) {
+      throw std::invalid_argument("scale_inplace_multi: tensor " + std::to_string(j) + " is " +
+                                  dtype_name(xs[j].dtype()) + ", not a floating tensor");
+    }
+    offset[j + 1] = offset[j] + xs[j].numel();
+  }
+  const float k32 = static_cast<float>(s);
+  parallel_for(offset.back(), kParallelGrain, [&](int64_t begin, int64_t end) {
+    size_t j = static_cast<size_t>(std::upper_bound(offset.begin(), offset.end(), begin) - offset.begin()) - 1;
+    for (; j < xs.size() && offset[j] < end; ++j) {
+      const int64_t lo = std::max(begin, offset[j]) - offset[j], hi = std::min(end, offset[j + 1]) - offset[j];
+      const Tensor& x = xs[j];
+      if (x.dtype() == DType::f64) {
+        double* p = x.data<double>();
+        for (int64_t i = lo; i < hi; ++i) p[i] = s * p[i];
+      } else if (x.dtype() == DType::f32) {
+        float* p = x.data<float>();
+        for (int64_t i = lo; i < hi; ++i) p[i] = k32 * p[i];
+      } else {
+        bf16* p = x.data<bf16>();
+        for (int64_t i = lo; i < hi; ++i) p[i] = bf16(k32 * static_cast<float>(p[i]));
+      }
+    }
+  });
+}
+
 }  // namespace
 }  // namespace seqlab::cpu
 
@@ -184,4 +256,6 @@ SEQLAB_REGISTER_KERNEL_TAKING_BF16(adamw_multi_step_kernel, DeviceType::CPU, &cp
 SEQLAB_REGISTER_KERNEL(sgd_step_kernel, DeviceType::CPU, &cpu::sgd_step_cpu);
 SEQLAB_REGISTER_KERNEL(sum_squares_kernel, DeviceType::CPU, &cpu::sum_squares_cpu);
 SEQLAB_REGISTER_KERNEL(scale_inplace_kernel, DeviceType::CPU, &cpu::scale_inplace_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(sum_squares_multi_kernel, DeviceType::CPU, &cpu::sum_squares_multi_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(scale_inplace_multi_kernel, DeviceType::CPU, &cpu::scale_inplace_multi_cpu);
 }  // namespace seqlab::kernel

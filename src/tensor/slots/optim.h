@@ -58,4 +58,13 @@ double squared_norm(const std::vector<Tensor>& xs);
 // x ← s·x over a contiguous floating tensor.
 SEQLAB_DECLARE_KERNEL(scale_inplace_kernel, void (*)(const Tensor& x, double s));
 
+// The gradient norm and clip of many tensors in one call each (contiguous floating tensors of one device,
+// bf16 taken as it is): out[i] = Σ x_i² (out f64 [xs.size()]), each sum exactly as sum_squares_kernel gives
+// it (the same blocks, added in the same order), and x_i ← s·x_i exactly as scale_inplace_kernel does it
+// (bf16: in f32, rounded to nearest even), each with one parallel region over all the tensors' elements
+// instead of one per tensor. CPU only: squared_norm and the optimizer's scale_grads call the per-tensor
+// slots where a device has no kernel for these.
+SEQLAB_DECLARE_KERNEL(sum_squares_multi_kernel, void (*)(const std::vector<Tensor>& xs, const Tensor& out));
+SEQLAB_DECLARE_KERNEL(scale_inplace_multi_kernel, void (*)(const std::vector<Tensor>& xs, double s));
+
 }  // namespace seqlab::kernel

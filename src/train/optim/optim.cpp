@@ -269,14 +269,21 @@ double clip_grad_norm(const std::vector<Parameter>& params, double max_norm) {
 }
 
 void scale_grads(const std::vector<Parameter>& params, double s) {
+  std::vector<Tensor> on_cpu;  // scaled together, in one call of the multi-tensor kernel
+  const bool batch = kernel::scale_inplace_multi_kernel.has(DeviceType::CPU);
   for (Tensor* p : unique_with_grad(params)) {
     Tensor g = grad_of(*p);
     if (!g.is_contiguous()) {
       g = kernel::contiguous(g);
       set_grad(*p, g);
     }
-    kernel::scale_inplace_kernel(g.device(), g, s);
+    if (batch && g.device().is_cpu()) {
+      on_cpu.push_back(g);
+    } else {
+      kernel::scale_inplace_kernel(g.device(), g, s);
+    }
   }
+  if (!on_cpu.empty()) kernel::scale_inplace_multi_kernel(cpu_device(), on_cpu, s);
 }
 
 }  // namespace seqlab
