@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 
 namespace seqlab::profile {
 namespace {
@@ -18,7 +19,8 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }
 
 struct Totals {
-  std::string declared_in;
+  const char* name = nullptr;
+  const char* declared_in = nullptr;
   int64_t calls = 0;
   double seconds = 0, nested_gemm_seconds = 0;
 };
@@ -27,7 +29,9 @@ struct Totals {
 // fields of the open frame need no lock but nested_gemm, which worker threads add to.
 struct State {
   std::mutex mu;
-  std::map<std::string, Totals> slots;  // guarded by mu
+  // Keyed by the slot's name pointer (one per slot, and the conversions' literals): no string is built
+  // while timing. Guarded by mu.
+  std::unordered_map<const char*, Totals> slots;
   std::atomic<int> depth{0};            // frames open in the process (outermost, nested, conversions)
   double outer_standin_seconds = 0;     // the open outermost call's own bf16 conversions (its thread only)
   double outer_nested_gemm = 0;         // guarded by mu
@@ -42,6 +46,7 @@ thread_local bool t_outer = false;  // this thread holds the open outermost fram
 void add(State& s, const char* name, const char* declared_in, double seconds, double nested_gemm) {
   std::lock_guard<std::mutex> lock(s.mu);
   Totals& t = s.slots[name];
+  t.name = name;
   t.declared_in = declared_in;
   ++t.calls;
   t.seconds += seconds;
@@ -71,9 +76,17 @@ Snapshot snapshot() {
   State& s = state();
   Snapshot out;
   std::lock_guard<std::mutex> lock(s.mu);
-  for (const auto& [name, t] : s.slots) {
-    out.slots.push_back({name, category_of(name, t.declared_in), t.calls, t.seconds, t.nested_gemm_seconds});
+  // Two entries of one name (a slot name pointer and an equal literal elsewhere) are merged.
+  std::map<std::string, SlotTotals> merged;
+  for (const auto& [key, t] : s.slots) {
+    SlotTotals& m = merged[t.name];
+    m.name = t.name;
+    m.category = category_of(t.name, t.declared_in);
+    m.calls += t.calls;
+    m.seconds += t.seconds;
+    m.nested_gemm_seconds += t.nested_gemm_seconds;
   }
+  for (auto& [name, t] : merged) out.slots.push_back(std::move(t));
   std::stable_sort(out.slots.begin(), out.slots.end(),
                    [](const SlotTotals& a, const SlotTotals& b) { return a.seconds > b.seconds; });
   return out;
@@ -188,6 +201,9 @@ std::string json(const Snapshot& s, double wall_seconds, int64_t steps) {
 
 // ---- the timers ----
 
+const char* const kWiden = "bf16 widen";
+const char* const kRound = "bf16 round";
+
 SlotCall::SlotCall(const char* name, const char* declared_in) : name_(name), declared_in_(declared_in) {
   // linear_kernel's CPU kernel is a bias copy, a GEMM and a GELU through their own slots: those are the
   // calls to count (its bf16 conversions still are, by StandinConversion).
@@ -245,7 +261,7 @@ StandinConversion::~StandinConversion() {
   if (recorded_) {
     const double dt = seconds_between(t0_, Clock::now());
     if (t_outer) s.outer_standin_seconds += dt;
-    add(s, round_ ? "bf16 round" : "bf16 widen", "tensor/dispatch.h", dt, 0.0);
+    add(s, round_ ? kRound : kWiden, "tensor/dispatch.h", dt, 0.0);
   }
   --t_depth;
   s.depth.fetch_sub(1, std::memory_order_acq_rel);
