@@ -6,8 +6,41 @@
 #
 # Usage: bench/step_profile.sh [STEPS, default 20] [OUT_DIR, default runs/step_profile]
 #        SEQLAB_BUILD=DIR to use another build (default build/); OUT_DIR must not hold these runs yet.
+#        bench/step_profile.sh --report OUT_DIR   the table again, from the runs already in OUT_DIR
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+
+# The markdown table of the profile.json files given.
+report() {
+  python3 - "$@" <<'PY'
+import json, os, sys
+runs = [(os.path.basename(os.path.dirname(p)), json.load(open(p))) for p in sys.argv[1:]]
+print("| category | " + " | ".join(f"{name} ms/step (share)" for name, _ in runs) + " |")
+print("|---|" + "---|" * len(runs))
+for i, cat in enumerate(runs[0][1]["categories"]):
+    cells = [f'{r["categories"][i]["ms_per_step"]:.1f} ({100 * r["categories"][i]["share"]:.1f}%)' for _, r in runs]
+    print(f'| {cat["name"]} | ' + " | ".join(cells) + " |")
+print("| **step (wall)** | " + " | ".join(f'**{r["wall_ms_per_step"]:.1f}**' for _, r in runs) + " |")
+print()
+for name, r in runs:
+    top = [f'{s["name"]} {100 * s["share"]:.1f}%' + (f' (nested GEMM {s["nested_gemm_ms_per_step"]:.1f} ms)'
+           if s["nested_gemm_ms_per_step"] > 0 else "") for s in r["slots"][:8]]
+    print(f'- {name}, {r["steps"]} steps, largest slots: ' + ", ".join(top))
+PY
+}
+
+if [ "${1:-}" = "--report" ]; then
+  [ $# -eq 2 ] || { echo "usage: bench/step_profile.sh --report OUT_DIR" >&2; exit 2; }
+  files=()
+  for recipe in gpt_small gla_small; do
+    for dtype in f32 bf16; do
+      [ -f "$2/$recipe-$dtype/profile.json" ] && files+=("$2/$recipe-$dtype/profile.json")
+    done
+  done
+  [ ${#files[@]} -gt 0 ] || { echo "step_profile.sh: no */profile.json of these runs in $2" >&2; exit 2; }
+  report "${files[@]}"
+  exit 0
+fi
 steps="${1:-20}"
 out="${2:-$root/runs/step_profile}"
 build="${SEQLAB_BUILD:-$root/build}"
@@ -34,18 +67,4 @@ for recipe in gpt_small gla_small; do
     runs+=("$run/profile.json")
   done
 done
-python3 - "${runs[@]}" <<'PY'
-import json, os, sys
-runs = [(os.path.basename(os.path.dirname(p)), json.load(open(p))) for p in sys.argv[1:]]
-print("| category | " + " | ".join(f"{name} ms/step (share)" for name, _ in runs) + " |")
-print("|---|" + "---|" * len(runs))
-for i, cat in enumerate(runs[0][1]["categories"]):
-    cells = [f'{r["categories"][i]["ms_per_step"]:.1f} ({100 * r["categories"][i]["share"]:.1f}%)' for _, r in runs]
-    print(f'| {cat["name"]} | ' + " | ".join(cells) + " |")
-print("| **step (wall)** | " + " | ".join(f'**{r["wall_ms_per_step"]:.1f}**' for _, r in runs) + " |")
-print()
-for name, r in runs:
-    top = [f'{s["name"]} {100 * s["share"]:.1f}%' + (f' (nested GEMM {s["nested_gemm_ms_per_step"]:.1f} ms)'
-           if s["nested_gemm_ms_per_step"] > 0 else "") for s in r["slots"][:8]]
-    print(f'- {name}, {r["steps"]} steps, largest slots: ' + ", ".join(top))
-PY
+report "${runs[@]}"
