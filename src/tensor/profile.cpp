@@ -26,7 +26,10 @@ struct Totals {
 };
 
 // One outermost frame is open at a time (a call is outermost when no frame is open anywhere), so the
-// fields of the open frame need no lock but nested_gemm, which worker threads add to.
+// fields of the open frame need no lock but nested_gemm, which worker threads add to. The profile assumes
+// one thread making top-level slot calls (the step's): a call another thread makes while a frame is open
+// (a data-parallel communicator's thread beside the backward) counts as nested in it, and a step call made
+// while such a thread holds the frame is left out.
 struct State {
   std::mutex mu;
   // Keyed by the slot's name pointer (one per slot, and the conversions' literals): no string is built
