@@ -2,8 +2,10 @@
 // Elementwise, so the result does not depend on the number of threads.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "tensor/bf16_convert.h"
 #include "tensor/kernels.h"
 #include "tensor/parallel.h"
 #include "tensor/slots/optim.h"
@@ -15,36 +17,58 @@ using kernel::SgdStep;
 namespace {
 
 // The update of one parameter element in its compute type S (f32 or f64). With a master w (f32, for
-// a bf16 parameter, which reaches these kernels widened to f32 by the dispatch layer, see
-// tensor/dispatch.h) the update reads and writes w[i], and p[i] gets the same value, which the
-// dispatch layer rounds to bf16.
+// a bf16 parameter) the update reads and writes w[i], and p[i] gets the same value, rounded to p's
+// dtype. AdamW takes bf16 itself (tensor/bf16_convert.h): a bf16 p with its f32 master, f32 moments
+// and a gradient in bf16 or f32 (an F32GradAccumulator's sum) is updated in place, p is never read,
+// and each p[i] is bf16(w[i]), the bits of the dispatch layer's f32 stand-ins without their copies.
+// The other optimizer kernels reach bf16 through the stand-ins (tensor/dispatch.h).
+
+// p is P (S, or bf16 with S = float), g is G (P or S); m, v and w are S.
+template <class P, class G>
+void adamw_update(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                  const Tensor& w) {
+  using S = compute_t<P>;
+  P* pp = p.data<P>();
+  S* wp = nullptr;
+  if constexpr (std::is_same_v<P, S>) {
+    wp = w.defined() ? w.data<S>() : pp;
+  } else {
+    wp = w.data<S>();
+  }
+  const G* gp = g.data<G>();
+  S* mp = m.data<S>();
+  S* vp = v.data<S>();
+  const S lr = S(s.lr), lr_wd = S(s.lr * s.weight_decay), eps = S(s.eps);
+  const S b1 = S(s.beta1), c1 = S(1.0 - s.beta1), b2 = S(s.beta2), c2 = S(1.0 - s.beta2);
+  const S inv_bc1 = S(1.0 / s.bias_correction1), inv_bc2 = S(1.0 / s.bias_correction2);
+  parallel_for(p.numel(), kParallelGrain / 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const S gi = from_storage(gp[i]);
+      S pi = wp[i];
+      pi -= lr_wd * pi;
+      const S mi = b1 * mp[i] + c1 * gi;
+      const S vi = b2 * vp[i] + c2 * gi * gi;
+      mp[i] = mi;
+      vp[i] = vi;
+      pi -= lr * (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps);
+      wp[i] = pi;
+      pp[i] = to_storage<P>(pi);
+    }
+  });
+}
 
 void adamw_step_cpu(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
                     const Tensor& w) {
+  if (p.dtype() == DType::bf16) {
+    const bool native = w.defined() && bf16_on_cpu::native_bf16({}, {&w, &m, &v}) &&
+                        (g.dtype() == DType::bf16 || g.dtype() == DType::f32);
+    if (!native) return bf16_on_cpu::call_on_standins(&adamw_step_cpu, s, p, g, m, v, w);
+    if (g.dtype() == DType::bf16) return adamw_update<bf16, bf16>(s, p, g, m, v, w);
+    return adamw_update<bf16, float>(s, p, g, m, v, w);
+  }
   dispatch_float(p.dtype(), "adamw_step", [&](auto tag) {
     using S = decltype(tag);
-    S* pp = p.data<S>();
-    S* wp = w.defined() ? w.data<S>() : pp;
-    const S* gp = g.data<S>();
-    S* mp = m.data<S>();
-    S* vp = v.data<S>();
-    const S lr = S(s.lr), lr_wd = S(s.lr * s.weight_decay), eps = S(s.eps);
-    const S b1 = S(s.beta1), c1 = S(1.0 - s.beta1), b2 = S(s.beta2), c2 = S(1.0 - s.beta2);
-    const S inv_bc1 = S(1.0 / s.bias_correction1), inv_bc2 = S(1.0 / s.bias_correction2);
-    parallel_for(p.numel(), kParallelGrain / 4, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const S gi = gp[i];
-        S pi = wp[i];
-        pi -= lr_wd * pi;
-        const S mi = b1 * mp[i] + c1 * gi;
-        const S vi = b2 * vp[i] + c2 * gi * gi;
-        mp[i] = mi;
-        vp[i] = vi;
-        pi -= lr * (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps);
-        wp[i] = pi;
-        pp[i] = pi;
-      }
-    });
+    adamw_update<S, S>(s, p, g, m, v, w);
   });
 }
 
@@ -115,7 +139,7 @@ void scale_inplace_cpu(const Tensor& x, double s) {
 }  // namespace seqlab::cpu
 
 namespace seqlab::kernel {
-SEQLAB_REGISTER_KERNEL(adamw_step_kernel, DeviceType::CPU, &cpu::adamw_step_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(adamw_step_kernel, DeviceType::CPU, &cpu::adamw_step_cpu);
 SEQLAB_REGISTER_KERNEL(sgd_step_kernel, DeviceType::CPU, &cpu::sgd_step_cpu);
 SEQLAB_REGISTER_KERNEL(sum_squares_kernel, DeviceType::CPU, &cpu::sum_squares_cpu);
 SEQLAB_REGISTER_KERNEL(scale_inplace_kernel, DeviceType::CPU, &cpu::scale_inplace_cpu);
