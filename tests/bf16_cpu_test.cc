@@ -102,10 +102,10 @@ TEST(Bf16Convert, RoundingIsBf16OfFloatForEveryPattern) {
     want[i] = bf16(f).bits;
   }
   const Tensor expected = bf16_from_bits(want, {n});
-  // The loops directly, then the copy kernel's three routes: one contiguous block (split over
+  // The loop directly, then the copy kernel's three routes: one contiguous block (split over
   // threads: n is far above the grain), rows of a strided view, and element by element.
   std::vector<bf16> direct(patterns.size());
-  round_to_bf16(src.data<float>(), direct.data(), n);
+  round_to_bf16_run(src.data<float>(), direct.data(), n);
   for (size_t i = 0; i < patterns.size(); ++i) ASSERT_EQ(direct[i].bits, want[i]) << "pattern " << patterns[i];
   expect_same_bits(rounded(src), expected, "contiguous");
   const int64_t rows = n / 6;
@@ -120,7 +120,7 @@ TEST(Bf16Convert, WideningIsExactForEveryBf16) {
   for (uint32_t b = 0; b < 0x10000; ++b) all[b] = static_cast<uint16_t>(b);
   const Tensor x = bf16_from_bits(all, {0x10000});
   std::vector<float> direct(all.size());
-  widen_bf16(x.data<bf16>(), direct.data(), 0x10000);
+  widen_bf16_run(x.data<bf16>(), direct.data(), 0x10000);
   const Tensor wide = f32(x);
   const std::vector<uint32_t> got = bits_of(wide);
   for (uint32_t b = 0; b < 0x10000; ++b) {

@@ -2,11 +2,11 @@
 // CPU kernels that take bf16 tensors themselves.
 //
 // Conversions. widen: f = bits << 16 (exact). round: RNE with NaN kept quiet, exactly bf16(float) of
-// tensor/dtype.h, which is written so that a loop over it vectorises (8 floats per AVX2 instruction
-// at the library's -march=x86-64-v3; the portable loop is all there is, so a CPU without AVX-512
-// runs the same code). Both are memory bound (6 bytes per element); runs of at least kParallelGrain
-// elements are split over the OpenMP team. The strided copy kernel (tensor/cpu/copy.cpp) calls the
-// per-run loops on each contiguous row.
+// tensor/dtype.h, whose selects GCC turns into vector blends: the loops below vectorise, 8 floats per
+// AVX2 instruction at the library's -march=x86-64-v3 (portable C++, so a CPU without AVX-512, or
+// without AVX2 under another SEQLAB_CPU_ARCH, runs the same code). Both are memory bound (6 bytes
+// per element). The copy kernel (tensor/cpu/copy.cpp) runs them on each contiguous run: a
+// contiguous tensor as one block split over the OpenMP team, a strided one row by row.
 //
 // Native bf16 kernels. The semantics of a bf16 CPU kernel are fixed by the dispatch layer
 // (tensor/dispatch.h): widen every bf16 input to f32, run the f32 kernel, round each output once.
@@ -27,7 +27,6 @@
 
 #include "tensor/dispatch.h"
 #include "tensor/dtype.h"
-#include "tensor/parallel.h"
 #include "tensor/tensor.h"
 
 namespace seqlab {
@@ -40,18 +39,6 @@ inline void widen_bf16_run(const bf16* src, float* dst, int64_t n) {
 // dst[i] = bf16(src[i]) for i < n (round to nearest even, NaN quiet).
 inline void round_to_bf16_run(const float* src, bf16* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = bf16(src[i]);
-}
-
-// The same over a contiguous block of n elements, split over the OpenMP team when large.
-inline void widen_bf16(const bf16* src, float* dst, int64_t n) {
-  cpu::parallel_for(n, cpu::kParallelGrain, [&](int64_t begin, int64_t end) {
-    widen_bf16_run(src + begin, dst + begin, end - begin);
-  });
-}
-inline void round_to_bf16(const float* src, bf16* dst, int64_t n) {
-  cpu::parallel_for(n, cpu::kParallelGrain, [&](int64_t begin, int64_t end) {
-    round_to_bf16_run(src + begin, dst + begin, end - begin);
-  });
 }
 
 template <class T>
