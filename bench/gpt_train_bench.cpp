@@ -8,9 +8,9 @@
 //
 // --device cuda trains on the first GPU; --dtype bf16 converts the weights with model.to(device, bf16)
 // as train.dtype = "bf16" does, the optimizer keeping f32 master weights and state (on the CPU each
-// kernel computes bf16 in f32 and rounds its outputs once: the reference, src/tensor/dispatch.h). The clock starts and stops after a
-// device synchronisation; the loss is read once, at the end, so the host queues steps ahead of the
-// GPU as PyTorch's loop does.
+// kernel computes bf16 in f32 and rounds its outputs once: the reference, src/tensor/dispatch.h).
+// The clock starts and stops after a device synchronisation; the loss is read once, at the end, so
+// the host queues steps ahead of the GPU as PyTorch's loop does.
 //
 // Usage: gpt_train_bench [--d 256] [--layers 4] [--heads 4] [--T 256] [--B 8] [--vocab 256]
 //                        [--steps 20] [--threads 0] [--device cpu|cuda] [--dtype f32|bf16]

@@ -140,9 +140,9 @@ TEST(Bf16Convert, WideningIsExactForEveryBf16) {
 
 // ---- elementwise ----------------------------------------------------------------------------------
 
-const UnaryOp kUnaryOps[] = {UnaryOp::neg,  UnaryOp::exp,     UnaryOp::log,  UnaryOp::sqrt, UnaryOp::rsqrt,
-                             UnaryOp::square, UnaryOp::tanh,  UnaryOp::sigmoid, UnaryOp::silu, UnaryOp::gelu,
-                             UnaryOp::relu, UnaryOp::elu,     UnaryOp::softplus};
+const UnaryOp kUnaryOps[] = {UnaryOp::neg,    UnaryOp::exp,  UnaryOp::log,     UnaryOp::sqrt, UnaryOp::rsqrt,
+                             UnaryOp::square, UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::silu, UnaryOp::gelu,
+                             UnaryOp::relu,   UnaryOp::elu,  UnaryOp::softplus};
 
 TEST(Bf16Kernels, UnaryAndItsBackwardAreTheF32KernelsRounded) {
   Generator gen(11);
@@ -171,8 +171,8 @@ TEST(Bf16Kernels, BinaryIsTheF32KernelRoundedOnEveryRoute) {
     const char* name;
     Tensor x, y;
   };
-  const Case cases[] = {{"same shape", a, b},     {"row broadcast", a, row}, {"column broadcast", a, col},
-                        {"outer", col, row},      {"scalar", one, a},        {"transposed", at, b},
+  const Case cases[] = {{"same shape", a, b},        {"row broadcast", a, row}, {"column broadcast", a, col},
+                        {"outer", col, row},         {"scalar", one, a},        {"transposed", at, b},
                         {"many threads", big, big_b}};
   for (BinaryOp op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div}) {
     for (const Case& c : cases) {
@@ -282,10 +282,9 @@ TEST(Bf16Kernels, CrossEntropyIsTheF32KernelWithF32LossesAndRoundedGradient) {
   expect_same_bits(got.losses, want.losses, "losses (f32)");
   expect_same_bits(got.loss, want.loss, "loss (f32)");
   const Tensor dloss = Tensor::scalar(1.0);
-  expect_same_bits(kernel::cross_entropy_backward(dloss, logits, targets, got.lse, -1, got.total_weight),
-                   rounded(kernel::cross_entropy_backward(dloss, f32(logits), targets, want.lse, -1,
-                                                          want.total_weight)),
-                   "dlogits");
+  expect_same_bits(
+      kernel::cross_entropy_backward(dloss, logits, targets, got.lse, -1, got.total_weight),
+      rounded(kernel::cross_entropy_backward(dloss, f32(logits), targets, want.lse, -1, want.total_weight)), "dlogits");
 }
 
 // ---- embedding and sums -----------------------------------------------------------------------------

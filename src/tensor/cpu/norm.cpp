@@ -53,7 +53,9 @@ void norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
         if (fused) {
           T* sr = s + r * c;
           const T* rr = res + r * c;
-          for (int64_t i = 0; i < c; ++i) sr[i] = to_storage<T>(static_cast<S>(from_storage(xr[i]) + from_storage(rr[i])));
+          for (int64_t i = 0; i < c; ++i) {
+            sr[i] = to_storage<T>(static_cast<S>(from_storage(xr[i]) + from_storage(rr[i])));
+          }
           xr = sr;
         }
         double mu = 0, var = 0;
@@ -134,25 +136,23 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
 // s before it is normalised (the backward reads the stored s), dnorm before dsum is added. So the
 // fused slots give the bits of add then norm, and of norm backward then add. Any other mix of dtypes
 // runs on f32 stand-ins, the fused slots as those separate steps.
-bool native(std::initializer_list<const Tensor*> data, std::initializer_list<const Tensor*> stats) {
-  return bf16_on_cpu::native_bf16(data, stats);
-}
+using bf16_on_cpu::native_bf16;
 
 void layer_norm_cpu(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const NormOutput& out) {
-  if (x.dtype() == DType::bf16 && !native({&x, &w, &b, &out.y}, {&out.mean, &out.rstd})) {
+  if (x.dtype() == DType::bf16 && !native_bf16({&x, &w, &b, &out.y}, {&out.mean, &out.rstd})) {
     return bf16_on_cpu::call_on_standins(&layer_norm_cpu, x, w, b, eps, out);
   }
   norm_forward(x, Tensor(), w, b, eps, true, Tensor(), out);
 }
 void rms_norm_cpu(const Tensor& x, const Tensor& w, double eps, const NormOutput& out) {
-  if (x.dtype() == DType::bf16 && !native({&x, &w, &out.y}, {&out.rstd})) {
+  if (x.dtype() == DType::bf16 && !native_bf16({&x, &w, &out.y}, {&out.rstd})) {
     return bf16_on_cpu::call_on_standins(&rms_norm_cpu, x, w, eps, out);
   }
   norm_forward(x, Tensor(), w, Tensor(), eps, false, Tensor(), out);
 }
 void add_layer_norm_cpu(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, double eps,
                         const Tensor& sum, const NormOutput& out) {
-  if (x.dtype() == DType::bf16 && !native({&x, &residual, &w, &b, &sum, &out.y}, {&out.mean, &out.rstd})) {
+  if (x.dtype() == DType::bf16 && !native_bf16({&x, &residual, &w, &b, &sum, &out.y}, {&out.mean, &out.rstd})) {
     kernel::binary_kernel(x.device(), kernel::BinaryOp::add, x, residual, sum);
     kernel::layer_norm_kernel(x.device(), sum, w, b, eps, out);
     return;
@@ -161,7 +161,7 @@ void add_layer_norm_cpu(const Tensor& x, const Tensor& residual, const Tensor& w
 }
 void add_rms_norm_cpu(const Tensor& x, const Tensor& residual, const Tensor& w, double eps, const Tensor& sum,
                       const NormOutput& out) {
-  if (x.dtype() == DType::bf16 && !native({&x, &residual, &w, &sum, &out.y}, {&out.rstd})) {
+  if (x.dtype() == DType::bf16 && !native_bf16({&x, &residual, &w, &sum, &out.y}, {&out.rstd})) {
     kernel::binary_kernel(x.device(), kernel::BinaryOp::add, x, residual, sum);
     kernel::rms_norm_kernel(x.device(), sum, w, eps, out);
     return;
@@ -171,7 +171,7 @@ void add_rms_norm_cpu(const Tensor& x, const Tensor& residual, const Tensor& w, 
 void layer_norm_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                              const Tensor& dsum, const NormGrads& grads) {
   if (x.dtype() == DType::bf16 &&
-      !native({&dy, &x, &w, &dsum, &grads.dx, &grads.dweight, &grads.dbias}, {&mean, &rstd})) {
+      !native_bf16({&dy, &x, &w, &dsum, &grads.dx, &grads.dweight, &grads.dbias}, {&mean, &rstd})) {
     bf16_on_cpu::call_on_standins(&layer_norm_backward_cpu, dy, x, w, mean, rstd, Tensor(), grads);
     if (dsum.defined() && grads.dx.defined()) {
       kernel::binary_kernel(x.device(), kernel::BinaryOp::add, grads.dx, dsum, grads.dx);
@@ -182,7 +182,7 @@ void layer_norm_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& w,
 }
 void rms_norm_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dsum,
                            const NormGrads& grads) {
-  if (x.dtype() == DType::bf16 && !native({&dy, &x, &w, &dsum, &grads.dx, &grads.dweight}, {&rstd})) {
+  if (x.dtype() == DType::bf16 && !native_bf16({&dy, &x, &w, &dsum, &grads.dx, &grads.dweight}, {&rstd})) {
     bf16_on_cpu::call_on_standins(&rms_norm_backward_cpu, dy, x, w, rstd, Tensor(), grads);
     if (dsum.defined() && grads.dx.defined()) {
       kernel::binary_kernel(x.device(), kernel::BinaryOp::add, grads.dx, dsum, grads.dx);
