@@ -1,7 +1,8 @@
 // bf16 on the CPU without f32 stand-ins: the conversion loops of src/tensor/bf16_convert.h, and the CPU
 // kernels that take bf16 themselves (elementwise, norms, softmax, cross-entropy, embedding, row sums,
-// AdamW). Each must give the bits of the stand-in path, its reference by definition
-// (src/tensor/dispatch.h): the inputs widened to f32 tensors, the f32 kernel, each output rounded once.
+// the optimizer steps, the gradient norm and its clipping scale). Each must give the bits of the
+// stand-in path, its reference by definition (src/tensor/dispatch.h): the inputs widened to f32
+// tensors, the f32 kernel, each output rounded once.
 // Bits are compared, not values, so NaN payloads, signs of zero and signalling NaNs count; inputs have
 // odd sizes, broadcast views and non-finite values.
 #include <gtest/gtest.h>
@@ -310,7 +311,7 @@ TEST(Bf16Kernels, SumsAreTheF32KernelRounded) {
   }
 }
 
-// ---- AdamW --------------------------------------------------------------------------------------------
+// ---- optimizer steps, gradient norm ---------------------------------------------------------------
 
 TEST(Bf16Kernels, AdamWOnABf16ParameterIsTheF32StepWithPRounded) {
   Generator gen(19);
@@ -333,6 +334,40 @@ TEST(Bf16Kernels, AdamWOnABf16ParameterIsTheF32StepWithPRounded) {
     expect_same_bits(m, m32, what + ": m");
     expect_same_bits(v, v32, what + ": v");
   }
+}
+
+TEST(Bf16Kernels, SgdOnABf16ParameterIsTheF32StepWithPRounded) {
+  Generator gen(20);
+  const int64_t n = 40013;
+  for (bool nesterov : {false, true}) {
+    for (DType gdtype : {DType::bf16, DType::f32}) {
+      const std::string what = std::string("sgd") + (nesterov ? " nesterov" : "") + ", gradient in " +
+                               dtype_name(gdtype);
+      const kernel::SgdStep s{0.05, 0.01, 0.9, nesterov};
+      const Tensor w0 = Tensor::randn({n}, gen, DType::f32), b0 = Tensor::randn({n}, gen, DType::f32, 0.1);
+      Tensor g = Tensor::randn({n}, gen, DType::f32, 0.5);
+      if (gdtype == DType::bf16) g = rounded(g);
+      Tensor p = rounded(w0), w = kernel::clone(w0), b = kernel::clone(b0);
+      kernel::sgd_step_kernel(cpu_device(), s, p, g, b, w);
+      Tensor p32 = f32(rounded(w0)), w32 = kernel::clone(w0), b32 = kernel::clone(b0);
+      kernel::sgd_step_kernel(cpu_device(), s, p32, f32(g), b32, w32);
+      expect_same_bits(p, rounded(p32), what + ": p");
+      expect_same_bits(w, w32, what + ": master");
+      expect_same_bits(b, b32, what + ": momentum");
+    }
+  }
+}
+
+TEST(Bf16Kernels, GradientNormAndClippingScaleAreTheF32KernelsRounded) {
+  Generator gen(21);
+  const Tensor g = bf16_input({3 * (1 << 15) + 7}, gen, 1.0, false);  // several fixed blocks
+  const double got = kernel::squared_norm(g), want = kernel::squared_norm(f32(g));
+  EXPECT_EQ(std::memcmp(&got, &want, sizeof(double)), 0) << got << " against " << want;
+  Tensor scaled = bf16_input({5, 1001}, gen, 1.0, true);
+  Tensor scaled32 = f32(scaled);
+  kernel::scale_inplace_kernel(cpu_device(), scaled, 0.37);
+  kernel::scale_inplace_kernel(cpu_device(), scaled32, 0.37);
+  expect_same_bits(scaled, rounded(scaled32), "scale in place");
 }
 
 }  // namespace

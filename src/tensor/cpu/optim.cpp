@@ -21,7 +21,7 @@ namespace {
 // dtype. AdamW takes bf16 itself (tensor/bf16_convert.h): a bf16 p with its f32 master, f32 moments
 // and a gradient in bf16 or f32 (an F32GradAccumulator's sum) is updated in place, p is never read,
 // and each p[i] is bf16(w[i]), the bits of the dispatch layer's f32 stand-ins without their copies.
-// The other optimizer kernels reach bf16 through the stand-ins (tensor/dispatch.h).
+// SGD the same; the gradient norm's sum of squares and the clipping scale take bf16 gradients too.
 
 // p is P (S, or bf16 with S = float), g is G (P or S); m, v and w are S.
 template <class P, class G>
@@ -72,40 +72,60 @@ void adamw_step_cpu(const AdamWStep& s, const Tensor& p, const Tensor& g, const 
   });
 }
 
-void sgd_step_cpu(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b, const Tensor& w) {
-  dispatch_float(p.dtype(), "sgd_step", [&](auto tag) {
-    using S = decltype(tag);
-    S* pp = p.data<S>();
-    S* wp = w.defined() ? w.data<S>() : pp;
-    const S* gp = g.data<S>();
-    S* bp = b.defined() ? b.data<S>() : nullptr;
-    const S lr = S(s.lr), lr_wd = S(s.lr * s.weight_decay), mu = S(s.momentum);
-    const bool nesterov = s.nesterov;
-    parallel_for(p.numel(), kParallelGrain / 4, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const S gi = gp[i];
-        S pi = wp[i];
-        pi -= lr_wd * pi;
-        S d = gi;
-        if (bp) {
-          const S bi = mu * bp[i] + gi;
-          bp[i] = bi;
-          d = nesterov ? gi + mu * bi : bi;
-        }
-        pi -= lr * d;
-        wp[i] = pi;
-        pp[i] = pi;
+// As adamw_update: p is P, g is G (P or S), the momentum buffer b and w are S.
+template <class P, class G>
+void sgd_update(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b, const Tensor& w) {
+  using S = compute_t<P>;
+  P* pp = p.data<P>();
+  S* wp = nullptr;
+  if constexpr (std::is_same_v<P, S>) {
+    wp = w.defined() ? w.data<S>() : pp;
+  } else {
+    wp = w.data<S>();
+  }
+  const G* gp = g.data<G>();
+  S* bp = b.defined() ? b.data<S>() : nullptr;
+  const S lr = S(s.lr), lr_wd = S(s.lr * s.weight_decay), mu = S(s.momentum);
+  const bool nesterov = s.nesterov;
+  parallel_for(p.numel(), kParallelGrain / 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const S gi = from_storage(gp[i]);
+      S pi = wp[i];
+      pi -= lr_wd * pi;
+      S d = gi;
+      if (bp) {
+        const S bi = mu * bp[i] + gi;
+        bp[i] = bi;
+        d = nesterov ? gi + mu * bi : bi;
       }
-    });
+      pi -= lr * d;
+      wp[i] = pi;
+      pp[i] = to_storage<P>(pi);
+    }
   });
 }
 
-// Fixed blocks summed in order: the same bits whatever the thread count.
+void sgd_step_cpu(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b, const Tensor& w) {
+  if (p.dtype() == DType::bf16) {
+    const bool native = w.defined() && bf16_on_cpu::native_bf16({}, {&w, &b}) &&
+                        (g.dtype() == DType::bf16 || g.dtype() == DType::f32);
+    if (!native) return bf16_on_cpu::call_on_standins(&sgd_step_cpu, s, p, g, b, w);
+    if (g.dtype() == DType::bf16) return sgd_update<bf16, bf16>(s, p, g, b, w);
+    return sgd_update<bf16, float>(s, p, g, b, w);
+  }
+  dispatch_float(p.dtype(), "sgd_step", [&](auto tag) {
+    using S = decltype(tag);
+    sgd_update<S, S>(s, p, g, b, w);
+  });
+}
+
+// Fixed blocks summed in order: the same bits whatever the thread count. A bf16 x is read as it is
+// (bf16 -> float -> double is exact, the value its f32 stand-in would give).
 void sum_squares_cpu(const Tensor& x, const Tensor& out) {
   constexpr int64_t kBlock = 1 << 15;
   const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
   std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
-  dispatch_float(x.dtype(), "sum_squares", [&](auto tag) {
+  dispatch_float_or_bf16(x.dtype(), "sum_squares", [&](auto tag) {
     using T = decltype(tag);
     const T* p = x.data<T>();
 #pragma omp parallel for schedule(static) if (blocks > 1)
@@ -124,13 +144,15 @@ void sum_squares_cpu(const Tensor& x, const Tensor& out) {
   out.data<double>()[0] = total;
 }
 
+// x ← s·x, computed in compute_t<T> and rounded once (bf16).
 void scale_inplace_cpu(const Tensor& x, double s) {
-  dispatch_float(x.dtype(), "scale_inplace", [&](auto tag) {
-    using S = decltype(tag);
-    S* p = x.data<S>();
+  dispatch_float_or_bf16(x.dtype(), "scale_inplace", [&](auto tag) {
+    using T = decltype(tag);
+    using S = compute_t<T>;
+    T* p = x.data<T>();
     const S k = S(s);
     parallel_for(x.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) p[i] = k * p[i];
+      for (int64_t i = begin; i < end; ++i) p[i] = to_storage<T>(k * from_storage(p[i]));
     });
   });
 }
@@ -140,7 +162,7 @@ void scale_inplace_cpu(const Tensor& x, double s) {
 
 namespace seqlab::kernel {
 SEQLAB_REGISTER_KERNEL_TAKING_BF16(adamw_step_kernel, DeviceType::CPU, &cpu::adamw_step_cpu);
-SEQLAB_REGISTER_KERNEL(sgd_step_kernel, DeviceType::CPU, &cpu::sgd_step_cpu);
-SEQLAB_REGISTER_KERNEL(sum_squares_kernel, DeviceType::CPU, &cpu::sum_squares_cpu);
-SEQLAB_REGISTER_KERNEL(scale_inplace_kernel, DeviceType::CPU, &cpu::scale_inplace_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(sgd_step_kernel, DeviceType::CPU, &cpu::sgd_step_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(sum_squares_kernel, DeviceType::CPU, &cpu::sum_squares_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(scale_inplace_kernel, DeviceType::CPU, &cpu::scale_inplace_cpu);
 }  // namespace seqlab::kernel
