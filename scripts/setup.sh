@@ -5,9 +5,10 @@ SEQLAB_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SEQLAB_BUILD="${SEQLAB_BUILD:-$SEQLAB_ROOT/build}"
 
 # Debian packages the build, the tests, the default corpus and `seqlab plot` need (libgloo-dev: the
-# CPU collectives of src/dist; ccache: the compiler cache the build uses where it is installed).
+# CPU collectives of src/dist; libdnnl-dev: oneDNN, for bf16 GEMMs on the CPU's bf16 instructions;
+# ccache: the compiler cache the build uses where it is installed).
 SEQLAB_PACKAGES=(cmake ninja-build ccache g++ git libabsl-dev googletest libgtest-dev libtomlplusplus-dev
-                 libopenblas-dev libgloo-dev python3 fortunes fortunes-min gnuplot-nox)
+                 libopenblas-dev libdnnl-dev libgloo-dev python3 fortunes fortunes-min gnuplot-nox)
 
 # What ./test.sh adds for the fuzzing and sanitizer builds (scripts/fuzz.sh, scripts/sanitize.sh): clang,
 # its sanitizer and libFuzzer runtimes, and LLVM's OpenMP runtime, which clang's -fopenmp links.

@@ -1,6 +1,8 @@
 // Mixed precision (train.dtype = "bf16") on the CPU, where it is the reference for the GPU:
 // - bf16 kernels on the CPU are the f32 kernels on the same (exactly widened) values with the outputs
 //   rounded to bf16 once, including GEMMs with strides and β = 1, in-place updates and struct outputs;
+// - GEMMs on the CPU's bf16 instructions (oneDNN) give those products up to the order of the f32 sums:
+//   within one bf16 rounding of the widened GEMM's, for every layout the tensor layer hands them;
 // - statistics stay f32: norms' mean and rstd, cross-entropy's loss and lse, attention's lse;
 // - the optimizer's f32 master weights: updates far below bf16's resolution accumulate, p = bf16(w),
 //   and load_state restores the master from the f32 weight a checkpoint holds; micro-batch gradients
@@ -35,7 +37,14 @@ void expect_same_bf16(const Tensor& got, const Tensor& want, const std::string& 
   EXPECT_EQ(f32(got).to_doubles(), f32(want).to_doubles()) << what;
 }
 
+// Forces bf16 GEMMs onto the widened f32 path for the life of the object.
+struct WidenedBf16Gemm {
+  WidenedBf16Gemm() { kernel::set_cpu_bf16_gemm_widened(true); }
+  ~WidenedBf16Gemm() { kernel::set_cpu_bf16_gemm_widened(false); }
+};
+
 TEST(Bf16OnCpu, KernelsAreTheF32KernelsRoundedOnce) {
+  const WidenedBf16Gemm widened;  // bit equality needs the f32 GEMM's order of sums
   Generator gen(1);
   const Tensor x = bf16_randn({6, 10}, gen), y = bf16_randn({6, 10}, gen), w = bf16_randn({10}, gen);
   const Tensor b = bf16_randn({10}, gen);
@@ -69,6 +78,68 @@ TEST(Bf16OnCpu, KernelsAreTheF32KernelsRoundedOnce) {
       kernel::layer_norm_backward(f32(y), f32(x), f32(w), n16.mean, n16.rstd, true, true, true);
   expect_same_bf16(g16.dx, rounded(g32.dx), "layer_norm dx");
   expect_same_bf16(g16.dweight, rounded(g32.dweight), "layer_norm dweight");
+}
+
+// Each element of `got` (bf16) within one bf16 rounding of `want` (bf16, the widened GEMM's) plus the
+// f32 rounding of a different order of the sums, bounded by scale = |A| |B| (f64).
+void expect_within_a_rounding(const Tensor& got, const Tensor& want, const Tensor& scale, const std::string& what) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  const std::vector<double> g = f32(got).to_doubles(), w = f32(want).to_doubles(), s = scale.to_doubles();
+  ASSERT_EQ(g.size(), w.size()) << what;
+  const double bound_bits = got.dtype() == DType::bf16 ? std::ldexp(1.0, -7) : 0.0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    ASSERT_LE(std::abs(g[i] - w[i]), bound_bits * std::abs(w[i]) + 1e-5 * s[i]) << what << " at " << i;
+  }
+}
+
+// |x| in f64, as relu(x) + relu(−x).
+Tensor abs64(const Tensor& x) {
+  const Tensor x64 = kernel::to_dtype(x, DType::f64);
+  return kernel::binary(kernel::BinaryOp::add, kernel::unary(kernel::UnaryOp::relu, x64),
+                        kernel::unary(kernel::UnaryOp::relu, kernel::unary(kernel::UnaryOp::neg, x64)));
+}
+
+TEST(Bf16OnCpu, GemmOnBf16InstructionsMatchesTheWidenedGemm) {
+  RecordProperty("cpu_bf16_gemm", kernel::cpu_bf16_gemm_config());
+  Generator gen(3);
+  // Odd sizes, both transposes, batches of their own or shared B (stride 0), β = 1 onto C.
+  for (const bool ta : {false, true}) {
+    for (const bool tb : {false, true}) {
+      const int64_t m = 37, n = 19, k = 70;
+      const Tensor a = ta ? bf16_randn({3, k, m}, gen) : bf16_randn({3, m, k}, gen);
+      const Tensor b = tb ? bf16_randn({n, k}, gen) : bf16_randn({k, n}, gen);
+      const Tensor b3 = tb ? bf16_randn({3, n, k}, gen) : bf16_randn({3, k, n}, gen);
+      const Tensor onto = bf16_randn({3, m, n}, gen);
+      const std::string layout = std::string(ta ? "Aᵀ" : "A") + (tb ? "Bᵀ" : "B");
+      for (const auto& [bb, what] : {std::pair<Tensor, std::string>{b, layout + " shared B"}, {b3, layout + " batched"}}) {
+        Tensor want, want_onto;
+        {
+          const WidenedBf16Gemm widened;
+          want = kernel::matmul(a, bb, ta, tb);
+          want_onto = kernel::matmul(a, bb, ta, tb, kernel::clone(onto));
+        }
+        // |A| |B| (+ |C| for β = 1): how large the f32 sums' rounding can be.
+        const Tensor scale = kernel::matmul(abs64(a), abs64(bb), ta, tb);
+        expect_within_a_rounding(kernel::matmul(a, bb, ta, tb), want, scale, what);
+        expect_within_a_rounding(kernel::matmul(a, bb, ta, tb, kernel::clone(onto)), want_onto,
+                                 kernel::binary(kernel::BinaryOp::add, scale, abs64(onto)), what + " onto (β = 1)");
+      }
+    }
+  }
+  // linear: f32 sums, bias added in f32, pre and y each rounded once; a single row and a wide one.
+  for (const int64_t rows : {1, 45}) {
+    const Tensor x = bf16_randn({rows, 33}, gen), w = bf16_randn({21, 33}, gen), bias = bf16_randn({21}, gen);
+    kernel::LinearOutput want;
+    {
+      const WidenedBf16Gemm widened;
+      want = kernel::linear(x, w, bias, kernel::Activation::gelu);
+    }
+    const kernel::LinearOutput got = kernel::linear(x, w, bias, kernel::Activation::gelu);
+    const Tensor scale =
+        kernel::binary(kernel::BinaryOp::add, kernel::matmul(abs64(x), abs64(w), false, true), abs64(bias));
+    expect_within_a_rounding(got.pre, want.pre, scale, "linear pre, rows " + std::to_string(rows));
+    expect_within_a_rounding(got.y, want.y, scale, "linear gelu y, rows " + std::to_string(rows));
+  }
 }
 
 TEST(Bf16OnCpu, StatisticsAndLossesStayF32) {

@@ -38,14 +38,19 @@ inline void scal(T a, T* y, int64_t n) {
 }
 
 // C = α op(A) op(B) + β C on row-major matrices with leading dimensions (row strides) lda, ldb, ldc,
-// through the GEMM slot; inside a parallel region it runs on the calling thread.
-template <class T>
+// through the GEMM slot; inside a parallel region it runs on the calling thread. T is float or double
+// (C the same), or bf16 with an f32 C: bf16 products summed in f32, on the CPU's bf16 instructions where
+// it has them (kernel::cpu_bf16_gemm_native) — the GEMM-shaped parts of a variant kernel in bf16.
+template <class T, class C>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const T* a, int64_t lda,
-          const T* b, int64_t ldb, double beta, T* c, int64_t ldc) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "gemm: float or double rows");
+          const T* b, int64_t ldb, double beta, C* c, int64_t ldc) {
+  constexpr bool wide = std::is_same_v<T, float> || std::is_same_v<T, double>;
+  static_assert((wide && std::is_same_v<C, T>) || (std::is_same_v<T, bf16> && std::is_same_v<C, float>),
+                "gemm: float or double rows, or bf16 rows into float");
   if (m == 0 || n == 0) return;
   kernel::GemmArgs g;
-  g.dtype = std::is_same_v<T, float> ? DType::f32 : DType::f64;
+  g.dtype = std::is_same_v<T, float> ? DType::f32 : std::is_same_v<T, double> ? DType::f64 : DType::bf16;
+  g.c_is_f32 = std::is_same_v<T, bf16>;
   g.trans_a = trans_a;
   g.trans_b = trans_b;
   g.m = m;

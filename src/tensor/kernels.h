@@ -139,12 +139,20 @@ struct GemmArgs {
   void* c = nullptr;
   int64_t ldc = 0, stride_c = 0;
   int64_t batch = 1;
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;  // of A and B, and of C unless c_is_f32
+  bool c_is_f32 = false;     // bf16 A and B only: C is f32 (the f32 sums, not rounded to bf16)
 };
 SEQLAB_DECLARE_KERNEL(gemm_kernel, void (*)(const GemmArgs& args, Device device));
 // The CPU BLAS as it describes itself (OpenBLAS: version, the core picked at run time, thread cap),
 // or "" when it has no such call.
 std::string cpu_blas_config();
+// bf16 GEMMs on the CPU run on its bf16 instructions (AVX512-BF16 or AMX) through oneDNN where the build
+// has oneDNN and the CPU has them (cpu_bf16_gemm_native), otherwise on widened f32 operands through
+// the f32 GEMM; both give bf16 operands' products summed in f32 and rounded once. Widening can be
+// forced (to compare the two, or to rule oneDNN out): here, or with SEQLAB_CPU_BF16_GEMM=widened.
+bool cpu_bf16_gemm_native();
+void set_cpu_bf16_gemm_widened(bool widened);
+std::string cpu_bf16_gemm_config();  // oneDNN's version and which of the two paths bf16 GEMMs take
 
 // ------------------------------------------------------------------------------------------------
 // Softmax and log-softmax over the last dimension of a contiguous x.

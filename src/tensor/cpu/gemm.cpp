@@ -9,6 +9,9 @@
 // C (or of columns, when C is wider than tall), each block one independent single-threaded sgemm.
 // Called from inside a parallel region (e.g. per-tile GEMMs of a fused kernel), it runs on the
 // calling thread alone.
+//
+// bf16 GEMMs (bf16 operands, f32 sums, C rounded once) run on the CPU's bf16 instructions through
+// oneDNN where it can (gemm_onednn.cpp), otherwise on widened f32 operands here.
 #include <cblas.h>
 #include <omp.h>
 
@@ -18,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tensor/cpu/gemm_onednn.h"
 #include "tensor/kernels.h"
 
 namespace seqlab::cpu {
@@ -98,24 +102,34 @@ std::vector<To> converted(const From* x, int64_t n) {
   return out;
 }
 
-// bf16 as the CUDA backend computes it (bf16 operands, f32 accumulation, C rounded to bf16 once):
-// the operands' spans are widened to f32 with the same layout, multiplied in f32, and C's span is
-// rounded back.
-void gemm_bf16(const kernel::GemmArgs& g) {
+// bf16 by widening (where the CPU has no bf16 instructions, or oneDNN is not in the build): the
+// operands' spans are widened to f32 with the same layout, multiplied by sgemm in f32 and C's span is
+// rounded back to bf16 (or kept, for an f32 C). The same numbers as the CUDA backend computes (bf16
+// operands, f32 accumulation, C rounded once); only the order of the sums differs.
+void gemm_bf16_widened(const kernel::GemmArgs& g) {
   const int64_t na = span(g.batch, g.stride_a, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda);
   const int64_t nb = span(g.batch, g.stride_b, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb);
   const int64_t nc = span(g.batch, g.stride_c, g.m, g.n, g.ldc);
   const std::vector<float> a = converted<float>(static_cast<const bf16*>(g.a), na);
   const std::vector<float> b = converted<float>(static_cast<const bf16*>(g.b), nb);
-  std::vector<float> c = converted<float>(static_cast<const bf16*>(g.c), nc);
   kernel::GemmArgs wide = g;
   wide.a = a.data();
   wide.b = b.data();
-  wide.c = c.data();
   wide.dtype = DType::f32;
+  if (g.c_is_f32) {
+    gemm_typed<float>(wide);
+    return;
+  }
+  std::vector<float> c = converted<float>(static_cast<const bf16*>(g.c), nc);
+  wide.c = c.data();
   gemm_typed<float>(wide);
   bf16* out = static_cast<bf16*>(g.c);
   for (int64_t i = 0; i < nc; ++i) out[i] = bf16(c[static_cast<size_t>(i)]);
+}
+
+void gemm_bf16(const kernel::GemmArgs& g) {
+  if (g.k > 0 && bf16_gemm_native() && onednn_bf16_gemm(g)) return;
+  gemm_bf16_widened(g);
 }
 
 void gemm_cpu(const kernel::GemmArgs& g, Device) {

@@ -85,6 +85,7 @@ std::string cuda_line() {
 
 std::string version_text() {
   return absl::StrCat("seqlab ", SEQLAB_VERSION, " (git ", SEQLAB_GIT_COMMIT, ")\n", blas_line(), "\n",
+                      "CPU bf16: ", kernel::cpu_bf16_gemm_config(), "\n",
                       "OpenMP: ", omp_get_max_threads(), " threads (OpenMP ", _OPENMP, ")\n", cuda_line(), "\n");
 }
 

@@ -411,9 +411,9 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
                            wanted_device.is_cpu() ? "the host" : wanted_device.str()));
   std::unique_ptr<LanguageModel> model = value_or_throw(build_model(r, data.vocab_size));
   const Device device = place_model(*model, r, wanted_device);  // before the optimiser
-  if (device.is_cpu() && training_dtype(r) == DType::bf16) {
-    std::cerr << "seqlab: train.dtype = \"bf16\" on the CPU is emulated in f32 (a reference for the GPU's "
-                 "rounding), slower than f32\n";
+  if (device.is_cpu() && training_dtype(r) == DType::bf16 && !kernel::cpu_bf16_gemm_native()) {
+    std::cerr << "seqlab: train.dtype = \"bf16\" on this CPU widens its GEMMs to f32 ("
+              << kernel::cpu_bf16_gemm_config() << "): a reference for the GPU's rounding, slower than f32\n";
   }
   const OptimConfig oc = optim_config(r);
   ok_or_throw(validate(oc));
@@ -504,18 +504,19 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
     ok_or_throw(write_file_atomically(
         (inv.run_dir / "model.json").string(),
         absl::StrFormat("{\"arch\": \"%s\", \"parameters\": %d, \"active_parameters\": %s, \"flops_per_token\": %s, "
-                        "\"state_size\": %s, \"seq_len\": %d}\n",
+                        "\"state_size\": %s, \"seq_len\": %d, \"dtype\": \"%s\"}\n",
                         r.model.arch, model->num_parameters(),
                         json_number("%.0f", static_cast<double>(model->num_parameters()) - inactive),
-                        json_number("%.6g", flops_per_token), json_number("%.0f", state), r.train.seq_len)));
+                        json_number("%.6g", flops_per_token), json_number("%.0f", state), r.train.seq_len, dtype_name(dtype))));
   }
-  progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s%s", r.name,
+  progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s%s; %s on %s%s", r.name,
                                 model->num_parameters(), data.description, run,
                                 world == 1 ? ""
                                 : sp > 1   ? absl::StrFormat("; %d ranks: %d data-parallel × %d sequence-parallel", world,
                                                              dp_size, sp)
                                            : absl::StrFormat("; %d data-parallel ranks", world),
-                                start > 0 ? absl::StrFormat(" (resumed at step %d)", start) : ""));
+                                start > 0 ? absl::StrFormat(" (resumed at step %d)", start) : "", dtype_name(dtype),
+                                device.str(), r.train.dtype == "auto" ? " (train.dtype = \"auto\")" : ""));
   if (start == r.train.steps) {
     progress.line(absl::StrFormat("the run is already complete (train.steps = %d)", r.train.steps));
     return 0;
