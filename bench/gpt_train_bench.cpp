@@ -7,10 +7,10 @@
 // bench/gpu_vs_torch.sh can quote the ratio of the two (and the latter the MFU, from model_TFLOP/s).
 //
 // --device cuda trains on the first GPU; --dtype bf16 converts the weights with model.to(device, bf16)
-// as train.dtype = "bf16" does, the optimizer keeping f32 master weights and state (on the CPU bf16
-// runs through f32 stand-ins: the reference, not a fast path). The clock starts and stops after a
-// device synchronisation; the loss is read once, at the end, so the host queues steps ahead of the
-// GPU as PyTorch's loop does.
+// as train.dtype = "bf16" does, the optimizer keeping f32 master weights and state (on the CPU each
+// kernel computes bf16 in f32 and rounds its outputs once: the reference, src/tensor/dispatch.h).
+// The clock starts and stops after a device synchronisation; the loss is read once, at the end, so
+// the host queues steps ahead of the GPU as PyTorch's loop does.
 //
 // --profile 1 (CPU only) then trains --steps more steps under the step profile (src/tensor/profile.h) and
 // prints its table: ms/step by category (GEMM, attention, norms, elementwise, optimizer, copies, bf16

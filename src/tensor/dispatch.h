@@ -7,14 +7,18 @@
 // #ifdef. The slots are zero-initialised constants, so registration from any translation unit's
 // static initialiser is safe regardless of initialisation order.
 //
-// bf16 on the CPU: CPU kernels compute in f32 and f64 only. When a CPU kernel is called with bf16
-// tensors, the slot hands it f32 stand-ins (exact: every bf16 value is an f32 value) and afterwards
-// rounds the stand-ins back into the bf16 originals (round to nearest even, as the CUDA kernels
-// store bf16). So a bf16 tensor is rounded exactly where the CUDA kernels round it, at each kernel's
-// outputs, and the CPU stays the reference for bf16 training; it is not a fast path. Tensors inside
-// struct arguments (NormOutput, AttentionGrads, ...) are reached through an ADL function
-// `tensor_fields(S&)` declared next to the struct. Kernels that handle bf16 themselves (copies and
-// fills, which the conversion itself uses) are registered with SEQLAB_REGISTER_KERNEL_TAKING_BF16.
+// bf16 on the CPU: a CPU kernel computes in f32 or f64. When a kernel is called with bf16 tensors,
+// the slot hands it f32 stand-ins (exact: every bf16 value is an f32 value) and afterwards rounds the
+// stand-ins back into the bf16 originals (round to nearest even, as the CUDA kernels store bf16).
+// So a bf16 tensor is rounded exactly where the CUDA kernels round it, at each kernel's outputs, and
+// the CPU stays the reference for bf16 training. That definition is the semantics of every bf16 CPU
+// kernel. Tensors inside struct arguments (NormOutput, AttentionGrads, ...) are reached through an
+// ADL function `tensor_fields(S&)` declared next to the struct. Kernels that handle bf16 themselves
+// are registered with SEQLAB_REGISTER_KERNEL_TAKING_BF16: copies and fills (which the conversion
+// itself uses) and the kernels a training step runs most (elementwise, norms, softmax,
+// cross-entropy, embedding, row sums, AdamW), which load bf16 to f32, compute the f32 kernel's
+// arithmetic and round once on store, the same bits without the stand-ins' copies
+// (tensor/bf16_convert.h; tests/bf16_cpu_test.cc holds each to the stand-in path bit for bit).
 //
 // The step profile (profile.h) times CPU calls here, the one place every kernel passes: off, it costs the
 // slot one relaxed atomic load.

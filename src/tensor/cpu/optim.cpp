@@ -4,8 +4,10 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "tensor/bf16_convert.h"
 #include "tensor/kernels.h"
 #include "tensor/parallel.h"
 #include "tensor/slots/optim.h"
@@ -17,9 +19,11 @@ using kernel::SgdStep;
 namespace {
 
 // The update of one parameter element in its compute type S (f32 or f64). With a master w (f32, for
-// a bf16 parameter, which reaches these kernels widened to f32 by the dispatch layer, see
-// tensor/dispatch.h) the update reads and writes w[i], and p[i] gets the same value, which the
-// dispatch layer rounds to bf16.
+// a bf16 parameter) the update reads and writes w[i], and p[i] gets the same value, rounded to p's
+// dtype. AdamW takes bf16 itself (tensor/bf16_convert.h): a bf16 p with its f32 master, f32 moments
+// and a gradient in bf16 or f32 (an F32GradAccumulator's sum) is updated in place, p is never read,
+// and each p[i] is bf16(w[i]), the bits of the dispatch layer's f32 stand-ins without their copies.
+// SGD the same; the gradient norm's sum of squares and the clipping scale take bf16 gradients too.
 
 // AdamW's per-element constants in the compute type S, and the update of elements [begin, end): the one
 // definition both AdamW kernels run, so the per-tensor and the multi-tensor kernel give the same bits
@@ -51,19 +55,37 @@ inline void adamw_elements(const AdamWConstants<S>& k, P* pp, S* wp, const G* gp
   }
 }
 
-void adamw_step_cpu(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
-                    const Tensor& w) {
-  dispatch_float(p.dtype(), "adamw_step", [&](auto tag) {
-    using S = decltype(tag);
-    S* pp = p.data<S>();
-    S* wp = w.defined() ? w.data<S>() : pp;
-    const S* gp = g.data<S>();
-    S* mp = m.data<S>();
-    S* vp = v.data<S>();
-    const AdamWConstants<S> k(s);
-    parallel_for(p.numel(), kParallelGrain / 4, [&](int64_t begin, int64_t end) {
-      adamw_elements(k, pp, wp, gp, mp, vp, begin, end);
-    });
+// SGD's update of one tensor: p is P (S, or bf16 with S = float), g is G (P or S), the momentum buffer b
+// and w are S.
+template <class P, class G>
+void sgd_update(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b, const Tensor& w) {
+  using S = compute_t<P>;
+  P* pp = p.data<P>();
+  S* wp = nullptr;
+  if constexpr (std::is_same_v<P, S>) {
+    wp = w.defined() ? w.data<S>() : pp;
+  } else {
+    wp = w.data<S>();
+  }
+  const G* gp = g.data<G>();
+  S* bp = b.defined() ? b.data<S>() : nullptr;
+  const S lr = S(s.lr), lr_wd = S(s.lr * s.weight_decay), mu = S(s.momentum);
+  const bool nesterov = s.nesterov;
+  parallel_for(p.numel(), kParallelGrain / 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const S gi = from_storage(gp[i]);
+      S pi = wp[i];
+      pi -= lr_wd * pi;
+      S d = gi;
+      if (bp) {
+        const S bi = mu * bp[i] + gi;
+        bp[i] = bi;
+        d = nesterov ? gi + mu * bi : bi;
+      }
+      pi -= lr * d;
+      wp[i] = pi;
+      pp[i] = to_storage<P>(pi);
+    }
   });
 }
 
@@ -84,6 +106,22 @@ void adamw_entry_range(const kernel::AdamWTensors& e, int64_t begin, int64_t end
     adamw_elements(AdamWConstants<float>(e.step), e.p.data<bf16>(), e.w.data<float>(), e.g.data<float>(),
                    e.m.data<float>(), e.v.data<float>(), begin, end);
   }
+}
+
+// One tensor's step: a bf16 parameter with its f32 master, f32 moments and a bf16 or f32 gradient is
+// updated as it is; any other mix of a bf16 parameter goes through the f32 stand-ins.
+void adamw_step_cpu(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                    const Tensor& w) {
+  if (p.dtype() == DType::bf16) {
+    const bool native = w.defined() && bf16_on_cpu::native_bf16({}, {&w, &m, &v}) &&
+                        (g.dtype() == DType::bf16 || g.dtype() == DType::f32);
+    if (!native) return bf16_on_cpu::call_on_standins(&adamw_step_cpu, s, p, g, m, v, w);
+  } else if (!is_floating(p.dtype())) {
+    throw std::invalid_argument(std::string("adamw_step: a ") + dtype_name(p.dtype()) + " parameter");
+  }
+  const kernel::AdamWTensors entry{s, p, g, m, v, w};
+  parallel_for(p.numel(), kParallelGrain / 4,
+               [&](int64_t begin, int64_t end) { adamw_entry_range(entry, begin, end); });
 }
 
 // One parallel region over the entries' elements laid end to end: thread t takes one contiguous range of
@@ -113,30 +151,16 @@ void adamw_multi_step_cpu(const std::vector<kernel::AdamWTensors>& entries) {
 }
 
 void sgd_step_cpu(const SgdStep& s, const Tensor& p, const Tensor& g, const Tensor& b, const Tensor& w) {
+  if (p.dtype() == DType::bf16) {
+    const bool native = w.defined() && bf16_on_cpu::native_bf16({}, {&w, &b}) &&
+                        (g.dtype() == DType::bf16 || g.dtype() == DType::f32);
+    if (!native) return bf16_on_cpu::call_on_standins(&sgd_step_cpu, s, p, g, b, w);
+    if (g.dtype() == DType::bf16) return sgd_update<bf16, bf16>(s, p, g, b, w);
+    return sgd_update<bf16, float>(s, p, g, b, w);
+  }
   dispatch_float(p.dtype(), "sgd_step", [&](auto tag) {
     using S = decltype(tag);
-    S* pp = p.data<S>();
-    S* wp = w.defined() ? w.data<S>() : pp;
-    const S* gp = g.data<S>();
-    S* bp = b.defined() ? b.data<S>() : nullptr;
-    const S lr = S(s.lr), lr_wd = S(s.lr * s.weight_decay), mu = S(s.momentum);
-    const bool nesterov = s.nesterov;
-    parallel_for(p.numel(), kParallelGrain / 4, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const S gi = gp[i];
-        S pi = wp[i];
-        pi -= lr_wd * pi;
-        S d = gi;
-        if (bp) {
-          const S bi = mu * bp[i] + gi;
-          bp[i] = bi;
-          d = nesterov ? gi + mu * bi : bi;
-        }
-        pi -= lr * d;
-        wp[i] = pi;
-        pp[i] = pi;
-      }
-    });
+    sgd_update<S, S>(s, p, g, b, w);
   });
 }
 
@@ -158,7 +182,7 @@ constexpr int64_t kSquaresBlock = 1 << 15;
 void sum_squares_cpu(const Tensor& x, const Tensor& out) {
   const int64_t n = x.numel(), blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
   std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
-  dispatch_float(x.dtype(), "sum_squares", [&](auto tag) {
+  dispatch_float_or_bf16(x.dtype(), "sum_squares", [&](auto tag) {
     using T = decltype(tag);
     const T* p = x.data<T>();
 #pragma omp parallel for schedule(static) if (blocks > 1)
@@ -205,13 +229,15 @@ void sum_squares_multi_cpu(const std::vector<Tensor>& xs, const Tensor& out) {
   for (size_t b = 0; b < blocks.size(); ++b) o[blocks[b].tensor] += partial[b];
 }
 
+// x ← s·x, computed in compute_t<T> and rounded once (bf16).
 void scale_inplace_cpu(const Tensor& x, double s) {
-  dispatch_float(x.dtype(), "scale_inplace", [&](auto tag) {
-    using S = decltype(tag);
-    S* p = x.data<S>();
+  dispatch_float_or_bf16(x.dtype(), "scale_inplace", [&](auto tag) {
+    using T = decltype(tag);
+    using S = compute_t<T>;
+    T* p = x.data<T>();
     const S k = S(s);
     parallel_for(x.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) p[i] = k * p[i];
+      for (int64_t i = begin; i < end; ++i) p[i] = to_storage<T>(k * from_storage(p[i]));
     });
   });
 }
@@ -251,11 +277,11 @@ void scale_inplace_multi_cpu(const std::vector<Tensor>& xs, double s) {
 }  // namespace seqlab::cpu
 
 namespace seqlab::kernel {
-SEQLAB_REGISTER_KERNEL(adamw_step_kernel, DeviceType::CPU, &cpu::adamw_step_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(adamw_step_kernel, DeviceType::CPU, &cpu::adamw_step_cpu);
 SEQLAB_REGISTER_KERNEL_TAKING_BF16(adamw_multi_step_kernel, DeviceType::CPU, &cpu::adamw_multi_step_cpu);
-SEQLAB_REGISTER_KERNEL(sgd_step_kernel, DeviceType::CPU, &cpu::sgd_step_cpu);
-SEQLAB_REGISTER_KERNEL(sum_squares_kernel, DeviceType::CPU, &cpu::sum_squares_cpu);
-SEQLAB_REGISTER_KERNEL(scale_inplace_kernel, DeviceType::CPU, &cpu::scale_inplace_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(sgd_step_kernel, DeviceType::CPU, &cpu::sgd_step_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(sum_squares_kernel, DeviceType::CPU, &cpu::sum_squares_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(scale_inplace_kernel, DeviceType::CPU, &cpu::scale_inplace_cpu);
 SEQLAB_REGISTER_KERNEL_TAKING_BF16(sum_squares_multi_kernel, DeviceType::CPU, &cpu::sum_squares_multi_cpu);
 SEQLAB_REGISTER_KERNEL_TAKING_BF16(scale_inplace_multi_kernel, DeviceType::CPU, &cpu::scale_inplace_multi_cpu);
 }  // namespace seqlab::kernel
