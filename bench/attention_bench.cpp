@@ -32,7 +32,7 @@ using namespace seqlab;
 namespace {
 
 struct Flags {
-  int64_t B = 4, H = 8, T = 1024, d = 64, reps = 10, threads = 0;
+  int64_t B = 4, H = 8, T = 1024, d = 64, block = 64, reps = 10, threads = 0;
   bench::Placement on;
 };
 
@@ -48,9 +48,17 @@ Flags parse(int argc, char** argv) {
   Flags f;
   bench::parse_flags(
       argc, argv,
-      {{"--B", &f.B}, {"--H", &f.H}, {"--T", &f.T}, {"--d", &f.d}, {"--reps", &f.reps}, {"--threads", &f.threads}},
+      {{"--B", &f.B},
+       {"--H", &f.H},
+       {"--T", &f.T},
+       {"--d", &f.d},
+       {"--block", &f.block},
+       {"--reps", &f.reps},
+       {"--threads", &f.threads}},
       f.on, usage);
-  if (f.B < 1 || f.H < 1 || f.T < 1 || f.d < 1 || f.reps < 1) usage("--B, --H, --T, --d and --reps must be ≥ 1");
+  if (f.B < 1 || f.H < 1 || f.T < 1 || f.d < 1 || f.block < 1 || f.reps < 1) {
+    usage("--B, --H, --T, --d, --block and --reps must be ≥ 1");
+  }
   return f;
 }
 
@@ -70,6 +78,7 @@ int bench_main(const Flags& f) {
   const Tensor dlse = Tensor::zeros({f.B, f.T, f.H}, accumulate_dtype(f.on.dtype), f.on.device);  // lse is f32 for bf16
   AttentionOptions opts;
   opts.causal = true;
+  opts.block = f.block;
 
   auto sync = [&] {
     if (f.on.device.is_cuda()) cuda_backend()->synchronize(f.on.device.index);

@@ -225,9 +225,20 @@ struct Geometry {
   bool parallel(int64_t tasks) const { return tasks > 1 && T * S * (Dk + Dv) > kParallelGrain; }
 };
 
+// bf16 tiles on the CPU's bf16 instructions have at least this many rows and keys. Each tile GEMM is
+// then one oneDNN call, whose fixed cost (wrapping the operands, dispatching; about a fifth of the
+// time at 64 × 64 × 64) 128-row tiles amortise: 20% faster than 64 at B 4, H 8, T 1024, d 64, and 256
+// no faster (docs/perf.md). f32 keeps `block`: OpenBLAS's small-matrix kernels stop at 10⁶
+// multiply-adds per product, and past them its general path was 7× slower at 128.
+constexpr int64_t kNativeBf16Block = 128;
+
 Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMasks& masks,
                   const AttentionParams& p) {
-  Geometry g{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3), 1, p.block, p.causal};
+  int64_t block = p.block;
+  if (q.dtype() == DType::bf16 && kernel::cpu_bf16_gemm_native()) {
+    block = std::min(std::max(block, kNativeBf16Block), std::max<int64_t>(1, std::max(q.size(1), k.size(1))));
+  }
+  Geometry g{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3), 1, block, p.causal};
   g.group = g.H / g.Hk;
   if (masks.q_lengths.defined()) g.q_len = masks.q_lengths.data<int64_t>();
   if (masks.k_lengths.defined()) g.k_len = masks.k_lengths.data<int64_t>();
