@@ -2,15 +2,17 @@
 // the autograd node, the naive materialised reference, and the registry entry.
 //
 // How the CPU kernels work (equations in docs/variants/attention.md):
-// - Work is cut into tiles of up to `block` query rows × `block` keys of one (batch, head). Each
-//   tile's products (scores Q Kᵀ, then P V in the forward; dP = dO Vᵀ, Pᵀ dO, dS K, dSᵀ Q in the
-//   backward) are GEMMs through the GEMM slot, single-threaded inside the parallel loop over tasks;
-//   only the softmax in between is elementwise (a vectorised exp). A key block that no row of a
-//   tile sees (beyond the causal limit) is never visited; inside a block, a row's future keys get
-//   probability 0. Scratch is one or two block × block tiles per thread, never T × S.
+// - Work is cut into tiles of up to `block` query rows × `block` keys of one (batch, head) (bf16 on
+//   the CPU's bf16 instructions: at least 128, kNativeBf16Block). Each tile's products (S = Q Kᵀ, then
+//   P V in the forward; S, dP = dO Vᵀ, Pᵀ dO, dS K, dSᵀ Q in the backward) are GEMMs through the GEMM
+//   slot, single-threaded inside the parallel loop over tasks, all of them of the forms A B and Aᵀ B
+//   (Kᵀ and Vᵀ are transposed once; see transpose_into for why); only the softmax in between is
+//   elementwise (a vectorised exp). A key block that no row of a tile sees (beyond the causal limit)
+//   is never visited; inside a block, a row's future keys get probability 0. Scratch is a few
+//   block × block tiles per thread and one Kᵀ (Vᵀ), never T × S.
 // - Forward: online softmax. A task owns one query tile; each row keeps a running max m and sum ℓ;
-//   its output row is the accumulator, rescaled by exp(m_old − m_new) whenever a block raises the
-//   max, divided by ℓ at the end. Saves lse = m + log ℓ.
+//   its output sums are rescaled by exp(m_old − m_new) whenever a block raises the max, divided by ℓ
+//   at the end. Saves lse = m + log ℓ.
 // - Masks: padded queries are a suffix of each sequence and every other row sees key 0, so the rows
 //   of a tile that see any key are a prefix of it (`live_rows`); the GEMMs run over those rows only,
 //   so a padded row's q, dout and dlse enter no product. Keys past k_lengths[b] shorten the tile's
@@ -20,7 +22,12 @@
 // - Backward: P is recomputed from lse, never stored, once per tile. One race-free pass over
 //   (batch, kv head): a task walks every query head sharing its kv head and every tile they see, so
 //   it alone writes those dK/dV rows and those heads' dQ rows.
-// - Sums accumulate in the input type (f32 like flash attention, or f64).
+// - Sums accumulate in the input type (f32 like flash attention, or f64), and in f32 for bf16: the
+//   kernels take bf16 tensors themselves (SEQLAB_REGISTER_KERNEL_TAKING_BF16, no f32 stand-ins), run
+//   their GEMMs on bf16 operands into f32 sums (cpu::gemm: AVX512-BF16 through oneDNN, or widened to
+//   f32 where the CPU lacks it or SEQLAB_CPU_BF16_GEMM=widened), round P and dS to bf16 before their
+//   products exactly where the CUDA kernels round them, keep lse and δ in f32, and round o, dq, dk,
+//   dv and dbias once, at the end. So the CPU stays the reference for the GPU's bf16 attention.
 #include "layers/attention/attention.h"
 
 #include <algorithm>
