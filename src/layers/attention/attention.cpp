@@ -276,12 +276,12 @@ A exp_shifted_sum(A* x, int64_t n, A shift) {
   int64_t c = 0;
   for (; c + 8 <= n; c += 8) {
     for (int u = 0; u < 8; ++u) {
-      x[c + u] = math::exp_vec(x[c + u] - shift);
+      x[c + u] = math::exp_vec_nonpositive(x[c + u] - shift);
       acc[u] += x[c + u];
     }
   }
   for (; c < n; ++c) {
-    x[c] = math::exp_vec(x[c] - shift);
+    x[c] = math::exp_vec_nonpositive(x[c] - shift);
     acc[0] += x[c];
   }
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
@@ -543,7 +543,7 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
                 const T* br = Bias + g.bias_row(b, h, i0 + r) + j0;
                 for (int64_t c = 0; c < seen; ++c) pr[c] += widen(br[c]);
               }
-              for (int64_t c = 0; c < seen; ++c) pr[c] = math::exp_vec(pr[c] - lse_r);
+              for (int64_t c = 0; c < seen; ++c) pr[c] = math::exp_vec_nonpositive(pr[c] - lse_r);
               std::fill(pr + seen, pr + nk, A(0));
             }
             const T* p_op = gemm_operand<T>(pt.data(), live * nk, p_rounded);
