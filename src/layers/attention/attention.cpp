@@ -368,8 +368,8 @@ struct SumRows {
 // rose). bf16: Q, K, V are bf16, S and every sum f32, P rounded to bf16 for P V (ℓ sums the unrounded
 // P), o rounded once at the end; lse is f32.
 // Memory: reads q, k, v, the lengths and the bias rows it sees; writes o [B, T, H, Dv] and
-// lse [B, T, H]; scratch per thread: a block × block tile (and its bf16 copy), `block` rows of output
-// sums, and (m, ℓ) for `block` rows.
+// lse [B, T, H]; scratch per thread: Kᵀ of one kv head (Dk × S), a block × block tile (and its bf16
+// copy), `block` rows of output sums, and (m, ℓ) for `block` rows.
 template <class T>
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMasks& masks, const AttentionParams& p,
              const Tensor& o, const Tensor& lse) {
@@ -382,16 +382,12 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionM
   A* LSE = lse.data<A>();
   const int64_t ldq = g.H * g.Dk, ldk = g.Hk * g.Dk, ldv = g.Hk * g.Dv;
   const int64_t qtiles = g.tiles(g.T), tasks = g.B * g.H * qtiles;
-  // Kᵀ of each (b, kv head): [B, Hk, Dk, S], key j of kv head hk at column j of its Dk × S matrix.
-  std::vector<T> kt(static_cast<size_t>(g.B * g.Hk * g.Dk * g.S));
-  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, g.S * g.Dk));
-  parallel_for(g.B * g.Hk, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t bh = begin; bh < end; ++bh) {
-      transpose_into(K + g.kv_row(bh / g.Hk, 0, bh % g.Hk) * g.Dk, ldk, g.S, g.Dk, kt.data() + bh * g.Dk * g.S);
-    }
-  });
 #pragma omp parallel if (g.parallel(tasks))
   {
+    // Kᵀ of the kv head (b, hk) = kt_of (−1: none yet), key j at column j of the Dk × S matrix. A thread's
+    // tasks come in order, so it transposes each kv head it meets about once, into a tile that stays in cache.
+    std::vector<T> kt(static_cast<size_t>(g.Dk * g.S));
+    int64_t kt_of = -1;
     std::vector<A> s(static_cast<size_t>(g.block * g.block)), m(g.block), l(g.block);
     std::vector<A> acc(static_cast<size_t>(g.block * g.Dv));  // o's sums, row r at r·Dv
     std::vector<T> p_rounded(std::is_same_v<T, A> ? 0 : s.size());
@@ -404,10 +400,14 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionM
       std::fill_n(acc.begin(), rows * g.Dv, A(0));
       const int64_t live = g.live_rows(b, i0, rows);
       const int64_t tile_key_end = live > 0 ? g.key_end(b, i0 + live - 1) : 0;  // its last live row sees the most
+      if (tile_key_end > 0 && kt_of != b * g.Hk + hk) {
+        transpose_into(K + g.kv_row(b, 0, hk) * g.Dk, ldk, g.S, g.Dk, kt.data());
+        kt_of = b * g.Hk + hk;
+      }
       for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
         const int64_t nk = std::min(j0 + g.block, tile_key_end) - j0;
-        gemm_acc<T>(false, false, live, nk, g.Dk, p.scale, Q + g.q_row(b, i0, h) * g.Dk, ldq,
-                    kt.data() + (b * g.Hk + hk) * g.Dk * g.S + j0, g.S, 0.0, s.data(), nk);
+        gemm_acc<T>(false, false, live, nk, g.Dk, p.scale, Q + g.q_row(b, i0, h) * g.Dk, ldq, kt.data() + j0, g.S,
+                    0.0, s.data(), nk);
         for (int64_t r = 0; r < live; ++r) {
           A* sr = s.data() + r * nk;
           // The keys of the block this row sees: [0, seen), its future (or padding) past them.
