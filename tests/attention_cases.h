@@ -5,8 +5,8 @@
 // all draw q, k, v, dO and dlse the same way and compare with the same reference. Each program keeps
 // its own case table (the emulation runs smaller shapes: it is slow), its launches and its checks.
 //
-// The references run the CPU slots in reference_type (f32 for bf16, which the CPU kernels do not
-// take) on the values as the dtype under test holds them. The backward reads the forward's outputs as
+// The references run the CPU slots in reference_type (f32 for bf16: the f32 kernels, not the CPU's own
+// bf16 ones, which round P and dS as the GPU does) on the values as the dtype under test holds them. The backward reads the forward's outputs as
 // a GPU run saves them: o in the dtype under test, lse in its accumulate_dtype.
 //
 // A case may carry masks (AttentionMasks of src/tensor/slots/attention/attention.h): query and key

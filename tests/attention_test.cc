@@ -2,7 +2,7 @@
 // (outputs, lse and every gradient), finite-difference gradients including the lse output's,
 // the KV-cache (decode) and lse-merge properties, numerical range, and shape errors; then the
 // masks (query and key lengths, an additive bias) the same ways, the masked-row rule, and the
-// masks' errors.
+// masks' errors; last, the kernels on bf16 tensors against the f32 kernels.
 #include "layers/attention/attention.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +16,7 @@
 #include "autograd/gradcheck.h"
 #include "autograd/op_registry.h"
 #include "autograd/ops.h"
+#include "attention_cases.h"
 #include "tensor/kernels.h"
 #include "test_util.h"
 
@@ -825,6 +826,130 @@ TEST(MaskedAttention, MaskErrorsNameWhatIsWrong) {
   opts.causal = false;
   opts.k_lengths = lengths({8, 7});
   EXPECT_THROW(attention_reference(q, k, v, opts, Tensor()), std::invalid_argument);
+}
+
+
+// ---- bf16 ----
+// The CPU kernels take bf16 tensors themselves (no f32 stand-ins): bf16 GEMMs into f32 sums, on the
+// CPU's bf16 instructions or, with kernel::set_cpu_bf16_gemm_widened (SEQLAB_CPU_BF16_GEMM=widened), on
+// widened f32 operands; P and dS rounded to bf16 before their products, as the CUDA kernels do; o and
+// the gradients rounded once. Against the f32 kernels on the same bf16 values (tests/attention_cases.h),
+// at the tolerance of the CUDA bf16 checks: |got − want| ≤ 2e-2 · max(|want|, 1) (fused_op_rtol).
+struct Bf16Case {
+  const char* name;
+  testing::AttentionCase c;
+  int64_t block;
+};
+
+std::ostream& operator<<(std::ostream& os, const Bf16Case& c) { return os << c.name; }
+
+void expect_bf16_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.defined(), want.defined()) << what;
+  if (!got.defined()) return;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const double tol = testing::fused_op_rtol(DType::bf16);
+  const std::vector<double> g = got.to_doubles(), w = want.to_doubles();
+  int failures = 0;
+  for (size_t i = 0; i < g.size() && failures < 5; ++i) {
+    if (g[i] == w[i] || std::fabs(g[i] - w[i]) <= tol * std::max(std::fabs(w[i]), 1.0)) continue;  // == for ±∞
+    ++failures;
+    ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " in bf16, " << w[i] << " in f32";
+  }
+}
+
+// Restores the bf16 GEMM path a test picked.
+struct Bf16GemmPath {
+  explicit Bf16GemmPath(bool widened) { kernel::set_cpu_bf16_gemm_widened(widened); }
+  ~Bf16GemmPath() { kernel::set_cpu_bf16_gemm_widened(false); }
+};
+
+class AttentionBf16 : public ::testing::TestWithParam<std::tuple<Bf16Case, bool>> {};
+
+TEST_P(AttentionBf16, MatchesF32KernelsOnTheSameValues) {
+  const auto& [bc, widened] = GetParam();
+  const testing::AttentionCase& c = bc.c;
+  const Bf16GemmPath path(widened);
+  ASSERT_TRUE(kernel::attention_forward_kernel.cpu_takes_bf16 && kernel::attention_backward_kernel.cpu_takes_bf16);
+  Generator gen(testing::test_seed(27));
+  const testing::AttentionInputs in = testing::attention_inputs(c, DType::bf16, gen, true);
+  kernel::AttentionParams p = c.params();
+  p.block = bc.block;
+
+  Tensor o = Tensor::full(c.o_shape(), std::nan(""), DType::bf16);
+  Tensor lse = Tensor::full(c.lse_shape(), std::nan(""), DType::f32);  // lse: f32 for bf16
+  kernel::attention_forward_kernel(cpu_device(), in.q, in.k, in.v, in.masks, p, o, lse);
+  const testing::AttentionOutputs want = testing::attention_forward_reference(c, in);
+  expect_bf16_close(o, want.o, "o");
+  expect_bf16_close(lse, want.lse, "lse");
+
+  // Both backwards read the same saved values: o as bf16 holds it, lse in f32.
+  const testing::AttentionOutputs saved = testing::as_saved(want, DType::bf16);
+  const testing::GradientsNeeded need{true, true, true, c.bias_rows > 0};
+  const kernel::AttentionGrads grads = testing::attention_backward_reference(c, in, saved, need);
+  kernel::AttentionGrads got;
+  got.dq = Tensor::full(c.q_shape(), std::nan(""), DType::bf16);
+  got.dk = Tensor::full(c.k_shape(), std::nan(""), DType::bf16);
+  got.dv = Tensor::full(c.v_shape(), std::nan(""), DType::bf16);
+  if (need.dbias) got.dbias = Tensor::full(c.dbias_shape(), std::nan(""), DType::bf16);
+  kernel::attention_backward_kernel(cpu_device(), in.dout, in.dlse, in.q, in.k, in.v, in.masks, saved.o, saved.lse, p,
+                                    got);
+  expect_bf16_close(got.dq, grads.dq, "dq");
+  expect_bf16_close(got.dk, grads.dk, "dk");
+  expect_bf16_close(got.dv, grads.dv, "dv");
+  expect_bf16_close(got.dbias, grads.dbias, "dbias");
+
+  // The same bits on a second run (every tile's work is a fixed sequence).
+  Tensor o2 = Tensor::empty(c.o_shape(), DType::bf16), lse2 = Tensor::empty(c.lse_shape(), DType::f32);
+  kernel::attention_forward_kernel(cpu_device(), in.q, in.k, in.v, in.masks, p, o2, lse2);
+  EXPECT_EQ(o2.to_doubles(), o.to_doubles());
+}
+
+// B, T, S, H, Hk, Dk, Dv, causal, scale, subsets, q_lengths, k_lengths, bias_rows; then the block.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionBf16,
+    ::testing::Combine(
+        ::testing::Values(
+            Bf16Case{"one_query_one_key", {1, 1, 1, 2, 1, 8, 8, true, 0.0}, 64},
+            Bf16Case{"decode_causal", {2, 1, 37, 2, 2, 16, 16, true, 0.0}, 16},
+            Bf16Case{"odd_T_gqa_dk_ne_dv_causal", {2, 37, 37, 4, 2, 24, 40, true, 0.0}, 16},
+            Bf16Case{"odd_T_gqa_dk_ne_dv_bidirectional", {2, 37, 45, 4, 2, 24, 40, false, 0.0}, 16},
+            Bf16Case{"cache_mqa_causal", {1, 19, 45, 3, 1, 16, 8, true, 0.0}, 8},
+            // Past one 128-key tile of the native path, at the default block.
+            Bf16Case{"long_causal", {1, 300, 300, 2, 1, 64, 64, true, 0.0}, 64},
+            Bf16Case{"long_bidirectional", {1, 150, 290, 2, 2, 32, 48, false, 0.0}, 64},
+            Bf16Case{"masks_causal", {2, 45, 45, 2, 1, 16, 12, true, 0.0, false, {45, 30}, {45, 33}, 1}, 16},
+            Bf16Case{"masks_bidirectional_empty_row", {2, 21, 33, 2, 2, 8, 8, false, 0.0, false, {21, 9}, {33, 0}, 2},
+                     8}),
+        ::testing::Bool()),
+    [](const ::testing::TestParamInfo<std::tuple<Bf16Case, bool>>& info) {
+      return std::string(std::get<0>(info.param).name) + (std::get<1>(info.param) ? "_widened" : "_native");
+    });
+
+// Through autograd: bf16 q, k, v give bf16 o and gradients and an f32 lse, close to the f32 op's.
+TEST(AttentionBf16, ThroughAutogradMatchesF32) {
+  const Case c{"gqa", 2, 33, 33, 4, 2, 16, 24, 64, true};
+  const Inputs in32 = make_inputs(c, DType::f32, 5);
+  const auto bf = [](const Tensor& x) { return kernel::to_dtype(x, DType::bf16); };
+  const auto f32 = [](const Tensor& x) { return kernel::to_dtype(x, DType::f32); };
+  const Inputs in16{bf(in32.q), bf(in32.k), bf(in32.v)};
+  const Inputs same{f32(in16.q), f32(in16.k), f32(in16.v)};  // the f32 op on the bf16 values
+  AttentionOptions opts{c.causal, 0.0, c.block};
+  const Result want = forward_backward(fused_op(opts), same, 9);
+  Tensor q = set_requires_grad(in16.q.detach()), k = set_requires_grad(in16.k.detach()),
+         v = set_requires_grad(in16.v.detach());
+  AttentionOutput out = attention_with_lse(q, k, v, opts);
+  EXPECT_EQ(out.o.dtype(), DType::bf16);
+  EXPECT_EQ(out.lse.dtype(), DType::f32);
+  // forward_backward's cotangents (drawn in f32 from the same seed), rounded to bf16 for o: the rounding
+  // moves the gradients by about 2⁻⁹ relative, well inside the tolerance.
+  Generator gen(9);
+  Tensor go = Tensor::randn(out.o.shape(), gen, DType::f32), gl = Tensor::randn(out.lse.shape(), gen, DType::f32);
+  backward({out.o, out.lse}, {bf(go), gl});
+  expect_bf16_close(out.o, want.o, "o");
+  expect_bf16_close(out.lse, want.lse, "lse");
+  expect_bf16_close(grad_of(q), want.dq, "dq");
+  expect_bf16_close(grad_of(k), want.dk, "dk");
+  expect_bf16_close(grad_of(v), want.dv, "dv");
 }
 
 }  // namespace

@@ -420,6 +420,19 @@ TEST(ExpVec, MatchesExpToAFewUlpAndKeepsTheEdges) {
   EXPECT_TRUE(std::isnan(math::exp_vec(std::numeric_limits<float>::quiet_NaN())));
 }
 
+// The softmax's exp: exp_vec's bits wherever eˣ is a normal float, 0 below (and for −∞), NaN kept.
+TEST(ExpVec, NonpositiveMatchesExpVecDownToTheNormalFloats) {
+  for (float x = -87.33f; x <= 0.5f; x += 0.00731f) {
+    EXPECT_EQ(math::exp_vec_nonpositive(x), math::exp_vec(x)) << x;
+  }
+  EXPECT_EQ(math::exp_vec_nonpositive(0.0f), 1.0f);
+  EXPECT_EQ(math::exp_vec_nonpositive(-87.34f), 0.0f);  // exp_vec: a subnormal
+  EXPECT_EQ(math::exp_vec_nonpositive(-1000.0f), 0.0f);
+  EXPECT_EQ(math::exp_vec_nonpositive(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_TRUE(std::isnan(math::exp_vec_nonpositive(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(math::exp_vec_nonpositive(-3.0), std::exp(-3.0));  // double: std::exp
+}
+
 // NaN through the vectorised loops of exp_vec's callers stays NaN without undefined behaviour on the
 // way (UBSan, scripts/sanitize.sh: fuzzing found NaN weights of a checkpoint converting NaN to int).
 TEST(ExpVec, NanThroughTheF32KernelsStaysNan) {

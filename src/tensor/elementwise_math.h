@@ -61,6 +61,31 @@ inline float exp_vec(float x) {
   return x != x ? x : y;
 }
 inline double exp_vec(double x) { return std::exp(x); }
+
+// eˣ for x ≤ 0 (a softmax's exponents, x = s − max s or s − lse): exp_vec without the subnormal
+// and overflow handling, about 40% faster in a loop (softmax attention computes one per score).
+// The same bits as exp_vec wherever eˣ is a normal float (x ≥ −87.33, where 2ⁿ needs no second
+// factor); 0 below, where exp_vec gives subnormals (< 1.2e-38, beside the row's largest term, 1).
+// −∞ gives 0 and NaN stays NaN; x > 0 is right up to 88 and gives e⁸⁸ above (it is meant for x ≤ 0 plus
+// rounding). As in exp_vec, the clamps turn NaN into a finite value before n is converted to an integer.
+inline float exp_vec_nonpositive(float x) {
+  const float lo = -87.33654f, hi = 88.0f;  // lo: ln of the smallest normal float, 2⁻¹²⁶
+  float xc = x > lo ? x : lo;  // NaN → lo (one max instruction, which returns its second operand for NaN)
+  xc = xc < hi ? xc : hi;
+  const float round_magic = 12582912.0f;
+  const float n = (xc * 1.44269504f + round_magic) - round_magic;
+  const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const float y = p * __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
+  return x != x ? x : (x < lo ? 0.0f : y);
+}
+inline double exp_vec_nonpositive(double x) { return std::exp(x); }
 #else
 template <class T>
 SEQLAB_HD T exp_vec(T x) {

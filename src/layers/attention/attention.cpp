@@ -2,15 +2,17 @@
 // the autograd node, the naive materialised reference, and the registry entry.
 //
 // How the CPU kernels work (equations in docs/variants/attention.md):
-// - Work is cut into tiles of up to `block` query rows × `block` keys of one (batch, head). Each
-//   tile's products (scores Q Kᵀ, then P V in the forward; dP = dO Vᵀ, Pᵀ dO, dS K, dSᵀ Q in the
-//   backward) are GEMMs through the GEMM slot, single-threaded inside the parallel loop over tasks;
-//   only the softmax in between is elementwise (a vectorised exp). A key block that no row of a
-//   tile sees (beyond the causal limit) is never visited; inside a block, a row's future keys get
-//   probability 0. Scratch is one or two block × block tiles per thread, never T × S.
+// - Work is cut into tiles of up to `block` query rows × `block` keys of one (batch, head) (bf16 on
+//   the CPU's bf16 instructions: at least 128, kNativeBf16Block). Each tile's products (S = Q Kᵀ, then
+//   P V in the forward; S, dP = dO Vᵀ, Pᵀ dO, dS K, dSᵀ Q in the backward) are GEMMs through the GEMM
+//   slot, single-threaded inside the parallel loop over tasks, all of them of the forms A B and Aᵀ B
+//   (Kᵀ and Vᵀ are transposed once; see transpose_into for why); only the softmax in between is
+//   elementwise (a vectorised exp). A key block that no row of a tile sees (beyond the causal limit)
+//   is never visited; inside a block, a row's future keys get probability 0. Scratch is a few
+//   block × block tiles per thread and one Kᵀ (Vᵀ), never T × S.
 // - Forward: online softmax. A task owns one query tile; each row keeps a running max m and sum ℓ;
-//   its output row is the accumulator, rescaled by exp(m_old − m_new) whenever a block raises the
-//   max, divided by ℓ at the end. Saves lse = m + log ℓ.
+//   its output sums are rescaled by exp(m_old − m_new) whenever a block raises the max, divided by ℓ
+//   at the end. Saves lse = m + log ℓ.
 // - Masks: padded queries are a suffix of each sequence and every other row sees key 0, so the rows
 //   of a tile that see any key are a prefix of it (`live_rows`); the GEMMs run over those rows only,
 //   so a padded row's q, dout and dlse enter no product. Keys past k_lengths[b] shorten the tile's
@@ -20,7 +22,12 @@
 // - Backward: P is recomputed from lse, never stored, once per tile. One race-free pass over
 //   (batch, kv head): a task walks every query head sharing its kv head and every tile they see, so
 //   it alone writes those dK/dV rows and those heads' dQ rows.
-// - Sums accumulate in the input type (f32 like flash attention, or f64).
+// - Sums accumulate in the input type (f32 like flash attention, or f64), and in f32 for bf16: the
+//   kernels take bf16 tensors themselves (SEQLAB_REGISTER_KERNEL_TAKING_BF16, no f32 stand-ins), run
+//   their GEMMs on bf16 operands into f32 sums (cpu::gemm: AVX512-BF16 through oneDNN, or widened to
+//   f32 where the CPU lacks it or SEQLAB_CPU_BF16_GEMM=widened), round P and dS to bf16 before their
+//   products exactly where the CUDA kernels round them, keep lse and δ in f32, and round o, dq, dk,
+//   dv and dbias once, at the end. So the CPU stays the reference for the GPU's bf16 attention.
 #include "layers/attention/attention.h"
 
 #include <algorithm>
@@ -177,6 +184,22 @@ using kernel::AttentionGrads;
 using kernel::AttentionMasks;
 using kernel::AttentionParams;
 
+// The type every sum is kept in: f32 for bf16 tensors (as the CUDA kernels keep it), the tensors' own
+// type otherwise. lse, dlse and δ are in it too (accumulate_dtype).
+template <class T>
+using Acc = std::conditional_t<std::is_same_v<T, bf16>, float, T>;
+
+template <class T>
+Acc<T> widen(T x) {
+  return static_cast<Acc<T>>(x);
+}
+
+// Rounds a sum to the tensors' type (bf16: to nearest even, as the CUDA kernels store it).
+template <class T>
+T narrow(Acc<T> x) {
+  return T(x);
+}
+
 // Geometry of one call: row numbers in the [B, T, H, ·] and [B, S, Hk, ·] layouts (times the head
 // dim gives the element offset), row strides of a head's matrix in them, the causal and padding
 // limits, and where a row of scores starts in the [Bb, H, T, S] bias and the [B, H, T, S] dbias.
@@ -189,7 +212,8 @@ struct Geometry {
 
   int64_t q_row(int64_t b, int64_t i, int64_t h) const { return (b * T + i) * H + h; }
   int64_t kv_row(int64_t b, int64_t j, int64_t hk) const { return (b * S + j) * Hk + hk; }
-  // Query i of batch row b sees keys [0, key_end(b, i)); none when it is padding.
+  // Query i of batch row b sees keys [0, key_end(b, i)); none when it is padding. Over the rows that
+  // see any key, key_end never decreases with i (the backward's transposed tiles rely on it).
   int64_t key_end(int64_t b, int64_t i) const {
     if (q_len && i >= q_len[b]) return 0;
     const int64_t end = causal ? i + S - T + 1 : S;
@@ -208,9 +232,20 @@ struct Geometry {
   bool parallel(int64_t tasks) const { return tasks > 1 && T * S * (Dk + Dv) > kParallelGrain; }
 };
 
+// bf16 tiles on the CPU's bf16 instructions have at least this many rows and keys. Each tile GEMM is
+// then one oneDNN call, whose fixed cost (wrapping the operands, dispatching; about a fifth of the
+// time at 64 × 64 × 64) 128-row tiles amortise: 20% faster than 64 at B 4, H 8, T 1024, d 64, and 256
+// no faster (docs/perf.md). f32 keeps `block`: OpenBLAS's small-matrix kernels stop at 10⁶
+// multiply-adds per product, and past them its general path was 7× slower at 128.
+constexpr int64_t kNativeBf16Block = 128;
+
 Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMasks& masks,
                   const AttentionParams& p) {
-  Geometry g{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3), 1, p.block, p.causal};
+  int64_t block = p.block;
+  if (q.dtype() == DType::bf16 && kernel::cpu_bf16_gemm_native()) {
+    block = std::min(std::max(block, kNativeBf16Block), std::max<int64_t>(1, std::max(q.size(1), k.size(1))));
+  }
+  Geometry g{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3), 1, block, p.causal};
   g.group = g.H / g.Hk;
   if (masks.q_lengths.defined()) g.q_len = masks.q_lengths.data<int64_t>();
   if (masks.k_lengths.defined()) g.k_len = masks.k_lengths.data<int64_t>();
@@ -218,92 +253,194 @@ Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
   return g;
 }
 
-// Adds the bias to the first `seen` scores of a row (the keys it sees): s_ij += bias[b or 0, h, i, j].
-template <class T>
-void add_bias(const Geometry& g, const T* bias, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t seen, T* s) {
-  if (!bias) return;
-  const T* row = bias + g.bias_row(b, h, i) + j0;
-  for (int64_t c = 0; c < seen; ++c) s[c] += row[c];
+// max_c x_c over c < n (−∞ when n ≤ 0), with eight running maxima so that the loop vectorises
+// (a max is exact, so their order does not matter).
+template <class A>
+A row_max(const A* x, int64_t n) {
+  constexpr A kNegInf = -std::numeric_limits<A>::infinity();
+  A acc[8] = {kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf};
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) {
+    for (int u = 0; u < 8; ++u) acc[u] = x[c + u] > acc[u] ? x[c + u] : acc[u];
+  }
+  for (; c < n; ++c) acc[0] = x[c] > acc[0] ? x[c] : acc[0];
+  for (int u = 1; u < 8; ++u) acc[0] = acc[u] > acc[0] ? acc[u] : acc[0];
+  return acc[0];
 }
 
-// One (query tile, key block) tile of scores: s_rc = scale q_{i0+r}·k_{j0+c} for r < rows, c < nk,
-// leading dimension nk. Returns, per row, how many of the block's keys the row sees (may be ≤ 0).
-template <class T>
-void score_tile(const Geometry& g, const T* Q, const T* K, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
-                int64_t nk, T scale, T* s) {
-  gemm<T>(false, true, rows, nk, g.Dk, scale, Q + g.q_row(b, i0, h) * g.Dk, g.H * g.Dk,
-          K + g.kv_row(b, j0, h / g.group) * g.Dk, g.Hk * g.Dk, 0.0, s, nk);
+// x_c ← exp(x_c − shift) for c < n; returns Σ_c x_c, summed in eight partial sums as `dot` does (a
+// single running sum would make every add wait for the previous one).
+template <class A>
+A exp_shifted_sum(A* x, int64_t n, A shift) {
+  A acc[8] = {};
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) {
+    for (int u = 0; u < 8; ++u) {
+      x[c + u] = math::exp_vec_nonpositive(x[c + u] - shift);
+      acc[u] += x[c + u];
+    }
+  }
+  for (; c < n; ++c) {
+    x[c] = math::exp_vec_nonpositive(x[c] - shift);
+    acc[0] += x[c];
+  }
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
+
+// A tile of n sums as the operand of a GEMM of T rows: the tile itself when T is the sum type; for
+// bf16, its values rounded to bf16 into `rounded` (P and dS are rounded before their products, as the
+// CUDA kernels and flash attention round them).
+template <class T>
+const T* gemm_operand(const Acc<T>* x, int64_t n, std::vector<T>& rounded) {
+  if constexpr (std::is_same_v<T, Acc<T>>) {
+    return x;
+  } else {
+    for (int64_t e = 0; e < n; ++e) rounded[e] = narrow<T>(x[e]);
+    return rounded.data();
+  }
+}
+
+// C (sums) = α op(A) op(B) + β C with A and B of T: f32 and f64 as themselves, bf16 products summed in f32.
+template <class T>
+void gemm_acc(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const T* a, int64_t lda,
+              const T* b, int64_t ldb, double beta, Acc<T>* c, int64_t ldc) {
+  gemm<T, Acc<T>>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// Why the kernels transpose K and V first: a GEMM C = A Bᵀ (B stored row-major, "NT") of a tile's size
+// takes OpenBLAS's general path, which packs both operands on every call (its small-matrix kernels
+// skip that form once C has more than 1200 elements), and measured about 3× slower here than the same
+// product as C = A B from a stored Bᵀ. So every product below is A B or Aᵀ B: the scores Q Kᵀ and
+// dO Vᵀ read Kᵀ and Vᵀ, which cost one pass over K and V, against the block × S products they feed.
+//
+// dst[c·rows + r] = src[r·ld + c] for r < rows, c < cols: the rows × cols matrix at src transposed into
+// contiguous cols × rows.
+template <class T>
+void transpose_into(const T* src, int64_t ld, int64_t rows, int64_t cols, T* dst) {
+  constexpr int64_t kTile = 16;  // tiles of 16 × 16, so both sides stay in cache lines already loaded
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+      for (int64_t c = c0; c < c1; ++c) {
+        for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = src[r * ld + c];
+      }
+    }
+  }
+}
+
+// Where a kernel sums the rows of an output: the output itself (leading dimension ld) when T is the
+// sum type; otherwise a scratch of `rows` × n sums (ld = n) that `store` rounds into the output once.
+template <class T>
+struct SumRows {
+  T* out;
+  int64_t ld_out, rows, n;
+  std::vector<Acc<T>>& scratch;
+
+  Acc<T>* sums() {
+    if constexpr (std::is_same_v<T, Acc<T>>) {
+      return out;
+    } else {
+      return scratch.data();
+    }
+  }
+  int64_t ld() const { return std::is_same_v<T, Acc<T>> ? ld_out : n; }
+  void zero() {
+    Acc<T>* s = sums();
+    for (int64_t r = 0; r < rows; ++r) std::fill_n(s + r * ld(), n, Acc<T>(0));
+  }
+  void store() {
+    if constexpr (!std::is_same_v<T, Acc<T>>) {
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < n; ++c) out[r * ld_out + c] = narrow<T>(scratch[r * n + c]);
+      }
+    }
+  }
+};
 
 // Per (b, h) and query row i, over the visible keys j < key_end(b, i):
 //   s_ij = scale q_i·k_j + bias_ij,  m_i = max_j s_ij,  ℓ_i = Σ_j exp(s_ij − m_i),
 //   o_i = Σ_j exp(s_ij − m_i) v_j / ℓ_i,  lse_i = m_i + log ℓ_i,
 // with m, ℓ and o_i built key block by key block (online softmax); a row with ℓ_i = 0 (no visible
 // key, or a bias of −∞ on all of them) gets o_i = 0, lse_i = −∞. A task owns `block` query rows
-// of one (b, h); for each key block it forms the live rows × block score tile with one GEMM, turns it
-// into probabilities against the running max in place, and adds P V into the output rows with a
-// second GEMM (after rescaling them when the max rose).
+// of one (b, h); for each key block it forms the live rows × block score tile S = scale Q Kᵀ with one
+// GEMM, turns it into probabilities P = exp(S − m_new) against the running max in place, and adds
+// P V into the rows' sums with a second GEMM (after rescaling them by exp(m_old − m_new) when the max
+// rose). bf16: Q, K, V are bf16, S and every sum f32, P rounded to bf16 for P V (ℓ sums the unrounded
+// P), o rounded once at the end; lse is f32.
 // Memory: reads q, k, v, the lengths and the bias rows it sees; writes o [B, T, H, Dv] and
-// lse [B, T, H]; scratch per thread: one block × block tile and (m, ℓ) for `block` rows.
+// lse [B, T, H]; scratch per thread: Kᵀ of one kv head (Dk × S), a block × block tile (and its bf16
+// copy), `block` rows of output sums, and (m, ℓ) for `block` rows.
 template <class T>
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMasks& masks, const AttentionParams& p,
              const Tensor& o, const Tensor& lse) {
+  using A = Acc<T>;
   const Geometry g = geometry(q, k, v, masks, p);
   const T *Q = q.data<T>(), *K = k.data<T>(), *V = v.data<T>();
   const T* Bias = masks.bias.defined() ? masks.bias.data<T>() : nullptr;
-  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-  T *O = o.data<T>(), *LSE = lse.data<T>();
-  const T scale = static_cast<T>(p.scale);
+  constexpr A kNegInf = -std::numeric_limits<A>::infinity();
+  T* O = o.data<T>();
+  A* LSE = lse.data<A>();
+  const int64_t ldq = g.H * g.Dk, ldk = g.Hk * g.Dk, ldv = g.Hk * g.Dv;
   const int64_t qtiles = g.tiles(g.T), tasks = g.B * g.H * qtiles;
 #pragma omp parallel if (g.parallel(tasks))
   {
-    std::vector<T> s(static_cast<size_t>(g.block * g.block)), m(g.block), l(g.block);
+    // Kᵀ of the kv head (b, hk) = kt_of (−1: none yet), key j at column j of the Dk × S matrix. A thread's
+    // tasks come in order, so it transposes each kv head it meets about once, into a tile that stays in cache.
+    std::vector<T> kt(static_cast<size_t>(g.Dk * g.S));
+    int64_t kt_of = -1;
+    std::vector<A> s(static_cast<size_t>(g.block * g.block)), m(g.block), l(g.block);
+    std::vector<A> acc(static_cast<size_t>(g.block * g.Dv));  // o's sums, row r at r·Dv
+    std::vector<T> p_rounded(std::is_same_v<T, A> ? 0 : s.size());
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / (g.H * qtiles), h = task / qtiles % g.H, hk = h / g.group;
       const int64_t i0 = task % qtiles * g.block, i1 = std::min(g.T, i0 + g.block), rows = i1 - i0;
-      T* Ot = O + g.q_row(b, i0, h) * g.Dv;
-      const int64_t ldo = g.H * g.Dv;
-      for (int64_t r = 0; r < rows; ++r) {
-        m[r] = kNegInf;
-        l[r] = 0;
-        std::fill_n(Ot + r * ldo, g.Dv, T(0));
-      }
+      std::fill_n(m.begin(), rows, kNegInf);
+      std::fill_n(l.begin(), rows, A(0));
+      std::fill_n(acc.begin(), rows * g.Dv, A(0));
       const int64_t live = g.live_rows(b, i0, rows);
       const int64_t tile_key_end = live > 0 ? g.key_end(b, i0 + live - 1) : 0;  // its last live row sees the most
+      if (tile_key_end > 0 && kt_of != b * g.Hk + hk) {
+        transpose_into(K + g.kv_row(b, 0, hk) * g.Dk, ldk, g.S, g.Dk, kt.data());
+        kt_of = b * g.Hk + hk;
+      }
       for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
         const int64_t nk = std::min(j0 + g.block, tile_key_end) - j0;
-        score_tile(g, Q, K, b, h, i0, live, j0, nk, scale, s.data());
+        gemm_acc<T>(false, false, live, nk, g.Dk, p.scale, Q + g.q_row(b, i0, h) * g.Dk, ldq, kt.data() + j0, g.S,
+                    0.0, s.data(), nk);
         for (int64_t r = 0; r < live; ++r) {
-          T* sr = s.data() + r * nk;
-          const int64_t seen = std::min(nk, g.key_end(b, i0 + r) - j0);  // keys of the block this row sees
-          add_bias(g, Bias, b, h, i0 + r, j0, seen, sr);
-          T block_max = kNegInf;
-          for (int64_t c = 0; c < seen; ++c) block_max = sr[c] > block_max ? sr[c] : block_max;
+          A* sr = s.data() + r * nk;
+          // The keys of the block this row sees: [0, seen), its future (or padding) past them.
+          const int64_t seen = std::clamp<int64_t>(g.key_end(b, i0 + r) - j0, 0, nk);
+          if (Bias) {
+            const T* br = Bias + g.bias_row(b, h, i0 + r) + j0;
+            for (int64_t c = 0; c < seen; ++c) sr[c] += widen(br[c]);
+          }
+          const A block_max = row_max(sr, seen);
           if (block_max > m[r]) {  // rescale what was summed against the old max (0 on the first block)
-            const T rescale = math::exp_vec(m[r] - block_max);
+            const A rescale = math::exp_vec(m[r] - block_max);
             l[r] *= rescale;
-            scal(rescale, Ot + r * ldo, g.Dv);
+            scal(rescale, acc.data() + r * g.Dv, g.Dv);
             m[r] = block_max;
           }
           // While every score so far is −∞ (a bias of −∞), m stays −∞: exponents against 0 give 0, not NaN.
-          const T mr = m[r] == kNegInf ? T(0) : m[r];
-          for (int64_t c = 0; c < seen; ++c) sr[c] = math::exp_vec(sr[c] - mr);
-          for (int64_t c = std::max<int64_t>(seen, 0); c < nk; ++c) sr[c] = 0;  // the row's future
-          T sum = 0;
-          for (int64_t c = 0; c < seen; ++c) sum += sr[c];
-          l[r] += sum;
+          l[r] += exp_shifted_sum(sr, seen, m[r] == kNegInf ? A(0) : m[r]);
+          std::fill(sr + seen, sr + nk, A(0));  // P = 0 for the keys the row does not see
         }
-        gemm<T>(false, false, live, g.Dv, nk, 1.0, s.data(), nk, V + g.kv_row(b, j0, hk) * g.Dv, g.Hk * g.Dv, 1.0, Ot,
-                ldo);
+        gemm_acc<T>(false, false, live, g.Dv, nk, 1.0, gemm_operand<T>(s.data(), live * nk, p_rounded), nk,
+                    V + g.kv_row(b, j0, hk) * g.Dv, ldv, 1.0, acc.data(), g.Dv);
       }
       for (int64_t r = 0; r < rows; ++r) {
+        T* orow = O + g.q_row(b, i0 + r, h) * g.Dv;
+        const A* arow = acc.data() + r * g.Dv;
+        A& lse_r = LSE[g.q_row(b, i0 + r, h)];
         if (l[r] > 0) {
-          scal(T(1) / l[r], Ot + r * ldo, g.Dv);
-          LSE[g.q_row(b, i0 + r, h)] = m[r] + std::log(l[r]);
-        } else {  // the row sees no key: o = 0 (already), lse = log 0
-          std::fill_n(Ot + r * ldo, g.Dv, T(0));
-          LSE[g.q_row(b, i0 + r, h)] = kNegInf;
+          const A inv = A(1) / l[r];
+          for (int64_t c = 0; c < g.Dv; ++c) orow[c] = narrow<T>(arow[c] * inv);
+          lse_r = m[r] + std::log(l[r]);
+        } else {  // the row sees no key: o = 0, lse = log 0
+          std::fill_n(orow, g.Dv, T(A(0)));
+          lse_r = kNegInf;
         }
       }
     }
@@ -319,28 +456,47 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionM
 // dP_ij = dO_i·v_j; the softmax Jacobian gives ∂L/∂s_ij = P_ij (dP_ij − Σ_j' P_ij' dP_ij') and
 // Σ_j' P_ij' dP_ij' = dO_i·o_i; ∂lse_i/∂s_ij = P_ij adds P_ij dlse_i.
 // One pass: a task owns one (b, kv head) and walks every query head of its group, every query tile
-// and every key block the tile sees. Per tile it recomputes P (one GEMM and exp), forms dP (one
-// GEMM) and dS in place, and adds into dV_blk += Pᵀ dO_tile, dQ_tile += scale dS K_blk and
-// dK_blk += scale dSᵀ Q_tile (three GEMMs). It alone writes the dK/dV rows of its kv head and the
-// dQ rows and dbias rows of its query heads, so there are no races, and each score is computed once.
-// Only a tile's live rows enter the GEMMs, so padded rows' dO and dlse reach no gradient.
+// and every key block the tile sees. Per tile (live query rows × nk keys), with K_blkᵀ and V_blkᵀ read
+// from the task's transposed copies of its K and V (see transpose_into):
+//   S = scale Q_tile K_blkᵀ,  P = exp(S − lse) (each row against its own lse),
+//   dV_blk += Pᵀ dO_tile,  dP = dO_tile V_blkᵀ,  dS = P ∘ (dP − δ),
+//   dQ_tile += scale dS K_blk,  dK_blk += scale dSᵀ Q_tile,
+// five GEMMs and one exp per score. It alone writes the dK/dV rows of its kv head and the dQ rows and
+// dbias rows of its query heads, so there are no races. Only a tile's live rows enter the GEMMs, so
+// padded rows' dO and dlse reach no gradient. bf16: P and dS are rounded to bf16 before their products
+// (as the CUDA kernels round them), every sum is f32, the gradients are rounded once at the end; dbias
+// is dS rounded once.
 // Memory: reads dO, dlse, q, k, v, o, lse, the lengths and the bias rows it sees; writes the requested
-// dq, dk, dv and dbias [B, H, T, S]; scratch: δ [B, T, H] and two block × block tiles per thread.
+// dq, dk, dv and dbias [B, H, T, S]; scratch: δ [B, T, H]; per thread, Kᵀ and Vᵀ of one kv head
+// (S × (Dk + Dv)), two block × block tiles (and their bf16 copies), and for bf16 the f32 sums of the
+// task's dK, dV rows (S × (Dk + Dv)) and of a query tile's dQ rows.
 template <class T>
 void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Tensor& k, const Tensor& v,
               const AttentionMasks& masks, const Tensor& o, const Tensor& lse, const AttentionParams& p,
               const AttentionGrads& grads) {
+  using A = Acc<T>;
+  constexpr A kInf = std::numeric_limits<A>::infinity();
   const Geometry g = geometry(q, k, v, masks, p);
   const T* Bias = masks.bias.defined() ? masks.bias.data<T>() : nullptr;
-  const T *dO = dout.data<T>(), *dL = dlse.data<T>(), *Q = q.data<T>(), *K = k.data<T>(), *V = v.data<T>();
-  const T *O = o.data<T>(), *LSE = lse.data<T>();
-  const T scale = static_cast<T>(p.scale);
+  const T *dO = dout.data<T>(), *Q = q.data<T>(), *K = k.data<T>(), *V = v.data<T>(), *O = o.data<T>();
+  const A *dL = dlse.data<A>(), *LSE = lse.data<A>();
 
   const int64_t rows_total = g.B * g.T * g.H;
-  std::vector<T> delta(static_cast<size_t>(rows_total));
+  std::vector<A> delta(static_cast<size_t>(rows_total));
   const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, g.Dv));
   parallel_for(rows_total, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) delta[r] = dot(dO + r * g.Dv, O + r * g.Dv, g.Dv) - dL[r];
+    std::vector<A> x(std::is_same_v<T, A> ? 0 : g.Dv), y(x.size());  // bf16 rows widened (exactly) for the dot
+    for (int64_t r = begin; r < end; ++r) {
+      if constexpr (std::is_same_v<T, A>) {
+        delta[r] = dot(dO + r * g.Dv, O + r * g.Dv, g.Dv) - dL[r];
+      } else {
+        for (int64_t c = 0; c < g.Dv; ++c) {
+          x[c] = widen(dO[r * g.Dv + c]);
+          y[c] = widen(O[r * g.Dv + c]);
+        }
+        delta[r] = dot(x.data(), y.data(), g.Dv) - dL[r];
+      }
+    }
   });
 
   T* dQ = grads.dq.defined() ? grads.dq.data<T>() : nullptr;
@@ -349,88 +505,110 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
   T* dB = grads.dbias.defined() ? grads.dbias.data<T>() : nullptr;
   const int64_t ldq = g.H * g.Dk, ldo = g.H * g.Dv, ldk = g.Hk * g.Dk, ldv = g.Hk * g.Dv;
   const int64_t qtiles = g.tiles(g.T), tasks = g.B * g.Hk;
+  constexpr bool kRounds = !std::is_same_v<T, A>;
 #pragma omp parallel if (g.parallel(tasks))
   {
-    std::vector<T> pt(static_cast<size_t>(g.block * g.block)), ds(pt.size());
+    std::vector<A> pt(static_cast<size_t>(g.block * g.block)), ds(pt.size());  // P, dP then dS
+    std::vector<T> p_rounded(kRounds ? pt.size() : 0), ds_rounded(p_rounded.size());
+    std::vector<T> kt(static_cast<size_t>(g.Dk * g.S)), vt(static_cast<size_t>(g.Dv * g.S));  // Kᵀ, Vᵀ
+    std::vector<A> dk_sums(kRounds && dK ? g.S * g.Dk : 0), dv_sums(kRounds && dV ? g.S * g.Dv : 0);
+    std::vector<A> dq_sums(kRounds && dQ ? g.block * g.Dk : 0);
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / g.Hk, hk = task % g.Hk;
-      for (int64_t j = 0; j < g.S; ++j) {
-        if (dK) std::fill_n(dK + g.kv_row(b, j, hk) * g.Dk, g.Dk, T(0));
-        if (dV) std::fill_n(dV + g.kv_row(b, j, hk) * g.Dv, g.Dv, T(0));
-      }
+      transpose_into(K + g.kv_row(b, 0, hk) * g.Dk, ldk, g.S, g.Dk, kt.data());
+      transpose_into(V + g.kv_row(b, 0, hk) * g.Dv, ldv, g.S, g.Dv, vt.data());
+      SumRows<T> dk_rows{dK ? dK + g.kv_row(b, 0, hk) * g.Dk : nullptr, ldk, g.S, g.Dk, dk_sums};
+      SumRows<T> dv_rows{dV ? dV + g.kv_row(b, 0, hk) * g.Dv : nullptr, ldv, g.S, g.Dv, dv_sums};
+      if (dK) dk_rows.zero();
+      if (dV) dv_rows.zero();
       for (int64_t h = hk * g.group; h < (hk + 1) * g.group; ++h) {
-        if (dB) std::fill_n(dB + g.dbias_row(b, h, 0), g.T * g.S, T(0));
+        if (dB) std::fill_n(dB + g.dbias_row(b, h, 0), g.T * g.S, T(A(0)));
         for (int64_t tile = 0; tile < qtiles; ++tile) {
           const int64_t i0 = tile * g.block, i1 = std::min(g.T, i0 + g.block), rows = i1 - i0;
           const T *Qt = Q + g.q_row(b, i0, h) * g.Dk, *dOt = dO + g.q_row(b, i0, h) * g.Dv;
-          T* dQt = dQ ? dQ + g.q_row(b, i0, h) * g.Dk : nullptr;
-          if (dQt) {
-            for (int64_t r = 0; r < rows; ++r) std::fill_n(dQt + r * ldq, g.Dk, T(0));
-          }
+          SumRows<T> dq_rows{dQ ? dQ + g.q_row(b, i0, h) * g.Dk : nullptr, ldq, rows, g.Dk, dq_sums};
+          if (dQ) dq_rows.zero();
           const int64_t live = g.live_rows(b, i0, rows);
           const int64_t tile_key_end = live > 0 ? g.key_end(b, i0 + live - 1) : 0;
           for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
             const int64_t nk = std::min(j0 + g.block, tile_key_end) - j0;
-            const T *Kb = K + g.kv_row(b, j0, hk) * g.Dk, *Vb = V + g.kv_row(b, j0, hk) * g.Dv;
-            score_tile(g, Q, K, b, h, i0, live, j0, nk, scale, pt.data());
+            gemm_acc<T>(false, false, live, nk, g.Dk, p.scale, Qt, ldq, kt.data() + j0, g.S, 0.0, pt.data(), nk);
             for (int64_t r = 0; r < live; ++r) {
-              T* pr = pt.data() + r * nk;
-              const T lse_r = LSE[g.q_row(b, i0 + r, h)];
+              A* pr = pt.data() + r * nk;
+              const A lse_r = LSE[g.q_row(b, i0 + r, h)];
               // A row whose scores were all −∞ (a bias of −∞) has lse = −∞ and P = 0.
-              const int64_t seen = lse_r == -std::numeric_limits<T>::infinity()
-                                       ? 0
-                                       : std::min(nk, g.key_end(b, i0 + r) - j0);
-              add_bias(g, Bias, b, h, i0 + r, j0, seen, pr);
-              for (int64_t c = 0; c < seen; ++c) pr[c] = math::exp_vec(pr[c] - lse_r);
-              for (int64_t c = std::max<int64_t>(seen, 0); c < nk; ++c) pr[c] = 0;
+              const int64_t seen = lse_r == -kInf ? 0 : std::clamp<int64_t>(g.key_end(b, i0 + r) - j0, 0, nk);
+              if (Bias) {
+                const T* br = Bias + g.bias_row(b, h, i0 + r) + j0;
+                for (int64_t c = 0; c < seen; ++c) pr[c] += widen(br[c]);
+              }
+              for (int64_t c = 0; c < seen; ++c) pr[c] = math::exp_vec_nonpositive(pr[c] - lse_r);
+              std::fill(pr + seen, pr + nk, A(0));
             }
-            if (dV)
-              gemm<T>(true, false, nk, g.Dv, live, 1.0, pt.data(), nk, dOt, ldo, 1.0, dV + g.kv_row(b, j0, hk) * g.Dv,
-                      ldv);
+            const T* p_op = gemm_operand<T>(pt.data(), live * nk, p_rounded);
+            if (dV) gemm_acc<T>(true, false, nk, g.Dv, live, 1.0, p_op, nk, dOt, ldo, 1.0,
+                                dv_rows.sums() + j0 * dv_rows.ld(), dv_rows.ld());
             if (!dQ && !dK && !dB) continue;
-            gemm<T>(false, true, live, nk, g.Dv, 1.0, dOt, ldo, Vb, ldv, 0.0, ds.data(), nk);  // dP
+            gemm_acc<T>(false, false, live, nk, g.Dv, 1.0, dOt, ldo, vt.data() + j0, g.S, 0.0, ds.data(), nk);  // dP
             for (int64_t r = 0; r < live; ++r) {
-              const T dr = delta[g.q_row(b, i0 + r, h)];
-              const T* pr = pt.data() + r * nk;
-              T* dsr = ds.data() + r * nk;
+              const A dr = delta[g.q_row(b, i0 + r, h)];
+              const A* pr = pt.data() + r * nk;
+              A* dsr = ds.data() + r * nk;
               for (int64_t c = 0; c < nk; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
             }
             if (dB) {  // dbias_ij = dS_ij for the keys the row sees; the rest of the row stays 0
               for (int64_t r = 0; r < live; ++r) {
-                const int64_t seen = std::min(nk, g.key_end(b, i0 + r) - j0);
-                std::copy_n(ds.data() + r * nk, std::max<int64_t>(seen, 0), dB + g.dbias_row(b, h, i0 + r) + j0);
+                const int64_t seen = std::clamp<int64_t>(g.key_end(b, i0 + r) - j0, 0, nk);
+                T* brow = dB + g.dbias_row(b, h, i0 + r) + j0;
+                for (int64_t c = 0; c < seen; ++c) brow[c] = narrow<T>(ds[r * nk + c]);
               }
             }
-            if (dQt) gemm<T>(false, false, live, g.Dk, nk, scale, ds.data(), nk, Kb, ldk, 1.0, dQt, ldq);
-            if (dK)
-              gemm<T>(true, false, nk, g.Dk, live, scale, ds.data(), nk, Qt, ldq, 1.0, dK + g.kv_row(b, j0, hk) * g.Dk,
-                      ldk);
+            if (!dQ && !dK) continue;
+            const T* ds_op = gemm_operand<T>(ds.data(), live * nk, ds_rounded);
+            if (dQ) gemm_acc<T>(false, false, live, g.Dk, nk, p.scale, ds_op, nk, K + g.kv_row(b, j0, hk) * g.Dk, ldk,
+                                1.0, dq_rows.sums(), dq_rows.ld());
+            if (dK) gemm_acc<T>(true, false, nk, g.Dk, live, p.scale, ds_op, nk, Qt, ldq, 1.0,
+                                dk_rows.sums() + j0 * dk_rows.ld(), dk_rows.ld());
           }
+          if (dQ) dq_rows.store();
         }
       }
+      if (dK) dk_rows.store();
+      if (dV) dv_rows.store();
     }
+  }
+}
+
+// bf16 tensors are taken as they are (the kernels above sum them in f32); f32 and f64 likewise.
+template <class Fn>
+void dispatch_attention(DType dtype, const char* op, Fn&& fn) {
+  if (dtype == DType::bf16) {
+    fn(bf16{});
+  } else {
+    dispatch_float(dtype, op, fn);
   }
 }
 
 void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMasks& masks,
                  const AttentionParams& p, const Tensor& o, const Tensor& lse) {
-  dispatch_float(q.dtype(), "attention", [&](auto tag) { forward<decltype(tag)>(q, k, v, masks, p, o, lse); });
+  dispatch_attention(q.dtype(), "attention", [&](auto tag) { forward<decltype(tag)>(q, k, v, masks, p, o, lse); });
 }
 
 void backward_cpu(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Tensor& k, const Tensor& v,
                   const AttentionMasks& masks, const Tensor& o, const Tensor& lse, const AttentionParams& p,
                   const AttentionGrads& grads) {
-  dispatch_float(q.dtype(), "attention backward",
-                 [&](auto tag) { backward<decltype(tag)>(dout, dlse, q, k, v, masks, o, lse, p, grads); });
+  dispatch_attention(q.dtype(), "attention backward",
+                     [&](auto tag) { backward<decltype(tag)>(dout, dlse, q, k, v, masks, o, lse, p, grads); });
 }
 
 }  // namespace
 }  // namespace cpu
 
 namespace kernel {
-SEQLAB_REGISTER_KERNEL(attention_forward_kernel, DeviceType::CPU, &cpu::forward_cpu);
-SEQLAB_REGISTER_KERNEL(attention_backward_kernel, DeviceType::CPU, &cpu::backward_cpu);
+// The kernels take bf16 tensors themselves (no f32 stand-ins): their GEMMs run on bf16 operands.
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(attention_forward_kernel, DeviceType::CPU, &cpu::forward_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(attention_backward_kernel, DeviceType::CPU, &cpu::backward_cpu);
 }  // namespace kernel
 
 // ------------------------------------------------------------------------------------------------
