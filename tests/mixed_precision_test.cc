@@ -3,13 +3,15 @@
 //   rounded to bf16 once, including GEMMs with strides and β = 1, in-place updates and struct outputs;
 // - GEMMs on the CPU's bf16 instructions (oneDNN) give those products up to the order of the f32 sums:
 //   within one bf16 rounding of the widened GEMM's, for every layout the tensor layer hands them;
-// - statistics stay f32: norms' mean and rstd, cross-entropy's loss and lse, attention's lse;
+// - statistics stay f32: norms' mean and rstd, cross-entropy's loss and lse, attention's lse (attention
+//   rounds P to bf16 before P·V, as the GPU's kernels do: its o is within that rounding of the f32 kernel's);
 // - the optimizer's f32 master weights: updates far below bf16's resolution accumulate, p = bf16(w),
 //   and load_state restores the master from the f32 weight a checkpoint holds; micro-batch gradients
 //   summed in f32 (F32GradAccumulator) and taken by the optimizer as they are;
 // - a small GPT trained in bf16 follows its f32 twin's losses within bf16's tolerance.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -157,7 +159,14 @@ TEST(Bf16OnCpu, StatisticsAndLossesStayF32) {
   const AttentionOutput a32 = kernel::attention_forward(f32(q), f32(k), f32(v), AttentionOptions{});
   EXPECT_EQ(a16.lse.dtype(), DType::f32);
   EXPECT_EQ(a16.lse.to_doubles(), a32.lse.to_doubles());
-  expect_same_bf16(a16.o, rounded(a32.o), "attention o");
+  // o: P is rounded to bf16 before P·V, as the GPU's kernels round it, so o is within a rounding of P
+  // (2⁻⁸ relative, times max |v|) of the f32 kernel's, plus its own rounding once.
+  const std::vector<double> o16 = f32(a16.o).to_doubles(), o32 = a32.o.to_doubles(), vs = f32(v).to_doubles();
+  double vmax = 0;
+  for (double x : vs) vmax = std::max(vmax, std::abs(x));
+  for (size_t i = 0; i < o16.size(); ++i) {
+    EXPECT_LE(std::abs(o16[i] - o32[i]), std::ldexp(std::abs(o32[i]), -8) + std::ldexp(vmax, -8)) << "attention o " << i;
+  }
 }
 
 OptimConfig plain_sgd() {
