@@ -403,26 +403,10 @@ TEST(Gla, RegistryEntry) {
 // ---- bf16 on the CPU ----
 // The CPU kernels take bf16 tensors themselves: a head's rows widened to f32, every recurrence, state and gate
 // in f32, the chunkwise form's GEMMs on bf16 operands with f32 sums, outputs rounded once (layers/variant_rows.h).
-// The reference is the f32 kernel of the same form on the same bf16 values, with the GEMMs on the CPU's bf16
-// instructions and with them forced onto widened operands (SEQLAB_CPU_BF16_GEMM=widened). Tolerances: the
-// 2e-2 of tests/gla_gpu_test.cc, but relative to each tensor's largest magnitude, |got − want| ≤ 2e-2 ·
-// max(max |want|, 1), and norm-wise ≤ 1e-2. Not per element against max(|want|, 1) as on the GPU, whose kernels
-// round only their outputs: here the GEMM operands are rounded too (gate-scaled rows, scores, the state), and
-// where a sum cancels (gates near 0, long sums, dg) an element's error is that of its terms, up to 0.094 of the
-// element measured ("dk > dv", gates near 0); norm-wise the worst measured is 2.7e-3, about bf16's unit
-// roundoff. The recurrent form has no GEMM, so its bf16 result is exactly the f32 result rounded to bf16.
-//
-// max |got − want| / max(max |want|, 1): the largest error against the tensor's scale.
-double max_error_of_scale(const Tensor& got, const Tensor& want) {
-  const std::vector<double> x = got.to_doubles(), y = want.to_doubles();
-  double err = 0, scale = 1;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-    err = std::max(err, std::abs(x[i] - y[i]));
-    scale = std::max(scale, std::abs(y[i]));
-  }
-  return err / scale;
-}
-
+// Against the f32 kernel of the same form on the same bf16 values, with the GEMMs on the CPU's bf16
+// instructions and forced onto widened operands (SEQLAB_CPU_BF16_GEMM=widened): chunkwise within the bf16
+// tolerances of testing::expect_bf16_close; the recurrent form has no GEMM, so its bf16 result is exactly the
+// f32 result rounded to bf16. GLA has no separate key/value heads, so there is no GQA case.
 struct Bf16Run {
   std::vector<Tensor> all;  // o, final_state, dq, dk, dv, dg, dgv, dinitial_state (undefined when absent)
 };
@@ -434,14 +418,16 @@ Bf16Run run_kernels(const Inputs& in, const GlaOptions& opts, const Tensor& dout
   return {{out.o, out.final_state, gr.dq, gr.dk, gr.dv, gr.dg, gr.dgv, gr.dinitial_state}};
 }
 
-// Restores the bf16 GEMM path a test found when it ends.
-struct Bf16GemmPath {
-  const bool native = kernel::cpu_bf16_gemm_native();
-  ~Bf16GemmPath() { kernel::set_cpu_bf16_gemm_widened(!native); }
-};
+Inputs as_f32(const Inputs& in) {
+  Inputs w;
+  std::vector<const Tensor*> src = {&in.q, &in.k, &in.v, &in.g, &in.gv, &in.h0};
+  std::vector<Tensor*> dst = {&w.q, &w.k, &w.v, &w.g, &w.gv, &w.h0};
+  for (size_t i = 0; i < src.size(); ++i) *dst[i] = testing::cast_or_none(*src[i], DType::f32);
+  return w;
+}
 
 TEST(GlaBf16, ChunkwiseWithinBf16OfF32AndRecurrentExact) {
-  Bf16GemmPath restore;
+  testing::Bf16GemmPath restore;
   struct Gates {
     const char* name;
     double lo, hi;
@@ -456,73 +442,53 @@ TEST(GlaBf16, ChunkwiseWithinBf16OfF32AndRecurrentExact) {
                         {"odd sizes", 2, 37, 3, 5, 7, 16, 4, true, false},
                         {"dk > dv", 1, 45, 2, 24, 10, 16, 8, false, false},
                         {"gla_small head", 1, 150, 2, 64, 64, 64, 16, true, true}};
-  double worst_norm = 0, worst_max = 0, worst_elem = 0;
+  testing::Bf16Worst worst;
   for (bool widened_gemm : {false, true}) {
     kernel::set_cpu_bf16_gemm_widened(widened_gemm);
     for (const Case& c : cases) {
       for (const Gates& gt : gates) {
-        const Inputs in = make_inputs(c, DType::bf16, 41, gt.lo, gt.hi);
-        Inputs in32;
-        std::vector<const Tensor*> src = {&in.q, &in.k, &in.v, &in.g, &in.gv, &in.h0};
-        std::vector<Tensor*> dst = {&in32.q, &in32.k, &in32.v, &in32.g, &in32.gv, &in32.h0};
-        for (size_t i = 0; i < src.size(); ++i) *dst[i] = testing::cast_or_none(*src[i], DType::f32);
+        const Inputs in = make_inputs(c, DType::bf16, 41, gt.lo, gt.hi), in32 = as_f32(in);
         Generator cot(43);
         const Tensor dout = Tensor::randn({c.B, c.T, c.H, c.dv}, cot, DType::bf16),
                      dfinal = Tensor::randn({c.B, c.H, c.dk, c.dv}, cot, DType::bf16);
         const Tensor dout32 = kernel::to_dtype(dout, DType::f32), dfinal32 = kernel::to_dtype(dfinal, DType::f32);
         for (const GlaOptions& opts : {chunkwise(c), recurrent(c)}) {
-          const std::string at = std::string(c.name) + ", " + gt.name + ", " + gla_form_name(opts.form) +
-                                 (widened_gemm ? ", widened GEMM" : ", native GEMM");
           const Bf16Run got = run_kernels(in, opts, dout, dfinal);
           const Bf16Run want = run_kernels(in32, opts, dout32, dfinal32);
           for (size_t i = 0; i < 8; ++i) {
-            ASSERT_EQ(got.all[i].defined(), want.all[i].defined()) << kOutputNames[i] << " at " << at;
+            const std::string at = std::string(kOutputNames[i]) + " at " + c.name + ", " + gt.name + ", " +
+                                   gla_form_name(opts.form) + (widened_gemm ? ", widened GEMM" : ", native GEMM");
+            ASSERT_EQ(got.all[i].defined(), want.all[i].defined()) << at;
             if (!got.all[i].defined()) continue;
-            EXPECT_EQ(got.all[i].dtype(), DType::bf16) << kOutputNames[i] << " at " << at;
-            EXPECT_TRUE(all_finite(got.all[i])) << kOutputNames[i] << " at " << at;
-            if (opts.form == GlaForm::recurrent) {  // no GEMM: the f32 result rounded once
-              const Tensor rounded = kernel::to_dtype(want.all[i], DType::bf16);
-              EXPECT_EQ(got.all[i].to_doubles(), rounded.to_doubles()) << kOutputNames[i] << " at " << at;
+            if (opts.form == GlaForm::recurrent) {
+              testing::expect_rounded_from(got.all[i], want.all[i], at);
             } else {
-              const double e_norm = testing::norm_rel_error(got.all[i], want.all[i]);
-              const double e_max = max_error_of_scale(got.all[i], want.all[i]);
-              worst_norm = std::max(worst_norm, e_norm);
-              worst_max = std::max(worst_max, e_max);
-              worst_elem = std::max(worst_elem, max_rel_error(got.all[i], want.all[i]));
-              EXPECT_LE(e_norm, 1e-2) << kOutputNames[i] << " at " << at;
-              EXPECT_LE(e_max, 2e-2) << kOutputNames[i] << " at " << at;
+              testing::expect_bf16_close(got.all[i], want.all[i], at, worst);
             }
           }
         }
       }
     }
   }
-  std::printf("    bf16 chunkwise against f32, worst: norm-wise %.3g, max |error| / max(max |f32|, 1) %.3g, "
-              "elementwise |error| / max(|f32|, 1) %.3g\n",
-              worst_norm, worst_max, worst_elem);
+  worst.print("gla chunkwise");
 }
 
 // Through the differentiable op: bf16 tensors in, bf16 gradients out, as the f32 op on the same values.
 TEST(GlaBf16, DifferentiableOp) {
   const Case c{"", 2, 70, 2, 16, 12, 32, 8, true, true};
-  const Inputs in = make_inputs(c, DType::bf16, 47);
-  Inputs in32;
-  std::vector<const Tensor*> src = {&in.q, &in.k, &in.v, &in.g, &in.gv, &in.h0};
-  std::vector<Tensor*> dst = {&in32.q, &in32.k, &in32.v, &in32.g, &in32.gv, &in32.h0};
-  for (size_t i = 0; i < src.size(); ++i) *dst[i] = testing::cast_or_none(*src[i], DType::f32);
+  const Inputs in = make_inputs(c, DType::bf16, 47), in32 = as_f32(in);
   Generator cot(53);
   const Tensor go = Tensor::randn({c.B, c.T, c.H, c.dv}, cot, DType::bf16),
                gs = Tensor::randn({c.B, c.H, c.dk, c.dv}, cot, DType::bf16);
   const Result got = forward_backward(in, chunkwise(c), go, gs);
   const Result want = forward_backward(in32, chunkwise(c), kernel::to_dtype(go, DType::f32),
                                        kernel::to_dtype(gs, DType::f32));
-  EXPECT_EQ(got.o.dtype(), DType::bf16);
-  EXPECT_LE(max_rel_error(got.o, want.o), 2e-2);
-  EXPECT_LE(max_rel_error(got.fs, want.fs), 2e-2);
+  testing::Bf16Worst worst;
+  testing::expect_bf16_close(got.o, want.o, "o", worst);
+  testing::expect_bf16_close(got.fs, want.fs, "final_state", worst);
   for (size_t i = 0; i < 6; ++i) {
     ASSERT_TRUE(got.grads[i].defined()) << kInputNames[i];
-    EXPECT_EQ(got.grads[i].dtype(), DType::bf16) << kInputNames[i];
-    EXPECT_LE(max_rel_error(got.grads[i], want.grads[i]), 2e-2) << "d" << kInputNames[i];
+    testing::expect_bf16_close(got.grads[i], want.grads[i], std::string("d") + kInputNames[i], worst);
   }
 }
 

@@ -8,6 +8,13 @@
 //   single-threaded on the calling thread inside the parallel region.
 // - A head's rows of q, k, v, o are strided (H·dk or H·dv apart) in the [B, T, H, ·] layout; the
 //   GEMMs read and write them in place through the leading dimension, without copies.
+// - bf16 tensors are taken as they are (layers/variant_rows.h): the kernels are templates on the tensors'
+//   element type E and compute in T = compute_t<E> (f32 for bf16). A head's rows are widened to f32 when
+//   its task starts and its outputs rounded to bf16 once when it ends; the recurrent form, the state
+//   recurrence, the gates and the pairwise diagonal sub-chunk stay f32, and every GEMM of the chunkwise form
+//   (the `mm` calls: inter-chunk q̂ S, the sub-chunk scores q̃ k̃ᵀ, Ã v, the state's k̂ᵀ v̂, and their
+//   backward counterparts) multiplies bf16 operands with f32 sums into f32. For f32 and f64 the rows are
+//   the tensors' own and `mm` is cpu::gemm on them: the kernels they always were.
 // - Gate factors are always exp(x) with x ≤ 0 (differences of cumulative log-gates taken in the
 //   direction of time), so nothing overflows for any gate strength; they may underflow to 0,
 //   which is also what the exact value rounds to.
