@@ -62,7 +62,8 @@ auto dispatch_stored(DType d, const char* op, Fn&& fn) {
 // f32 and f64 they are the tensors' own rows (no copy). For bf16: in() widens the rows into a buffer,
 // out() hands a buffer that store() rounds into the tensor; the kernel reads rows `width` apart in
 // them (ld()). One TaskRows per thread, reused task after task: begin() at the start of a task, store()
-// at its end.
+// at its end. Memory for bf16, per thread: an f32 copy of the head's rows of every input and output the
+// kernel names (T × dk or T × dv each, and the [dk, dv] states): the stand-ins' copies, one head at a time.
 template <class E>
 class TaskRows {
  public:
