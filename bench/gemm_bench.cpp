@@ -1,10 +1,14 @@
 // f32/f64 GEMM through the tensor API (kernel::matmul, which allocates its output and dispatches
 // to OpenBLAS single-threaded, split across the OpenMP team) against calling cblas_sgemm/dgemm directly
 // on preallocated buffers with OpenBLAS's own threads, in one run.
-// Prints GFLOP/s of both and their ratio. Usage: gemm_bench [runs]
+// Prints GFLOP/s of both and their ratio. Then bf16 against f32, both through the tensor API, at square
+// sizes and at gpt_small's projection shapes (B·T = 2048 rows, d 256, 3d, 4d): bf16 on the CPU's bf16
+// instructions through oneDNN, and bf16 widened to f32 (SEQLAB_CPU_BF16_GEMM=widened), each timed in
+// alternation with f32. Usage: gemm_bench [runs]
 #include <cblas.h>
 #include <omp.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -71,6 +75,27 @@ int main(int argc, char** argv) {
     std::printf("gemm %-4s %5ldx%-5ldx%-5ld  seqlab %8.1f GFLOP/s   openblas %8.1f GFLOP/s   ratio %.3f\n",
                 dtype_name(cases[i].dtype), static_cast<long>(n), static_cast<long>(n), static_cast<long>(n),
                 flops / ours[i] * 1e-9, flops / theirs[i] * 1e-9, theirs[i] / ours[i]);
+  }
+
+  std::printf("# bf16 against f32 (%s); ratio = bf16 throughput / f32 throughput\n",
+              kernel::cpu_bf16_gemm_config().c_str());
+  const bool native = kernel::cpu_bf16_gemm_native();
+  for (const auto& [m, k, n] : {std::array<int64_t, 3>{256, 256, 256}, {512, 512, 512}, {1024, 1024, 1024},
+                               {2048, 256, 768}, {2048, 256, 1024}, {2048, 1024, 256}}) {
+    const Tensor a = Tensor::randn({m, k}, gen), b = Tensor::randn({k, n}, gen);
+    const Tensor a16 = kernel::to_dtype(a, DType::bf16), b16 = kernel::to_dtype(b, DType::bf16);
+    const auto f32 = [&] { Tensor y = kernel::matmul(a, b); };
+    const auto bf16 = [&] { Tensor y = kernel::matmul(a16, b16); };
+    const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
+    const bench::PairTiming fast = bench::time_pair(bf16, f32, 2, runs);
+    kernel::set_cpu_bf16_gemm_widened(true);
+    const bench::PairTiming wide = bench::time_pair(bf16, f32, 2, runs);
+    kernel::set_cpu_bf16_gemm_widened(false);
+    std::printf("gemm %5ldx%-5ldx%-5ld  f32 %7.1f GFLOP/s   bf16 %s %7.1f GFLOP/s (%.2fx)   bf16 widened %7.1f GFLOP/s "
+                "(%.2fx)\n",
+                static_cast<long>(m), static_cast<long>(k), static_cast<long>(n), flops / fast.b_seconds * 1e-9,
+                native ? "oneDNN" : "(widened)", flops / fast.a_seconds * 1e-9, fast.b_seconds / fast.a_seconds, flops / wide.a_seconds * 1e-9,
+                wide.b_seconds / wide.a_seconds);
   }
   return 0;
 }

@@ -7,13 +7,17 @@
 // bench/gpu_vs_torch.sh can quote the ratio of the two (and the latter the MFU, from model_TFLOP/s).
 //
 // --device cuda trains on the first GPU; --dtype bf16 converts the weights with model.to(device, bf16)
-// as train.dtype = "bf16" does, the optimizer keeping f32 master weights and state (on the CPU bf16
-// runs through f32 stand-ins: the reference, not a fast path). The clock starts and stops after a
-// device synchronisation; the loss is read once, at the end, so the host queues steps ahead of the
-// GPU as PyTorch's loop does.
+// as train.dtype = "bf16" does, the optimizer keeping f32 master weights and state (on the CPU each
+// kernel computes bf16 in f32 and rounds its outputs once: the reference, src/tensor/dispatch.h).
+// The clock starts and stops after a device synchronisation; the loss is read once, at the end, so
+// the host queues steps ahead of the GPU as PyTorch's loop does.
+//
+// --profile 1 (CPU only) then trains --steps more steps under the step profile (src/tensor/profile.h) and
+// prints its table: ms/step by category (GEMM, attention, norms, elementwise, optimizer, copies, bf16
+// stand-ins, loss, framework) and the slots that take the most; the timed line above it is unprofiled.
 //
 // Usage: gpt_train_bench [--d 256] [--layers 4] [--heads 4] [--T 256] [--B 8] [--vocab 256]
-//                        [--steps 20] [--threads 0] [--device cpu|cuda] [--dtype f32|bf16]
+//                        [--steps 20] [--threads 0] [--device cpu|cuda] [--dtype f32|bf16] [--profile 0|1]
 //        (--threads 0: the OpenMP / OpenBLAS default)
 #include <cblas.h>
 #include <omp.h>
@@ -29,6 +33,7 @@
 #include "layers/model/decoder.h"
 #include "tensor/device.h"
 #include "tensor/kernels.h"
+#include "tensor/profile.h"
 #include "train/optim/optim.h"
 
 using namespace seqlab;
@@ -36,14 +41,14 @@ using namespace seqlab;
 namespace {
 
 struct Flags {
-  int64_t d = 256, layers = 4, heads = 4, T = 256, B = 8, vocab = 256, steps = 20, threads = 0;
+  int64_t d = 256, layers = 4, heads = 4, T = 256, B = 8, vocab = 256, steps = 20, threads = 0, profile = 0;
   bench::Placement on;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "gpt_train_bench: %s\nusage: gpt_train_bench [--d N] [--layers N] [--heads N] [--T N] [--B N] "
-               "[--vocab N] [--steps N] [--threads N] [--device cpu|cuda] [--dtype f32|bf16]\n",
+               "[--vocab N] [--steps N] [--threads N] [--device cpu|cuda] [--dtype f32|bf16] [--profile 0|1]\n",
                why.c_str());
   std::exit(2);
 }
@@ -58,9 +63,12 @@ Flags parse(int argc, char** argv) {
                       {"--B", &f.B},
                       {"--vocab", &f.vocab},
                       {"--steps", &f.steps},
-                      {"--threads", &f.threads}},
+                      {"--threads", &f.threads},
+                      {"--profile", &f.profile}},
                      f.on, usage);
   if (f.steps < 1) usage("--steps must be at least 1");
+  if (f.profile > 1) usage("--profile is 0 or 1");
+  if (f.profile && f.on.device.is_cuda()) usage("--profile times CPU kernels only: use it with --device cpu");
   return f;
 }
 
@@ -127,6 +135,14 @@ int bench_main(const Flags& f) {
   std::printf("seqlab device=%s dtype=%s params=%ld tokens/s=%.0f step_ms=%.1f model_TFLOP/s=%.3f loss=%.3f\n",
               f.on.device.is_cuda() ? "cuda" : "cpu", dtype_name(f.on.dtype), static_cast<long>(n), tps,
               1000.0 * dt / static_cast<double>(f.steps), tps * flops_per_token / 1e12, loss);
+  if (f.profile) {
+    profile::start();
+    const double wall = bench::seconds_of([&] {
+      for (int64_t i = 0; i < f.steps; ++i) step();
+    });
+    profile::stop();
+    std::printf("%s", profile::table(profile::snapshot(), wall, f.steps).c_str());
+  }
   return 0;
 }
 

@@ -1,6 +1,7 @@
 // The recipe → config mapping's size checks (train/recipe/configs.h): the memory estimate against
 // what one training step allocates on the CPU, and check_memory refusing a model that does not fit
-// before anything is allocated, naming the key that makes it too big.
+// before anything is allocated, naming the key that makes it too big; train.dtype = "auto" resolving
+// to bf16 exactly where the device has bf16 instructions.
 #include "train/recipe/configs.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/kernels.h"
 #include "train/loop/trainer.h"
 
 namespace seqlab {
@@ -55,6 +57,19 @@ double measured_step_bytes(const Recipe& r, int64_t vocab) {
     });
   }
   return static_cast<double>(host.stats().peak_bytes - before);
+}
+
+TEST_F(ConfigsTest, AutoDtypeIsBf16WhereTheDeviceHasBf16Instructions) {
+  const Recipe cpu = recipe(kSmall, {"train.device=cpu", "train.dtype=auto"});
+  EXPECT_EQ(training_dtype(cpu), kernel::cpu_bf16_gemm_native() ? DType::bf16 : DType::f32)
+      << kernel::cpu_bf16_gemm_config();
+  // Widening forced (no bf16 instructions as far as the GEMMs go): auto falls back to f32.
+  kernel::set_cpu_bf16_gemm_widened(true);
+  EXPECT_EQ(training_dtype(cpu), DType::f32);
+  kernel::set_cpu_bf16_gemm_widened(false);
+  // An explicit dtype is what it says, whatever the device.
+  EXPECT_EQ(training_dtype(recipe(kSmall, {"train.device=cpu", "train.dtype=bf16"})), DType::bf16);
+  EXPECT_EQ(training_dtype(recipe(kSmall, {"train.device=cpu", "train.dtype=f32"})), DType::f32);
 }
 
 TEST_F(ConfigsTest, TheEstimateIsCloseToWhatAStepAllocates) {

@@ -22,6 +22,10 @@ namespace {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
 Tensor leaf(const std::vector<double>& v, DType dtype = DType::f64) {
   Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, dtype);
   set_requires_grad(t, true);
@@ -251,6 +255,104 @@ TEST(Optimizer, RejectsAGradientOfAnotherDtype) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// The multi-tensor AdamW step (adamw_multi_step_kernel, which Optimizer::step calls on the CPU) against
+// one adamw_step_kernel per parameter: the same bits in p, m, v and the master, for f64, f32 and bf16
+// parameters (with a bf16 gradient or an f32 sum of micro-batch gradients), with sizes that put thread
+// boundaries inside tensors and tensors smaller than a thread's share, over three steps.
+
+struct AdamWCase {
+  DType param, grad;
+  int64_t n;
+};
+
+TEST(AdamWMulti, SameBitsAsOneKernelPerParameter) {
+  const std::vector<AdamWCase> cases = {{DType::f64, DType::f64, 7},      {DType::f32, DType::f32, 1},
+                                        {DType::f32, DType::f32, 20011},  {DType::bf16, DType::bf16, 3},
+                                        {DType::bf16, DType::f32, 9000},  {DType::f32, DType::f32, 65537},
+                                        {DType::bf16, DType::bf16, 33333}, {DType::f64, DType::f64, 12000}};
+  Generator gen(11);
+  struct State {
+    Tensor p, m, v, w;
+  };
+  auto make = [&](const AdamWCase& c) {
+    State s;
+    s.p = kernel::to_dtype(Tensor::randn({c.n}, gen), c.param);
+    const DType sd = c.param == DType::f64 ? DType::f64 : DType::f32;
+    s.m = Tensor::zeros({c.n}, sd);
+    s.v = Tensor::zeros({c.n}, sd);
+    if (c.param == DType::bf16) s.w = kernel::to_dtype(s.p, DType::f32);
+    return s;
+  };
+  std::vector<State> one, multi;
+  for (const AdamWCase& c : cases) {
+    one.push_back(make(c));
+    multi.push_back({kernel::clone(one.back().p), kernel::clone(one.back().m), kernel::clone(one.back().v),
+                     one.back().w.defined() ? kernel::clone(one.back().w) : Tensor()});
+  }
+  for (int t = 1; t <= 3; ++t) {
+    std::vector<kernel::AdamWTensors> entries;
+    for (size_t j = 0; j < cases.size(); ++j) {
+      const Tensor g = kernel::to_dtype(Tensor::randn({cases[j].n}, gen, DType::f64, 0.3), cases[j].grad);
+      // Per-group settings differ per tensor: lr and decay from the index, bias corrections from t.
+      kernel::AdamWStep a{1e-2 * static_cast<double>(j + 1), j % 2 ? 0.1 : 0.0, 0.9, 0.95, 1e-8,
+                          1.0 - std::pow(0.9, t), 1.0 - std::pow(0.95, t)};
+      kernel::adamw_step_kernel(cpu_device(), a, one[j].p, g, one[j].m, one[j].v, one[j].w);
+      entries.push_back({a, multi[j].p, g, multi[j].m, multi[j].v, multi[j].w});
+    }
+    kernel::adamw_multi_step_kernel(cpu_device(), entries);
+    for (size_t j = 0; j < cases.size(); ++j) {
+      SCOPED_TRACE("step " + std::to_string(t) + ", tensor " + std::to_string(j));
+      EXPECT_TRUE(same_bits(one[j].p, multi[j].p));
+      EXPECT_TRUE(same_bits(one[j].m, multi[j].m));
+      EXPECT_TRUE(same_bits(one[j].v, multi[j].v));
+      if (one[j].w.defined()) EXPECT_TRUE(same_bits(one[j].w, multi[j].w));
+    }
+  }
+  // The update moved every tensor (the comparison above is not of untouched values).
+  EXPECT_FALSE(same_bits(one[2].m, Tensor::zeros({cases[2].n}, DType::f32)));
+}
+
+// The gradient norm and clip over many tensors in one call each, against the per-tensor kernels: the same
+// bits for f64, f32 and bf16, with tensors of several sum blocks (2^15 elements), of none and of one.
+TEST(GradNormMulti, SameBitsAsOneKernelPerTensor) {
+  Generator gen(12);
+  std::vector<Tensor> xs = {Tensor::randn({70001}, gen, DType::f64), Tensor::randn({5}, gen),
+                            kernel::to_dtype(Tensor::randn({40000}, gen), DType::bf16), Tensor::empty({0}),
+                            Tensor::randn({32768}, gen), kernel::to_dtype(Tensor::randn({3}, gen), DType::bf16)};
+  Tensor sums = Tensor::empty({static_cast<int64_t>(xs.size())}, DType::f64);
+  kernel::sum_squares_multi_kernel(cpu_device(), xs, sums);
+  for (size_t j = 0; j < xs.size(); ++j) {
+    Tensor one = Tensor::empty({1}, DType::f64);
+    kernel::sum_squares_kernel(cpu_device(), xs[j], one);
+    const double a = one.to_doubles()[0], b = sums.to_doubles()[j];
+    EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "tensor " << j << ": " << a << " vs " << b;
+  }
+  EXPECT_GT(sums.to_doubles()[0], 60000.0);  // Σ of 70001 squares of N(0, 1) draws: the sums are real
+  std::vector<Tensor> each, together;
+  for (const Tensor& x : xs) {
+    each.push_back(kernel::clone(x));
+    together.push_back(kernel::clone(x));
+  }
+  for (const Tensor& x : each) kernel::scale_inplace_kernel(cpu_device(), x, 0.3711);
+  kernel::scale_inplace_multi_kernel(cpu_device(), together, 0.3711);
+  for (size_t j = 0; j < xs.size(); ++j) {
+    EXPECT_TRUE(same_bits(each[j], together[j])) << "tensor " << j;
+    if (xs[j].numel() > 0) EXPECT_FALSE(same_bits(each[j], xs[j])) << "tensor " << j << " was scaled";
+  }
+}
+
+TEST(AdamWMulti, RefusesABf16ParameterWithoutMaster) {
+  Tensor p = Tensor::zeros({4}, DType::bf16), g = Tensor::zeros({4}, DType::bf16);
+  Tensor m = Tensor::zeros({4}), v = Tensor::zeros({4});
+  try {
+    kernel::adamw_multi_step_kernel(cpu_device(), {{kernel::AdamWStep{}, p, g, m, v, Tensor()}});
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(contains(e.what(), "no f32 master")) << e.what();
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
 // Clipping and scaling
 
 TEST(ClipGradNorm, ReturnsTheNormAndScalesToMaxNorm) {
@@ -387,9 +489,6 @@ struct Model {
   }
 };
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
-}
 
 TEST(OptimizerState, SaveLoadContinuesBitForBit) {
   const std::string path = ::testing::TempDir() + "/optim_state_" + std::to_string(::getpid()) + ".safetensors";

@@ -52,7 +52,7 @@ grep -q '^### step 6' "$WORK/a/samples.txt" && pass "sample written" || fail "no
 [ -f "$WORK/a/recipe.toml" ] && pass "resolved recipe written" || fail "no recipe.toml"
 "$SEQLAB" --resume "$WORK/a" | grep -q "already complete" && pass "resuming a finished run does nothing" || fail "finished run"
 
-# 1b. Mixed precision (bf16 weights and activations, f32 masters; emulated on the CPU), with two
+# 1b. Mixed precision (bf16 weights and activations, f32 masters; GEMMs on the CPU's bf16 instructions where it has them), with two
 # micro-batches a step summed in f32, resumes exactly too: its checkpoints hold the f32 master weights.
 "$SEQLAB" "$WORK/tiny.toml" --out "$WORK/m" --set 'train.dtype="bf16"' --set train.grad_accum=2 2> /dev/null \
   > /dev/null || fail "bf16 run"

@@ -7,16 +7,24 @@
 // #ifdef. The slots are zero-initialised constants, so registration from any translation unit's
 // static initialiser is safe regardless of initialisation order.
 //
-// bf16 on the CPU: CPU kernels compute in f32 and f64 only. When a CPU kernel is called with bf16
-// tensors, the slot hands it f32 stand-ins (exact: every bf16 value is an f32 value) and afterwards
-// rounds the stand-ins back into the bf16 originals (round to nearest even, as the CUDA kernels
-// store bf16). So a bf16 tensor is rounded exactly where the CUDA kernels round it, at each kernel's
-// outputs, and the CPU stays the reference for bf16 training; it is not a fast path. Tensors inside
-// struct arguments (NormOutput, AttentionGrads, ...) are reached through an ADL function
-// `tensor_fields(S&)` declared next to the struct. Kernels that handle bf16 themselves (copies and
-// fills, which the conversion itself uses) are registered with SEQLAB_REGISTER_KERNEL_TAKING_BF16.
+// bf16 on the CPU: a CPU kernel computes in f32 or f64. When a kernel is called with bf16 tensors,
+// the slot hands it f32 stand-ins (exact: every bf16 value is an f32 value) and afterwards rounds the
+// stand-ins back into the bf16 originals (round to nearest even, as the CUDA kernels store bf16).
+// So a bf16 tensor is rounded exactly where the CUDA kernels round it, at each kernel's outputs, and
+// the CPU stays the reference for bf16 training. That definition is the semantics of every bf16 CPU
+// kernel. Tensors inside struct arguments (NormOutput, AttentionGrads, ...) are reached through an
+// ADL function `tensor_fields(S&)` declared next to the struct. Kernels that handle bf16 themselves
+// are registered with SEQLAB_REGISTER_KERNEL_TAKING_BF16: copies and fills (which the conversion
+// itself uses) and the kernels a training step runs most (elementwise, norms, softmax,
+// cross-entropy, embedding, row sums, AdamW), which load bf16 to f32, compute the f32 kernel's
+// arithmetic and round once on store, the same bits without the stand-ins' copies
+// (tensor/bf16_convert.h; tests/bf16_cpu_test.cc holds each to the stand-in path bit for bit).
+//
+// The step profile (profile.h) times CPU calls here, the one place every kernel passes: off, it costs the
+// slot one relaxed atomic load.
 #pragma once
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -25,6 +33,7 @@
 #include <vector>
 
 #include "tensor/device.h"
+#include "tensor/profile.h"
 #include "tensor/tensor.h"
 
 namespace seqlab {
@@ -77,13 +86,21 @@ A widened(const A& a, Widening& w) {
 template <class R, class... Args>
 R call_widened(R (*f)(Args...), Args... args) {
   Widening w;
+  std::optional<profile::StandinConversion> timed;  // the conversions, apart from the kernel (profile.h)
+  if (profile::enabled()) timed.emplace(false);
   std::tuple<std::decay_t<Args>...> wide{widened(args, w)...};  // braced: widened left to right
+  timed.reset();
+  auto narrow_back = [&] {
+    if (profile::enabled()) timed.emplace(true);
+    w.narrow_back();
+    timed.reset();
+  };
   if constexpr (std::is_void_v<R>) {
     std::apply(f, wide);
-    w.narrow_back();
+    narrow_back();
   } else {
     R r = std::apply(f, wide);
-    w.narrow_back();
+    narrow_back();
     return r;
   }
 }
@@ -98,7 +115,8 @@ struct KernelSlot<R (*)(Args...)> {
   using Fn = R (*)(Args...);
   const char* name;
   Fn impl[2];
-  bool cpu_takes_bf16;  // the CPU kernel handles bf16 tensors itself
+  bool cpu_takes_bf16;      // the CPU kernel handles bf16 tensors itself
+  const char* declared_in;  // the header that declares the slot (the profile's category reads it)
 
   R operator()(Device d, Args... args) const {
     Fn f = impl[static_cast<int>(d.type)];
@@ -106,7 +124,16 @@ struct KernelSlot<R (*)(Args...)> {
       throw std::runtime_error(std::string("kernel '") + name + "' has no implementation on " + d.str() +
                                (d.is_cuda() ? " (this build has no CUDA backend)" : ""));
     }
+    if (profile::enabled() && d.is_cpu()) return timed_cpu_call(f, args...);
     if (d.is_cpu() && !cpu_takes_bf16 && (bf16_on_cpu::carries_bf16<std::decay_t<Args>>(args) || ...)) {
+      return bf16_on_cpu::call_widened<R, Args...>(f, args...);
+    }
+    return f(args...);
+  }
+  // The CPU call of operator() under the step profile.
+  R timed_cpu_call(Fn f, Args... args) const {
+    profile::SlotCall timed(name, declared_in);
+    if (!cpu_takes_bf16 && (bf16_on_cpu::carries_bf16<std::decay_t<Args>>(args) || ...)) {
       return bf16_on_cpu::call_widened<R, Args...>(f, args...);
     }
     return f(args...);
@@ -129,7 +156,7 @@ struct KernelRegistration {
 // it as a unique symbol), and its constant initialiser runs before any registration.
 #define SEQLAB_DECLARE_KERNEL(slot, signature) \
   using slot##_fn = signature;                 \
-  inline ::seqlab::KernelSlot<slot##_fn> slot = {#slot, {nullptr, nullptr}, false}
+  inline ::seqlab::KernelSlot<slot##_fn> slot = {#slot, {nullptr, nullptr}, false, __FILE__}
 
 #define SEQLAB_CONCAT_INNER(a, b) a##b
 #define SEQLAB_CONCAT(a, b) SEQLAB_CONCAT_INNER(a, b)

@@ -68,8 +68,9 @@ template <> struct dtype_of<bf16> { static constexpr DType value = DType::bf16; 
 template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
 template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
 
-// Calls fn(T{}) with T the C++ type of a floating dtype the CPU computes in (f32, f64).
-// bf16 tensors are computed in f32 on the CPU by converting first; kernels never see bf16.
+// Calls fn(T{}) with T the C++ type of a floating dtype the CPU computes in (f32, f64). A kernel
+// dispatching with it sees bf16 tensors as f32 stand-ins (tensor/dispatch.h); kernels that take bf16
+// themselves use dispatch_float_or_bf16 (tensor/bf16_convert.h).
 template <class Fn>
 auto dispatch_float(DType d, const char* op, Fn&& fn) {
   switch (d) {

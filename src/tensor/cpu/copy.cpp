@@ -1,9 +1,11 @@
 // CPU copy (strided, converting dtype) and fill.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
-#include "tensor/parallel.h"
+#include "tensor/bf16_convert.h"
 #include "tensor/kernels.h"
+#include "tensor/parallel.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -29,11 +31,39 @@ int64_t omp_thread() {
 
 namespace {
 
+// out[i] = convert(in[i]) for i < n; bf16 <-> f32 (the dispatch layer's stand-ins) by the vectorised
+// loops of tensor/bf16_convert.h, the same bits as convert_scalar.
+template <class D, class S>
+void convert_run(const S* in, D* out, int64_t n) {
+  if constexpr (std::is_same_v<D, float> && std::is_same_v<S, bf16>) {
+    widen_bf16_run(in, out, n);
+  } else if constexpr (std::is_same_v<D, bf16> && std::is_same_v<S, float>) {
+    round_to_bf16_run(in, out, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = convert_scalar<D>(in[i]);
+  }
+}
+
 // dst[i] = convert(src[i]) for every index i of dst's shape.
 void copy_cpu(const Tensor& dst, const Tensor& src) {
   const int64_t n = dst.numel();
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
     std::memcpy(dst.raw_data(), src.raw_data(), dst.nbytes());
+    return;
+  }
+  if (dst.is_contiguous() && src.is_contiguous()) {
+    // One block whatever the rank (a 1-D tensor is one row, which the row loop below would give to
+    // one thread): split into one run per thread.
+    dispatch_any(dst.dtype(), [&](auto dst_tag) {
+      using D = decltype(dst_tag);
+      dispatch_any(src.dtype(), [&](auto src_tag) {
+        using S = decltype(src_tag);
+        D* out = static_cast<D*>(dst.raw_data());
+        const S* in = static_cast<const S*>(src.raw_data());
+        parallel_for(n, kParallelGrain,
+                     [&](int64_t begin, int64_t end) { convert_run(in + begin, out + begin, end - begin); });
+      });
+    });
     return;
   }
   dispatch_any(dst.dtype(), [&](auto dst_tag) {
@@ -53,7 +83,7 @@ void copy_cpu(const Tensor& dst, const Tensor& src) {
           for (int64_t r = begin; r < end; ++r, walk.next()) {
             D* o = out + walk.offset(0);
             const S* i = in + walk.offset(1);
-            for (int64_t c = 0; c < inner; ++c) o[c] = convert_scalar<D>(i[c]);
+            convert_run(i, o, inner);
           }
         });
         return;

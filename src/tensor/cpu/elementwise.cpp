@@ -1,9 +1,13 @@
 // CPU elementwise kernels: one loop each, the per-element formula from elementwise_math.h.
+// unary, unary_backward, binary and scalar take bf16 themselves (tensor/bf16_convert.h): each element
+// is loaded to f32, computed by the f32 formula and rounded once on store, the bits the dispatch
+// layer's f32 stand-ins give, without their copies.
 #include <algorithm>
 
-#include "tensor/parallel.h"
+#include "tensor/bf16_convert.h"
 #include "tensor/elementwise_math.h"
 #include "tensor/kernels.h"
+#include "tensor/parallel.h"
 
 namespace seqlab::cpu {
 namespace {
@@ -38,14 +42,18 @@ void with_scalar(ScalarOp op, Fn&& fn) {
 }
 
 void unary_cpu(UnaryOp op_value, const Tensor& x, double alpha, const Tensor& out) {
+  if (x.dtype() == DType::bf16 && !bf16_on_cpu::native_bf16({&x, &out})) {
+    return bf16_on_cpu::call_on_standins(&unary_cpu, op_value, x, alpha, out);
+  }
   with_unary(op_value, [&](auto op) {
-    dispatch_float(x.dtype(), kernel::unary_name(op), [&](auto tag) {
+    dispatch_float_or_bf16(x.dtype(), kernel::unary_name(op), [&](auto tag) {
       using T = decltype(tag);
+      using S = compute_t<T>;
       const T* in = x.data<T>();
       T* o = out.data<T>();
-      const T a = static_cast<T>(alpha);
+      const S a = static_cast<S>(alpha);
       parallel_for(x.numel(), kParallelGrain / 8, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) o[i] = math::unary_forward(op(), in[i], a);
+        for (int64_t i = begin; i < end; ++i) o[i] = to_storage<T>(math::unary_forward(op(), from_storage(in[i]), a));
       });
     });
   });
@@ -53,14 +61,21 @@ void unary_cpu(UnaryOp op_value, const Tensor& x, double alpha, const Tensor& ou
 
 void unary_backward_cpu(UnaryOp op_value, const Tensor& dy, const Tensor& x, const Tensor& y, double alpha,
                         const Tensor& dx) {
+  if (x.dtype() == DType::bf16 && !bf16_on_cpu::native_bf16({&dy, &x, &y, &dx})) {
+    return bf16_on_cpu::call_on_standins(&unary_backward_cpu, op_value, dy, x, y, alpha, dx);
+  }
   with_unary(op_value, [&](auto op) {
-    dispatch_float(x.dtype(), kernel::unary_name(op), [&](auto tag) {
+    dispatch_float_or_bf16(x.dtype(), kernel::unary_name(op), [&](auto tag) {
       using T = decltype(tag);
+      using S = compute_t<T>;
       const T *g = dy.data<T>(), *in = x.data<T>(), *out = y.data<T>();
       T* d = dx.data<T>();
-      const T a = static_cast<T>(alpha);
+      const S a = static_cast<S>(alpha);
       parallel_for(x.numel(), kParallelGrain / 8, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) d[i] = math::unary_backward(op(), g[i], in[i], out[i], a);
+        for (int64_t i = begin; i < end; ++i) {
+          d[i] = to_storage<T>(
+              math::unary_backward(op(), from_storage(g[i]), from_storage(in[i]), from_storage(out[i]), a));
+        }
       });
     });
   });
@@ -69,15 +84,20 @@ void unary_backward_cpu(UnaryOp op_value, const Tensor& dy, const Tensor& x, con
 // out = a op b where a and b are broadcast views of out's (contiguous) shape. When the last
 // dimension of both operands has stride 0 or 1, rows are processed by a tight inner loop.
 void binary_cpu(BinaryOp op_value, const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (out.dtype() == DType::bf16 && !bf16_on_cpu::native_bf16({&a, &b, &out})) {
+    return bf16_on_cpu::call_on_standins(&binary_cpu, op_value, a, b, out);
+  }
   with_binary(op_value, [&](auto op) {
-    dispatch_float(out.dtype(), kernel::binary_name(op), [&](auto tag) {
+    dispatch_float_or_bf16(out.dtype(), kernel::binary_name(op), [&](auto tag) {
       using T = decltype(tag);
+      // f(u, v) = op(u, v) rounded to T; one per-element formula for every loop below.
+      auto f = [&](T u, T v) { return to_storage<T>(math::binary(op(), from_storage(u), from_storage(v))); };
       const T *pa = a.data<T>(), *pb = b.data<T>();
       T* o = out.data<T>();
       const int64_t n = out.numel();
       if (a.is_contiguous() && b.is_contiguous()) {
         parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i) o[i] = math::binary(op(), pa[i], pb[i]);
+          for (int64_t i = begin; i < end; ++i) o[i] = f(pa[i], pb[i]);
         });
         return;
       }
@@ -92,15 +112,15 @@ void binary_cpu(BinaryOp op_value, const Tensor& a, const Tensor& b, const Tenso
             const T *ra_ptr = pa + walk.offset(0), *rb_ptr = pb + walk.offset(1);
             T* orow = o + r * inner;
             if (sa == 1 && sb == 1) {
-              for (int64_t i = 0; i < inner; ++i) orow[i] = math::binary(op(), ra_ptr[i], rb_ptr[i]);
+              for (int64_t i = 0; i < inner; ++i) orow[i] = f(ra_ptr[i], rb_ptr[i]);
             } else if (sa == 1) {
               const T bv = rb_ptr[0];
-              for (int64_t i = 0; i < inner; ++i) orow[i] = math::binary(op(), ra_ptr[i], bv);
+              for (int64_t i = 0; i < inner; ++i) orow[i] = f(ra_ptr[i], bv);
             } else if (sb == 1) {
               const T av = ra_ptr[0];
-              for (int64_t i = 0; i < inner; ++i) orow[i] = math::binary(op(), av, rb_ptr[i]);
+              for (int64_t i = 0; i < inner; ++i) orow[i] = f(av, rb_ptr[i]);
             } else {
-              const T v = math::binary(op(), ra_ptr[0], rb_ptr[0]);
+              const T v = f(ra_ptr[0], rb_ptr[0]);
               for (int64_t i = 0; i < inner; ++i) orow[i] = v;
             }
           }
@@ -110,7 +130,7 @@ void binary_cpu(BinaryOp op_value, const Tensor& a, const Tensor& b, const Tenso
       parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) {
         StridedWalker<2> walk(out.shape(), {&a.strides(), &b.strides()}, begin);
         for (int64_t i = begin; i < end; ++i, walk.next()) {
-          o[i] = math::binary(op(), pa[walk.offset(0)], pb[walk.offset(1)]);
+          o[i] = f(pa[walk.offset(0)], pb[walk.offset(1)]);
         }
       });
     });
@@ -118,14 +138,18 @@ void binary_cpu(BinaryOp op_value, const Tensor& a, const Tensor& b, const Tenso
 }
 
 void scalar_cpu(ScalarOp op_value, const Tensor& x, double s, const Tensor& out) {
+  if (x.dtype() == DType::bf16 && !bf16_on_cpu::native_bf16({&x, &out})) {
+    return bf16_on_cpu::call_on_standins(&scalar_cpu, op_value, x, s, out);
+  }
   with_scalar(op_value, [&](auto op) {
-    dispatch_float(x.dtype(), "scalar op", [&](auto tag) {
+    dispatch_float_or_bf16(x.dtype(), "scalar op", [&](auto tag) {
       using T = decltype(tag);
+      using S = compute_t<T>;
       const T* in = x.data<T>();
       T* o = out.data<T>();
-      const T sv = static_cast<T>(s);
+      const S sv = static_cast<S>(s);
       parallel_for(x.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) o[i] = math::scalar(op(), in[i], sv);
+        for (int64_t i = begin; i < end; ++i) o[i] = to_storage<T>(math::scalar(op(), from_storage(in[i]), sv));
       });
     });
   });
@@ -154,9 +178,9 @@ void where_cpu(const Tensor& cond, const Tensor& a, const Tensor& b, const Tenso
 }  // namespace seqlab::cpu
 
 namespace seqlab::kernel {
-SEQLAB_REGISTER_KERNEL(unary_kernel, DeviceType::CPU, &cpu::unary_cpu);
-SEQLAB_REGISTER_KERNEL(unary_backward_kernel, DeviceType::CPU, &cpu::unary_backward_cpu);
-SEQLAB_REGISTER_KERNEL(binary_kernel, DeviceType::CPU, &cpu::binary_cpu);
-SEQLAB_REGISTER_KERNEL(scalar_kernel, DeviceType::CPU, &cpu::scalar_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(unary_kernel, DeviceType::CPU, &cpu::unary_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(unary_backward_kernel, DeviceType::CPU, &cpu::unary_backward_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(binary_kernel, DeviceType::CPU, &cpu::binary_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(scalar_kernel, DeviceType::CPU, &cpu::scalar_cpu);
 SEQLAB_REGISTER_KERNEL(where_kernel, DeviceType::CPU, &cpu::where_cpu);
 }  // namespace seqlab::kernel

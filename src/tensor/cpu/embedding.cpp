@@ -6,18 +6,27 @@
 // the tokens are first bucketed by row with a stable counting sort, and threads then own disjoint
 // ranges of vocabulary rows, each summing its tokens in token order: the result is the same bits
 // for any thread count.
+//
+// bf16 weights and gradients are read as f32 and written rounded once (tensor/bf16_convert.h), the
+// f32 kernels' bits on their stand-ins: a gathered row is the weight row itself, except that a
+// signalling NaN comes out quiet, as it does from the stand-ins.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
-#include "tensor/parallel.h"
+#include "tensor/bf16_convert.h"
 #include "tensor/kernels.h"
+#include "tensor/parallel.h"
 
 namespace seqlab::cpu {
 namespace {
 
 // out[n, :] = weight[index[n], :]   weight [V, C], index [N], out [N, C]; reads N·C, writes N·C.
 void embedding_cpu(const Tensor& weight, const Tensor& index, const Tensor& out) {
-  dispatch_float(weight.dtype(), "embedding", [&](auto tag) {
+  if (weight.dtype() == DType::bf16 && !bf16_on_cpu::native_bf16({&weight, &out})) {
+    return bf16_on_cpu::call_on_standins(&embedding_cpu, weight, index, out);
+  }
+  dispatch_float_or_bf16(weight.dtype(), "embedding", [&](auto tag) {
     using T = decltype(tag);
     dispatch_index(index.dtype(), "embedding", [&](auto itag) {
       using I = decltype(itag);
@@ -28,7 +37,12 @@ void embedding_cpu(const Tensor& weight, const Tensor& index, const Tensor& out)
       parallel_for(n, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(c, 1)), [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
           const T* src = w + static_cast<int64_t>(idx[r]) * c;
-          std::copy(src, src + c, o + r * c);
+          T* dst = o + r * c;
+          if constexpr (std::is_same_v<T, compute_t<T>>) {
+            std::copy(src, src + c, dst);
+          } else {
+            for (int64_t j = 0; j < c; ++j) dst[j] = to_storage<T>(from_storage(src[j]));
+          }
         }
       });
     });
@@ -38,8 +52,12 @@ void embedding_cpu(const Tensor& weight, const Tensor& index, const Tensor& out)
 // dweight[v, :] = Σ_{n : index[n] = v} dy[n, :]   dy [N, C], index [N], dweight [V, C] (every row
 // written, zero where no token points). Sums accumulate in double, in increasing n.
 void embedding_backward_cpu(const Tensor& dy, const Tensor& index, const Tensor& dweight) {
-  dispatch_float(dy.dtype(), "embedding backward", [&](auto tag) {
+  if (dy.dtype() == DType::bf16 && !bf16_on_cpu::native_bf16({&dy, &dweight})) {
+    return bf16_on_cpu::call_on_standins(&embedding_backward_cpu, dy, index, dweight);
+  }
+  dispatch_float_or_bf16(dy.dtype(), "embedding backward", [&](auto tag) {
     using T = decltype(tag);
+    using S = compute_t<T>;
     dispatch_index(index.dtype(), "embedding backward", [&](auto itag) {
       using I = decltype(itag);
       const int64_t n = index.numel(), c = dy.size(1), v = dweight.size(0);
@@ -62,10 +80,10 @@ void embedding_backward_cpu(const Tensor& dy, const Tensor& index, const Tensor&
           std::fill(acc.begin(), acc.end(), 0.0);
           for (int64_t k = start[static_cast<size_t>(r)]; k < start[static_cast<size_t>(r + 1)]; ++k) {
             const T* src = g + order[static_cast<size_t>(k)] * c;
-            for (int64_t j = 0; j < c; ++j) acc[static_cast<size_t>(j)] += src[j];
+            for (int64_t j = 0; j < c; ++j) acc[static_cast<size_t>(j)] += from_storage(src[j]);
           }
           T* dst = dw + r * c;
-          for (int64_t j = 0; j < c; ++j) dst[j] = static_cast<T>(acc[static_cast<size_t>(j)]);
+          for (int64_t j = 0; j < c; ++j) dst[j] = to_storage<T>(static_cast<S>(acc[static_cast<size_t>(j)]));
         }
       });
     });
@@ -76,6 +94,6 @@ void embedding_backward_cpu(const Tensor& dy, const Tensor& index, const Tensor&
 }  // namespace seqlab::cpu
 
 namespace seqlab::kernel {
-SEQLAB_REGISTER_KERNEL(embedding_kernel, DeviceType::CPU, &cpu::embedding_cpu);
-SEQLAB_REGISTER_KERNEL(embedding_backward_kernel, DeviceType::CPU, &cpu::embedding_backward_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(embedding_kernel, DeviceType::CPU, &cpu::embedding_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(embedding_backward_kernel, DeviceType::CPU, &cpu::embedding_backward_cpu);
 }  // namespace seqlab::kernel

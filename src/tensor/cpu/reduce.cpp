@@ -1,15 +1,21 @@
 // CPU row reductions and the cumulative sum. Sums accumulate in double for f32 inputs so results
-// do not depend on the thread count.
-#include "tensor/parallel.h"
+// do not depend on the thread count. sum_rows takes bf16 itself: bf16 rows are read as f32 and each
+// sum rounded once to the output's dtype (tensor/bf16_convert.h), as from f32 stand-ins.
+#include "tensor/bf16_convert.h"
 #include "tensor/kernels.h"
+#include "tensor/parallel.h"
 
 namespace seqlab::cpu {
 namespace {
 
 // out[o] = Σ_i x[o, i]
 void sum_rows_cpu(const Tensor& x, const Tensor& out) {
-  dispatch_float(x.dtype(), "sum", [&](auto tag) {
+  if (x.dtype() == DType::bf16 && !bf16_on_cpu::native_bf16({&x, &out})) {
+    return bf16_on_cpu::call_on_standins(&sum_rows_cpu, x, out);
+  }
+  dispatch_float_or_bf16(x.dtype(), "sum", [&](auto tag) {
     using T = decltype(tag);
+    using S = compute_t<T>;
     const int64_t outer = x.size(0), inner = x.size(1);
     const T* in = x.data<T>();
     T* o = out.data<T>();
@@ -18,8 +24,8 @@ void sum_rows_cpu(const Tensor& x, const Tensor& out) {
                    for (int64_t r = begin; r < end; ++r) {
                      double acc = 0;
                      const T* row = in + r * inner;
-                     for (int64_t i = 0; i < inner; ++i) acc += row[i];
-                     o[r] = static_cast<T>(acc);
+                     for (int64_t i = 0; i < inner; ++i) acc += from_storage(row[i]);
+                     o[r] = to_storage<T>(static_cast<S>(acc));
                    }
                  });
   });
@@ -85,7 +91,7 @@ void cumsum_cpu(const Tensor& x, bool reverse, const Tensor& out) {
 }  // namespace seqlab::cpu
 
 namespace seqlab::kernel {
-SEQLAB_REGISTER_KERNEL(sum_rows_kernel, DeviceType::CPU, &cpu::sum_rows_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(sum_rows_kernel, DeviceType::CPU, &cpu::sum_rows_cpu);
 SEQLAB_REGISTER_KERNEL(max_rows_kernel, DeviceType::CPU, &cpu::max_rows_cpu);
 SEQLAB_REGISTER_KERNEL(scatter_rows_kernel, DeviceType::CPU, &cpu::scatter_rows_cpu);
 SEQLAB_REGISTER_KERNEL(cumsum_kernel, DeviceType::CPU, &cpu::cumsum_cpu);

@@ -25,6 +25,19 @@ struct AdamWStep {
 SEQLAB_DECLARE_KERNEL(adamw_step_kernel, void (*)(const AdamWStep& s, const Tensor& p, const Tensor& g, const Tensor& m,
                                                   const Tensor& v, const Tensor& w));
 
+// The AdamW step of many parameters in one call: each entry is what adamw_step_kernel takes, updated
+// exactly as adamw_step_kernel updates it (the same bits), but all entries in one pass with one parallel
+// region over their elements together, instead of one region per tensor (a model's biases and norm
+// gains are too small to split among threads on their own). The kernel handles bf16 parameters itself
+// (it takes the bf16 p, its f32 master w and a bf16 or f32 g and stores p = bf16(w), rounded to nearest
+// even as the per-tensor path's stand-ins are). CPU only: where a device has no kernel for it, the
+// optimizer calls adamw_step_kernel per parameter.
+struct AdamWTensors {
+  AdamWStep step;
+  Tensor p, g, m, v, w;
+};
+SEQLAB_DECLARE_KERNEL(adamw_multi_step_kernel, void (*)(const std::vector<AdamWTensors>& params));
+
 struct SgdStep {
   double lr = 0, weight_decay = 0, momentum = 0;
   bool nesterov = false;
@@ -44,5 +57,14 @@ double squared_norm(const Tensor& x);
 double squared_norm(const std::vector<Tensor>& xs);
 // x ← s·x over a contiguous floating tensor.
 SEQLAB_DECLARE_KERNEL(scale_inplace_kernel, void (*)(const Tensor& x, double s));
+
+// The gradient norm and clip of many tensors in one call each (contiguous floating tensors of one device,
+// bf16 taken as it is): out[i] = Σ x_i² (out f64 [xs.size()]), each sum exactly as sum_squares_kernel gives
+// it (the same blocks, added in the same order), and x_i ← s·x_i exactly as scale_inplace_kernel does it
+// (bf16: in f32, rounded to nearest even), each with one parallel region over all the tensors' elements
+// instead of one per tensor. CPU only: squared_norm and the optimizer's scale_grads call the per-tensor
+// slots where a device has no kernel for these.
+SEQLAB_DECLARE_KERNEL(sum_squares_multi_kernel, void (*)(const std::vector<Tensor>& xs, const Tensor& out));
+SEQLAB_DECLARE_KERNEL(scale_inplace_multi_kernel, void (*)(const std::vector<Tensor>& xs, double s));
 
 }  // namespace seqlab::kernel

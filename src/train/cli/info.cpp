@@ -29,6 +29,9 @@ std::string usage_text() {
          "  RECIPE.toml [--set section.key=value]... [--out DIR]\n"
          "                      train: prepares the data, then logs metrics.jsonl, samples.txt and checkpoints\n"
          "                      in the run directory (default runs/<recipe name>); Ctrl-C saves and stops\n"
+         "  RECIPE.toml --profile N [...]   also time every CPU kernel of N steps (from the second) and print\n"
+         "                      ms/step by category (GEMM, attention, norms, ..., framework) and the top\n"
+         "                      kernels; written to RUN/profile.json too (docs/training.md)\n"
          "  RECIPE.toml --nproc N [...]   the same with N data-parallel rank processes (train.batch_size\n"
          "                      is the global batch; docs/distributed.md); with --resume RUN too;\n"
          "                      --set parallel.sp=P: groups of P ranks share each sequence (sequence parallelism)\n"
@@ -85,6 +88,7 @@ std::string cuda_line() {
 
 std::string version_text() {
   return absl::StrCat("seqlab ", SEQLAB_VERSION, " (git ", SEQLAB_GIT_COMMIT, ")\n", blas_line(), "\n",
+                      "CPU bf16: ", kernel::cpu_bf16_gemm_config(), "\n",
                       "OpenMP: ", omp_get_max_threads(), " threads (OpenMP ", _OPENMP, ")\n", cuda_line(), "\n");
 }
 

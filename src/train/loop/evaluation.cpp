@@ -187,16 +187,6 @@ Data open_data(const Recipe& r, int rank, int world) {
   return d;
 }
 
-Device training_device(const Recipe& r) {
-  if (r.train.device == "cpu") return cpu_device();
-  if (cuda_available()) return cuda_device(0);
-  if (r.train.device == "cuda") {
-    throw UserError(r.source_path + ": train.device = \"cuda\" but no GPU is usable here (no CUDA device, or a " +
-                    "build without the CUDA backend: ./train --version says which); use \"auto\" or \"cpu\"");
-  }
-  return cpu_device();
-}
-
 Evaluation evaluate(LanguageModel& model, const BatchSource& val, int64_t batches, int64_t batch_size, bool accuracy,
                     Device device) {
   NoGradGuard no_grad;

@@ -14,6 +14,7 @@
 #include "tensor/device.h"
 #include "train/data/loader.h"
 #include "train/data/tokenizer.h"
+#include "train/recipe/configs.h"  // training_device
 #include "train/recipe/recipe.h"
 
 namespace seqlab::cli {
@@ -47,8 +48,6 @@ struct Data {
 // A UserError names what is wrong (the recipe key, the file, a split too short for a batch).
 Data open_data(const Recipe& r, int rank = 0, int world = 1);
 
-// train.device: "cpu"; "cuda" (a UserError without a usable GPU); "auto": the first GPU if one is usable.
-Device training_device(const Recipe& r);
 
 struct Evaluation {
   double loss = 0;

@@ -8,6 +8,7 @@
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_replace.h>
+#include <absl/strings/str_split.h>
 #include <omp.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -29,6 +31,7 @@
 #include "layers/model/moe.h"
 #include "layers/sequence_parallel.h"
 #include "tensor/kernels.h"
+#include "tensor/profile.h"
 #include "train/checkpoint/checkpoint.h"
 #include "train/checkpoint/run_folder.h"
 #include "train/common/atomic_file.h"
@@ -175,6 +178,7 @@ struct Invocation {
   int nnodes = 1;          // --nnodes K: machines of the job
   int node_rank = 0;       // --node-rank I: this machine's place among them
   std::string rendezvous;  // --rendezvous DIR: the folder the machines share (with --nnodes)
+  int64_t profile_steps = 0;  // --profile N: N steps under the step profile (StepProfile below)
   std::optional<LaunchedRank> launched;  // set in a rank process started by the launcher
   std::optional<RunLock> lock;           // held by the launcher (or the single process), not by its ranks
   // --resume of a run with a checkpoint: the checkpoint (its tensors kept where this process restores
@@ -195,7 +199,9 @@ bool may_change_on_resume(const std::string& key) {
 // Reads the command line and takes the run folder's lock: for a fresh run once the recipe names the
 // folder, for --resume before the folder's recipe is read (another process may be writing it).
 Invocation parse_invocation(const std::vector<std::string>& args) {
-  Flags f(args, "", {"--set", "--out", "--resume", "--checkpoint", "--nproc", "--nnodes", "--node-rank", "--rendezvous"},
+  Flags f(args, "",
+          {"--set", "--out", "--resume", "--checkpoint", "--nproc", "--nnodes", "--node-rank", "--rendezvous",
+           "--profile"},
           {}, {"--set"}, 1);
   const std::vector<std::string> sets = f.all("--set");
   Invocation inv;
@@ -206,6 +212,7 @@ Invocation parse_invocation(const std::vector<std::string>& args) {
     throw UserError("--checkpoint FILE goes with --resume RUN_DIR: the checkpoint of RUN_DIR to continue from");
   }
   inv.checkpoint = f.get("--checkpoint");
+  inv.profile_steps = f.number<int64_t>("--profile", 0, 1);
   inv.nproc = f.number<int>("--nproc", 1);
   if (inv.nproc < 1) throw UserError("--nproc expects a number of processes, 1 or more, got '" + f.get("--nproc") + "'");
   inv.nnodes = f.number<int>("--nnodes", 1);
@@ -326,6 +333,60 @@ void write_test_weights(LanguageModel& model, int rank) {
 
 int run_training(Invocation& inv, const std::vector<std::string>& args);
 
+// `--profile N`: the CPU kernel time of N steps (tensor/profile.h), from the second step this process
+// trains (its first warms the allocator's caches), taken over each step alone so that evaluation,
+// sampling and checkpoints between steps stay out. Rank 0 prints the table and writes it as JSON to
+// RUN/profile.json when the N steps are done, or when the run ends before that.
+class StepProfile {
+ public:
+  StepProfile(int64_t steps, int64_t first_step) : wanted_(steps), first_(first_step + 1) {}
+  void before(int64_t step) {
+    if (wanted_ > 0 && step >= first_ && done_ < wanted_) profile::start();
+  }
+  // After step `step`, which took `seconds`: its kernels join the totals.
+  void after(double seconds) {
+    if (!profile::enabled()) return;
+    profile::stop();
+    for (const profile::SlotTotals& t : profile::snapshot().slots) {
+      profile::SlotTotals& sum = totals_[t.name];
+      sum.name = t.name;
+      sum.category = t.category;
+      sum.calls += t.calls;
+      sum.seconds += t.seconds;
+      sum.nested_gemm_seconds += t.nested_gemm_seconds;
+    }
+    wall_ += seconds;
+    ++done_;
+  }
+  // The report, once: when the N steps are done, or at the end of the run (`end`) with what it got.
+  void report(bool end, bool writer, Progress& progress, const fs::path& run_dir) {
+    if (wanted_ == 0 || reported_ || (done_ < wanted_ && !end)) return;
+    reported_ = true;
+    if (!writer) return;
+    if (done_ == 0) {
+      progress.line("--profile: no step was profiled (the first step this process trains is left out)");
+      return;
+    }
+    profile::Snapshot s;
+    for (const auto& [name, t] : totals_) s.slots.push_back(t);
+    std::stable_sort(s.slots.begin(), s.slots.end(),
+                     [](const profile::SlotTotals& a, const profile::SlotTotals& b) { return a.seconds > b.seconds; });
+    std::string text = profile::table(s, wall_, done_);
+    if (done_ < wanted_) text += absl::StrFormat("  (%d of the %d steps asked for: the run ended)\n", done_, wanted_);
+    const std::string file = (run_dir / "profile.json").string();
+    ok_or_throw(write_file_atomically(file, profile::json(s, wall_, done_)));
+    text += "  written to " + file;
+    for (absl::string_view line : absl::StrSplit(text, '\n')) progress.line(std::string(line));
+  }
+
+ private:
+  int64_t wanted_, first_;
+  int64_t done_ = 0;
+  double wall_ = 0;
+  bool reported_ = false;
+  std::map<std::string, profile::SlotTotals> totals_;
+};
+
 // A run refused or failed before it wrote anything leaves no folder behind: the folder its lock created is
 // removed again when it holds nothing but the lock (RunLock::remove_if_unused); one that existed before, or
 // holds anything, stays as it is.
@@ -411,9 +472,9 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
                            wanted_device.is_cpu() ? "the host" : wanted_device.str()));
   std::unique_ptr<LanguageModel> model = value_or_throw(build_model(r, data.vocab_size));
   const Device device = place_model(*model, r, wanted_device);  // before the optimiser
-  if (device.is_cpu() && training_dtype(r) == DType::bf16) {
-    std::cerr << "seqlab: train.dtype = \"bf16\" on the CPU is emulated in f32 (a reference for the GPU's "
-                 "rounding), slower than f32\n";
+  if (device.is_cpu() && training_dtype(r) == DType::bf16 && !kernel::cpu_bf16_gemm_native()) {
+    std::cerr << "seqlab: train.dtype = \"bf16\" on this CPU widens its GEMMs to f32 ("
+              << kernel::cpu_bf16_gemm_config() << "): a reference for the GPU's rounding, slower than f32\n";
   }
   const OptimConfig oc = optim_config(r);
   ok_or_throw(validate(oc));
@@ -504,18 +565,19 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
     ok_or_throw(write_file_atomically(
         (inv.run_dir / "model.json").string(),
         absl::StrFormat("{\"arch\": \"%s\", \"parameters\": %d, \"active_parameters\": %s, \"flops_per_token\": %s, "
-                        "\"state_size\": %s, \"seq_len\": %d}\n",
+                        "\"state_size\": %s, \"seq_len\": %d, \"dtype\": \"%s\"}\n",
                         r.model.arch, model->num_parameters(),
                         json_number("%.0f", static_cast<double>(model->num_parameters()) - inactive),
-                        json_number("%.6g", flops_per_token), json_number("%.0f", state), r.train.seq_len)));
+                        json_number("%.6g", flops_per_token), json_number("%.0f", state), r.train.seq_len, dtype_name(dtype))));
   }
-  progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s%s", r.name,
+  progress.line(absl::StrFormat("seqlab: %s: %d parameters; %s; run directory %s%s%s; %s on %s%s", r.name,
                                 model->num_parameters(), data.description, run,
                                 world == 1 ? ""
                                 : sp > 1   ? absl::StrFormat("; %d ranks: %d data-parallel × %d sequence-parallel", world,
                                                              dp_size, sp)
                                            : absl::StrFormat("; %d data-parallel ranks", world),
-                                start > 0 ? absl::StrFormat(" (resumed at step %d)", start) : ""));
+                                start > 0 ? absl::StrFormat(" (resumed at step %d)", start) : "", dtype_name(dtype),
+                                device.str(), r.train.dtype == "auto" ? " (train.dtype = \"auto\")" : ""));
   if (start == r.train.steps) {
     progress.line(absl::StrFormat("the run is already complete (train.steps = %d)", r.train.steps));
     return 0;
@@ -549,7 +611,9 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
   int64_t tokens_since_log = 0;
   double seconds_since_log = 0;
   Evaluation last_eval;
+  StepProfile step_profile(inv.profile_steps, start);
   for (int64_t step = start; step < r.train.steps; ++step) {
+    step_profile.before(step);
     const auto t0 = std::chrono::steady_clock::now();
     const LoaderState loader_before = data.train->state();
     const std::string dropout_before = dropout_base ? dropout_base->state() : model->dropout_generator().state();
@@ -574,7 +638,10 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
     const double loss = result.loss, lr = result.lr, norm = result.grad_norm;
     const int64_t done = step + 1;
     tokens_since_log += tokens_per_step;
-    seconds_since_log += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    seconds_since_log += step_seconds;
+    step_profile.after(step_seconds);
+    step_profile.report(false, writer, progress, inv.run_dir);
 
     if (!result.applied) {
       // Not applied: the weights and the optimizer are those of step `step`.
@@ -688,6 +755,7 @@ int run_training(Invocation& inv, const std::vector<std::string>& args) {
     }
   }
   if (dp) write_test_weights(*model, rank);
+  step_profile.report(true, writer, progress, inv.run_dir);
   progress.finish();
   std::string summary = absl::StrFormat("done: %d steps in %s; val_loss %.4f", r.train.steps,
                                         format_duration(progress.elapsed_s()), last_eval.loss);

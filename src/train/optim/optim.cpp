@@ -91,6 +91,10 @@ Optimizer::Optimizer(const OptimConfig& config, std::vector<ParamGroup> groups)
 }
 
 void Optimizer::step(double lr) {
+  // AdamW on the CPU: every parameter's update in one call of the multi-tensor kernel, the same bits as
+  // one adamw_step_kernel per parameter (which other devices still run), with one parallel region.
+  std::vector<kernel::AdamWTensors> batched;
+  const bool batch = adamw() && kernel::adamw_multi_step_kernel.has(DeviceType::CPU);
   for (Slot& s : slots_) {
     const Tensor& p = *s.param.tensor;
     Tensor g = grad_of(p);
@@ -117,12 +121,17 @@ void Optimizer::step(double lr) {
                   config_.eps,
                   1.0 - std::pow(config_.beta1, t),
                   1.0 - std::pow(config_.beta2, t)};
-      kernel::adamw_step_kernel(p.device(), a, p, g, s.m, s.v, s.master);
+      if (batch && p.device().is_cpu()) {
+        batched.push_back({a, p, g, s.m, s.v, s.master});
+      } else {
+        kernel::adamw_step_kernel(p.device(), a, p, g, s.m, s.v, s.master);
+      }
     } else {
       kernel::SgdStep a{group_lr, s.weight_decay, config_.momentum, config_.nesterov};
       kernel::sgd_step_kernel(p.device(), a, p, g, s.m, s.master);
     }
   }
+  if (!batched.empty()) kernel::adamw_multi_step_kernel(cpu_device(), batched);
   ++steps_;
 }
 
@@ -260,14 +269,21 @@ double clip_grad_norm(const std::vector<Parameter>& params, double max_norm) {
 }
 
 void scale_grads(const std::vector<Parameter>& params, double s) {
+  std::vector<Tensor> on_cpu;  // scaled together, in one call of the multi-tensor kernel
+  const bool batch = kernel::scale_inplace_multi_kernel.has(DeviceType::CPU);
   for (Tensor* p : unique_with_grad(params)) {
     Tensor g = grad_of(*p);
     if (!g.is_contiguous()) {
       g = kernel::contiguous(g);
       set_grad(*p, g);
     }
-    kernel::scale_inplace_kernel(g.device(), g, s);
+    if (batch && g.device().is_cpu()) {
+      on_cpu.push_back(g);
+    } else {
+      kernel::scale_inplace_kernel(g.device(), g, s);
+    }
   }
+  if (!on_cpu.empty()) kernel::scale_inplace_multi_kernel(cpu_device(), on_cpu, s);
 }
 
 }  // namespace seqlab

@@ -7,7 +7,8 @@
 // optimizer's own update.
 //
 // Each parameter is updated by one fused in-place kernel that reads and writes p, g, m (and v) once
-// (the slots and their CPU kernels are in src/tensor: tensor/slots/optim.h).
+// (the slots and their CPU kernels are in src/tensor: tensor/slots/optim.h); on the CPU, AdamW updates
+// every parameter in one call (adamw_multi_step_kernel: one parallel region, the same bits).
 //
 // Mixed precision: a bf16 parameter gets an f32 master copy, made when the optimizer is built. The
 // update is computed on the master and the parameter becomes the master rounded to bf16, so small

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "layers/model/moe.h"
+#include "tensor/kernels.h"
+#include "train/common/errors.h"
 #include "train/recipe/blocks.h"
 
 namespace seqlab {
@@ -262,7 +264,25 @@ LrSchedule lr_schedule(const Recipe& r) {
           r.optim.min_lr_ratio};
 }
 
-DType training_dtype(const Recipe& r) { return r.train.dtype == "bf16" ? DType::bf16 : DType::f32; }
+Device training_device(const Recipe& r) {
+  if (r.train.device == "cpu") return cpu_device();
+  if (cuda_available()) return cuda_device(0);
+  if (r.train.device == "cuda") {
+    throw cli::UserError(r.source_path + ": train.device = \"cuda\" but no GPU is usable here (no CUDA device, or a " +
+                    "build without the CUDA backend: ./train --version says which); use \"auto\" or \"cpu\"");
+  }
+  return cpu_device();
+}
+
+bool bf16_is_native(Device device) {
+  // The CUDA backend is built for sm_80 and later, whose tensor cores all multiply bf16.
+  return device.is_cuda() || kernel::cpu_bf16_gemm_native();
+}
+
+DType training_dtype(const Recipe& r) {
+  if (r.train.dtype == "auto") return bf16_is_native(training_device(r)) ? DType::bf16 : DType::f32;
+  return r.train.dtype == "bf16" ? DType::bf16 : DType::f32;
+}
 
 int64_t longest_seq_len(const Recipe& r) {
   int64_t longest = r.train.seq_len;

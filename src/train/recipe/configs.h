@@ -10,6 +10,7 @@
 
 #include "layers/model/decoder.h"
 #include "layers/model/language_model.h"
+#include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "train/data/loader.h"
 #include "train/data/masked_lm.h"
@@ -62,8 +63,12 @@ absl::Status check_memory(const Recipe& recipe, int64_t data_vocab, int64_t avai
 OptimConfig optim_config(const Recipe& recipe);  // [optim]
 TrainerOptions trainer_options(const Recipe& recipe);  // train.grad_accum, optim.grad_clip
 LrSchedule lr_schedule(const Recipe& recipe);    // [optim] with train.steps
-// train.dtype: the dtype of weights and activations (bf16: mixed precision, with f32 masters).
+// train.device: "cpu"; "cuda" (a UserError without a usable GPU); "auto": the first GPU if one is usable.
+Device training_device(const Recipe& r);
+// train.dtype: the dtype of weights and activations (bf16: mixed precision, with f32 masters); "auto"
+// is bf16 where the run's device (training_device) has bf16 instructions (bf16_is_native), else f32.
 DType training_dtype(const Recipe& recipe);
+bool bf16_is_native(Device device);
 
 // The longest sequence the model sees: train.seq_len and every eval.seq_len.
 int64_t longest_seq_len(const Recipe& recipe);

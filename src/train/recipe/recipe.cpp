@@ -532,9 +532,11 @@ Schema build_schema() {
                "the run's one seed: initialisation, data order, dropout")
       .integer("grad_accum", &RecipeTrain::grad_accum, 1, at_least(1), "micro-batches per optimizer step")
       .choice("device", &RecipeTrain::device, {"auto", "cpu", "cuda"}, "auto: CUDA when a GPU is usable, else the CPU")
-      .choice("dtype", &RecipeTrain::dtype, {"f32", "bf16"},
+      .choice("dtype", &RecipeTrain::dtype, {"f32", "bf16", "auto"},
               "bf16: mixed precision (bf16 weights and activations; f32 master weights, optimizer state, "
-              "statistics and loss); on the CPU it is emulated in f32, a slow reference")
+              "statistics and loss), its GEMMs on bf16 instructions (a GPU's tensor cores; on the CPU "
+              "AVX512-BF16 or AMX through oneDNN, else widened to f32: slower than f32); auto: bf16 where "
+              "the run's device has bf16 instructions, f32 elsewhere (the run says which)")
       .choice("on_nonfinite", &RecipeTrain::on_nonfinite, {"stop", "skip"},
               "a step whose loss or gradient norm is not finite is never applied; stop: save the state before "
               "it and exit with code 3, naming the step and the first tensor whose gradient is not finite; "
