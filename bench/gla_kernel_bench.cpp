@@ -8,7 +8,8 @@
 // q, k, g [B, T, H, d] and v [B, T, H, d]; log-gates drawn in [−0.3, −0.01] (a sigmoid gate with a
 // temperature, as in bench/gla_bench.cpp). On CUDA every repetition ends with a device synchronisation.
 // Median of --reps after 3 warm-ups. --form chunkwise|recurrent picks GlaOptions::form (the CUDA kernels
-// run one algorithm for both). --dtype bf16 on the CPU runs through f32 stand-ins.
+// run one algorithm for both). --dtype bf16 on the CPU runs the kernels' bf16 path (rows widened per head,
+// GEMMs on bf16 operands, layers/variant_rows.h); SEQLAB_CPU_BF16_GEMM=widened puts those GEMMs on sgemm.
 //
 // Usage: gla_kernel_bench [--B 4] [--H 8] [--T 1024] [--d 64] [--device cpu|cuda] [--dtype f32|bf16]
 //                         [--reps 10] [--threads 0] [--recurrent 0|1]

@@ -400,6 +400,98 @@ TEST(Gla, RegistryEntry) {
   EXPECT_THROW(op->forward(x, OpAttrs::parse("gla", op->attrs, {{"form", "parallel"}})), std::invalid_argument);
 }
 
+// ---- bf16 on the CPU ----
+// The CPU kernels take bf16 tensors themselves: a head's rows widened to f32, every recurrence, state and gate
+// in f32, the chunkwise form's GEMMs on bf16 operands with f32 sums, outputs rounded once (layers/variant_rows.h).
+// Against the f32 kernel of the same form on the same bf16 values, with the GEMMs on the CPU's bf16
+// instructions and forced onto widened operands (SEQLAB_CPU_BF16_GEMM=widened): chunkwise within the bf16
+// tolerances of testing::expect_bf16_close; the recurrent form has no GEMM, so its bf16 result is exactly the
+// f32 result rounded to bf16. GLA has no separate key/value heads, so there is no GQA case.
+struct Bf16Run {
+  std::vector<Tensor> all;  // o, final_state, dq, dk, dv, dg, dgv, dinitial_state (undefined when absent)
+};
+
+Bf16Run run_kernels(const Inputs& in, const GlaOptions& opts, const Tensor& dout, const Tensor& dfinal) {
+  const GlaOutput out = kernel::gla_forward(in.q, in.k, in.v, in.g, in.gv, in.h0, opts);
+  const kernel::GlaGrads gr = kernel::gla_backward(dout, dfinal, in.q, in.k, in.v, in.g, in.gv, in.h0, opts,
+                                                   {true, true, true, true, true, true});
+  return {{out.o, out.final_state, gr.dq, gr.dk, gr.dv, gr.dg, gr.dgv, gr.dinitial_state}};
+}
+
+Inputs as_f32(const Inputs& in) {
+  Inputs w;
+  std::vector<const Tensor*> src = {&in.q, &in.k, &in.v, &in.g, &in.gv, &in.h0};
+  std::vector<Tensor*> dst = {&w.q, &w.k, &w.v, &w.g, &w.gv, &w.h0};
+  for (size_t i = 0; i < src.size(); ++i) *dst[i] = testing::cast_or_none(*src[i], DType::f32);
+  return w;
+}
+
+TEST(GlaBf16, ChunkwiseWithinBf16OfF32AndRecurrentExact) {
+  testing::Bf16GemmPath restore;
+  struct Gates {
+    const char* name;
+    double lo, hi;
+  };
+  const Gates gates[3] = {{"gates in [-1.5, -0.02]", -1.5, -0.02},
+                          {"gates near 0", -1e-6, -1e-7},
+                          {"very negative gates", -20.0, -10.0}};
+  // T = 1; T below a chunk; odd sizes with a partial chunk and sub-chunk; dk ≠ dv both ways; gla_small's
+  // head (64 × 64, chunks of 64, sub-chunks of 16) over two chunks and a partial third.
+  const Case cases[] = {{"T = 1", 2, 1, 2, 8, 8, 64, 16, true, true},
+                        {"T < chunk", 1, 11, 3, 16, 8, 64, 16, false, true},
+                        {"odd sizes", 2, 37, 3, 5, 7, 16, 4, true, false},
+                        {"dk > dv", 1, 45, 2, 24, 10, 16, 8, false, false},
+                        {"gla_small head", 1, 150, 2, 64, 64, 64, 16, true, true}};
+  testing::Bf16Worst worst;
+  for (bool widened_gemm : {false, true}) {
+    kernel::set_cpu_bf16_gemm_widened(widened_gemm);
+    for (const Case& c : cases) {
+      for (const Gates& gt : gates) {
+        const Inputs in = make_inputs(c, DType::bf16, 41, gt.lo, gt.hi), in32 = as_f32(in);
+        Generator cot(43);
+        const Tensor dout = Tensor::randn({c.B, c.T, c.H, c.dv}, cot, DType::bf16),
+                     dfinal = Tensor::randn({c.B, c.H, c.dk, c.dv}, cot, DType::bf16);
+        const Tensor dout32 = kernel::to_dtype(dout, DType::f32), dfinal32 = kernel::to_dtype(dfinal, DType::f32);
+        for (const GlaOptions& opts : {chunkwise(c), recurrent(c)}) {
+          const Bf16Run got = run_kernels(in, opts, dout, dfinal);
+          const Bf16Run want = run_kernels(in32, opts, dout32, dfinal32);
+          for (size_t i = 0; i < 8; ++i) {
+            const std::string at = std::string(kOutputNames[i]) + " at " + c.name + ", " + gt.name + ", " +
+                                   gla_form_name(opts.form) + (widened_gemm ? ", widened GEMM" : ", native GEMM");
+            ASSERT_EQ(got.all[i].defined(), want.all[i].defined()) << at;
+            if (!got.all[i].defined()) continue;
+            if (opts.form == GlaForm::recurrent) {
+              testing::expect_rounded_from(got.all[i], want.all[i], at);
+            } else {
+              testing::expect_bf16_close(got.all[i], want.all[i], at, worst);
+            }
+          }
+        }
+      }
+    }
+  }
+  worst.print("gla chunkwise");
+}
+
+// Through the differentiable op: bf16 tensors in, bf16 gradients out, as the f32 op on the same values.
+TEST(GlaBf16, DifferentiableOp) {
+  const Case c{"", 2, 70, 2, 16, 12, 32, 8, true, true};
+  const Inputs in = make_inputs(c, DType::bf16, 47), in32 = as_f32(in);
+  Generator cot(53);
+  const Tensor go = Tensor::randn({c.B, c.T, c.H, c.dv}, cot, DType::bf16),
+               gs = Tensor::randn({c.B, c.H, c.dk, c.dv}, cot, DType::bf16);
+  const Result got = forward_backward(in, chunkwise(c), go, gs);
+  const Result want = forward_backward(in32, chunkwise(c), kernel::to_dtype(go, DType::f32),
+                                       kernel::to_dtype(gs, DType::f32));
+  testing::Bf16Worst worst;
+  testing::expect_bf16_close(got.o, want.o, "o", worst);
+  testing::expect_bf16_close(got.fs, want.fs, "final_state", worst);
+  for (size_t i = 0; i < 6; ++i) {
+    ASSERT_TRUE(got.grads[i].defined()) << kInputNames[i];
+    testing::expect_bf16_close(got.grads[i], want.grads[i], std::string("d") + kInputNames[i], worst);
+  }
+}
+
 // ---- errors ----
 std::string error_of(const Inputs& in, GlaOptions opts = {}) {
   return testing::error_message_of([&] { gla(in.q, in.k, in.v, in.g, in.gv, in.h0, opts); });

@@ -368,6 +368,76 @@ TEST(Performer, ApproximatesSoftmaxAttention) {
   }
 }
 
+// ---- bf16 on the CPU ----
+// The linear attention kernels take bf16 tensors themselves (layers/variant_rows.h): rows widened per head,
+// states, normalisers and denominators in f32, the chunkwise and non-causal forms' GEMMs on bf16 operands
+// with f32 sums, outputs rounded once. At the kernel slots (so φ is not in the comparison), against the f32
+// kernels on the same bf16 values, with the GEMMs on the CPU's bf16 instructions and forced onto widened
+// operands: chunkwise and non-causal within testing::expect_bf16_close's tolerances, the recurrent form (no
+// GEMM) exactly the f32 result rounded. φ(q), φ(k) as elu+1 gives them (positive), normalised and not; T = 1,
+// T below a chunk, odd sizes with a partial chunk, dk ≠ dv, a 64 × 64 head over a partial third chunk.
+// Linear attention has no separate key/value heads, so there is no GQA case.
+std::vector<Tensor> run_la_kernels(const std::vector<Tensor>& x, const kernel::LinearAttentionParams& p,
+                                   const std::vector<Tensor>& cot) {
+  const int64_t B = x[0].size(0), T = x[0].size(1), H = x[0].size(2), Dk = x[0].size(3), Dv = x[2].size(3);
+  const DType dt = x[0].dtype();
+  std::vector<Tensor> r{Tensor::empty({B, T, H, Dv}, dt),  Tensor::empty({B, H, Dk, Dv}, dt),
+                        Tensor::empty({B, H, Dk}, dt),     Tensor::empty({B, T, H, Dk}, dt),
+                        Tensor::empty({B, T, H, Dk}, dt),  Tensor::empty({B, T, H, Dv}, dt),
+                        Tensor::empty({B, H, Dk, Dv}, dt), Tensor::empty({B, H, Dk}, dt)};
+  kernel::linear_attention_forward_kernel(cpu_device(), x[0], x[1], x[2], x[3], x[4], p, r[0], r[1], r[2]);
+  kernel::linear_attention_backward_kernel(cpu_device(), x[0], x[1], x[2], x[3], x[4], cot[0], cot[1], cot[2], p,
+                                           r[3], r[4], r[5], r[6], r[7]);
+  return r;  // o, S_T, z_T, dfq, dfk, dv, dS_0, dz_0
+}
+
+TEST(LinearAttentionBf16, WithinBf16OfF32AndRecurrentExact) {
+  testing::Bf16GemmPath restore;
+  const std::vector<Shape5> shapes = {{2, 1, 2, 8, 8, 64}, {1, 11, 3, 16, 8, 64}, {2, 37, 3, 5, 7, 16},
+                                      {1, 45, 2, 24, 10, 16}, {1, 150, 2, 64, 64, 64}};
+  const char* names[8] = {"o", "final_state", "final_normalizer", "dfq", "dfk", "dv", "d initial_state",
+                          "d initial_normalizer"};
+  testing::Bf16Worst worst;
+  for (bool widened_gemm : {false, true}) {
+    kernel::set_cpu_bf16_gemm_widened(widened_gemm);
+    for (const Shape5& sh : shapes) {
+      Generator gen(71 + sh.T);
+      auto positive = [&](const Shape& s) { return Tensor::rand(s, gen, DType::bf16, 0.05, 2.0); };
+      const std::vector<Tensor> x{positive({sh.B, sh.T, sh.H, sh.Dk}), positive({sh.B, sh.T, sh.H, sh.Dk}),
+                                  Tensor::randn({sh.B, sh.T, sh.H, sh.Dv}, gen, DType::bf16),
+                                  Tensor::randn({sh.B, sh.H, sh.Dk, sh.Dv}, gen, DType::bf16),
+                                  positive({sh.B, sh.H, sh.Dk})};
+      const std::vector<Tensor> cot{Tensor::randn({sh.B, sh.T, sh.H, sh.Dv}, gen, DType::bf16),
+                                    Tensor::randn({sh.B, sh.H, sh.Dk, sh.Dv}, gen, DType::bf16),
+                                    Tensor::randn({sh.B, sh.H, sh.Dk}, gen, DType::bf16)};
+      std::vector<Tensor> x32, cot32;
+      for (const Tensor& t : x) x32.push_back(kernel::to_dtype(t, DType::f32));
+      for (const Tensor& t : cot) cot32.push_back(kernel::to_dtype(t, DType::f32));
+      for (bool normalize : {true, false}) {
+        for (LinearAttentionForm form :
+             {LinearAttentionForm::chunkwise, LinearAttentionForm::noncausal, LinearAttentionForm::recurrent}) {
+          const kernel::LinearAttentionParams p{form, normalize, 1e-6, sh.chunk};
+          const std::vector<Tensor> got = run_la_kernels(x, p, cot), want = run_la_kernels(x32, p, cot32);
+          const std::string what = std::string(form == LinearAttentionForm::chunkwise   ? "chunkwise"
+                                               : form == LinearAttentionForm::noncausal ? "noncausal"
+                                                                                        : "recurrent") +
+                                   (normalize ? " normalized" : " raw") + " T=" + std::to_string(sh.T) +
+                                   " dk=" + std::to_string(sh.Dk) + " dv=" + std::to_string(sh.Dv) +
+                                   (widened_gemm ? ", widened GEMM" : ", native GEMM");
+          for (size_t i = 0; i < 8; ++i) {
+            if (form == LinearAttentionForm::recurrent) {
+              testing::expect_rounded_from(got[i], want[i], std::string(names[i]) + " " + what);
+            } else {
+              testing::expect_bf16_close(got[i], want[i], std::string(names[i]) + " " + what, worst);
+            }
+          }
+        }
+      }
+    }
+  }
+  worst.print("linear_attention chunkwise and noncausal");
+}
+
 TEST(LinearAttention, RegistryEntries) {
   const OpSpec* op = find_op("linear_attention");
   ASSERT_NE(op, nullptr);

@@ -200,6 +200,66 @@ TEST(Retention, ExtremeDecays) {
   }
 }
 
+// ---- bf16 on the CPU ----
+// The CPU kernels take bf16 tensors themselves (layers/variant_rows.h): rows widened per head, states and
+// decays in f32, the parallel and chunkwise forms' GEMMs on bf16 operands with f32 sums, outputs rounded
+// once. Against the f32 op on the same bf16 values, with the GEMMs on the CPU's bf16 instructions and forced
+// onto widened operands: the parallel and chunkwise forms within testing::expect_bf16_close's tolerances, the
+// recurrent form (no GEMM) exactly the f32 result rounded. Shapes: T = 1, T below a chunk, odd sizes with a
+// partial chunk, dk ≠ dv, a 64 × 64 head over a partial third chunk; decays 0, e^−20, 0.5, the defaults
+// (near 1) and 1 − 1e-6. Retention has no separate key/value heads, so there is no GQA case.
+TEST(RetentionBf16, WithinBf16OfF32AndRecurrentExact) {
+  testing::Bf16GemmPath restore;
+  const std::vector<Shape5> shapes = {{2, 1, 2, 8, 8, 64}, {1, 11, 3, 16, 8, 64}, {2, 37, 3, 5, 7, 16},
+                                      {1, 45, 2, 24, 10, 16}, {1, 150, 2, 64, 64, 64}};
+  testing::Bf16Worst worst;
+  for (bool widened_gemm : {false, true}) {
+    kernel::set_cpu_bf16_gemm_widened(widened_gemm);
+    for (const Shape5& sh : shapes) {
+      for (bool strong : {false, true}) {
+        const Inputs in = make_inputs(sh, DType::bf16, 61 + sh.T, sh.T != 11);
+        const Inputs in32{kernel::to_dtype(in.q, DType::f32), kernel::to_dtype(in.k, DType::f32),
+                          kernel::to_dtype(in.v, DType::f32), testing::cast_or_none(in.s0, DType::f32)};
+        Generator gen(67);
+        const std::vector<Tensor> cot{Tensor::randn({sh.B, sh.T, sh.H, sh.Dv}, gen, DType::bf16),
+                                      Tensor::randn({sh.B, sh.H, sh.Dk, sh.Dv}, gen, DType::bf16)};
+        const std::vector<Tensor> cot32{kernel::to_dtype(cot[0], DType::f32), kernel::to_dtype(cot[1], DType::f32)};
+        RetentionOptions o;
+        o.chunk = sh.chunk;
+        if (strong) {  // 0, e^−20, 0.5 (one per head, as many as there are)
+          const double g[3] = {0.0, std::exp(-20.0), 0.5};
+          for (int64_t h = 0; h < sh.H; ++h) o.gammas.push_back(g[h]);
+        } else if (sh.H > 1) {
+          o.gammas = retention_default_gammas(sh.H);
+          o.gammas.back() = 1.0 - 1e-6;
+        }
+        for (RetentionForm f : kForms) {
+          o.form = f;
+          const Outcome got = run(in, o, cot), want = run(in32, o, cot32);
+          const std::string what = std::string(form_name(f)) + " T=" + std::to_string(sh.T) + " dk=" +
+                                   std::to_string(sh.Dk) + " dv=" + std::to_string(sh.Dv) +
+                                   (strong ? " strong decays" : " weak decays") +
+                                   (widened_gemm ? ", widened GEMM" : ", native GEMM");
+          const char* names[6] = {"o", "final_state", "dq", "dk", "dv", "d initial_state"};
+          std::vector<Tensor> g = got.outputs, w = want.outputs;
+          g.insert(g.end(), got.grads.begin(), got.grads.end());
+          w.insert(w.end(), want.grads.begin(), want.grads.end());
+          for (size_t i = 0; i < g.size(); ++i) {
+            ASSERT_EQ(g[i].defined(), w[i].defined()) << names[i] << " " << what;
+            if (!g[i].defined()) continue;
+            if (f == RetentionForm::recurrent) {
+              testing::expect_rounded_from(g[i], w[i], std::string(names[i]) + " " + what);
+            } else {
+              testing::expect_bf16_close(g[i], w[i], std::string(names[i]) + " " + what, worst);
+            }
+          }
+        }
+      }
+    }
+  }
+  worst.print("retention parallel and chunkwise");
+}
+
 // ---- numerics at every decay (docs/reliability.md, "Numerics at every decay") ----
 // γ across [0, 1] — 0, 1e-30, e^−30, e^−20, 0.5, 1 − 1e-7 and 1, one per head — over the (chunk, T,
 // initial state) points of testing::numerics_sweep() (chunks 1 to 128, T from 1 to 300): every output and

@@ -164,6 +164,66 @@ inline double norm_rel_error(const Tensor& a, const Tensor& b) {
   return std::sqrt(diff / ref);
 }
 
+// ---------------------------------------------------------------- bf16 on the CPU
+// The chunkwise variant kernels take bf16 tensors themselves and run their GEMMs on bf16 operands with f32
+// sums (layers/variant_rows.h); their tests hold a bf16 result against the f32 kernel on the same bf16
+// values. Tolerances: the 2e-2 of the bf16 GPU tests, but relative to the tensor's largest magnitude,
+// |got − want| ≤ 2e-2 · max(max |want|, 1), and norm-wise ≤ 1e-2 — not per element against
+// max(|want|, 1) as on the GPU, whose kernels round only their outputs: the CPU kernels also round their
+// GEMM operands (scaled rows, scores, states), and where a sum cancels an element's error is that of its
+// terms (each test prints its worst of all three measures).
+
+// max |got − want| / max(max |want|, 1): the largest error against the tensor's scale.
+inline double max_error_of_scale(const Tensor& got, const Tensor& want) {
+  EXPECT_EQ(got.shape(), want.shape());
+  const std::vector<double> x = got.to_doubles(), y = want.to_doubles();
+  double err = 0, scale = 1;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    err = std::max(err, std::abs(x[i] - y[i]));
+    scale = std::max(scale, std::abs(y[i]));
+  }
+  return err / scale;
+}
+
+// The worst errors of a test's bf16 results: norm-wise, against the scale, and per element against
+// max(|want|, 1) (the GPU tests' measure, printed for comparison, not bounded).
+struct Bf16Worst {
+  double norm = 0, scale = 0, element = 0;
+  void print(const char* what) const {
+    std::printf("    %s, bf16 against f32, worst: norm-wise %.3g, max |error| / max(max |f32|, 1) %.3g, "
+                "per element |error| / max(|f32|, 1) %.3g\n",
+                what, norm, scale, element);
+  }
+};
+
+// A bf16 result of a kernel with bf16 GEMMs against the f32 kernel's `want`: bf16, finite, and within the
+// tolerances above.
+inline void expect_bf16_close(const Tensor& got, const Tensor& want, const std::string& what, Bf16Worst& worst) {
+  EXPECT_EQ(got.dtype(), DType::bf16) << what;
+  EXPECT_TRUE(all_finite(got)) << what;
+  const double n = norm_rel_error(got, want), s = max_error_of_scale(got, want);
+  double e = 0;
+  const std::vector<double> x = got.to_doubles(), y = want.to_doubles();
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) e = std::max(e, std::abs(x[i] - y[i]) / std::max(1.0, std::abs(y[i])));
+  worst.norm = std::max(worst.norm, n);
+  worst.scale = std::max(worst.scale, s);
+  worst.element = std::max(worst.element, e);
+  EXPECT_LE(n, 1e-2) << what;
+  EXPECT_LE(s, 2e-2) << what;
+}
+
+// A bf16 result of a kernel with no GEMM (a recurrent form) is the f32 kernel's result rounded once.
+inline void expect_rounded_from(const Tensor& got, const Tensor& want32, const std::string& what) {
+  EXPECT_EQ(got.dtype(), DType::bf16) << what;
+  EXPECT_EQ(got.to_doubles(), kernel::to_dtype(want32, DType::bf16).to_doubles()) << what;
+}
+
+// Restores the bf16 GEMM path (native or widened, kernel::set_cpu_bf16_gemm_widened) a test found.
+struct Bf16GemmPath {
+  const bool native = kernel::cpu_bf16_gemm_native();
+  ~Bf16GemmPath() { kernel::set_cpu_bf16_gemm_widened(!native); }
+};
+
 // How the per-step log-decays of a sweep point are drawn (each element independently):
 enum class Decay {
   weak,      // −|x|, |x| log-uniform in [1e-7, 1e-3]: decays within 1e-3 of 1

@@ -10,6 +10,13 @@
 // - Saved for the backward: q, k, v and the initial state/normaliser. Recomputed: φ, the states at
 //   chunk starts (chunkwise) or at every step (recurrent, a forward sweep), o's numerator and
 //   denominator. Nothing of size T × dk × dv is ever stored.
+// - bf16 tensors are taken as they are by the linear attention kernels (layers/variant_rows.h): they are
+//   templates on the tensors' element type E and compute in T = compute_t<E> (f32 for bf16); a head's rows
+//   are widened when its task starts and its outputs rounded once when it ends; the recurrent form, the
+//   states, normalisers and denominators stay f32, and every GEMM (the `mm` calls: fQ fKᵀ, fQ S, A V,
+//   fKᵀ V and the backward's u Vᵀ, dA fK, u Sᵀ, dAᵀ fQ, V Gᵀ, Aᵀ u, fK G, fQᵀ u) multiplies bf16 operands
+//   with f32 sums. For f32 and f64 the rows are the tensors' own and `mm` is cpu::gemm: the kernels they
+//   always were. The Performer feature kernels still take f32 stand-ins of bf16 tensors.
 // - With normalize, the output gradient dO_t splits into u_t = dO_t / den_t (the gradient of the
 //   numerator φ(q_t) S_t) and δ_t = −(dO_t·num_t) / den_t² (the gradient of the denominator).
 #include "layers/linear/linear_attention.h"
@@ -25,6 +32,7 @@
 #include "autograd/function.h"
 #include "autograd/op_registry.h"
 #include "layers/variant_inputs.h"
+#include "layers/variant_rows.h"
 #include "tensor/blas_rows.h"
 #include "tensor/parallel.h"
 #include "tensor/kernels.h"
@@ -141,26 +149,32 @@ Geometry geometry(const Tensor& fq, const Tensor& v) {
 //              den_r = fq_r·z + Σ_s A_rs + eps; then S += fKᵀ V (GEMM), z += Σ_s fk_s.
 //   noncausal: S += fKᵀ V, z += Σ fk over the whole sequence; num = fQ S; den_t = fq_t·z + eps.
 // Memory: reads fq, fk, v, s0, z0; writes o, s (final S), z (final z); scratch: A [C, C].
-template <class T>
+template <class E>
 void forward(const Tensor& fq_t, const Tensor& fk_t, const Tensor& v_t, const Tensor& s0_t, const Tensor& z0_t,
              const LinearAttentionParams& p, const Tensor& o_t, const Tensor& s_t, const Tensor& z_t) {
+  using T = compute_t<E>;
   const Geometry g = geometry(fq_t, v_t);
-  const int64_t Dk = g.Dk, Dv = g.Dv, ldk = g.H * Dk, ldv = g.H * Dv, Tn = g.T;
+  // ld_k, ld_v: the tensors' row strides; ldk, ldv: the strides of the rows the kernel reads (TaskRows).
+  const int64_t Dk = g.Dk, Dv = g.Dv, ld_k = g.H * Dk, ld_v = g.H * Dv, Tn = g.T;
+  const int64_t ldk = TaskRows<E>::ld(ld_k, Dk), ldv = TaskRows<E>::ld(ld_v, Dv);
   const T eps = static_cast<T>(p.eps);
   const int64_t C = std::max<int64_t>(1, std::min(p.chunk, Tn));
 #pragma omp parallel if (g.parallel())
   {
     std::vector<T> A(static_cast<size_t>(p.form == LinearAttentionForm::chunkwise ? C * C : 1));
+    TaskRows<E> io;
+    Products<E> mm;
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < g.tasks(); ++task) {
-      const T* fq = fq_t.data<T>() + g.qk_offset(task);
-      const T* fk = fk_t.data<T>() + g.qk_offset(task);
-      const T* v = v_t.data<T>() + g.v_offset(task);
-      T* o = o_t.data<T>() + g.v_offset(task);
-      T* S = s_t.data<T>() + task * Dk * Dv;
-      T* z = z_t.data<T>() + task * Dk;
-      std::copy_n(s0_t.data<T>() + task * Dk * Dv, Dk * Dv, S);
-      std::copy_n(z0_t.data<T>() + task * Dk, Dk, z);
+      io.begin();
+      const T* fq = io.in(fq_t, g.qk_offset(task), Tn, Dk, ld_k);
+      const T* fk = io.in(fk_t, g.qk_offset(task), Tn, Dk, ld_k);
+      const T* v = io.in(v_t, g.v_offset(task), Tn, Dv, ld_v);
+      T* o = io.out(o_t, g.v_offset(task), Tn, Dv, ld_v);
+      T* S = io.out(s_t, task * Dk * Dv, Dk, Dv, Dv);
+      T* z = io.out(z_t, task * Dk, 1, Dk, Dk);
+      std::copy_n(io.in(s0_t, task * Dk * Dv, Dk, Dv, Dv), Dk * Dv, S);
+      std::copy_n(io.in(z0_t, task * Dk, 1, Dk, Dk), Dk, z);
       if (p.form == LinearAttentionForm::recurrent) {
         for (int64_t t = 0; t < Tn; ++t) {
           const T *fkt = fk + t * ldk, *vt = v + t * ldv, *fqt = fq + t * ldk;
@@ -179,11 +193,11 @@ void forward(const Tensor& fq_t, const Tensor& fk_t, const Tensor& v_t, const Te
           }
         }
       } else if (p.form == LinearAttentionForm::noncausal) {
-        gemm<T>(true, false, Dk, Dv, Tn, 1.0, fk, ldk, v, ldv, 1.0, S, Dv);
+        mm(true, false, Dk, Dv, Tn, 1.0, fk, ldk, v, ldv, 1.0, S, Dv);
         for (int64_t t = 0; t < Tn; ++t) {
           for (int64_t i = 0; i < Dk; ++i) z[i] += fk[t * ldk + i];
         }
-        gemm<T>(false, false, Tn, Dv, Dk, 1.0, fq, ldk, S, Dv, 0.0, o, ldv);
+        mm(false, false, Tn, Dv, Dk, 1.0, fq, ldk, S, Dv, 0.0, o, ldv);
         if (p.normalize) {
           for (int64_t t = 0; t < Tn; ++t) {
             const T inv = T(1) / (dot(fq + t * ldk, z, Dk) + eps);
@@ -195,10 +209,10 @@ void forward(const Tensor& fq_t, const Tensor& fk_t, const Tensor& v_t, const Te
           const int64_t L = std::min(C, Tn - t0);
           const T *fqc = fq + t0 * ldk, *fkc = fk + t0 * ldk, *vc = v + t0 * ldv;
           T* oc = o + t0 * ldv;
-          gemm<T>(false, true, L, L, Dk, 1.0, fqc, ldk, fkc, ldk, 0.0, A.data(), L);
+          mm(false, true, L, L, Dk, 1.0, fqc, ldk, fkc, ldk, 0.0, A.data(), L);
           for (int64_t r = 0; r < L; ++r) std::fill(A.data() + r * L + r + 1, A.data() + (r + 1) * L, T(0));
-          gemm<T>(false, false, L, Dv, Dk, 1.0, fqc, ldk, S, Dv, 0.0, oc, ldv);
-          gemm<T>(false, false, L, Dv, L, 1.0, A.data(), L, vc, ldv, 1.0, oc, ldv);
+          mm(false, false, L, Dv, Dk, 1.0, fqc, ldk, S, Dv, 0.0, oc, ldv);
+          mm(false, false, L, Dv, L, 1.0, A.data(), L, vc, ldv, 1.0, oc, ldv);
           if (p.normalize) {
             for (int64_t r = 0; r < L; ++r) {
               T den = dot(fqc + r * ldk, z, Dk) + eps;
@@ -207,12 +221,13 @@ void forward(const Tensor& fq_t, const Tensor& fk_t, const Tensor& v_t, const Te
               for (int64_t j = 0; j < Dv; ++j) oc[r * ldv + j] *= inv;
             }
           }
-          gemm<T>(true, false, Dk, Dv, L, 1.0, fkc, ldk, vc, ldv, 1.0, S, Dv);
+          mm(true, false, Dk, Dv, L, 1.0, fkc, ldk, vc, ldv, 1.0, S, Dv);
           for (int64_t r = 0; r < L; ++r) {
             for (int64_t i = 0; i < Dk; ++i) z[i] += fkc[r * ldk + i];
           }
         }
       }
+      io.store();
     }
   }
 }
@@ -233,12 +248,14 @@ void forward(const Tensor& fq_t, const Tensor& fk_t, const Tensor& v_t, const Te
 // Memory: reads fq, fk, v, s0, z0, dO, dS, dz; writes dfq, dfk, dv, ds0, dz0. Scratch per task:
 // u [T, dv] and δ [T] (recurrent, noncausal) or the chunk-start states [⌈T/C⌉, dk, dv + 1] and
 // A, dA [C, C], u [C, dv], δ [C] (chunkwise).
-template <class T>
+template <class E>
 void backward(const Tensor& fq_t, const Tensor& fk_t, const Tensor& v_t, const Tensor& s0_t, const Tensor& z0_t,
               const Tensor& do_t, const Tensor& ds_t, const Tensor& dz_t, const LinearAttentionParams& p,
               const Tensor& dfq_t, const Tensor& dfk_t, const Tensor& dv_t, const Tensor& ds0_t, const Tensor& dz0_t) {
+  using T = compute_t<E>;
   const Geometry g = geometry(fq_t, v_t);
-  const int64_t Dk = g.Dk, Dv = g.Dv, ldk = g.H * Dk, ldv = g.H * Dv, Tn = g.T;
+  const int64_t Dk = g.Dk, Dv = g.Dv, ld_k = g.H * Dk, ld_v = g.H * Dv, Tn = g.T;  // as in forward
+  const int64_t ldk = TaskRows<E>::ld(ld_k, Dk), ldv = TaskRows<E>::ld(ld_v, Dv);
   const T eps = static_cast<T>(p.eps);
   const int64_t C = std::max<int64_t>(1, std::min(p.chunk, Tn));
   const int64_t NC = (Tn + C - 1) / C;
@@ -256,21 +273,24 @@ void backward(const Tensor& fq_t, const Tensor& fk_t, const Tensor& v_t, const T
       u.resize(static_cast<size_t>(Tn * Dv));
       delta.resize(static_cast<size_t>(Tn));
     }
+    TaskRows<E> io;
+    Products<E> mm;
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < g.tasks(); ++task) {
-      const T* fq = fq_t.data<T>() + g.qk_offset(task);
-      const T* fk = fk_t.data<T>() + g.qk_offset(task);
-      const T* v = v_t.data<T>() + g.v_offset(task);
-      const T* dO = do_t.data<T>() + g.v_offset(task);
-      T* dfq = dfq_t.data<T>() + g.qk_offset(task);
-      T* dfk = dfk_t.data<T>() + g.qk_offset(task);
-      T* dv = dv_t.data<T>() + g.v_offset(task);
-      T* G = ds0_t.data<T>() + task * Dk * Dv;  // G and gz accumulate in place into dS_0, dz_0
-      T* gz = dz0_t.data<T>() + task * Dk;
-      std::copy_n(s0_t.data<T>() + task * Dk * Dv, Dk * Dv, S.data());
-      std::copy_n(z0_t.data<T>() + task * Dk, Dk, z.data());
-      std::copy_n(ds_t.data<T>() + task * Dk * Dv, Dk * Dv, G);
-      std::copy_n(dz_t.data<T>() + task * Dk, Dk, gz);
+      io.begin();
+      const T* fq = io.in(fq_t, g.qk_offset(task), Tn, Dk, ld_k);
+      const T* fk = io.in(fk_t, g.qk_offset(task), Tn, Dk, ld_k);
+      const T* v = io.in(v_t, g.v_offset(task), Tn, Dv, ld_v);
+      const T* dO = io.in(do_t, g.v_offset(task), Tn, Dv, ld_v);
+      T* dfq = io.out(dfq_t, g.qk_offset(task), Tn, Dk, ld_k);
+      T* dfk = io.out(dfk_t, g.qk_offset(task), Tn, Dk, ld_k);
+      T* dv = io.out(dv_t, g.v_offset(task), Tn, Dv, ld_v);
+      T* G = io.out(ds0_t, task * Dk * Dv, Dk, Dv, Dv);  // G and gz accumulate in place into dS_0, dz_0
+      T* gz = io.out(dz0_t, task * Dk, 1, Dk, Dk);
+      std::copy_n(io.in(s0_t, task * Dk * Dv, Dk, Dv, Dv), Dk * Dv, S.data());
+      std::copy_n(io.in(z0_t, task * Dk, 1, Dk, Dk), Dk, z.data());
+      std::copy_n(io.in(ds_t, task * Dk * Dv, Dk, Dv, Dv), Dk * Dv, G);
+      std::copy_n(io.in(dz_t, task * Dk, 1, Dk, Dk), Dk, gz);
 
       // u_r, δ_r of one row from num_r (= fq_r S_r), den_r and dO_r.
       auto split_grad = [&](const T* dOr, const T* numr, T den, T* ur, T& dr) {
@@ -313,7 +333,7 @@ void backward(const Tensor& fq_t, const Tensor& fk_t, const Tensor& v_t, const T
           }
         }
       } else if (p.form == LinearAttentionForm::noncausal) {
-        gemm<T>(true, false, Dk, Dv, Tn, 1.0, fk, ldk, v, ldv, 1.0, S.data(), Dv);  // S_T
+        mm(true, false, Dk, Dv, Tn, 1.0, fk, ldk, v, ldv, 1.0, S.data(), Dv);  // S_T
         for (int64_t t = 0; t < Tn; ++t) {
           for (int64_t i = 0; i < Dk; ++i) z[i] += fk[t * ldk + i];
         }
@@ -326,21 +346,21 @@ void backward(const Tensor& fq_t, const Tensor& fk_t, const Tensor& v_t, const T
           split_grad(dO + t * ldv, num.data(), dot(fqt, z.data(), Dk) + eps, u.data() + t * Dv, delta[t]);
         }
         // dfQ = u S_Tᵀ + δ z_Tᵀ
-        gemm<T>(false, true, Tn, Dk, Dv, 1.0, u.data(), Dv, S.data(), Dv, 0.0, dfq, ldk);
+        mm(false, true, Tn, Dk, Dv, 1.0, u.data(), Dv, S.data(), Dv, 0.0, dfq, ldk);
         for (int64_t t = 0; t < Tn; ++t) {
           for (int64_t i = 0; i < Dk; ++i) dfq[t * ldk + i] += delta[t] * z[i];
         }
         // G = dS_T + fQᵀ u, gz = dz_T + fQᵀ δ
-        gemm<T>(true, false, Dk, Dv, Tn, 1.0, fq, ldk, u.data(), Dv, 1.0, G, Dv);
+        mm(true, false, Dk, Dv, Tn, 1.0, fq, ldk, u.data(), Dv, 1.0, G, Dv);
         for (int64_t t = 0; t < Tn; ++t) {
           for (int64_t i = 0; i < Dk; ++i) gz[i] += delta[t] * fq[t * ldk + i];
         }
         // dfK = V Gᵀ + 1 gzᵀ, dV = fK G
-        gemm<T>(false, true, Tn, Dk, Dv, 1.0, v, ldv, G, Dv, 0.0, dfk, ldk);
+        mm(false, true, Tn, Dk, Dv, 1.0, v, ldv, G, Dv, 0.0, dfk, ldk);
         for (int64_t t = 0; t < Tn; ++t) {
           for (int64_t i = 0; i < Dk; ++i) dfk[t * ldk + i] += gz[i];
         }
-        gemm<T>(false, false, Tn, Dv, Dk, 1.0, fk, ldk, G, Dv, 0.0, dv, ldv);
+        mm(false, false, Tn, Dv, Dk, 1.0, fk, ldk, G, Dv, 0.0, dv, ldv);
       } else {
         // Forward sweep: the states entering each chunk, S_prev [dk, dv] then z_prev [dk].
         for (int64_t c = 0; c < NC; ++c) {
@@ -348,7 +368,7 @@ void backward(const Tensor& fq_t, const Tensor& fk_t, const Tensor& v_t, const T
           T* st = states.data() + c * Dk * (Dv + 1);
           std::copy(S.begin(), S.end(), st);
           std::copy(z.begin(), z.end(), st + Dk * Dv);
-          gemm<T>(true, false, Dk, Dv, L, 1.0, fk + t0 * ldk, ldk, v + t0 * ldv, ldv, 1.0, S.data(), Dv);
+          mm(true, false, Dk, Dv, L, 1.0, fk + t0 * ldk, ldk, v + t0 * ldv, ldv, 1.0, S.data(), Dv);
           for (int64_t r = 0; r < L; ++r) {
             for (int64_t i = 0; i < Dk; ++i) z[i] += fk[(t0 + r) * ldk + i];
           }
@@ -360,11 +380,11 @@ void backward(const Tensor& fq_t, const Tensor& fk_t, const Tensor& v_t, const T
           const T* zp = Sp + Dk * Dv;
           T *dfqc = dfq + t0 * ldk, *dfkc = dfk + t0 * ldk, *dvc = dv + t0 * ldv;
           // A = mask(fQ fKᵀ); num = fQ S_prev + A V into u's rows (then turned into u in place).
-          gemm<T>(false, true, L, L, Dk, 1.0, fqc, ldk, fkc, ldk, 0.0, A.data(), L);
+          mm(false, true, L, L, Dk, 1.0, fqc, ldk, fkc, ldk, 0.0, A.data(), L);
           for (int64_t r = 0; r < L; ++r) std::fill(A.data() + r * L + r + 1, A.data() + (r + 1) * L, T(0));
           if (p.normalize) {
-            gemm<T>(false, false, L, Dv, Dk, 1.0, fqc, ldk, Sp, Dv, 0.0, u.data(), Dv);
-            gemm<T>(false, false, L, Dv, L, 1.0, A.data(), L, vc, ldv, 1.0, u.data(), Dv);
+            mm(false, false, L, Dv, Dk, 1.0, fqc, ldk, Sp, Dv, 0.0, u.data(), Dv);
+            mm(false, false, L, Dv, L, 1.0, A.data(), L, vc, ldv, 1.0, u.data(), Dv);
             for (int64_t r = 0; r < L; ++r) {
               T den = dot(fqc + r * ldk, zp, Dk) + eps;
               for (int64_t s = 0; s <= r; ++s) den += A[r * L + s];
@@ -378,17 +398,17 @@ void backward(const Tensor& fq_t, const Tensor& fk_t, const Tensor& v_t, const T
             }
           }
           // dA = mask(u Vᵀ + δ 1ᵀ)
-          gemm<T>(false, true, L, L, Dv, 1.0, u.data(), Dv, vc, ldv, 0.0, dA.data(), L);
+          mm(false, true, L, L, Dv, 1.0, u.data(), Dv, vc, ldv, 0.0, dA.data(), L);
           for (int64_t r = 0; r < L; ++r) {
             for (int64_t s = 0; s <= r; ++s) dA[r * L + s] += delta[r];
             std::fill(dA.data() + r * L + r + 1, dA.data() + (r + 1) * L, T(0));
           }
           // dfQ = dA fK + u S_prevᵀ + δ z_prevᵀ
-          gemm<T>(false, false, L, Dk, L, 1.0, dA.data(), L, fkc, ldk, 0.0, dfqc, ldk);
-          gemm<T>(false, true, L, Dk, Dv, 1.0, u.data(), Dv, Sp, Dv, 1.0, dfqc, ldk);
+          mm(false, false, L, Dk, L, 1.0, dA.data(), L, fkc, ldk, 0.0, dfqc, ldk);
+          mm(false, true, L, Dk, Dv, 1.0, u.data(), Dv, Sp, Dv, 1.0, dfqc, ldk);
           // dfK = dAᵀ fQ + V Gᵀ + 1 gzᵀ
-          gemm<T>(true, false, L, Dk, L, 1.0, dA.data(), L, fqc, ldk, 0.0, dfkc, ldk);
-          gemm<T>(false, true, L, Dk, Dv, 1.0, vc, ldv, G, Dv, 1.0, dfkc, ldk);
+          mm(true, false, L, Dk, L, 1.0, dA.data(), L, fqc, ldk, 0.0, dfkc, ldk);
+          mm(false, true, L, Dk, Dv, 1.0, vc, ldv, G, Dv, 1.0, dfkc, ldk);
           for (int64_t r = 0; r < L; ++r) {
             for (int64_t i = 0; i < Dk; ++i) {
               dfqc[r * ldk + i] += delta[r] * zp[i];
@@ -396,29 +416,30 @@ void backward(const Tensor& fq_t, const Tensor& fk_t, const Tensor& v_t, const T
             }
           }
           // dV = Aᵀ u + fK G
-          gemm<T>(true, false, L, Dv, L, 1.0, A.data(), L, u.data(), Dv, 0.0, dvc, ldv);
-          gemm<T>(false, false, L, Dv, Dk, 1.0, fkc, ldk, G, Dv, 1.0, dvc, ldv);
+          mm(true, false, L, Dv, L, 1.0, A.data(), L, u.data(), Dv, 0.0, dvc, ldv);
+          mm(false, false, L, Dv, Dk, 1.0, fkc, ldk, G, Dv, 1.0, dvc, ldv);
           // The state gradients before the chunk: G += fQᵀ u, gz += fQᵀ δ
-          gemm<T>(true, false, Dk, Dv, L, 1.0, fqc, ldk, u.data(), Dv, 1.0, G, Dv);
+          mm(true, false, Dk, Dv, L, 1.0, fqc, ldk, u.data(), Dv, 1.0, G, Dv);
           for (int64_t r = 0; r < L; ++r) {
             for (int64_t i = 0; i < Dk; ++i) gz[i] += delta[r] * fqc[r * ldk + i];
           }
         }
       }
+      io.store();
     }
   }
 }
 
 void forward_cpu(const Tensor& fq, const Tensor& fk, const Tensor& v, const Tensor& s0, const Tensor& z0,
                  const LinearAttentionParams& p, const Tensor& o, const Tensor& s, const Tensor& z) {
-  dispatch_float(fq.dtype(), "linear_attention",
+  dispatch_stored(fq.dtype(), "linear_attention",
                  [&](auto tag) { forward<decltype(tag)>(fq, fk, v, s0, z0, p, o, s, z); });
 }
 
 void backward_cpu(const Tensor& fq, const Tensor& fk, const Tensor& v, const Tensor& s0, const Tensor& z0,
                   const Tensor& dout, const Tensor& ds, const Tensor& dz, const LinearAttentionParams& p,
                   const Tensor& dfq, const Tensor& dfk, const Tensor& dv, const Tensor& ds0, const Tensor& dz0) {
-  dispatch_float(fq.dtype(), "linear_attention backward", [&](auto tag) {
+  dispatch_stored(fq.dtype(), "linear_attention backward", [&](auto tag) {
     backward<decltype(tag)>(fq, fk, v, s0, z0, dout, ds, dz, p, dfq, dfk, dv, ds0, dz0);
   });
 }
@@ -500,8 +521,9 @@ void performer_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& ome
 }  // namespace cpu
 
 namespace kernel {
-SEQLAB_REGISTER_KERNEL(linear_attention_forward_kernel, DeviceType::CPU, &cpu::forward_cpu);
-SEQLAB_REGISTER_KERNEL(linear_attention_backward_kernel, DeviceType::CPU, &cpu::backward_cpu);
+// bf16 tensors are taken as they are (layers/variant_rows.h): rows widened per head, GEMMs on bf16 operands.
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(linear_attention_forward_kernel, DeviceType::CPU, &cpu::forward_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(linear_attention_backward_kernel, DeviceType::CPU, &cpu::backward_cpu);
 SEQLAB_REGISTER_KERNEL(performer_forward_kernel, DeviceType::CPU, &cpu::performer_forward_cpu);
 SEQLAB_REGISTER_KERNEL(performer_backward_kernel, DeviceType::CPU, &cpu::performer_backward_cpu);
 }  // namespace kernel

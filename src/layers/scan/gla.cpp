@@ -8,6 +8,13 @@
 //   single-threaded on the calling thread inside the parallel region.
 // - A head's rows of q, k, v, o are strided (H·dk or H·dv apart) in the [B, T, H, ·] layout; the
 //   GEMMs read and write them in place through the leading dimension, without copies.
+// - bf16 tensors are taken as they are (layers/variant_rows.h): the kernels are templates on the tensors'
+//   element type E and compute in T = compute_t<E> (f32 for bf16). A head's rows are widened to f32 when
+//   its task starts and its outputs rounded to bf16 once when it ends; the recurrent form, the state
+//   recurrence, the gates and the pairwise diagonal sub-chunk stay f32, and every GEMM of the chunkwise form
+//   (the `mm` calls: inter-chunk q̂ S, the sub-chunk scores q̃ k̃ᵀ, Ã v, the state's k̂ᵀ v̂, and their
+//   backward counterparts) multiplies bf16 operands with f32 sums into f32. For f32 and f64 the rows are
+//   the tensors' own and `mm` is cpu::gemm on them: the kernels they always were.
 // - Gate factors are always exp(x) with x ≤ 0 (differences of cumulative log-gates taken in the
 //   direction of time), so nothing overflows for any gate strength; they may underflow to 0,
 //   which is also what the exact value rounds to.
@@ -24,6 +31,7 @@
 #include "autograd/op_registry.h"
 #include "autograd/ops.h"
 #include "layers/variant_inputs.h"
+#include "layers/variant_rows.h"
 #include "tensor/parallel.h"
 #include "tensor/elementwise_math.h"
 #include "tensor/blas_rows.h"
@@ -168,13 +176,29 @@ struct Geo {
 
 Geo geo_of(const Tensor& q, const Tensor& v) { return {q.size(0), q.size(1), q.size(2), q.size(3), v.size(3)}; }
 
-template <class T>
-Head<T> head_of(const Geo& G, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
-                const Tensor& h0, int64_t b, int64_t h) {
-  const int64_t rk = G.row_k(b, h), rv = G.row_v(b, h);
-  return {q.data<T>() + rk, k.data<T>() + rk, v.data<T>() + rv, g.data<T>() + rk,
-          gv.defined() ? gv.data<T>() + rv : nullptr, h0.defined() ? h0.data<T>() + G.state(b, h) : nullptr,
-          G.H * G.dk, G.H * G.dv};
+// The head's input rows through io (the tensors' own rows for f32 and f64, widened rows for bf16).
+template <class E>
+Head<compute_t<E>> head_of(const Geo& G, TaskRows<E>& io, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& g, const Tensor& gv, const Tensor& h0, int64_t b, int64_t h) {
+  const int64_t rk = G.row_k(b, h), rv = G.row_v(b, h), ldk = G.H * G.dk, ldv = G.H * G.dv;
+  return {io.in(q, rk, G.T, G.dk, ldk),           io.in(k, rk, G.T, G.dk, ldk),
+          io.in(v, rv, G.T, G.dv, ldv),           io.in(g, rk, G.T, G.dk, ldk),
+          io.in(gv, rv, G.T, G.dv, ldv),          io.in(h0, G.state(b, h), G.dk, G.dv, G.dv),
+          TaskRows<E>::ld(ldk, G.dk),             TaskRows<E>::ld(ldv, G.dv)};
+}
+
+// The rows of the outputs and cotangents of one head (through io, as head_of).
+template <class E>
+compute_t<E>* out_k(const Geo& G, TaskRows<E>& io, const Tensor& t, int64_t b, int64_t h) {
+  return io.out(t, G.row_k(b, h), G.T, G.dk, G.H * G.dk);
+}
+template <class E>
+compute_t<E>* out_v(const Geo& G, TaskRows<E>& io, const Tensor& t, int64_t b, int64_t h) {
+  return io.out(t, G.row_v(b, h), G.T, G.dv, G.H * G.dv);
+}
+template <class E>
+compute_t<E>* out_state(const Geo& G, TaskRows<E>& io, const Tensor& t, int64_t b, int64_t h) {
+  return io.out(t, G.state(b, h), G.dk, G.dv, G.dv);
 }
 
 // ---- recurrent form -----------------------------------------------------------------------------
@@ -210,18 +234,20 @@ void recurrent_step(const Geo& G, const T* q, const T* k, const T* v, const T* g
 // Forward, step by step: S₀ = initial state (or 0); for t = 0 … T−1: S ← αβᵀ ⊙ S + k_tᵀ v_t,
 // o_t = scale q_t S; final_state = S. Memory: reads q, k, v, g, gv, h0; writes o, final_state;
 // scratch: one [dk, dv] state and β [dv] per task.
-template <class T>
+template <class E>
 void recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
                        const Tensor& h0, const GlaParams& p, const Tensor& o, const Tensor& fs) {
+  using T = compute_t<E>;
   const Geo G = geo_of(q, v);
   const T scale = static_cast<T>(p.scale);
   const int64_t tasks = G.B * G.H;
 #pragma omp parallel for schedule(dynamic) if (G.parallel(tasks))
   for (int64_t task = 0; task < tasks; ++task) {
     const int64_t b = task / G.H, h = task % G.H;
-    const Head<T> X = head_of<T>(G, q, k, v, g, gv, h0, b, h);
-    T* S = fs.data<T>() + G.state(b, h);
-    T* O = o.data<T>() + G.row_v(b, h);
+    TaskRows<E> io;
+    const Head<T> X = head_of(G, io, q, k, v, g, gv, h0, b, h);
+    T* S = out_state(G, io, fs, b, h);
+    T* O = out_v(G, io, o, b, h);
     std::vector<T> beta(static_cast<size_t>(G.dv));
     if (X.h0) {
       std::copy_n(X.h0, G.dk * G.dv, S);
@@ -232,6 +258,7 @@ void recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
       recurrent_step(G, X.q + t * X.ldk, X.k + t * X.ldk, X.v + t * X.ldv, X.g + t * X.ldk,
                      X.gv ? X.gv + t * X.ldv : nullptr, scale, S, O + t * X.ldv, beta.data());
     }
+    io.store();
   }
 }
 
@@ -245,10 +272,11 @@ void recurrent_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 // and d initial_state = dS at the end. States are recomputed: a first pass keeps S every `chunk`
 // steps; then each segment's states are recomputed from its checkpoint before it is walked in
 // reverse. Memory per task: ⌈T/chunk⌉ + chunk states of [dk, dv]; writes dq, dk, dv, dg, dgv, dh0.
-template <class T>
+template <class E>
 void recurrent_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& g, const Tensor& gv, const Tensor& h0, const GlaParams& p,
                         const GlaGrads& grads) {
+  using T = compute_t<E>;
   const Geo G = geo_of(q, v);
   const T scale = static_cast<T>(p.scale);
   const int64_t tasks = G.B * G.H, dk = G.dk, dv = G.dv, SZ = dk * dv;
@@ -256,15 +284,18 @@ void recurrent_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& 
 #pragma omp parallel for schedule(dynamic) if (G.parallel(tasks))
   for (int64_t task = 0; task < tasks; ++task) {
     const int64_t b = task / G.H, h = task % G.H;
-    const Head<T> X = head_of<T>(G, q, k, v, g, gv, h0, b, h);
-    const T* dO = dout.data<T>() + G.row_v(b, h);
-    T* dQ = grads.dq.data<T>() + G.row_k(b, h);
-    T* dK = grads.dk.data<T>() + G.row_k(b, h);
-    T* dV = grads.dv.data<T>() + G.row_v(b, h);
-    T* dG = grads.dg.defined() ? grads.dg.data<T>() + G.row_k(b, h) : nullptr;
-    T* dGV = grads.dgv.defined() ? grads.dgv.data<T>() + G.row_v(b, h) : nullptr;
+    TaskRows<E> io;
+    const Head<T> X = head_of(G, io, q, k, v, g, gv, h0, b, h);
+    const T* dO = io.in(dout, G.row_v(b, h), G.T, dv, G.H * dv);
+    const T* dF = io.in(dfinal, G.state(b, h), dk, dv, dv);
+    T* dQ = out_k(G, io, grads.dq, b, h);
+    T* dK = out_k(G, io, grads.dk, b, h);
+    T* dV = out_v(G, io, grads.dv, b, h);
+    T* dG = out_k(G, io, grads.dg, b, h);
+    T* dGV = out_v(G, io, grads.dgv, b, h);
+    T* dH0 = out_state(G, io, grads.dinitial_state, b, h);
     std::vector<T> ckpt(static_cast<size_t>(std::max<int64_t>(nseg, 1) * SZ)), seg(static_cast<size_t>(K * SZ));
-    std::vector<T> dS(dfinal.data<T>() + G.state(b, h), dfinal.data<T>() + G.state(b, h) + SZ);
+    std::vector<T> dS(dF, dF + SZ);
     std::vector<T> alpha(static_cast<size_t>(dk)), beta(static_cast<size_t>(dv), T(1)), dgv_acc(static_cast<size_t>(dv));
     std::vector<T> cur(static_cast<size_t>(SZ), T(0));
     if (X.h0) std::copy_n(X.h0, SZ, cur.begin());
@@ -318,7 +349,8 @@ void recurrent_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& 
         if (dGV) std::copy(dgv_acc.begin(), dgv_acc.end(), dGV + t * X.ldv);
       }
     }
-    if (grads.dinitial_state.defined()) std::copy(dS.begin(), dS.end(), grads.dinitial_state.data<T>() + G.state(b, h));
+    if (dH0) std::copy(dS.begin(), dS.end(), dH0);
+    io.store();
   }
 }
 
@@ -400,21 +432,25 @@ inline void pair_factors(const double* br, const double* bs, int64_t n, T* f) {
 //   S ← e^{b_last} e^{bv_last}ᵀ ⊙ S + (k ⊙ e^{b_last − b_s})ᵀ (v ⊙ e^{bv_last − bv_s})   (one GEMM)
 // Memory: reads q, k, v, g, gv, h0; writes o, final_state (the running state lives there);
 // scratch per task: ChunkScratch.
-template <class T>
+template <class E>
 void chunk_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
                    const Tensor& h0, const GlaParams& p, const Tensor& o, const Tensor& fs) {
+  using T = compute_t<E>;
   const Geo G = geo_of(q, v);
   const T scale = static_cast<T>(p.scale);
   const int64_t tasks = G.B * G.H, dk = G.dk, dv = G.dv, C = p.chunk, c = p.sub_chunk;
 #pragma omp parallel if (G.parallel(tasks))
   {
     ChunkScratch<T> w(C, c, dk, dv);
+    TaskRows<E> io;
+    Products<E> mm;
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t bi = task / G.H, h = task % G.H;
-      const Head<T> X = head_of<T>(G, q, k, v, g, gv, h0, bi, h);
-      T* S = fs.data<T>() + G.state(bi, h);
-      T* O = o.data<T>() + G.row_v(bi, h);
+      io.begin();
+      const Head<T> X = head_of(G, io, q, k, v, g, gv, h0, bi, h);
+      T* S = out_state(G, io, fs, bi, h);
+      T* O = out_v(G, io, o, bi, h);
       if (X.h0) {
         std::copy_n(X.h0, dk * dv, S);
       } else {
@@ -429,7 +465,7 @@ void chunk_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
         const double *bb = w.b.data(), *bvv = w.bv.data();
         // Inter-chunk: o = (scale q ⊙ e^{b}) S, then ⊙ e^{bv}. (e^{b_r − 0}: a zero reference row.)
         scale_rows<T>(L, dk, Qc, X.ldk, bb, w.zero.data(), 1.0, scale, w.qs.data(), dk);
-        gemm<T>(false, false, L, dv, dk, 1.0, w.qs.data(), dk, S, dv, 0.0, Oc, X.ldv);
+        mm(false, false, L, dv, dk, 1.0, w.qs.data(), dk, S, dv, 0.0, Oc, X.ldv);
         if (has_gv) scale_rows<T>(L, dv, Oc, X.ldv, bvv, w.zero.data(), 1.0, T(1), Oc, X.ldv);
         // Intra-chunk, one query sub-chunk [i0, i1) at a time.
         for (int64_t i0 = 0; i0 < L; i0 += c) {
@@ -438,12 +474,12 @@ void chunk_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
             const double *bref = bb + (i0 - 1) * dk, *bvref = bvv + (i0 - 1) * dv;
             scale_rows<T>(n, dk, Qc + i0 * X.ldk, X.ldk, bb + i0 * dk, bref, 1.0, scale, w.qs.data(), dk);
             scale_rows<T>(i0, dk, Kc, X.ldk, bb, bref, -1.0, T(1), w.ks.data(), dk);
-            gemm<T>(false, true, n, i0, dk, 1.0, w.qs.data(), dk, w.ks.data(), dk, 0.0, w.A.data(), i0);
+            mm(false, true, n, i0, dk, 1.0, w.qs.data(), dk, w.ks.data(), dk, 0.0, w.A.data(), i0);
             if (!has_gv) {
-              gemm<T>(false, false, n, dv, i0, 1.0, w.A.data(), i0, Vc, X.ldv, 1.0, Oc + i0 * X.ldv, X.ldv);
+              mm(false, false, n, dv, i0, 1.0, w.A.data(), i0, Vc, X.ldv, 1.0, Oc + i0 * X.ldv, X.ldv);
             } else {
               scale_rows<T>(i0, dv, Vc, X.ldv, bvv, bvref, -1.0, T(1), w.vs.data(), dv);
-              gemm<T>(false, false, n, dv, i0, 1.0, w.A.data(), i0, w.vs.data(), dv, 0.0, w.tv.data(), dv);
+              mm(false, false, n, dv, i0, 1.0, w.A.data(), i0, w.vs.data(), dv, 0.0, w.tv.data(), dv);
               accumulate_rows<T>(n, dv, w.tv.data(), dv, bvv + i0 * dv, bvref, 1.0, T(1), Oc + i0 * X.ldv, X.ldv);
             }
           }
@@ -488,11 +524,12 @@ void chunk_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
         scale_rows<T>(L, dk, Kc, X.ldk, bb, blast, -1.0, T(1), w.ks.data(), dk);
         if (has_gv) {
           scale_rows<T>(L, dv, Vc, X.ldv, bvv, bvlast, -1.0, T(1), w.vs.data(), dv);
-          gemm<T>(true, false, dk, dv, L, 1.0, w.ks.data(), dk, w.vs.data(), dv, 1.0, S, dv);
+          mm(true, false, dk, dv, L, 1.0, w.ks.data(), dk, w.vs.data(), dv, 1.0, S, dv);
         } else {
-          gemm<T>(true, false, dk, dv, L, 1.0, w.ks.data(), dk, Vc, X.ldv, 1.0, S, dv);
+          mm(true, false, dk, dv, L, 1.0, w.ks.data(), dk, Vc, X.ldv, 1.0, S, dv);
         }
       }
+      io.store();
     }
   }
 }
@@ -569,9 +606,10 @@ struct GateScratch {
 // with x = Σ_j (dS ⊙ e^{b_last} e^{bv_last}ᵀ ⊙ S)_ij, and dgv_t likewise from the value side (dõ for
 // q, v for k, Ã for dÃ; x summed over i). Sums in double.
 // Memory: reads dout, dfinal, q, k, v, g, gv, h0; writes dq, dk, dv, dg, dgv, dh0.
-template <class T>
+template <class E>
 void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
                     const Tensor& g, const Tensor& gv, const Tensor& h0, const GlaParams& p, const GlaGrads& grads) {
+  using T = compute_t<E>;
   const Geo G = geo_of(q, v);
   const T scale = static_cast<T>(p.scale);
   const int64_t tasks = G.B * G.H, dk = G.dk, dv = G.dv, C = p.chunk, c = p.sub_chunk, SZ = dk * dv;
@@ -581,20 +619,24 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
   {
     ChunkScratch<T> w(C, c, dk, dv);
     GateScratch gw(C, dk, dv);
+    TaskRows<E> io;
+    Products<E> mm;
     std::vector<T> states, dS(static_cast<size_t>(SZ));
     std::vector<T> to(static_cast<size_t>(need_gv ? c * dv : 0));  // [c, dv]: Ã ṽ of a query sub-chunk
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t bi = task / G.H, h = task % G.H;
-      const Head<T> X = head_of<T>(G, q, k, v, g, gv, h0, bi, h);
+      io.begin();
+      const Head<T> X = head_of(G, io, q, k, v, g, gv, h0, bi, h);
       const bool has_gv = X.gv != nullptr;
-      const T* dO = dout.data<T>() + G.row_v(bi, h);
-      T* dQ = grads.dq.data<T>() + G.row_k(bi, h);
-      T* dK = grads.dk.data<T>() + G.row_k(bi, h);
-      T* dV = grads.dv.data<T>() + G.row_v(bi, h);
-      T* dG = need_g ? grads.dg.data<T>() + G.row_k(bi, h) : nullptr;
-      T* dGV = need_gv ? grads.dgv.data<T>() + G.row_v(bi, h) : nullptr;
-      const T* dF = dfinal.data<T>() + G.state(bi, h);
+      const T* dO = io.in(dout, G.row_v(bi, h), G.T, dv, G.H * dv);
+      const T* dF = io.in(dfinal, G.state(bi, h), dk, dv, dv);
+      T* dQ = out_k(G, io, grads.dq, bi, h);
+      T* dK = out_k(G, io, grads.dk, bi, h);
+      T* dV = out_v(G, io, grads.dv, bi, h);
+      T* dG = need_g ? out_k(G, io, grads.dg, bi, h) : nullptr;
+      T* dGV = need_gv ? out_v(G, io, grads.dgv, bi, h) : nullptr;
+      T* dH0 = out_state(G, io, grads.dinitial_state, bi, h);
       // States entering each chunk; states[nc] = S_T.
       states.assign(static_cast<size_t>((nc + 1) * SZ), T(0));
       if (X.h0) std::copy_n(X.h0, SZ, states.begin());
@@ -616,7 +658,7 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
           vsrc = w.vs.data();
           ldvs = dv;
         }
-        gemm<T>(true, false, dk, dv, L, 1.0, w.ks.data(), dk, vsrc, ldvs, 1.0, S, dv);
+        mm(true, false, dk, dv, L, 1.0, w.ks.data(), dk, vsrc, ldvs, 1.0, S, dv);
       }
       std::copy_n(dF, SZ, dS.begin());
       for (int64_t n = nc - 1; n >= 0; --n) {
@@ -640,13 +682,13 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
         }
         scale_rows<T>(L, dk, Qc, X.ldk, bb, w.zero.data(), 1.0, scale, w.qs.data(), dk);
         // Inter: dq = scale e^{b} ⊙ (dõ Sᵀ).
-        gemm<T>(false, true, L, dk, dv, 1.0, dos, lddos, S, dv, 0.0, dQc, X.ldk);
+        mm(false, true, L, dk, dv, 1.0, dos, lddos, S, dv, 0.0, dQc, X.ldk);
         scale_rows<T>(L, dk, dQc, X.ldk, bb, w.zero.data(), 1.0, scale, dQc, X.ldk);
         // Gates, pairs with s before the chunk and r in it: q ⊙ dq^inter, and on the value side
         // dõ ⊙ (q̂ S) (= do ⊙ o^inter).
         if (need_g) add_suffix_sums<T>(L, dk, Qc, X.ldk, dQc, X.ldk, dgc, gw.run.data());
         if (need_gv) {
-          gemm<T>(false, false, L, dv, dk, 1.0, w.qs.data(), dk, S, dv, 0.0, w.tv.data(), dv);
+          mm(false, false, L, dv, dk, 1.0, w.qs.data(), dk, S, dv, 0.0, w.tv.data(), dv);
           add_suffix_sums<T>(L, dv, dos, lddos, w.tv.data(), dv, dgvc, gw.run.data());
         }
         // Through the leaving state: dk = e^{b_last − b} ⊙ (v̂ dSᵀ), dv = e^{bv_last − bv} ⊙ (k̂ dS).
@@ -658,8 +700,8 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
           vhat = w.vs.data();
           ldvh = dv;
         }
-        gemm<T>(false, true, L, dk, dv, 1.0, vhat, ldvh, dS.data(), dv, 0.0, dKc, X.ldk);
-        gemm<T>(false, false, L, dv, dk, 1.0, w.ks.data(), dk, dS.data(), dv, 0.0, dVc, X.ldv);
+        mm(false, true, L, dk, dv, 1.0, vhat, ldvh, dS.data(), dv, 0.0, dKc, X.ldk);
+        mm(false, false, L, dv, dk, 1.0, w.ks.data(), dk, dS.data(), dv, 0.0, dVc, X.ldv);
         scale_rows<T>(L, dk, dKc, X.ldk, bb, blast, -1.0, T(1), dKc, X.ldk);
         if (has_gv) scale_rows<T>(L, dv, dVc, X.ldv, bvv, bvlast, -1.0, T(1), dVc, X.ldv);
         // Gates, pairs with s in the chunk and r after it: k ⊙ dk^state, v ⊙ dv^state; and the pairs
@@ -697,7 +739,7 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
           const T a = eg<T>(blast[i]);
           for (int64_t j = 0; j < dv; ++j) dS[i * dv + j] *= has_gv ? a * eg<T>(bvlast[j]) : a;
         }
-        gemm<T>(true, false, dk, dv, L, 1.0, w.qs.data(), dk, dos, lddos, 1.0, dS.data(), dv);
+        mm(true, false, dk, dv, L, 1.0, w.qs.data(), dk, dos, lddos, 1.0, dS.data(), dv);
         // Intra-chunk, per query sub-chunk.
         for (int64_t i0 = 0; i0 < L; i0 += c) {
           const int64_t i1 = std::min(L, i0 + c), n = i1 - i0;
@@ -705,26 +747,26 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
             const double *bref = bb + (i0 - 1) * dk, *bvref = bvv + (i0 - 1) * dv;
             scale_rows<T>(n, dk, Qc + i0 * X.ldk, X.ldk, bb + i0 * dk, bref, 1.0, scale, w.qs.data(), dk);
             scale_rows<T>(i0, dk, Kc, X.ldk, bb, bref, -1.0, T(1), w.ks.data(), dk);
-            gemm<T>(false, true, n, i0, dk, 1.0, w.qs.data(), dk, w.ks.data(), dk, 0.0, w.A.data(), i0);
+            mm(false, true, n, i0, dk, 1.0, w.qs.data(), dk, w.ks.data(), dk, 0.0, w.A.data(), i0);
             if (!has_gv) {
-              gemm<T>(false, true, n, i0, dv, 1.0, dOc + i0 * X.ldv, X.ldv, Vc, X.ldv, 0.0, w.dA.data(), i0);
-              gemm<T>(true, false, i0, dv, n, 1.0, w.A.data(), i0, dOc + i0 * X.ldv, X.ldv, 1.0, dVc, X.ldv);
+              mm(false, true, n, i0, dv, 1.0, dOc + i0 * X.ldv, X.ldv, Vc, X.ldv, 0.0, w.dA.data(), i0);
+              mm(true, false, i0, dv, n, 1.0, w.A.data(), i0, dOc + i0 * X.ldv, X.ldv, 1.0, dVc, X.ldv);
             } else {
               scale_rows<T>(n, dv, dOc + i0 * X.ldv, X.ldv, bvv + i0 * dv, bvref, 1.0, T(1), w.dos.data(), dv);
               scale_rows<T>(i0, dv, Vc, X.ldv, bvv, bvref, -1.0, T(1), w.vs.data(), dv);
-              gemm<T>(false, true, n, i0, dv, 1.0, w.dos.data(), dv, w.vs.data(), dv, 0.0, w.dA.data(), i0);
-              gemm<T>(true, false, i0, dv, n, 1.0, w.A.data(), i0, w.dos.data(), dv, 0.0, w.tv.data(), dv);
+              mm(false, true, n, i0, dv, 1.0, w.dos.data(), dv, w.vs.data(), dv, 0.0, w.dA.data(), i0);
+              mm(true, false, i0, dv, n, 1.0, w.A.data(), i0, w.dos.data(), dv, 0.0, w.tv.data(), dv);
               accumulate_rows<T>(i0, dv, w.tv.data(), dv, bvv, bvref, -1.0, T(1), dVc, X.ldv);
               if (need_gv) {
                 // Value gate: r here, s earlier: dõ' ⊙ (Ã ṽ)_r; r in this sub-chunk, s < t earlier in
                 // any sub-chunk before it: ṽ_s ⊙ (Ãᵀ dõ')_s.
-                gemm<T>(false, false, n, dv, i0, 1.0, w.A.data(), i0, w.vs.data(), dv, 0.0, to.data(), dv);
+                mm(false, false, n, dv, i0, 1.0, w.A.data(), i0, w.vs.data(), dv, 0.0, to.data(), dv);
                 add_suffix_sums<T>(n, dv, w.dos.data(), dv, to.data(), dv, dgvc + i0 * dv, gw.run.data());
                 add_prefix_sums<T>(i0, dv, w.vs.data(), dv, w.tv.data(), dv, dgvc, gw.run.data());
               }
             }
-            gemm<T>(false, false, n, dk, i0, 1.0, w.dA.data(), i0, w.ks.data(), dk, 0.0, w.tq.data(), dk);
-            gemm<T>(true, false, i0, dk, n, 1.0, w.dA.data(), i0, w.qs.data(), dk, 0.0, w.tk.data(), dk);
+            mm(false, false, n, dk, i0, 1.0, w.dA.data(), i0, w.ks.data(), dk, 0.0, w.tq.data(), dk);
+            mm(true, false, i0, dk, n, 1.0, w.dA.data(), i0, w.qs.data(), dk, 0.0, w.tk.data(), dk);
             accumulate_rows<T>(n, dk, w.tq.data(), dk, bb + i0 * dk, bref, 1.0, scale, dQc + i0 * X.ldk, X.ldk);
             accumulate_rows<T>(i0, dk, w.tk.data(), dk, bb, bref, -1.0, T(1), dKc, X.ldk);
             if (need_g) {  // the same two groups for the key gate: q̃ ⊙ (dÃ k̃), k̃ ⊙ (dÃᵀ q̃)
@@ -804,33 +846,32 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
           }
         }
       }
-      if (grads.dinitial_state.defined()) {
-        std::copy(dS.begin(), dS.end(), grads.dinitial_state.data<T>() + G.state(bi, h));
-      }
+      if (dH0) std::copy(dS.begin(), dS.end(), dH0);
+      io.store();
     }
   }
 }
 
 void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
                  const Tensor& h0, const GlaParams& p, const Tensor& o, const Tensor& fs) {
-  dispatch_float(q.dtype(), "gla", [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_stored(q.dtype(), "gla", [&](auto tag) {
+    using E = decltype(tag);
     if (p.form == GlaForm::recurrent) {
-      recurrent_forward<T>(q, k, v, g, gv, h0, p, o, fs);
+      recurrent_forward<E>(q, k, v, g, gv, h0, p, o, fs);
     } else {
-      chunk_forward<T>(q, k, v, g, gv, h0, p, o, fs);
+      chunk_forward<E>(q, k, v, g, gv, h0, p, o, fs);
     }
   });
 }
 
 void backward_cpu(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& g, const Tensor& gv, const Tensor& h0, const GlaParams& p, const GlaGrads& grads) {
-  dispatch_float(q.dtype(), "gla backward", [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_stored(q.dtype(), "gla backward", [&](auto tag) {
+    using E = decltype(tag);
     if (p.form == GlaForm::recurrent) {
-      recurrent_backward<T>(dout, dfinal, q, k, v, g, gv, h0, p, grads);
+      recurrent_backward<E>(dout, dfinal, q, k, v, g, gv, h0, p, grads);
     } else {
-      chunk_backward<T>(dout, dfinal, q, k, v, g, gv, h0, p, grads);
+      chunk_backward<E>(dout, dfinal, q, k, v, g, gv, h0, p, grads);
     }
   });
 }
@@ -839,8 +880,10 @@ void backward_cpu(const Tensor& dout, const Tensor& dfinal, const Tensor& q, con
 }  // namespace cpu
 
 namespace kernel {
-SEQLAB_REGISTER_KERNEL(gla_forward_kernel, DeviceType::CPU, &cpu::forward_cpu);
-SEQLAB_REGISTER_KERNEL(gla_backward_kernel, DeviceType::CPU, &cpu::backward_cpu);
+// bf16 tensors are taken as they are: the kernels widen a head's rows themselves and run their GEMMs on
+// bf16 operands (layers/variant_rows.h).
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(gla_forward_kernel, DeviceType::CPU, &cpu::forward_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(gla_backward_kernel, DeviceType::CPU, &cpu::backward_cpu);
 }  // namespace kernel
 
 // ------------------------------------------------------------------------------------------------

@@ -5,6 +5,12 @@
 // How the CPU kernels work:
 // - One task per (batch, head), OpenMP over tasks; chunk-level (or, for the parallel form,
 //   sequence-level) products are GEMMs through the GEMM slot, single-threaded inside the team.
+// - bf16 tensors are taken as they are (layers/variant_rows.h): the kernels are templates on the tensors'
+//   element type E and compute in T = compute_t<E> (f32 for bf16); a head's rows are widened when its task
+//   starts and its outputs rounded once when it ends; the recurrent form, the states and the decay powers
+//   stay f32, and every GEMM (the `mm` calls: Q Kᵀ, A V, the decayed q S and kᵀ v, and the backward's
+//   dO Vᵀ, dA K, dAᵀ Q, Pᵀ dO and the products with S and G) multiplies bf16 operands with f32 sums. For
+//   f32 and f64 the rows are the tensors' own and `mm` is cpu::gemm: the kernels they always were.
 // - Decay powers γ^n are taken from a per-task table of std::pow(γ, n) in double for n ≥ 0 only,
 //   so no ratio γ^(−n) is ever formed: γ = e^(−20) underflows harmlessly to 0, γ = 1 − 1e-6 stays
 //   exact.
@@ -23,6 +29,7 @@
 #include "autograd/function.h"
 #include "autograd/op_registry.h"
 #include "layers/variant_inputs.h"
+#include "layers/variant_rows.h"
 #include "tensor/blas_rows.h"
 #include "tensor/parallel.h"
 #include "tensor/kernels.h"
@@ -129,11 +136,14 @@ void decay_mask(T* a, int64_t L, T alpha, const T* pw) {
 //     A = c Q Kᵀ ⊙ D (GEMM then decay_mask), o = A V + (c γ^(r+1) q_r)_r S (two GEMMs),
 //     S ← γ^L S + (γ^(L−1−s) k_s)_sᵀ V (one GEMM).
 // Memory: reads q, k, v, s0; writes o, s. Scratch: A [L, L] and two [L, dk] row-scaled copies.
-template <class T>
+template <class E>
 void forward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tensor& s0_t, const RetentionParams& p,
              const Tensor& o_t, const Tensor& s_t) {
+  using T = compute_t<E>;
   const Geometry g = geometry(q_t, v_t);
-  const int64_t Dk = g.Dk, Dv = g.Dv, ldk = g.H * Dk, ldv = g.H * Dv, Tn = g.T;
+  // ld_k, ld_v: the tensors' row strides; ldk, ldv: the strides of the rows the kernel reads (TaskRows).
+  const int64_t Dk = g.Dk, Dv = g.Dv, ld_k = g.H * Dk, ld_v = g.H * Dv, Tn = g.T;
+  const int64_t ldk = TaskRows<E>::ld(ld_k, Dk), ldv = TaskRows<E>::ld(ld_v, Dv);
   const T c = static_cast<T>(p.scale);
   const int64_t C =
       p.form == RetentionForm::parallel ? std::max<int64_t>(1, Tn) : std::max<int64_t>(1, std::min(p.chunk, Tn));
@@ -145,15 +155,18 @@ void forward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tens
       Qd.resize(static_cast<size_t>(C * Dk));
       Kd.resize(Qd.size());
     }
+    TaskRows<E> io;
+    Products<E> mm;
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < g.tasks(); ++task) {
       const double gamma = p.gammas[static_cast<size_t>(task % g.H)];
-      const T* q = q_t.data<T>() + g.qk_offset(task);
-      const T* k = k_t.data<T>() + g.qk_offset(task);
-      const T* v = v_t.data<T>() + g.v_offset(task);
-      T* o = o_t.data<T>() + g.v_offset(task);
-      T* S = s_t.data<T>() + task * Dk * Dv;
-      std::copy_n(s0_t.data<T>() + task * Dk * Dv, Dk * Dv, S);
+      io.begin();
+      const T* q = io.in(q_t, g.qk_offset(task), Tn, Dk, ld_k);
+      const T* k = io.in(k_t, g.qk_offset(task), Tn, Dk, ld_k);
+      const T* v = io.in(v_t, g.v_offset(task), Tn, Dv, ld_v);
+      T* o = io.out(o_t, g.v_offset(task), Tn, Dv, ld_v);
+      T* S = io.out(s_t, task * Dk * Dv, Dk, Dv, Dv);
+      std::copy_n(io.in(s0_t, task * Dk * Dv, Dk, Dv, Dv), Dk * Dv, S);
       if (p.form == RetentionForm::recurrent) {
         const T gm = static_cast<T>(gamma);
         for (int64_t n = 0; n < Tn; ++n) {
@@ -168,6 +181,7 @@ void forward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tens
             for (int64_t j = 0; j < Dv; ++j) on[j] += qi * S[i * Dv + j];
           }
         }
+        io.store();
         continue;
       }
       powers<T>(gamma, C + 1, pw);
@@ -175,16 +189,17 @@ void forward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tens
         const int64_t L = std::min(C, Tn - t0);
         const T *qc = q + t0 * ldk, *kc = k + t0 * ldk, *vc = v + t0 * ldv;
         T* oc = o + t0 * ldv;
-        gemm<T>(false, true, L, L, Dk, 1.0, qc, ldk, kc, ldk, 0.0, A.data(), L);
+        mm(false, true, L, L, Dk, 1.0, qc, ldk, kc, ldk, 0.0, A.data(), L);
         decay_mask(A.data(), L, c, pw.data());
         scale_rows(qc, ldk, L, Dk, c, pw.data() + 1, Qd.data());  // c γ^(r+1) q_r
-        gemm<T>(false, false, L, Dv, L, 1.0, A.data(), L, vc, ldv, 0.0, oc, ldv);
-        gemm<T>(false, false, L, Dv, Dk, 1.0, Qd.data(), Dk, S, Dv, 1.0, oc, ldv);
+        mm(false, false, L, Dv, L, 1.0, A.data(), L, vc, ldv, 0.0, oc, ldv);
+        mm(false, false, L, Dv, Dk, 1.0, Qd.data(), Dk, S, Dv, 1.0, oc, ldv);
         for (int64_t s = 0; s < L; ++s) {  // γ^(L−1−s) k_s
           for (int64_t i = 0; i < Dk; ++i) Kd[s * Dk + i] = pw[L - 1 - s] * kc[s * ldk + i];
         }
-        gemm<T>(true, false, Dk, Dv, L, 1.0, Kd.data(), Dk, vc, ldv, static_cast<double>(pw[L]), S, Dv);
+        mm(true, false, Dk, Dv, L, 1.0, Kd.data(), Dk, vc, ldv, static_cast<double>(pw[L]), S, Dv);
       }
+      io.store();
     }
   }
 }
@@ -202,12 +217,14 @@ void forward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tens
 //     G ← γ^L G + (c γ^(r+1) q_r)_rᵀ dO.
 // Memory: reads q, k, v, s0, dO, dS; writes dq, dk, dv, ds0. Scratch: the entering states
 // [⌈T/C⌉, dk, dv] (chunkwise), P and dA [L, L], three row-scaled copies [L, max(dk, dv)].
-template <class T>
+template <class E>
 void backward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tensor& s0_t, const Tensor& do_t,
               const Tensor& ds_t, const RetentionParams& p, const Tensor& dq_t, const Tensor& dk_t, const Tensor& dv_t,
               const Tensor& ds0_t) {
+  using T = compute_t<E>;
   const Geometry g = geometry(q_t, v_t);
-  const int64_t Dk = g.Dk, Dv = g.Dv, ldk = g.H * Dk, ldv = g.H * Dv, Tn = g.T;
+  const int64_t Dk = g.Dk, Dv = g.Dv, ld_k = g.H * Dk, ld_v = g.H * Dv, Tn = g.T;  // as in forward
+  const int64_t ldk = TaskRows<E>::ld(ld_k, Dk), ldv = TaskRows<E>::ld(ld_v, Dv);
   const T c = static_cast<T>(p.scale);
   const int64_t C =
       p.form == RetentionForm::parallel ? std::max<int64_t>(1, Tn) : std::max<int64_t>(1, std::min(p.chunk, Tn));
@@ -223,19 +240,22 @@ void backward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Ten
       X2.resize(X1.size());
       states.resize(static_cast<size_t>(NC * Dk * Dv));
     }
+    TaskRows<E> io;
+    Products<E> mm;
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < g.tasks(); ++task) {
       const double gamma = p.gammas[static_cast<size_t>(task % g.H)];
-      const T* q = q_t.data<T>() + g.qk_offset(task);
-      const T* k = k_t.data<T>() + g.qk_offset(task);
-      const T* v = v_t.data<T>() + g.v_offset(task);
-      const T* dO = do_t.data<T>() + g.v_offset(task);
-      T* dq = dq_t.data<T>() + g.qk_offset(task);
-      T* dk = dk_t.data<T>() + g.qk_offset(task);
-      T* dv = dv_t.data<T>() + g.v_offset(task);
-      T* G = ds0_t.data<T>() + task * Dk * Dv;  // accumulates in place into dS_0
-      std::copy_n(s0_t.data<T>() + task * Dk * Dv, Dk * Dv, S.data());
-      std::copy_n(ds_t.data<T>() + task * Dk * Dv, Dk * Dv, G);
+      io.begin();
+      const T* q = io.in(q_t, g.qk_offset(task), Tn, Dk, ld_k);
+      const T* k = io.in(k_t, g.qk_offset(task), Tn, Dk, ld_k);
+      const T* v = io.in(v_t, g.v_offset(task), Tn, Dv, ld_v);
+      const T* dO = io.in(do_t, g.v_offset(task), Tn, Dv, ld_v);
+      T* dq = io.out(dq_t, g.qk_offset(task), Tn, Dk, ld_k);
+      T* dk = io.out(dk_t, g.qk_offset(task), Tn, Dk, ld_k);
+      T* dv = io.out(dv_t, g.v_offset(task), Tn, Dv, ld_v);
+      T* G = io.out(ds0_t, task * Dk * Dv, Dk, Dv, Dv);  // accumulates in place into dS_0
+      std::copy_n(io.in(s0_t, task * Dk * Dv, Dk, Dv, Dv), Dk * Dv, S.data());
+      std::copy_n(io.in(ds_t, task * Dk * Dv, Dk, Dv, Dv), Dk * Dv, G);
       if (p.form == RetentionForm::recurrent) {
         const T gm = static_cast<T>(gamma);
         for (int64_t n = 0; n < Tn; ++n) {  // forward sweep: S_n → dq_n
@@ -266,6 +286,7 @@ void backward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Ten
           }
           for (int64_t e = 0; e < Dk * Dv; ++e) G[e] *= gm;
         }
+        io.store();
         continue;
       }
       powers<T>(gamma, C + 1, pw);
@@ -276,48 +297,48 @@ void backward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Ten
         for (int64_t s = 0; s < L; ++s) {
           for (int64_t i = 0; i < Dk; ++i) X1[s * Dk + i] = pw[L - 1 - s] * k[(t0 + s) * ldk + i];
         }
-        gemm<T>(true, false, Dk, Dv, L, 1.0, X1.data(), Dk, v + t0 * ldv, ldv, static_cast<double>(pw[L]), S.data(),
-                Dv);
+        mm(true, false, Dk, Dv, L, 1.0, X1.data(), Dk, v + t0 * ldv, ldv, static_cast<double>(pw[L]), S.data(), Dv);
       }
       for (int64_t b = NC - 1; b >= 0; --b) {
         const int64_t t0 = b * C, L = std::min(C, Tn - t0);
         const T *qc = q + t0 * ldk, *kc = k + t0 * ldk, *vc = v + t0 * ldv, *dOc = dO + t0 * ldv;
         const T* Sp = states.data() + b * Dk * Dv;
         T *dqc = dq + t0 * ldk, *dkc = dk + t0 * ldk, *dvc = dv + t0 * ldv;
-        gemm<T>(false, true, L, L, Dk, 1.0, qc, ldk, kc, ldk, 0.0, P.data(), L);
+        mm(false, true, L, L, Dk, 1.0, qc, ldk, kc, ldk, 0.0, P.data(), L);
         decay_mask(P.data(), L, c, pw.data());
-        gemm<T>(false, true, L, L, Dv, 1.0, dOc, ldv, vc, ldv, 0.0, dA.data(), L);
+        mm(false, true, L, L, Dv, 1.0, dOc, ldv, vc, ldv, 0.0, dA.data(), L);
         decay_mask(dA.data(), L, c, pw.data());
         // dQ = dA K + (c γ^(r+1) dO_r) S_pᵀ
-        gemm<T>(false, false, L, Dk, L, 1.0, dA.data(), L, kc, ldk, 0.0, dqc, ldk);
+        mm(false, false, L, Dk, L, 1.0, dA.data(), L, kc, ldk, 0.0, dqc, ldk);
         scale_rows(dOc, ldv, L, Dv, c, pw.data() + 1, X1.data());
-        gemm<T>(false, true, L, Dk, Dv, 1.0, X1.data(), Dv, Sp, Dv, 1.0, dqc, ldk);
+        mm(false, true, L, Dk, Dv, 1.0, X1.data(), Dv, Sp, Dv, 1.0, dqc, ldk);
         // dK = dAᵀ Q + (γ^(L−1−s) v_s) Gᵀ;  dV = Pᵀ dO + (γ^(L−1−s) k_s) G
         for (int64_t s = 0; s < L; ++s) {
           for (int64_t j = 0; j < Dv; ++j) X1[s * Dv + j] = pw[L - 1 - s] * vc[s * ldv + j];
           for (int64_t i = 0; i < Dk; ++i) X2[s * Dk + i] = pw[L - 1 - s] * kc[s * ldk + i];
         }
-        gemm<T>(true, false, L, Dk, L, 1.0, dA.data(), L, qc, ldk, 0.0, dkc, ldk);
-        gemm<T>(false, true, L, Dk, Dv, 1.0, X1.data(), Dv, G, Dv, 1.0, dkc, ldk);
-        gemm<T>(true, false, L, Dv, L, 1.0, P.data(), L, dOc, ldv, 0.0, dvc, ldv);
-        gemm<T>(false, false, L, Dv, Dk, 1.0, X2.data(), Dk, G, Dv, 1.0, dvc, ldv);
+        mm(true, false, L, Dk, L, 1.0, dA.data(), L, qc, ldk, 0.0, dkc, ldk);
+        mm(false, true, L, Dk, Dv, 1.0, X1.data(), Dv, G, Dv, 1.0, dkc, ldk);
+        mm(true, false, L, Dv, L, 1.0, P.data(), L, dOc, ldv, 0.0, dvc, ldv);
+        mm(false, false, L, Dv, Dk, 1.0, X2.data(), Dk, G, Dv, 1.0, dvc, ldv);
         // G ← γ^L G + (c γ^(r+1) q_r)ᵀ dO
         scale_rows(qc, ldk, L, Dk, c, pw.data() + 1, X2.data());
-        gemm<T>(true, false, Dk, Dv, L, 1.0, X2.data(), Dk, dOc, ldv, static_cast<double>(pw[L]), G, Dv);
+        mm(true, false, Dk, Dv, L, 1.0, X2.data(), Dk, dOc, ldv, static_cast<double>(pw[L]), G, Dv);
       }
+      io.store();
     }
   }
 }
 
 void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s0, const RetentionParams& p,
                  const Tensor& o, const Tensor& s) {
-  dispatch_float(q.dtype(), "retention", [&](auto tag) { forward<decltype(tag)>(q, k, v, s0, p, o, s); });
+  dispatch_stored(q.dtype(), "retention", [&](auto tag) { forward<decltype(tag)>(q, k, v, s0, p, o, s); });
 }
 
 void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s0, const Tensor& dout,
                   const Tensor& ds, const RetentionParams& p, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                   const Tensor& ds0) {
-  dispatch_float(q.dtype(), "retention backward",
+  dispatch_stored(q.dtype(), "retention backward",
                  [&](auto tag) { backward<decltype(tag)>(q, k, v, s0, dout, ds, p, dq, dk, dv, ds0); });
 }
 
@@ -325,8 +346,9 @@ void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 }  // namespace cpu
 
 namespace kernel {
-SEQLAB_REGISTER_KERNEL(retention_forward_kernel, DeviceType::CPU, &cpu::forward_cpu);
-SEQLAB_REGISTER_KERNEL(retention_backward_kernel, DeviceType::CPU, &cpu::backward_cpu);
+// bf16 tensors are taken as they are (layers/variant_rows.h): rows widened per head, GEMMs on bf16 operands.
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(retention_forward_kernel, DeviceType::CPU, &cpu::forward_cpu);
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(retention_backward_kernel, DeviceType::CPU, &cpu::backward_cpu);
 }  // namespace kernel
 
 // ------------------------------------------------------------------------------------------------

@@ -1,0 +1,179 @@
+// bf16 in the CPU kernels of the chunkwise variant ops (GLA, retention, linear attention): the kernels
+// take bf16 tensors themselves (SEQLAB_REGISTER_KERNEL_TAKING_BF16) instead of the dispatch layer's f32
+// stand-ins of whole tensors (tensor/dispatch.h), and run their GEMM-shaped parts on bf16 operands.
+//
+// A kernel is one template on E, the tensors' element type (float, double or bf16), with
+//   T = compute_t<E>: the arithmetic (f32 for bf16 tensors, E otherwise),
+// one code path for all three; for f32 and f64 it is exactly the kernel it was (the rows are the
+// tensors' own, the GEMMs the same calls), so those paths keep their bits. For bf16:
+// - TaskRows: the rows of one (batch, head) are read widened to f32 (exact) into per-thread buffers,
+//   outputs are kept in f32 buffers and rounded into the bf16 tensors once, when the head is done (round
+//   to nearest even, as the CUDA kernels store bf16 and as the stand-ins round). Every recurrence, state,
+//   gate and decay stays f32, as on the GPU.
+// - Products: every GEMM-shaped product multiplies bf16 operands and sums in f32 into an f32 C
+//   (cpu::gemm's bf16 rows into f32: oneDNN on AVX512-BF16, or sgemm on widened operands when
+//   SEQLAB_CPU_BF16_GEMM=widened or the CPU lacks them). Operands that are input rows (q, k, v, do)
+//   are bf16 values already, so rounding them is exact; the computed operands — gate- or decay-scaled
+//   rows, scores, and the f32 states where a state is a GEMM operand — are rounded to bf16 there, and
+//   only there. These are the only roundings the CUDA kernels (f32 arithmetic on bf16 inputs, bf16
+//   stores) do not make, so a bf16 CPU result differs from the f32 kernel on the same bf16 inputs by
+//   bf16 operand rounding plus the output rounding (the kernels' tests bound it).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tensor/blas_rows.h"
+#include "tensor/dtype.h"
+#include "tensor/tensor.h"
+
+namespace seqlab::cpu {
+
+template <class E>
+struct compute_type {
+  using type = E;
+};
+template <>
+struct compute_type<bf16> {
+  using type = float;
+};
+// The arithmetic of a kernel on tensors of E: f32 for bf16 tensors, E itself otherwise.
+template <class E>
+using compute_t = typename compute_type<E>::type;
+
+// Calls fn(E{}) with E the C++ element type of a floating dtype: f32, f64, or bf16 (which the kernel
+// then computes in compute_t<bf16> = f32).
+template <class Fn>
+auto dispatch_stored(DType d, const char* op, Fn&& fn) {
+  switch (d) {
+    case DType::f32: return fn(float{});
+    case DType::f64: return fn(double{});
+    case DType::bf16: return fn(bf16{});
+    default:
+      throw std::invalid_argument(std::string(op) + ": expected a f32, f64 or bf16 tensor, got " + dtype_name(d));
+  }
+}
+
+// The rows of one (batch, head) of a kernel's tensors, as the kernel reads and writes them in T. For
+// f32 and f64 they are the tensors' own rows (no copy). For bf16: in() widens the rows into a buffer,
+// out() hands a buffer that store() rounds into the tensor; the kernel reads rows `width` apart in
+// them (ld()). One TaskRows per thread, reused task after task: begin() at the start of a task, store()
+// at its end. Memory for bf16, per thread: an f32 copy of the head's rows of every input and output the
+// kernel names (T × dk or T × dv each, and the [dk, dv] states): the stand-ins' copies, one head at a time.
+template <class E>
+class TaskRows {
+ public:
+  using T = compute_t<E>;
+  static constexpr bool kWidened = !std::is_same_v<E, T>;
+
+  TaskRows() { bufs_.reserve(16); }  // buffers never move while a task holds pointers into them
+
+  // The row stride the kernel sees for rows of `width` that lie `tensor_ld` apart in the tensor.
+  static int64_t ld(int64_t tensor_ld, int64_t width) { return kWidened ? width : tensor_ld; }
+
+  void begin() {
+    used_ = 0;
+    outs_.clear();
+  }
+
+  // `rows` rows of `width` elements of t starting at element `offset`, rows `tensor_ld` apart;
+  // nullptr for an undefined t (an absent optional input).
+  const T* in(const Tensor& t, int64_t offset, int64_t rows, int64_t width, int64_t tensor_ld) {
+    if (!t.defined()) return nullptr;
+    const E* src = t.data<E>() + offset;
+    if constexpr (!kWidened) {
+      return src;
+    } else {
+      T* dst = buffer(rows * width);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = 0; i < width; ++i) dst[r * width + i] = static_cast<T>(src[r * tensor_ld + i]);
+      }
+      return dst;
+    }
+  }
+
+  // The same rows of an output; for bf16 the buffer holds no values until the kernel writes them.
+  T* out(const Tensor& t, int64_t offset, int64_t rows, int64_t width, int64_t tensor_ld) {
+    if (!t.defined()) return nullptr;
+    E* dst = t.data<E>() + offset;
+    if constexpr (!kWidened) {
+      return dst;
+    } else {
+      T* buf = buffer(rows * width);
+      outs_.push_back({dst, buf, rows, width, tensor_ld});
+      return buf;
+    }
+  }
+
+  // bf16: rounds every out() buffer of this task into its tensor (the one rounding of each output).
+  void store() {
+    if constexpr (kWidened) {
+      for (const Out& o : outs_) {
+        for (int64_t r = 0; r < o.rows; ++r) {
+          for (int64_t i = 0; i < o.width; ++i) o.dst[r * o.ld + i] = E(o.buf[r * o.width + i]);
+        }
+      }
+      outs_.clear();
+    }
+  }
+
+ private:
+  struct Out {
+    E* dst;
+    const T* buf;
+    int64_t rows, width, ld;
+  };
+  T* buffer(int64_t n) {
+    if (used_ == bufs_.size()) {
+      if (bufs_.size() == bufs_.capacity()) throw std::logic_error("TaskRows: more than 16 row sets in one task");
+      bufs_.emplace_back();
+    }
+    std::vector<T>& b = bufs_[used_++];
+    if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
+    return b.data();
+  }
+  std::vector<std::vector<T>> bufs_;
+  size_t used_ = 0;
+  std::vector<Out> outs_;
+};
+
+// The GEMM-shaped products of a kernel on T rows: C = α op(A) op(B) + β C, row-major with leading
+// dimensions. f32 and f64: cpu::gemm on T itself (the call the kernel always made). bf16 tensors: A and
+// B rounded to bf16 (into per-thread buffers, packed with their own row length) and multiplied with f32
+// sums into the f32 C — the bf16 products of the kernel. One Products per thread.
+template <class E>
+class Products {
+ public:
+  using T = compute_t<E>;
+
+  void operator()(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const T* a, int64_t lda,
+                  const T* b, int64_t ldb, double beta, T* c, int64_t ldc) {
+    if constexpr (std::is_same_v<E, T>) {
+      gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    } else {
+      if (m == 0 || n == 0) return;
+      // op(A) is m × k: stored k × m when transposed; op(B) is k × n: stored n × k when transposed.
+      const int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+      const bf16* a16 = round(a, trans_a ? k : m, a_cols, lda, a_);
+      const bf16* b16 = round(b, trans_b ? n : k, b_cols, ldb, b_);
+      gemm<bf16, float>(trans_a, trans_b, m, n, k, alpha, a16, a_cols, b16, b_cols, beta, c, ldc);
+    }
+  }
+
+ private:
+  static const bf16* round(const T* src, int64_t rows, int64_t cols, int64_t ld, std::vector<bf16>& buf) {
+    if (buf.size() < static_cast<size_t>(rows * cols)) buf.resize(static_cast<size_t>(rows * cols));
+    bf16* dst = buf.data();
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < cols; ++i) dst[r * cols + i] = bf16(static_cast<float>(src[r * ld + i]));
+    }
+    return dst;
+  }
+  std::vector<bf16> a_, b_;
+};
+
+}  // namespace seqlab::cpu
