@@ -1,6 +1,6 @@
 // bf16 in the CPU kernels of the chunkwise variant ops (GLA, retention, linear attention): the kernels
 // take bf16 tensors themselves (SEQLAB_REGISTER_KERNEL_TAKING_BF16) instead of the dispatch layer's f32
-// stand-ins of whole tensors (tensor/dispatch.h), and run their GEMM-shaped parts on bf16 operands.
+// stand-ins of whole tensors (tensor/dispatch.h), one (batch, head) at a time.
 //
 // A kernel is one template on E, the tensors' element type (float, double or bf16), with
 //   T = compute_t<E>: the arithmetic (f32 for bf16 tensors, E otherwise),
@@ -10,14 +10,12 @@
 //   outputs are kept in f32 buffers and rounded into the bf16 tensors once, when the head is done (round
 //   to nearest even, as the CUDA kernels store bf16 and as the stand-ins round). Every recurrence, state,
 //   gate and decay stays f32, as on the GPU.
-// - Products: every GEMM-shaped product multiplies bf16 operands and sums in f32 into an f32 C
-//   (cpu::gemm's bf16 rows into f32: oneDNN on AVX512-BF16, or sgemm on widened operands when
-//   SEQLAB_CPU_BF16_GEMM=widened or the CPU lacks them). Operands that are input rows (q, k, v, do)
-//   are bf16 values already, so rounding them is exact; the computed operands — gate- or decay-scaled
-//   rows, scores, and the f32 states where a state is a GEMM operand — are rounded to bf16 there, and
-//   only there. These are the only roundings the CUDA kernels (f32 arithmetic on bf16 inputs, bf16
-//   stores) do not make, so a bf16 CPU result differs from the f32 kernel on the same bf16 inputs by
-//   bf16 operand rounding plus the output rounding (the kernels' tests bound it).
+// - Products: the GEMM-shaped products run in f32 on those widened rows, as the stand-ins ran them, so
+//   a bf16 result is the f32 kernel's on the same bf16 inputs, rounded once per output. bf16 operands
+//   were tried here (docs/perf.md, "CPU: bf16"): at these kernels' sizes (products of at most 64 × 64 × 64
+//   per chunk) they were no faster, and rounding the computed operands the GPU keeps in f32 (gate- or
+//   decay-scaled rows, scores, states) moved gla_small's validation loss at step 1000 from 1.7151 to
+//   1.7381, so the products stay f32.
 #pragma once
 
 #include <cstdint>
@@ -142,9 +140,7 @@ class TaskRows {
 };
 
 // The GEMM-shaped products of a kernel on T rows: C = α op(A) op(B) + β C, row-major with leading
-// dimensions. f32 and f64: cpu::gemm on T itself (the call the kernel always made). bf16 tensors: A and
-// B rounded to bf16 (into per-thread buffers, packed with their own row length) and multiplied with f32
-// sums into the f32 C — the bf16 products of the kernel. One Products per thread.
+// dimensions, through cpu::gemm in T (f32 for bf16 tensors: see the top of the file). One per thread.
 template <class E>
 class Products {
  public:
@@ -152,28 +148,8 @@ class Products {
 
   void operator()(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const T* a, int64_t lda,
                   const T* b, int64_t ldb, double beta, T* c, int64_t ldc) {
-    if constexpr (std::is_same_v<E, T>) {
-      gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    } else {
-      if (m == 0 || n == 0) return;
-      // op(A) is m × k: stored k × m when transposed; op(B) is k × n: stored n × k when transposed.
-      const int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
-      const bf16* a16 = round(a, trans_a ? k : m, a_cols, lda, a_);
-      const bf16* b16 = round(b, trans_b ? n : k, b_cols, ldb, b_);
-      gemm<bf16, float>(trans_a, trans_b, m, n, k, alpha, a16, a_cols, b16, b_cols, beta, c, ldc);
-    }
+    gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
-
- private:
-  static const bf16* round(const T* src, int64_t rows, int64_t cols, int64_t ld, std::vector<bf16>& buf) {
-    if (buf.size() < static_cast<size_t>(rows * cols)) buf.resize(static_cast<size_t>(rows * cols));
-    bf16* dst = buf.data();
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t i = 0; i < cols; ++i) dst[r * cols + i] = bf16(static_cast<float>(src[r * ld + i]));
-    }
-    return dst;
-  }
-  std::vector<bf16> a_, b_;
 };
 
 }  // namespace seqlab::cpu
