@@ -402,7 +402,7 @@ TEST(Gla, RegistryEntry) {
 
 // ---- bf16 on the CPU ----
 // The CPU kernels take bf16 tensors themselves: a head's rows widened to f32, every recurrence, state and gate
-// in f32, the chunkwise form's GEMMs on bf16 operands with f32 sums, outputs rounded once (layers/variant_rows.h).
+// in f32, GEMMs included, outputs rounded once (layers/variant_rows.h).
 // Against the f32 kernel of the same form on the same bf16 values, with the GEMMs on the CPU's bf16
 // instructions and forced onto widened operands (SEQLAB_CPU_BF16_GEMM=widened): chunkwise within the bf16
 // tolerances of testing::expect_bf16_close; the recurrent form has no GEMM, so its bf16 result is exactly the

@@ -165,13 +165,13 @@ inline double norm_rel_error(const Tensor& a, const Tensor& b) {
 }
 
 // ---------------------------------------------------------------- bf16 on the CPU
-// The chunkwise variant kernels take bf16 tensors themselves and run their GEMMs on bf16 operands with f32
-// sums (layers/variant_rows.h); their tests hold a bf16 result against the f32 kernel on the same bf16
+// The chunkwise variant kernels take bf16 tensors themselves, widen a head's rows and run in f32
+// (layers/variant_rows.h); their tests hold a bf16 result against the f32 kernel on the same bf16
 // values. Tolerances: the 2e-2 of the bf16 GPU tests, but relative to the tensor's largest magnitude,
 // |got − want| ≤ 2e-2 · max(max |want|, 1), and norm-wise ≤ 1e-2 — not per element against
-// max(|want|, 1) as on the GPU, whose kernels round only their outputs: the CPU kernels also round their
-// GEMM operands (scaled rows, scores, states), and where a sum cancels an element's error is that of its
-// terms (each test prints its worst of all three measures).
+// max(|want|, 1) as on the GPU. These bounds were set for a version whose GEMMs rounded their operands
+// (scaled rows, scores, states) to bf16, where a cancelling sum's element carries its terms' error; the
+// kernels now round only their outputs, well inside them (each test prints its worst of all three measures).
 
 // max |got − want| / max(max |want|, 1): the largest error against the tensor's scale.
 inline double max_error_of_scale(const Tensor& got, const Tensor& want) {

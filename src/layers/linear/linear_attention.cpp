@@ -14,8 +14,8 @@
 //   templates on the tensors' element type E and compute in T = compute_t<E> (f32 for bf16); a head's rows
 //   are widened when its task starts and its outputs rounded once when it ends; the recurrent form, the
 //   states, normalisers and denominators stay f32, and every GEMM (the `mm` calls: fQ fKᵀ, fQ S, A V,
-//   fKᵀ V and the backward's u Vᵀ, dA fK, u Sᵀ, dAᵀ fQ, V Gᵀ, Aᵀ u, fK G, fQᵀ u) multiplies bf16 operands
-//   with f32 sums. For f32 and f64 the rows are the tensors' own and `mm` is cpu::gemm: the kernels they
+//   fKᵀ V and the backward's u Vᵀ, dA fK, u Sᵀ, dAᵀ fQ, V Gᵀ, Aᵀ u, fK G, fQᵀ u) runs in f32 on
+//   those rows. For f32 and f64 the rows are the tensors' own and `mm` is cpu::gemm: the kernels they
 //   always were. The Performer feature kernels still take f32 stand-ins of bf16 tensors.
 // - With normalize, the output gradient dO_t splits into u_t = dO_t / den_t (the gradient of the
 //   numerator φ(q_t) S_t) and δ_t = −(dO_t·num_t) / den_t² (the gradient of the denominator).
@@ -521,7 +521,7 @@ void performer_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& ome
 }  // namespace cpu
 
 namespace kernel {
-// bf16 tensors are taken as they are (layers/variant_rows.h): rows widened per head, GEMMs on bf16 operands.
+// bf16 tensors are taken as they are (layers/variant_rows.h): rows widened per head.
 SEQLAB_REGISTER_KERNEL_TAKING_BF16(linear_attention_forward_kernel, DeviceType::CPU, &cpu::forward_cpu);
 SEQLAB_REGISTER_KERNEL_TAKING_BF16(linear_attention_backward_kernel, DeviceType::CPU, &cpu::backward_cpu);
 SEQLAB_REGISTER_KERNEL(performer_forward_kernel, DeviceType::CPU, &cpu::performer_forward_cpu);

@@ -11,10 +11,10 @@
 // - bf16 tensors are taken as they are (layers/variant_rows.h): the kernels are templates on the tensors'
 //   element type E and compute in T = compute_t<E> (f32 for bf16). A head's rows are widened to f32 when
 //   its task starts and its outputs rounded to bf16 once when it ends; the recurrent form, the state
-//   recurrence, the gates and the pairwise diagonal sub-chunk stay f32, and every GEMM of the chunkwise form
-//   (the `mm` calls: inter-chunk q̂ S, the sub-chunk scores q̃ k̃ᵀ, Ã v, the state's k̂ᵀ v̂, and their
-//   backward counterparts) multiplies bf16 operands with f32 sums into f32. For f32 and f64 the rows are
-//   the tensors' own and `mm` is cpu::gemm on them: the kernels they always were.
+//   recurrence, the gates and every GEMM of the chunkwise form (the `mm` calls: inter-chunk q̂ S, the
+//   sub-chunk scores q̃ k̃ᵀ, Ã v, the state's k̂ᵀ v̂, and their backward counterparts) run in f32 on those
+//   rows (layers/variant_rows.h says why the products are not bf16). For f32 and f64 the rows are the
+//   tensors' own and `mm` is cpu::gemm on them: the kernels they always were.
 // - Gate factors are always exp(x) with x ≤ 0 (differences of cumulative log-gates taken in the
 //   direction of time), so nothing overflows for any gate strength; they may underflow to 0,
 //   which is also what the exact value rounds to.
@@ -880,8 +880,7 @@ void backward_cpu(const Tensor& dout, const Tensor& dfinal, const Tensor& q, con
 }  // namespace cpu
 
 namespace kernel {
-// bf16 tensors are taken as they are: the kernels widen a head's rows themselves and run their GEMMs on
-// bf16 operands (layers/variant_rows.h).
+// bf16 tensors are taken as they are: the kernels widen a head's rows themselves (layers/variant_rows.h).
 SEQLAB_REGISTER_KERNEL_TAKING_BF16(gla_forward_kernel, DeviceType::CPU, &cpu::forward_cpu);
 SEQLAB_REGISTER_KERNEL_TAKING_BF16(gla_backward_kernel, DeviceType::CPU, &cpu::backward_cpu);
 }  // namespace kernel

@@ -9,7 +9,7 @@
 //   element type E and compute in T = compute_t<E> (f32 for bf16); a head's rows are widened when its task
 //   starts and its outputs rounded once when it ends; the recurrent form, the states and the decay powers
 //   stay f32, and every GEMM (the `mm` calls: Q Kᵀ, A V, the decayed q S and kᵀ v, and the backward's
-//   dO Vᵀ, dA K, dAᵀ Q, Pᵀ dO and the products with S and G) multiplies bf16 operands with f32 sums. For
+//   dO Vᵀ, dA K, dAᵀ Q, Pᵀ dO and the products with S and G) runs in f32 on those rows. For
 //   f32 and f64 the rows are the tensors' own and `mm` is cpu::gemm: the kernels they always were.
 // - Decay powers γ^n are taken from a per-task table of std::pow(γ, n) in double for n ≥ 0 only,
 //   so no ratio γ^(−n) is ever formed: γ = e^(−20) underflows harmlessly to 0, γ = 1 − 1e-6 stays
@@ -346,7 +346,7 @@ void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 }  // namespace cpu
 
 namespace kernel {
-// bf16 tensors are taken as they are (layers/variant_rows.h): rows widened per head, GEMMs on bf16 operands.
+// bf16 tensors are taken as they are (layers/variant_rows.h): rows widened per head.
 SEQLAB_REGISTER_KERNEL_TAKING_BF16(retention_forward_kernel, DeviceType::CPU, &cpu::forward_cpu);
 SEQLAB_REGISTER_KERNEL_TAKING_BF16(retention_backward_kernel, DeviceType::CPU, &cpu::backward_cpu);
 }  // namespace kernel
