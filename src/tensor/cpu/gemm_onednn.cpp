@@ -33,6 +33,8 @@ namespace {
 // 1 once the widened path is forced (by the environment or kernel::set_cpu_bf16_gemm_widened).
 std::atomic<int> force_widened{-1};
 
+#ifdef SEQLAB_HAVE_ONEDNN
+
 bool widened_forced() {
   int f = force_widened.load(std::memory_order_relaxed);
   if (f < 0) {
@@ -42,8 +44,6 @@ bool widened_forced() {
   }
   return f == 1;
 }
-
-#ifdef SEQLAB_HAVE_ONEDNN
 
 // oneDNN's instruction sets are bit masks, each including the ones below it.
 bool isa_has_bf16() {
