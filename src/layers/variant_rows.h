@@ -25,36 +25,15 @@
 #include <type_traits>
 #include <vector>
 
+#include "tensor/bf16_convert.h"
 #include "tensor/blas_rows.h"
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
 
 namespace seqlab::cpu {
 
-template <class E>
-struct compute_type {
-  using type = E;
-};
-template <>
-struct compute_type<bf16> {
-  using type = float;
-};
-// The arithmetic of a kernel on tensors of E: f32 for bf16 tensors, E itself otherwise.
-template <class E>
-using compute_t = typename compute_type<E>::type;
-
-// Calls fn(E{}) with E the C++ element type of a floating dtype: f32, f64, or bf16 (which the kernel
-// then computes in compute_t<bf16> = f32).
-template <class Fn>
-auto dispatch_stored(DType d, const char* op, Fn&& fn) {
-  switch (d) {
-    case DType::f32: return fn(float{});
-    case DType::f64: return fn(double{});
-    case DType::bf16: return fn(bf16{});
-    default:
-      throw std::invalid_argument(std::string(op) + ": expected a f32, f64 or bf16 tensor, got " + dtype_name(d));
-  }
-}
+// compute_t<E> (the arithmetic of elements stored as E) and dispatch_float_or_bf16 (the kernels' entry
+// on f32, f64 or bf16 tensors) are tensor/bf16_convert.h's.
 
 // The rows of one (batch, head) of a kernel's tensors, as the kernel reads and writes them in T. For
 // f32 and f64 they are the tensors' own rows (no copy). For bf16: in() widens the rows into a buffer,

@@ -432,14 +432,14 @@ void backward(const Tensor& fq_t, const Tensor& fk_t, const Tensor& v_t, const T
 
 void forward_cpu(const Tensor& fq, const Tensor& fk, const Tensor& v, const Tensor& s0, const Tensor& z0,
                  const LinearAttentionParams& p, const Tensor& o, const Tensor& s, const Tensor& z) {
-  dispatch_stored(fq.dtype(), "linear_attention",
+  dispatch_float_or_bf16(fq.dtype(), "linear_attention",
                  [&](auto tag) { forward<decltype(tag)>(fq, fk, v, s0, z0, p, o, s, z); });
 }
 
 void backward_cpu(const Tensor& fq, const Tensor& fk, const Tensor& v, const Tensor& s0, const Tensor& z0,
                   const Tensor& dout, const Tensor& ds, const Tensor& dz, const LinearAttentionParams& p,
                   const Tensor& dfq, const Tensor& dfk, const Tensor& dv, const Tensor& ds0, const Tensor& dz0) {
-  dispatch_stored(fq.dtype(), "linear_attention backward", [&](auto tag) {
+  dispatch_float_or_bf16(fq.dtype(), "linear_attention backward", [&](auto tag) {
     backward<decltype(tag)>(fq, fk, v, s0, z0, dout, ds, dz, p, dfq, dfk, dv, ds0, dz0);
   });
 }

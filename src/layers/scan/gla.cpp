@@ -854,7 +854,7 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
 
 void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& gv,
                  const Tensor& h0, const GlaParams& p, const Tensor& o, const Tensor& fs) {
-  dispatch_stored(q.dtype(), "gla", [&](auto tag) {
+  dispatch_float_or_bf16(q.dtype(), "gla", [&](auto tag) {
     using E = decltype(tag);
     if (p.form == GlaForm::recurrent) {
       recurrent_forward<E>(q, k, v, g, gv, h0, p, o, fs);
@@ -866,7 +866,7 @@ void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 
 void backward_cpu(const Tensor& dout, const Tensor& dfinal, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& g, const Tensor& gv, const Tensor& h0, const GlaParams& p, const GlaGrads& grads) {
-  dispatch_stored(q.dtype(), "gla backward", [&](auto tag) {
+  dispatch_float_or_bf16(q.dtype(), "gla backward", [&](auto tag) {
     using E = decltype(tag);
     if (p.form == GlaForm::recurrent) {
       recurrent_backward<E>(dout, dfinal, q, k, v, g, gv, h0, p, grads);

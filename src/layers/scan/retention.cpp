@@ -332,13 +332,13 @@ void backward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Ten
 
 void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s0, const RetentionParams& p,
                  const Tensor& o, const Tensor& s) {
-  dispatch_stored(q.dtype(), "retention", [&](auto tag) { forward<decltype(tag)>(q, k, v, s0, p, o, s); });
+  dispatch_float_or_bf16(q.dtype(), "retention", [&](auto tag) { forward<decltype(tag)>(q, k, v, s0, p, o, s); });
 }
 
 void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s0, const Tensor& dout,
                   const Tensor& ds, const RetentionParams& p, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                   const Tensor& ds0) {
-  dispatch_stored(q.dtype(), "retention backward",
+  dispatch_float_or_bf16(q.dtype(), "retention backward",
                  [&](auto tag) { backward<decltype(tag)>(q, k, v, s0, dout, ds, p, dq, dk, dv, ds0); });
 }
 
