@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -45,6 +46,10 @@ inline std::vector<std::string> run_ranks(int size, const std::function<void(int
     const pid_t pid = fork();
     if (pid < 0) throw std::runtime_error("fork failed");
     if (pid == 0) {
+      // GNU OpenMP's thread pool does not survive fork: a child that opens a parallel region with more
+      // than one thread waits forever for the parent's workers. The ranks run on one thread each, as
+      // the launcher (fork + exec) gives two ranks on two cores.
+      omp_set_num_threads(1);
       int code = 0;
       try {
         body(rank, folder.path);

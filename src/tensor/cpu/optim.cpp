@@ -213,7 +213,9 @@ void sum_squares_multi_cpu(const std::vector<Tensor>& xs, const Tensor& out) {
   }
   const int64_t count = static_cast<int64_t>(blocks.size());
   std::vector<double> partial(blocks.size(), 0.0);
-#pragma omp parallel for schedule(static) if (count > 1)
+  int64_t total = 0;
+  for (const Tensor& x : xs) total += x.numel();
+#pragma omp parallel for schedule(static) if (total > kSquaresBlock)
   for (int64_t b = 0; b < count; ++b) {
     const Block& k = blocks[static_cast<size_t>(b)];
     const Tensor& x = xs[k.tensor];
