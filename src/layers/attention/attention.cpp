@@ -386,7 +386,8 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionM
   {
     // Kᵀ of the kv head (b, hk) = kt_of (−1: none yet), key j at column j of the Dk × S matrix. A thread's
     // tasks come in order, so it transposes each kv head it meets about once, into a tile that stays in cache.
-    std::vector<T> kt(static_cast<size_t>(g.Dk * g.S));
+    // At least one row, so that a column offset into it is a valid pointer even for a zero-width head.
+    std::vector<T> kt(static_cast<size_t>(std::max<int64_t>(g.Dk, 1) * g.S));
     int64_t kt_of = -1;
     std::vector<A> s(static_cast<size_t>(g.block * g.block)), m(g.block), l(g.block);
     std::vector<A> acc(static_cast<size_t>(g.block * g.Dv));  // o's sums, row r at r·Dv
@@ -510,7 +511,10 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
   {
     std::vector<A> pt(static_cast<size_t>(g.block * g.block)), ds(pt.size());  // P, dP then dS
     std::vector<T> p_rounded(kRounds ? pt.size() : 0), ds_rounded(p_rounded.size());
-    std::vector<T> kt(static_cast<size_t>(g.Dk * g.S)), vt(static_cast<size_t>(g.Dv * g.S));  // Kᵀ, Vᵀ
+    // Kᵀ, Vᵀ; at least one row each, so that a column offset into them is a valid pointer even for a
+    // zero-width head.
+    std::vector<T> kt(static_cast<size_t>(std::max<int64_t>(g.Dk, 1) * g.S)),
+        vt(static_cast<size_t>(std::max<int64_t>(g.Dv, 1) * g.S));
     std::vector<A> dk_sums(kRounds && dK ? g.S * g.Dk : 0), dv_sums(kRounds && dV ? g.S * g.Dv : 0);
     std::vector<A> dq_sums(kRounds && dQ ? g.block * g.Dk : 0);
 #pragma omp for schedule(dynamic)
