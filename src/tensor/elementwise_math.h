@@ -27,6 +27,21 @@ using std::tanh;
 #endif
 
 #ifndef __CUDACC__
+// The part of eˣ both exp_vec and exp_vec_nonpositive compute, for a finite, clamped x: n = round(x/ln2)
+// and eʳ (r = x − n·ln2, |r| ≤ ln2/2) by Cephes' degree-6 polynomial, so that eˣ = eʳ · 2ⁿ.
+inline float exp_reduced(float xc, float& n) {
+  const float round_magic = 12582912.0f;  // 1.5·2²³: adding it rounds to an integer
+  n = (xc * 1.44269504f + round_magic) - round_magic;
+  const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;  // ln2 split in two for exactness
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  return p * r * r + r + 1.0f;
+}
+
 // eˣ for float without a call or a branch, so that loops over it vectorise (libm's expf is a
 // call per element). x = n·ln2 + r with n = round(x/ln2), |r| ≤ ln2/2; eʳ by Cephes' degree-6
 // polynomial (relative error below 2e-7, about 2 ulp), times 2ⁿ built in the exponent bits.
@@ -40,16 +55,8 @@ inline float exp_vec(float x) {
   // defined (the result is x itself, below).
   float xc = x < lo ? lo : x;
   xc = xc <= hi ? xc : hi;
-  const float round_magic = 12582912.0f;  // 1.5·2²³: adding it rounds to an integer
-  const float n = (xc * 1.44269504f + round_magic) - round_magic;
-  const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;  // ln2 split in two for exactness
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  float n;
+  const float p = exp_reduced(xc, n);
   // 2ⁿ as a normal float needs n ≥ −126; below, build 2^(n+64) and scale by 2^−64 (a subnormal result).
   const int32_t ni = static_cast<int32_t>(n);
   const bool subnormal = ni < -126;
@@ -72,16 +79,8 @@ inline float exp_vec_nonpositive(float x) {
   const float lo = -87.33654f, hi = 88.0f;  // lo: ln of the smallest normal float, 2⁻¹²⁶
   float xc = x > lo ? x : lo;  // NaN → lo (one max instruction, which returns its second operand for NaN)
   xc = xc < hi ? xc : hi;
-  const float round_magic = 12582912.0f;
-  const float n = (xc * 1.44269504f + round_magic) - round_magic;
-  const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  float n;
+  const float p = exp_reduced(xc, n);
   const float y = p * __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
   return x != x ? x : (x < lo ? 0.0f : y);
 }
