@@ -13,6 +13,7 @@
 // dx above with dsum = ds added in the same loop (dnorm rounded to T first, as a separate add sees it).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "tensor/bf16_convert.h"
@@ -29,6 +30,75 @@ int64_t grain(int64_t work_per_item) {
   return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(work_per_item, 1));
 }
 
+// Σ_i v_i over a row in double, as kLanes interleaved partial sums added in a fixed tree at the end
+// (lane l sums the i ≡ l mod kLanes). One running sum would be a chain of dependent adds that the
+// compiler may not reorder; the lanes are independent, so it vectorises them, and the result still
+// depends on the row alone (not on the thread count or the other rows). Terms that are products are
+// written to a row first (Scratch), so that no product meets the sum (GCC contracts a·b + c into an
+// fma, which it does not vectorise in this form).
+constexpr int kLanes = 8;
+template <class V>
+double lane_sum(int64_t n, const V* v) {
+  double acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] += v[i + l];
+  }
+  for (int l = 0; i < n; ++i, ++l) acc[l] += v[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+using Scratch = std::vector<double>;
+
+// Rows as the kernels compute with them, compute_t<T> (float for bf16 and f32, double for f64). f32
+// and f64 rows are the tensor's own; a bf16 row is widened into a float buffer (RowIn), or written to
+// one and rounded into the tensor by store() (RowOut), each in a loop of its own. So the arithmetic
+// loops below see float rows for f32 and bf16 alike, and vectorise alike: a bf16 rounding (a select
+// on NaN) inside them would keep them scalar.
+template <class T>
+class RowIn {
+ public:
+  explicit RowIn(int64_t c) {
+    if constexpr (std::is_same_v<T, bf16>) buf_.resize(static_cast<size_t>(c));
+  }
+  const compute_t<T>* values(const T* src, int64_t c) {
+    if constexpr (std::is_same_v<T, bf16>) {
+      widen_bf16_run(src, buf_.data(), c);
+      return buf_.data();
+    } else {
+      (void)c;
+      return src;
+    }
+  }
+
+ private:
+  std::vector<compute_t<T>> buf_;
+};
+
+template <class T>
+class RowOut {
+ public:
+  explicit RowOut(int64_t c) {
+    if constexpr (std::is_same_v<T, bf16>) buf_.resize(static_cast<size_t>(c));
+  }
+  compute_t<T>* values(T* dst) {
+    if constexpr (std::is_same_v<T, bf16>) {
+      return buf_.data();
+    } else {
+      return dst;
+    }
+  }
+  void store(T* dst, int64_t c) {
+    if constexpr (std::is_same_v<T, bf16>) round_to_bf16_run(buf_.data(), dst, c);
+  }
+
+ private:
+  std::vector<compute_t<T>> buf_;
+};
+
+// Every a·b + c below is an explicit std::fma, or its product is stored before the sum, so the
+// compiler's contraction cannot round the f32 and bf16 instantiations differently: the bf16 kernel
+// gives the bits of the f32 kernel on stand-ins, which tests/bf16_cpu_test checks.
+
 // layer (centered): μ = mean_c x_c,  rstd = 1 / √(mean_c (x_c − μ)² + eps),  y = x̂ ⊙ w + b
 // rms:              μ = 0,           rstd = 1 / √(mean_c x_c² + eps),         y = x̂ ⊙ w
 // The variance is taken around μ in a second pass: mean(x²) − μ² cancels badly when |μ| ≫ σ.
@@ -42,35 +112,45 @@ void norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
     using T = decltype(tag);
     using S = compute_t<T>;  // the statistics' type
     const int64_t n = x.size(0), c = x.size(1);
-    const T *in = x.data<T>(), *w = weight.data<T>(), *b = bias.defined() ? bias.data<T>() : nullptr;
+    const T* in = x.data<T>();
     const T* res = fused ? residual.data<T>() : nullptr;
     T* s = fused ? sum.data<T>() : nullptr;
     T* y = out.y.data<T>();
     S *mean = centered ? out.mean.data<S>() : nullptr, *rstd = out.rstd.data<S>();
+    RowIn<T> w_row(c), b_row(c);
+    const S* w = w_row.values(weight.data<T>(), c);
+    const S* b = bias.defined() ? b_row.values(bias.data<T>(), c) : nullptr;
     parallel_for(n, grain(c), [&](int64_t begin, int64_t end) {
+      RowIn<T> x_in(c), r_in(c);
+      RowOut<T> row(c);
+      Scratch sq_row(static_cast<size_t>(c));
+      double* sq = sq_row.data();
       for (int64_t r = begin; r < end; ++r) {
-        const T* xr = in + r * c;
+        const S* xr = x_in.values(in + r * c, c);
         if (fused) {
           T* sr = s + r * c;
-          const T* rr = res + r * c;
-          for (int64_t i = 0; i < c; ++i) {
-            sr[i] = to_storage<T>(static_cast<S>(from_storage(xr[i]) + from_storage(rr[i])));
-          }
-          xr = sr;
+          const S* rr = r_in.values(res + r * c, c);
+          S* sv = row.values(sr);
+          for (int64_t i = 0; i < c; ++i) sv[i] = xr[i] + rr[i];
+          row.store(sr, c);
+          xr = x_in.values(sr, c);  // s as stored (rounded for bf16)
         }
-        double mu = 0, var = 0;
-        if (centered) {
-          for (int64_t i = 0; i < c; ++i) mu += from_storage(xr[i]);
-          mu /= static_cast<double>(c);
+        const double mu = centered ? lane_sum(c, xr) / static_cast<double>(c) : 0.0;
+        for (int64_t i = 0; i < c; ++i) {
+          const double d = xr[i] - mu;
+          sq[i] = d * d;
         }
-        for (int64_t i = 0; i < c; ++i) var += (from_storage(xr[i]) - mu) * (from_storage(xr[i]) - mu);
-        const double rs = 1.0 / std::sqrt(var / static_cast<double>(c) + eps);
+        const double rs = 1.0 / std::sqrt(lane_sum(c, sq) / static_cast<double>(c) + eps);
         if (centered) mean[r] = static_cast<S>(mu);
         rstd[r] = static_cast<S>(rs);
-        for (int64_t i = 0; i < c; ++i) {
-          y[r * c + i] = to_storage<T>(static_cast<S>((from_storage(xr[i]) - mu) * rs * from_storage(w[i]) +
-                                                      (b ? static_cast<double>(from_storage(b[i])) : 0.0)));
+        T* yr = y + r * c;
+        S* yv = row.values(yr);
+        if (b) {
+          for (int64_t i = 0; i < c; ++i) yv[i] = static_cast<S>(std::fma((xr[i] - mu) * rs, double(w[i]), b[i]));
+        } else {
+          for (int64_t i = 0; i < c; ++i) yv[i] = static_cast<S>((xr[i] - mu) * rs * w[i]);
         }
+        row.store(yr, c);
       }
     });
   });
@@ -82,31 +162,39 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
     using T = decltype(tag);
     using S = compute_t<T>;  // the statistics' type
     const int64_t n = x.size(0), c = x.size(1);
-    const T *g = dy.data<T>(), *in = x.data<T>(), *w = weight.data<T>();
+    const T *g = dy.data<T>(), *in = x.data<T>();
     const S* rs = rstd.data<S>();
     const S* mu = centered ? mean.data<S>() : nullptr;
-    auto xhat = [&](int64_t r, int64_t i) {
-      return (from_storage(in[r * c + i]) - (mu ? double(mu[r]) : 0.0)) * double(rs[r]);
-    };
 
     if (grads.dx.defined()) {
       T* dx = grads.dx.data<T>();
       const T* ds = dsum.defined() ? dsum.data<T>() : nullptr;
+      RowIn<T> w_row(c);
+      const S* w = w_row.values(weight.data<T>(), c);
       parallel_for(n, grain(c), [&](int64_t begin, int64_t end) {
+        RowIn<T> g_in(c), x_in(c), ds_in(c);
+        RowOut<T> row(c);
+        Scratch gw_row(static_cast<size_t>(c)), gwx_row(static_cast<size_t>(c));
+        double *gw = gw_row.data(), *gwx = gwx_row.data();
         for (int64_t r = begin; r < end; ++r) {
-          double mean_g = 0, mean_gx = 0;  // mean(g), mean(g ⊙ x̂)
+          const S *gr = g_in.values(g + r * c, c), *xr = x_in.values(in + r * c, c);
+          const double mu_r = mu ? double(mu[r]) : 0.0, rs_r = rs[r];
+          auto xhat = [&](int64_t i) { return (xr[i] - mu_r) * rs_r; };
+          // g_i = dy_i · w_i, exact in double (two products of ≤ 24-bit significands) for f32 and bf16.
           for (int64_t i = 0; i < c; ++i) {
-            const double gi = double(from_storage(g[r * c + i])) * from_storage(w[i]);
-            mean_g += gi;
-            mean_gx += gi * xhat(r, i);
+            gw[i] = double(gr[i]) * w[i];
+            gwx[i] = gw[i] * xhat(i);
           }
-          mean_g = centered ? mean_g / static_cast<double>(c) : 0.0;
-          mean_gx /= static_cast<double>(c);
-          for (int64_t i = 0; i < c; ++i) {
-            const double gi = double(from_storage(g[r * c + i])) * from_storage(w[i]);
-            const T d = to_storage<T>(static_cast<S>(rs[r] * (gi - mean_g - xhat(r, i) * mean_gx)));
-            dx[r * c + i] = ds ? to_storage<T>(static_cast<S>(from_storage(d) + from_storage(ds[r * c + i]))) : d;
+          const double mean_g = centered ? lane_sum(c, gw) / static_cast<double>(c) : 0.0;
+          const double mean_gx = lane_sum(c, gwx) / static_cast<double>(c);
+          T* dxr = dx + r * c;
+          S* d = row.values(dxr);
+          for (int64_t i = 0; i < c; ++i) d[i] = static_cast<S>(rs_r * std::fma(-xhat(i), mean_gx, gw[i] - mean_g));
+          if (ds) {  // dnorm rounded to T, then + ds (rounded by store)
+            const S* dsr = ds_in.values(ds + r * c, c);
+            for (int64_t i = 0; i < c; ++i) d[i] = from_storage(to_storage<T>(d[i])) + dsr[i];
           }
+          row.store(dxr, c);
         }
       });
     }
@@ -115,16 +203,21 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
       T* dw = grads.dweight.defined() ? grads.dweight.data<T>() : nullptr;
       T* db = grads.dbias.defined() ? grads.dbias.data<T>() : nullptr;
       parallel_for(c, grain(n), [&](int64_t c0, int64_t c1) {
-        std::vector<double> acc_w(static_cast<size_t>(c1 - c0), 0.0), acc_b(acc_w.size(), 0.0);
+        const int64_t m = c1 - c0;
+        Scratch acc_w_row(static_cast<size_t>(m), 0.0), acc_b_row(acc_w_row.size(), 0.0);
+        double *acc_w = acc_w_row.data(), *acc_b = acc_b_row.data();
+        RowIn<T> g_in(m), x_in(m);
         for (int64_t r = 0; r < n; ++r) {
-          for (int64_t i = c0; i < c1; ++i) {
-            acc_w[static_cast<size_t>(i - c0)] += from_storage(g[r * c + i]) * xhat(r, i);
-            acc_b[static_cast<size_t>(i - c0)] += from_storage(g[r * c + i]);
+          const S *gr = g_in.values(g + r * c + c0, m), *xr = x_in.values(in + r * c + c0, m);
+          const double mu_r = mu ? double(mu[r]) : 0.0, rs_r = rs[r];
+          for (int64_t i = 0; i < m; ++i) {
+            acc_w[i] = std::fma(double(gr[i]), (xr[i] - mu_r) * rs_r, acc_w[i]);
+            acc_b[i] += gr[i];
           }
         }
-        for (int64_t i = c0; i < c1; ++i) {
-          if (dw) dw[i] = to_storage<T>(static_cast<S>(acc_w[static_cast<size_t>(i - c0)]));
-          if (db) db[i] = to_storage<T>(static_cast<S>(acc_b[static_cast<size_t>(i - c0)]));
+        for (int64_t i = 0; i < m; ++i) {
+          if (dw) dw[c0 + i] = to_storage<T>(static_cast<S>(acc_w[i]));
+          if (db) db[c0 + i] = to_storage<T>(static_cast<S>(acc_b[i]));
         }
       });
     }
