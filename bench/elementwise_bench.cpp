@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <string>
 
 #include "bench/bench_util.h"
 #include "tensor/kernels.h"
@@ -75,5 +77,24 @@ int main(int argc, char** argv) {
                             }
                           },
                           2, runs));
+  // The same kernels on bf16 tensors against f32 ones (both seqlab): bf16 moves half the bytes, so a
+  // ratio below 1 means its conversions cost more than the bytes they save.
+  std::printf("\n# bf16 against f32, both seqlab (ratio = f32 time / bf16 time)\n");
+  const Tensor xh = kernel::to_dtype(x, DType::bf16), yh = kernel::to_dtype(y, DType::bf16);
+  auto versus_f32 = [&](const char* name, const std::function<void(const Tensor&, const Tensor&)>& fn) {
+    const bench::PairTiming t = bench::time_pair([&] { fn(x, y); }, [&] { fn(xh, yh); }, 2, runs);
+    std::printf("%-22s f32 %8.2f ms   bf16 %8.2f ms   ratio %.3f\n", name, t.a_seconds * 1e3, t.b_seconds * 1e3,
+                t.a_seconds / t.b_seconds);
+  };
+  versus_f32("add", [](const Tensor& a, const Tensor& b) { kernel::binary(kernel::BinaryOp::add, a, b); });
+  versus_f32("mul", [](const Tensor& a, const Tensor& b) { kernel::binary(kernel::BinaryOp::mul, a, b); });
+  for (kernel::UnaryOp op : {kernel::UnaryOp::exp, kernel::UnaryOp::sigmoid, kernel::UnaryOp::silu,
+                             kernel::UnaryOp::softplus, kernel::UnaryOp::gelu}) {
+    const std::string name = kernel::unary_name(op);
+    versus_f32(name.c_str(), [op](const Tensor& a, const Tensor&) { kernel::unary(op, a); });
+    versus_f32((name + " backward").c_str(), [op](const Tensor& a, const Tensor& b) {
+      kernel::unary_backward(op, b, a, a);
+    });
+  }
   return 0;
 }

@@ -420,6 +420,19 @@ TEST(ExpVec, MatchesExpToAFewUlpAndKeepsTheEdges) {
   EXPECT_TRUE(std::isnan(math::exp_vec(std::numeric_limits<float>::quiet_NaN())));
 }
 
+// softplus' log(1 + e^−|x|): within 1.5 ulp of log1p on [0, 1], tiny arguments kept (1 + u rounds to 1).
+TEST(ExpVec, Log1pOnTheUnitIntervalMatchesLog1p) {
+  for (float u = 0.0f; u <= 1.0f; u += 0.0000917f) {
+    const double want = std::log1p(static_cast<double>(u));
+    EXPECT_NEAR(math::log1p_unit_vec(u), want, 1.5 * 1.2e-7 * want) << u;
+  }
+  for (float u : {1e-30f, 3e-8f, 1e-7f, 1.0f}) {
+    EXPECT_NEAR(math::log1p_unit_vec(u), std::log1p(static_cast<double>(u)), 1.2e-7 * std::log1p(double(u))) << u;
+  }
+  EXPECT_EQ(math::log1p_unit_vec(0.0f), 0.0f);
+  EXPECT_TRUE(std::isnan(math::log1p_unit_vec(std::numeric_limits<float>::quiet_NaN())));
+}
+
 // The softmax's exp: exp_vec's bits wherever eˣ is a normal float, 0 below (and for −∞), NaN kept.
 TEST(ExpVec, NonpositiveMatchesExpVecDownToTheNormalFloats) {
   for (float x = -87.33f; x <= 0.5f; x += 0.00731f) {

@@ -19,11 +19,13 @@
 // Statistics (norms' mean and rstd, lse, losses) are accumulate_dtype: compute_t<T> for every T.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "tensor/dispatch.h"
 #include "tensor/dtype.h"
@@ -40,6 +42,9 @@ inline void widen_bf16_run(const bf16* src, float* dst, int64_t n) {
 inline void round_to_bf16_run(const float* src, bf16* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = bf16(src[i]);
 }
+
+// The largest run map_runs hands its loop at once for bf16: 4 rows of 512 floats stay in L1.
+constexpr int64_t kBf16Block = 512;
 
 template <class T>
 struct compute_type {
@@ -67,6 +72,36 @@ inline T to_storage(compute_t<T> v) {
     return bf16(v);
   } else {
     return v;
+  }
+}
+
+// A contiguous elementwise map over elements [begin, end): calls loop(out, n, in...) with pointers of
+// compute_t<T>. f32 and f64 call it once on the tensors themselves. bf16 calls it on float blocks of
+// at most kBf16Block elements: each input's block widened first, the outputs rounded after. So the loop
+// a bf16 kernel runs is the f32 kernel's own (the same instantiation: the same bits, NaN payloads
+// included), and it vectorises as f32's does, where a rounding inside it would keep it scalar. `out`
+// may alias an input (each block is read before it is written).
+namespace detail {
+template <class Loop, class... In, size_t... K>
+void map_bf16_runs(int64_t begin, int64_t end, bf16* out, Loop& loop, std::index_sequence<K...>, const In*... in) {
+  float out_block[kBf16Block];
+  float in_blocks[sizeof...(In) > 0 ? sizeof...(In) : 1][kBf16Block];
+  for (int64_t b = begin; b < end; b += kBf16Block) {
+    const int64_t m = std::min<int64_t>(kBf16Block, end - b);
+    (widen_bf16_run(in + b, in_blocks[K], m), ...);
+    loop(out_block, m, static_cast<const float*>(in_blocks[K])...);
+    round_to_bf16_run(out_block, out + b, m);
+  }
+}
+}  // namespace detail
+
+template <class T, class Loop, class... In>
+void map_runs(int64_t begin, int64_t end, T* out, Loop&& loop, const In*... in) {
+  static_assert((std::is_same_v<In, T> && ...), "map_runs: the inputs are of the output's type");
+  if constexpr (std::is_same_v<T, bf16>) {
+    detail::map_bf16_runs(begin, end, out, loop, std::index_sequence_for<In...>{}, in...);
+  } else {
+    loop(out + begin, end - begin, (in + begin)...);
   }
 }
 

@@ -1,7 +1,8 @@
 // CPU elementwise kernels: one loop each, the per-element formula from elementwise_math.h.
 // unary, unary_backward, binary and scalar take bf16 themselves (tensor/bf16_convert.h): each element
 // is loaded to f32, computed by the f32 formula and rounded once on store, the bits the dispatch
-// layer's f32 stand-ins give, without their copies.
+// layer's f32 stand-ins give, without their copies. The contiguous loops run on blocks widened to f32
+// (map_runs), so the f32 loop itself computes them; the broadcasting rows of binary round per element.
 #include <algorithm>
 
 #include "tensor/bf16_convert.h"
@@ -41,6 +42,25 @@ void with_scalar(ScalarOp op, Fn&& fn) {
   with_constant<ScalarOp, ScalarOp::add, ScalarOp::mul, ScalarOp::pow, ScalarOp::rsub, ScalarOp::rdiv>(op, fn);
 }
 
+// The contiguous loops, over S = float or double. Not inlined: a bf16 kernel's blocks (map_runs) and
+// the f32 kernel then run one compiled loop, so they agree to the bit by construction.
+template <class Op, class S>
+[[gnu::noinline]] void unary_run(Op op, S* y, int64_t n, const S* x, S a) {
+  for (int64_t i = 0; i < n; ++i) y[i] = math::unary_forward(op(), x[i], a);
+}
+template <class Op, class S>
+[[gnu::noinline]] void unary_backward_run(Op op, S* dx, int64_t n, const S* dy, const S* x, const S* y, S a) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = math::unary_backward(op(), dy[i], x[i], y[i], a);
+}
+template <class Op, class S>
+[[gnu::noinline]] void binary_run(Op op, S* out, int64_t n, const S* a, const S* b) {
+  for (int64_t i = 0; i < n; ++i) out[i] = math::binary(op(), a[i], b[i]);
+}
+template <class Op, class S>
+[[gnu::noinline]] void scalar_run(Op op, S* y, int64_t n, const S* x, S s) {
+  for (int64_t i = 0; i < n; ++i) y[i] = math::scalar(op(), x[i], s);
+}
+
 void unary_cpu(UnaryOp op_value, const Tensor& x, double alpha, const Tensor& out) {
   if (x.dtype() == DType::bf16 && !bf16_on_cpu::native_bf16({&x, &out})) {
     return bf16_on_cpu::call_on_standins(&unary_cpu, op_value, x, alpha, out);
@@ -52,9 +72,8 @@ void unary_cpu(UnaryOp op_value, const Tensor& x, double alpha, const Tensor& ou
       const T* in = x.data<T>();
       T* o = out.data<T>();
       const S a = static_cast<S>(alpha);
-      parallel_for(x.numel(), kParallelGrain / 8, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) o[i] = to_storage<T>(math::unary_forward(op(), from_storage(in[i]), a));
-      });
+      auto loop = [&](S* yo, int64_t n, const S* xi) { unary_run(op, yo, n, xi, a); };
+      parallel_for(x.numel(), kParallelGrain / 8, [&](int64_t begin, int64_t end) { map_runs(begin, end, o, loop, in); });
     });
   });
 }
@@ -71,12 +90,11 @@ void unary_backward_cpu(UnaryOp op_value, const Tensor& dy, const Tensor& x, con
       const T *g = dy.data<T>(), *in = x.data<T>(), *out = y.data<T>();
       T* d = dx.data<T>();
       const S a = static_cast<S>(alpha);
-      parallel_for(x.numel(), kParallelGrain / 8, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-          d[i] = to_storage<T>(
-              math::unary_backward(op(), from_storage(g[i]), from_storage(in[i]), from_storage(out[i]), a));
-        }
-      });
+      auto loop = [&](S* dxo, int64_t n, const S* dyi, const S* xi, const S* yi) {
+        unary_backward_run(op, dxo, n, dyi, xi, yi, a);
+      };
+      parallel_for(x.numel(), kParallelGrain / 8,
+                   [&](int64_t begin, int64_t end) { map_runs(begin, end, d, loop, g, in, out); });
     });
   });
 }
@@ -96,9 +114,10 @@ void binary_cpu(BinaryOp op_value, const Tensor& a, const Tensor& b, const Tenso
       T* o = out.data<T>();
       const int64_t n = out.numel();
       if (a.is_contiguous() && b.is_contiguous()) {
-        parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i) o[i] = f(pa[i], pb[i]);
-        });
+        auto loop = [&](compute_t<T>* oo, int64_t m, const compute_t<T>* ai, const compute_t<T>* bi) {
+          binary_run(op, oo, m, ai, bi);
+        };
+        parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) { map_runs(begin, end, o, loop, pa, pb); });
         return;
       }
       const int64_t inner = out.dim() > 0 ? out.size(-1) : 1;
@@ -148,9 +167,8 @@ void scalar_cpu(ScalarOp op_value, const Tensor& x, double s, const Tensor& out)
       const T* in = x.data<T>();
       T* o = out.data<T>();
       const S sv = static_cast<S>(s);
-      parallel_for(x.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) o[i] = to_storage<T>(math::scalar(op(), from_storage(in[i]), sv));
-      });
+      auto loop = [&](S* yo, int64_t n, const S* xi) { scalar_run(op, yo, n, xi, sv); };
+      parallel_for(x.numel(), kParallelGrain, [&](int64_t begin, int64_t end) { map_runs(begin, end, o, loop, in); });
     });
   });
 }
