@@ -36,6 +36,7 @@
 #include "tensor/elementwise_math.h"
 #include "tensor/blas_rows.h"
 #include "tensor/kernels.h"
+#include "tensor/lane_sum.h"
 
 namespace seqlab {
 
@@ -151,11 +152,19 @@ inline T ex(T x) {
   return math::exp_vec(x);  // vectorised polynomial for f32, libm for f64
 }
 
+// e^x for the chunkwise form's gate factors, whose exponents are ≤ 0 (differences of cumulative
+// log-gates in the direction of time): exp_vec_nonpositive, about 40% faster than exp_vec, which
+// differs only where e^x is below the normal floats (0 there, where exp_vec keeps a subnormal).
+template <class T>
+inline T ex_decay(T x) {
+  return math::exp_vec_nonpositive(x);  // libm for f64
+}
+
 // exp of a difference of cumulative log-gates, which are kept in double: in f32 a sum near −600
 // is only known to 6e-5, so b_t − b_s taken in f32 would lose that much of every gate factor.
 template <class T>
 inline T eg(double x) {
-  return ex(static_cast<T>(x));
+  return ex_decay(static_cast<T>(x));
 }
 
 // One (batch, head): base pointers of its rows (token t of a [B, T, H, D] tensor is at
@@ -419,7 +428,7 @@ inline void pair_factors(const double* br, const double* bs, int64_t n, T* f) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) f[i] = static_cast<T>(br[i] - bs[i]);
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) f[i] = ex(f[i]);
+  for (int64_t i = 0; i < n; ++i) f[i] = ex_decay(f[i]);
 }
 
 // Forward, chunk by chunk, with S the state entering the chunk of rows t0 … t0+L−1 (local r):
@@ -493,10 +502,7 @@ void chunk_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
               const double* bs = bb + s * dk;
               T* e = w.e.data();
               pair_factors(br, bs, dk, e);
-              T a = 0;
-#pragma omp simd reduction(+ : a)
-              for (int64_t i = 0; i < dk; ++i) a += qr[i] * ksr[i] * e[i];
-              a *= scale;
+              const T a = scale * lane_sum<T>(dk, [&](int64_t i) { return qr[i] * ksr[i] * e[i]; });
               if (!has_gv) {
 #pragma omp simd
                 for (int64_t j = 0; j < dv; ++j) orow[j] += a * vsr[j];
@@ -788,26 +794,20 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
               const double* bs = bb + s * dk;
               T* dks = dKc + s * X.ldk;
               T* dvs = dVc + s * X.ldv;
-              T a = 0, da = 0;
+              T da;
               T* e = w.e.data();
               T* ev = w.ev.data();
               pair_factors(br, bs, dk, e);
-#pragma omp simd reduction(+ : a)
-              for (int64_t i = 0; i < dk; ++i) a += qr[i] * ksr[i] * e[i];
-              a *= scale;
+              const T a = scale * lane_sum<T>(dk, [&](int64_t i) { return qr[i] * ksr[i] * e[i]; });
               if (!has_gv) {
-#pragma omp simd reduction(+ : da)
-                for (int64_t j = 0; j < dv; ++j) {
-                  da += dor[j] * vsr[j];
-                  dvs[j] += a * dor[j];
-                }
+                da = lane_sum<T>(dv, [&](int64_t j) { return dor[j] * vsr[j]; });
+#pragma omp simd
+                for (int64_t j = 0; j < dv; ++j) dvs[j] += a * dor[j];
               } else {
                 pair_factors(bvv + r * dv, bvv + s * dv, dv, ev);
-#pragma omp simd reduction(+ : da)
-                for (int64_t j = 0; j < dv; ++j) {
-                  da += dor[j] * vsr[j] * ev[j];
-                  dvs[j] += a * dor[j] * ev[j];
-                }
+                da = lane_sum<T>(dv, [&](int64_t j) { return dor[j] * vsr[j] * ev[j]; });
+#pragma omp simd
+                for (int64_t j = 0; j < dv; ++j) dvs[j] += a * dor[j] * ev[j];
               }
               const T sda = scale * da;
 #pragma omp simd

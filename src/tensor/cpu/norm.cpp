@@ -18,6 +18,7 @@
 
 #include "tensor/bf16_convert.h"
 #include "tensor/kernels.h"
+#include "tensor/lane_sum.h"
 #include "tensor/parallel.h"
 
 namespace seqlab::cpu {
@@ -30,24 +31,16 @@ int64_t grain(int64_t work_per_item) {
   return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(work_per_item, 1));
 }
 
-// Σ_i v_i over a row in double, as kLanes interleaved partial sums added in a fixed tree at the end
-// (lane l sums the i ≡ l mod kLanes). One running sum would be a chain of dependent adds that the
-// compiler may not reorder; the lanes are independent, so it vectorises them, and the result still
-// depends on the row alone (not on the thread count or the other rows). Terms that are products are
-// written to a row first (Scratch), so that no product meets the sum (GCC contracts a·b + c into an
-// fma, which it does not vectorise in this form).
-constexpr int kLanes = 8;
-template <class V>
-double lane_sum(int64_t n, const V* v) {
-  double acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) acc[l] += v[i + l];
-  }
-  for (int l = 0; i < n; ++i, ++l) acc[l] += v[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
+// Row sums in double through lane_sum (tensor/lane_sum.h: vectorised, fixed order). Terms that are
+// products are written to a row first (Scratch) and summed from there: GCC contracts a·b + c into an
+// fma, and explicit fmas in a lane sum are not vectorised by GCC 12.
 using Scratch = std::vector<double>;
+
+// (1/n) Σ_i v_i in double.
+template <class V>
+double row_mean(int64_t n, const V* v) {
+  return lane_sum<double>(n, [&](int64_t i) { return static_cast<double>(v[i]); }) / static_cast<double>(n);
+}
 
 // Rows as the kernels compute with them, compute_t<T> (float for bf16 and f32, double for f64). f32
 // and f64 rows are the tensor's own; a bf16 row is widened into a float buffer (RowIn), or written to
@@ -135,12 +128,12 @@ void norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
           row.store(sr, c);
           xr = x_in.values(sr, c);  // s as stored (rounded for bf16)
         }
-        const double mu = centered ? lane_sum(c, xr) / static_cast<double>(c) : 0.0;
+        const double mu = centered ? row_mean(c, xr) : 0.0;
         for (int64_t i = 0; i < c; ++i) {
           const double d = xr[i] - mu;
           sq[i] = d * d;
         }
-        const double rs = 1.0 / std::sqrt(lane_sum(c, sq) / static_cast<double>(c) + eps);
+        const double rs = 1.0 / std::sqrt(row_mean(c, sq) + eps);
         if (centered) mean[r] = static_cast<S>(mu);
         rstd[r] = static_cast<S>(rs);
         T* yr = y + r * c;
@@ -185,8 +178,8 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
             gw[i] = double(gr[i]) * w[i];
             gwx[i] = gw[i] * xhat(i);
           }
-          const double mean_g = centered ? lane_sum(c, gw) / static_cast<double>(c) : 0.0;
-          const double mean_gx = lane_sum(c, gwx) / static_cast<double>(c);
+          const double mean_g = centered ? row_mean(c, gw) : 0.0;
+          const double mean_gx = row_mean(c, gwx);
           T* dxr = dx + r * c;
           S* d = row.values(dxr);
           for (int64_t i = 0; i < c; ++i) d[i] = static_cast<S>(rs_r * std::fma(-xhat(i), mean_gx, gw[i] - mean_g));
