@@ -102,25 +102,6 @@ void gemm_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, con
   gemm_kernel(a.device(), g, a.device());
 }
 
-// bf16: the sums x Wᵀ + b stay f32 (bf16 products summed in f32, the bias added in f32), and pre and
-// y are each rounded once from them, as cuBLASLt's epilogue rounds them on the GPU.
-void linear_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& pre,
-                const Tensor& y) {
-  if (y.dtype() != DType::bf16) {
-    linear_unfused(x, weight, bias, act, pre, y);
-    return;
-  }
-  const Tensor sum = Tensor::empty(y.shape(), DType::f32, y.device());
-  if (bias.defined()) copy_(sum, expand(bias, sum.shape()));
-  gemm_into(x, weight, false, true, sum, bias.defined() ? 1.0 : 0.0);
-  if (act == Activation::gelu) {
-    copy_(pre, sum);
-    unary_kernel(sum.device(), UnaryOp::gelu, sum, 1.0, sum);
-  }
-  copy_(y, sum);
-}
-SEQLAB_REGISTER_KERNEL_TAKING_BF16(linear_kernel, DeviceType::CPU, &linear_cpu);
-
 }  // namespace
 
 void linear_unfused(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& pre,

@@ -119,11 +119,13 @@ class AttentionMixer : public Mixer {
     const int64_t B = x.shape()[0], T = x.shape()[1];
     const int64_t start = state != nullptr ? state->position : 0;
     // [q | k | v] = x W_qkvᵀ + b, split along the feature dimension into H, Hk, Hk heads of D.
-    Tensor qkv = qkv_->forward(x);
-    Tensor q = reshape(narrow(qkv, 2, 0, heads_ * head_dim_), {B, T, heads_, head_dim_});
-    Tensor k = reshape(narrow(qkv, 2, heads_ * head_dim_, kv_heads_ * head_dim_), {B, T, kv_heads_, head_dim_});
-    Tensor v = reshape(narrow(qkv, 2, (heads_ + kv_heads_) * head_dim_, kv_heads_ * head_dim_),
-                       {B, T, kv_heads_, head_dim_});
+    // One split (its backward writes dq, dk, dv side by side), not three narrows (each a zero-filled
+    // gradient of the whole of qkv, then summed).
+    const std::vector<Tensor> parts =
+        split(qkv_->forward(x), {heads_ * head_dim_, kv_heads_ * head_dim_, kv_heads_ * head_dim_}, 2);
+    Tensor q = reshape(parts[0], {B, T, heads_, head_dim_});
+    Tensor k = reshape(parts[1], {B, T, kv_heads_, head_dim_});
+    Tensor v = reshape(parts[2], {B, T, kv_heads_, head_dim_});
     if (const SequenceGroup* sp = state == nullptr ? sequence_group() : nullptr) {
       // Sequence-parallel: this rank's two chunks, rotated at their global positions, attend to the whole
       // sequence's keys and values as they travel around the ring.
@@ -172,9 +174,9 @@ class AttentionMixer : public Mixer {
       v = state->values;
     } else {
       const int64_t S = in.memory.size(1);
-      Tensor kv = kv_->forward(in.memory);
-      k = reshape(narrow(kv, 2, 0, kv_heads_ * head_dim_), {B, S, kv_heads_, head_dim_});
-      v = reshape(narrow(kv, 2, kv_heads_ * head_dim_, kv_heads_ * head_dim_), {B, S, kv_heads_, head_dim_});
+      const std::vector<Tensor> kv = split(kv_->forward(in.memory), {kv_heads_ * head_dim_, kv_heads_ * head_dim_}, 2);
+      k = reshape(kv[0], {B, S, kv_heads_, head_dim_});
+      v = reshape(kv[1], {B, S, kv_heads_, head_dim_});
       if (state != nullptr) {
         state->keys = k;
         state->values = v;

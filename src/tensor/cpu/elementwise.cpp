@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "tensor/bf16_convert.h"
+#include "tensor/cpu/elementwise_runs.h"
 #include "tensor/elementwise_math.h"
 #include "tensor/kernels.h"
 #include "tensor/parallel.h"
@@ -193,6 +194,14 @@ void where_cpu(const Tensor& cond, const Tensor& a, const Tensor& b, const Tenso
 }
 
 }  // namespace
+
+template <class S>
+void unary_forward_run(UnaryOp op, S* y, int64_t n, const S* x, S alpha) {
+  with_unary(op, [&](auto o) { unary_run(o, y, n, x, alpha); });
+}
+template void unary_forward_run<float>(UnaryOp, float*, int64_t, const float*, float);
+template void unary_forward_run<double>(UnaryOp, double*, int64_t, const double*, double);
+
 }  // namespace seqlab::cpu
 
 namespace seqlab::kernel {

@@ -1,0 +1,117 @@
+// CPU linear layer: the GEMM, then one pass over the rows of its result (the epilogue) that adds the bias
+// and applies the activation, as cuBLASLt's epilogue does on the GPU:
+//   pre = x Wᵀ + b,   y = act(pre)          (act: none, or GELU in tanh form)
+// f32, f64: the GEMM writes pre (or y, without an activation); the epilogue adds b onto each row and runs
+// GELU from pre into y by the unary kernel's own loop (elementwise_runs.h), so y is bit for bit the
+// unary kernel's gelu(pre).
+// bf16: the GEMM writes its f32 sums into a row block of scratch; the epilogue adds b there in f32,
+// rounds pre from it, applies GELU in f32 and rounds y: pre and y rounded once each from the f32
+// values, which are those of the f32 layer on the same bf16 values. The f32 sums never make a pass of
+// their own over memory.
+// The bias is added after the products (not by starting the GEMM from it), in every dtype.
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "tensor/bf16_convert.h"
+#include "tensor/cpu/elementwise_runs.h"
+#include "tensor/kernels.h"
+#include "tensor/parallel.h"
+
+namespace seqlab::cpu {
+namespace {
+
+using kernel::Activation;
+
+// C = x[r0 : r0 + rows] Wᵀ (β = 0) for x [N, in], weight [out, in]; C has ldc = out and is of x's dtype
+// or, with c_is_f32 (bf16 x), f32.
+void gemm_rows(const Tensor& x, const Tensor& weight, int64_t r0, int64_t rows, void* c, bool c_is_f32) {
+  const int64_t in = x.size(1), out = weight.size(0);
+  kernel::GemmArgs g;
+  g.dtype = x.dtype();
+  g.c_is_f32 = c_is_f32;
+  g.trans_b = true;
+  g.m = rows;
+  g.n = out;
+  g.k = in;
+  g.a = static_cast<const char*>(x.raw_data()) + r0 * in * static_cast<int64_t>(dtype_size(x.dtype()));
+  g.lda = in;
+  g.b = weight.raw_data();
+  g.ldb = in;
+  g.c = c;
+  g.ldc = out;
+  kernel::gemm_kernel(x.device(), g, x.device());
+}
+
+// Rows of work per parallel chunk of an epilogue: about kParallelGrain elements.
+int64_t epilogue_grain(int64_t out) { return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(out, 1)); }
+
+template <class T>
+void linear_same_dtype(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& pre,
+                       const Tensor& y) {
+  const int64_t n = x.size(0), out = weight.size(0);
+  const Tensor& sum = act == Activation::gelu ? pre : y;  // where x Wᵀ + b goes
+  if (x.size(1) == 0) {
+    kernel::fill_(sum, 0.0);
+  } else {
+    gemm_rows(x, weight, 0, n, sum.raw_data(), false);
+  }
+  T* s = sum.data<T>();
+  const T* b = bias.defined() ? bias.data<T>() : nullptr;
+  T* yp = y.data<T>();
+  if (!b && act == Activation::none) return;
+  parallel_for(n, epilogue_grain(out), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      T* row = s + r * out;
+      if (b) {
+        for (int64_t j = 0; j < out; ++j) row[j] += b[j];
+      }
+      if (act == Activation::gelu) unary_forward_run<T>(kernel::UnaryOp::gelu, yp + r * out, out, row, T(1));
+    }
+  });
+}
+
+// bf16: the f32 sums of all rows from one GEMM call (which keeps oneDNN's blocking whole), then one
+// epilogue pass over them.
+void linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& pre,
+                 const Tensor& y) {
+  const int64_t n = x.size(0), in = x.size(1), out = weight.size(0);
+  std::vector<float> b(static_cast<size_t>(out), 0.0f);
+  if (bias.defined()) widen_bf16_run(bias.data<bf16>(), b.data(), out);
+  bf16* yp = y.data<bf16>();
+  bf16* pp = act == Activation::gelu ? pre.data<bf16>() : nullptr;
+  const Tensor sum = Tensor::empty({n, out}, DType::f32, x.device());
+  float* s = sum.data<float>();
+  if (in == 0) {
+    std::fill_n(s, n * out, 0.0f);
+  } else {
+    gemm_rows(x, weight, 0, n, s, true);
+  }
+  parallel_for(n, epilogue_grain(out), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = s + r * out;
+      for (int64_t j = 0; j < out; ++j) row[j] += b[static_cast<size_t>(j)];
+      if (pp) {
+        round_to_bf16_run(row, pp + r * out, out);
+        unary_forward_run<float>(kernel::UnaryOp::gelu, row, out, row, 1.0f);
+      }
+      round_to_bf16_run(row, yp + r * out, out);
+    }
+  });
+}
+
+void linear_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& pre,
+                const Tensor& y) {
+  if (y.dtype() == DType::bf16) return linear_bf16(x, weight, bias, act, pre, y);
+  dispatch_float_or_bf16(y.dtype(), "linear", [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, bf16>) linear_same_dtype<T>(x, weight, bias, act, pre, y);
+  });
+}
+
+}  // namespace
+}  // namespace seqlab::cpu
+
+namespace seqlab::kernel {
+SEQLAB_REGISTER_KERNEL_TAKING_BF16(linear_kernel, DeviceType::CPU, &cpu::linear_cpu);
+}  // namespace seqlab::kernel
