@@ -160,6 +160,18 @@ SEQLAB_HD T unary_forward(kernel::UnaryOp op, T x, T alpha) {
   return x;
 }
 
+// Which of x and y = f(x) unary_backward's formula below reads (a kernel may skip loading the other).
+constexpr bool unary_backward_reads_x(kernel::UnaryOp op) {
+  using kernel::UnaryOp;
+  return op == UnaryOp::log || op == UnaryOp::square || op == UnaryOp::silu || op == UnaryOp::gelu ||
+         op == UnaryOp::relu || op == UnaryOp::elu || op == UnaryOp::softplus;
+}
+constexpr bool unary_backward_reads_y(kernel::UnaryOp op) {
+  using kernel::UnaryOp;
+  return op == UnaryOp::exp || op == UnaryOp::sqrt || op == UnaryOp::rsqrt || op == UnaryOp::tanh ||
+         op == UnaryOp::sigmoid || op == UnaryOp::elu;
+}
+
 // dx = dy · f'(x), given x and y = f(x).
 template <class T>
 SEQLAB_HD T unary_backward(kernel::UnaryOp op, T dy, T x, T y, T alpha) {

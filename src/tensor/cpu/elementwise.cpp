@@ -91,11 +91,21 @@ void unary_backward_cpu(UnaryOp op_value, const Tensor& dy, const Tensor& x, con
       const T *g = dy.data<T>(), *in = x.data<T>(), *out = y.data<T>();
       T* d = dx.data<T>();
       const S a = static_cast<S>(alpha);
-      auto loop = [&](S* dxo, int64_t n, const S* dyi, const S* xi, const S* yi) {
-        unary_backward_run(op, dxo, n, dyi, xi, yi, a);
-      };
-      parallel_for(x.numel(), kParallelGrain / 8,
-                   [&](int64_t begin, int64_t end) { map_runs(begin, end, d, loop, g, in, out); });
+      // Only what the formula reads is loaded (for bf16: widened); the unread one is passed as the other.
+      constexpr bool reads_x = math::unary_backward_reads_x(op()), reads_y = math::unary_backward_reads_y(op());
+      parallel_for(x.numel(), kParallelGrain / 8, [&](int64_t begin, int64_t end) {
+        if constexpr (reads_x && reads_y) {
+          auto loop = [&](S* dxo, int64_t n, const S* dyi, const S* xi, const S* yi) {
+            unary_backward_run(op, dxo, n, dyi, xi, yi, a);
+          };
+          map_runs(begin, end, d, loop, g, in, out);
+        } else {
+          auto loop = [&](S* dxo, int64_t n, const S* dyi, const S* xy) {
+            unary_backward_run(op, dxo, n, dyi, xy, xy, a);
+          };
+          map_runs(begin, end, d, loop, g, reads_y ? out : in);
+        }
+      });
     });
   });
 }
