@@ -104,6 +104,9 @@ SEQLAB_DECLARE_KERNEL(cumsum_kernel, void (*)(const Tensor& x3d, bool reverse, c
 // place by the GEMM itself (β = 1) and `onto` is returned: a bias or residual costs no extra pass.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false,
               const Tensor& onto = Tensor());
+// out = op(a) op(b) + beta · out into a contiguous `out` of the product's shape, with a, b and out already
+// checked against each other (as matmul checks them); a bf16 product may go into an f32 `out` (its f32 sums).
+void matmul_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, const Tensor& out, double beta);
 
 // A linear layer's forward, its bias and activation fused into the GEMM where the device can:
 //   pre = x Wᵀ + b,   y = act(pre)   (act: none, or GELU in tanh form as UnaryOp::gelu)

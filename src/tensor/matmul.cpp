@@ -24,9 +24,6 @@ GemmOperand as_batched(const Tensor& x, const Shape& batch) {
   return {contiguous(expand(x, full)), last2[0] * last2[1]};
 }
 
-// out = op(a) op(b) + beta · out, with a, b and out already checked against each other (see matmul).
-void gemm_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, const Tensor& out, double beta);
-
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, const Tensor& onto) {
@@ -59,13 +56,11 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, cons
                                 (onto.is_contiguous() ? "" : " (not contiguous)"));
   }
   Tensor out = onto.defined() ? onto : Tensor::empty(out_shape, a.dtype(), a.device());
-  gemm_into(a, b, trans_a, trans_b, out, onto.defined() ? 1.0 : 0.0);
+  matmul_into(a, b, trans_a, trans_b, out, onto.defined() ? 1.0 : 0.0);
   return out;
 }
 
-namespace {
-
-void gemm_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, const Tensor& out, double beta) {
+void matmul_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, const Tensor& out, double beta) {
   if (out.numel() == 0) return;
   const int64_t m = out.size(-2), n = out.size(-1), k = trans_a ? a.size(-2) : a.size(-1);
   if (k == 0) {
@@ -102,13 +97,11 @@ void gemm_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, con
   gemm_kernel(a.device(), g, a.device());
 }
 
-}  // namespace
-
 void linear_unfused(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& pre,
                     const Tensor& y) {
   const Tensor& sum = act == Activation::gelu ? pre : y;  // where x Wᵀ + b goes
   if (bias.defined()) copy_(sum, expand(bias, sum.shape()));
-  gemm_into(x, weight, false, true, sum, bias.defined() ? 1.0 : 0.0);
+  matmul_into(x, weight, false, true, sum, bias.defined() ? 1.0 : 0.0);
   if (act == Activation::gelu) unary_kernel(pre.device(), UnaryOp::gelu, pre, 1.0, y);
 }
 

@@ -208,12 +208,6 @@ const char* const kWiden = "bf16 widen";
 const char* const kRound = "bf16 round";
 
 SlotCall::SlotCall(const char* name, const char* declared_in) : name_(name), declared_in_(declared_in) {
-  // linear_kernel's CPU kernel is a bias copy, a GEMM and a GELU through their own slots: those are the
-  // calls to count (its bf16 conversions still are, by StandinConversion).
-  if (std::strcmp(name, "linear_kernel") == 0) {
-    kind_ = Kind::transparent;
-    return;
-  }
   State& s = state();
   const int before = s.depth.fetch_add(1, std::memory_order_acq_rel);
   ++t_depth;
@@ -230,7 +224,6 @@ SlotCall::SlotCall(const char* name, const char* declared_in) : name_(name), dec
 }
 
 SlotCall::~SlotCall() {
-  if (kind_ == Kind::transparent) return;
   State& s = state();
   if (kind_ == Kind::outer) {
     const double dt = seconds_between(t0_, Clock::now()) - s.outer_standin_seconds;

@@ -10,8 +10,8 @@
 //     the widening of dispatch.h calling copy_kernel) owns their time. Of a GEMM nested inside another
 //     kernel, the time is reported with the outer slot as `nested_gemm` (summed over threads when the outer
 //     kernel calls GEMMs from inside a parallel region, so it may exceed the outer's wall time);
-//   - except linear_kernel on the CPU, which is only the composition of a bias copy, a GEMM and a GELU
-//     (tensor/matmul.cpp): it opens no frame, so its parts are counted as the outermost calls they are;
+//     (linear_kernel is one such call: its GEMM, then its own pass for the bias and GELU, tensor/cpu/linear.cpp;
+//     category "gemm");
 //   - the f32 stand-ins of bf16 tensors (dispatch.h) are timed apart, as "bf16 widen" and "bf16 round",
 //     and left out of the time of the kernel they serve.
 // CUDA calls are not timed (they are queued, not run, when the slot returns).
@@ -78,7 +78,7 @@ class SlotCall {
   SlotCall& operator=(const SlotCall&) = delete;
 
  private:
-  enum class Kind { transparent, outer, nested_gemm, nested };
+  enum class Kind { outer, nested_gemm, nested };
   Kind kind_;
   const char* name_;
   const char* declared_in_;
@@ -87,7 +87,7 @@ class SlotCall {
 
 // Times the widening (round = false) or the rounding back (round = true) of a slot call's bf16
 // stand-ins; its copy_kernel calls count as nested. Recorded, and taken out of the slot's own time,
-// when it serves an outermost call (or a transparent one); inside another kernel it is that kernel's time.
+// when it serves an outermost call (or none); inside another kernel it is that kernel's time.
 class StandinConversion {
  public:
   explicit StandinConversion(bool round);

@@ -23,26 +23,6 @@ namespace {
 
 using kernel::Activation;
 
-// C = x[r0 : r0 + rows] Wᵀ (β = 0) for x [N, in], weight [out, in]; C has ldc = out and is of x's dtype
-// or, with c_is_f32 (bf16 x), f32.
-void gemm_rows(const Tensor& x, const Tensor& weight, int64_t r0, int64_t rows, void* c, bool c_is_f32) {
-  const int64_t in = x.size(1), out = weight.size(0);
-  kernel::GemmArgs g;
-  g.dtype = x.dtype();
-  g.c_is_f32 = c_is_f32;
-  g.trans_b = true;
-  g.m = rows;
-  g.n = out;
-  g.k = in;
-  g.a = static_cast<const char*>(x.raw_data()) + r0 * in * static_cast<int64_t>(dtype_size(x.dtype()));
-  g.lda = in;
-  g.b = weight.raw_data();
-  g.ldb = in;
-  g.c = c;
-  g.ldc = out;
-  kernel::gemm_kernel(x.device(), g, x.device());
-}
-
 // Rows of work per parallel chunk of an epilogue: about kParallelGrain elements.
 int64_t epilogue_grain(int64_t out) { return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(out, 1)); }
 
@@ -51,11 +31,7 @@ void linear_same_dtype(const Tensor& x, const Tensor& weight, const Tensor& bias
                        const Tensor& y) {
   const int64_t n = x.size(0), out = weight.size(0);
   const Tensor& sum = act == Activation::gelu ? pre : y;  // where x Wᵀ + b goes
-  if (x.size(1) == 0) {
-    kernel::fill_(sum, 0.0);
-  } else {
-    gemm_rows(x, weight, 0, n, sum.raw_data(), false);
-  }
+  kernel::matmul_into(x, weight, false, true, sum, 0.0);  // (zeros when in = 0)
   T* s = sum.data<T>();
   const T* b = bias.defined() ? bias.data<T>() : nullptr;
   T* yp = y.data<T>();
@@ -75,18 +51,14 @@ void linear_same_dtype(const Tensor& x, const Tensor& weight, const Tensor& bias
 // epilogue pass over them.
 void linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& pre,
                  const Tensor& y) {
-  const int64_t n = x.size(0), in = x.size(1), out = weight.size(0);
+  const int64_t n = x.size(0), out = weight.size(0);
   std::vector<float> b(static_cast<size_t>(out), 0.0f);
   if (bias.defined()) widen_bf16_run(bias.data<bf16>(), b.data(), out);
   bf16* yp = y.data<bf16>();
   bf16* pp = act == Activation::gelu ? pre.data<bf16>() : nullptr;
   const Tensor sum = Tensor::empty({n, out}, DType::f32, x.device());
   float* s = sum.data<float>();
-  if (in == 0) {
-    std::fill_n(s, n * out, 0.0f);
-  } else {
-    gemm_rows(x, weight, 0, n, s, true);
-  }
+  kernel::matmul_into(x, weight, false, true, sum, 0.0);  // f32 sums of bf16 products
   parallel_for(n, epilogue_grain(out), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       float* row = s + r * out;
