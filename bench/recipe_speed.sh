@@ -7,7 +7,7 @@
 # Usage: bench/recipe_speed.sh RECIPE ROUNDS STEPS CANDIDATE...
 #   CANDIDATE = NAME=BINARY[@RECIPE][,--set,KEY=VALUE...]: @RECIPE trains that recipe file instead of RECIPE
 #   (an older build that does not read a key of today's recipe), e.g.
-#     bench/recipe_speed.sh recipes/gla_small.toml 3 60 before=../old/build/seqlab@/tmp/gla_small_f32.toml \
+#     bench/recipe_speed.sh recipes/gla_small.toml 3 60 before=../old/build/seqlab@old_gla_small.toml \
 #         f32=build/seqlab,--set,train.dtype=f32 auto=build/seqlab
 # Each run writes to a fresh folder under ${TMPDIR:-/tmp} and removes it after; evaluation is pushed past the
 # last step (log.eval_every) so that only training is timed.
