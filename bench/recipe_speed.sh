@@ -14,7 +14,7 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: bench/recipe_speed.sh RECIPE ROUNDS STEPS NAME=BINARY[,--set,KEY=VALUE...]..." >&2
+  echo "usage: bench/recipe_speed.sh RECIPE ROUNDS STEPS NAME=BINARY[@RECIPE][,--set,KEY=VALUE...]..." >&2
   exit 2
 }
 [ $# -ge 4 ] || usage
@@ -52,7 +52,8 @@ for ((r = 1; r <= rounds; ++r)); do
       --set log.eval_every=1000000 --out "$(printf '%q' "$out")" >"$work/log" 2>&1 || { cat "$work/log" >&2; exit 1; }
     rate="$(python3 -c '
 import json, sys
-r = [json.loads(l)["tokens_per_s"] for l in open(sys.argv[1]) if json.loads(l).get("step", 0) >= 20 and "tokens_per_s" in json.loads(l)]
+lines = [json.loads(l) for l in open(sys.argv[1])]
+r = [m["tokens_per_s"] for m in lines if m.get("step", 0) >= 20 and m.get("tokens_per_s") is not None]
 print(f"{sum(r) / len(r):.0f}" if r else "nan")' "$out/metrics.jsonl")"
     rates[$i]+="$rate "
     echo "round $r ${names[$i]}: $rate tokens/s"
