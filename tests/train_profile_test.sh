@@ -33,7 +33,9 @@ else
   fail "profiled run"; cat "$WORK/profiled.log"
 fi
 same_losses "--profile 3" "$WORK/plain" "$WORK/profiled"
-for want in "profile of 3 steps" "framework" "gemm_kernel" "attention_forward_kernel" "profile.json"; do
+# The GEMMs appear as gemm_kernel or inside linear_kernel (its GEMM nested); which of the two makes the
+# table's top slots depends on the build's timings (a sanitizer build's differ).
+for want in "profile of 3 steps" "framework" "gemm_kernel\|linear_kernel" "attention_forward_kernel" "profile.json"; do
   if grep -q -- "$want" "$WORK/profiled.log"; then pass "table shows '$want'"; else fail "table lacks '$want'"; fi
 done
 
