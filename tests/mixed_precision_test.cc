@@ -72,6 +72,10 @@ TEST(Bf16OnCpu, KernelsAreTheF32KernelsRoundedOnce) {
                              lg32 = kernel::linear(f32(x), f32(y), f32(b6), kernel::Activation::gelu);
   expect_same_bf16(lg16.pre, rounded(lg32.pre), "linear_gelu pre");
   expect_same_bf16(lg16.y, rounded(lg32.y), "linear_gelu y");
+  // Without a bias or an activation the GEMM writes y itself, its f32 sums rounded once.
+  const kernel::LinearOutput l16 = kernel::linear(x, y, Tensor(), kernel::Activation::none),
+                             l32 = kernel::linear(f32(x), f32(y), Tensor(), kernel::Activation::none);
+  expect_same_bf16(l16.y, rounded(l32.y), "linear without bias");
   // A kernel with a struct of outputs, and one that reads and writes one tensor in place.
   const kernel::NormGrads g16 = kernel::layer_norm_backward(y, x, w, n16.mean, n16.rstd, true, true, true);
   EXPECT_EQ(n16.rstd.dtype(), DType::f32);  // statistics stay f32, the same values as the f32 kernel's

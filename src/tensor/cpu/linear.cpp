@@ -4,8 +4,9 @@
 // f32, f64: the GEMM writes pre (or y, without an activation); the epilogue adds b onto each row and runs
 // GELU from pre into y by the unary kernel's own loop (elementwise_runs.h), so y is bit for bit the
 // unary kernel's gelu(pre).
-// bf16: the GEMM writes its f32 sums into an f32 scratch; the epilogue adds b there in f32, rounds pre
-// from it, applies GELU in f32 and rounds y: pre and y rounded once each from the f32 values, which are
+// bf16: without a bias or an activation the GEMM writes y itself (its f32 sums rounded once). Otherwise it
+// writes its f32 sums into an f32 scratch; the epilogue adds b there in f32, rounds pre from it, applies
+// GELU in f32 and rounds y: pre and y rounded once each from the f32 values, which are
 // those of the f32 layer on the same bf16 values (tests/mixed_precision_test.cc).
 // The bias is added after the products (not by starting the GEMM from it), in every dtype. (Before, the
 // bias was copied into every row and the GEMM added onto it, and bf16 took three more passes over the
@@ -52,9 +53,16 @@ void linear_same_dtype(const Tensor& x, const Tensor& weight, const Tensor& bias
 // epilogue pass over them.
 void linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& pre,
                  const Tensor& y) {
+  if (!bias.defined() && act == Activation::none) {  // nothing to add or apply: the GEMM rounds its sums once
+    kernel::matmul_into(x, weight, false, true, y, 0.0);
+    return;
+  }
   const int64_t n = x.size(0), out = weight.size(0);
-  std::vector<float> b(static_cast<size_t>(out), 0.0f);
-  if (bias.defined()) widen_bf16_run(bias.data<bf16>(), b.data(), out);
+  std::vector<float> b;
+  if (bias.defined()) {
+    b.resize(static_cast<size_t>(out));
+    widen_bf16_run(bias.data<bf16>(), b.data(), out);
+  }
   bf16* yp = y.data<bf16>();
   bf16* pp = act == Activation::gelu ? pre.data<bf16>() : nullptr;
   const Tensor sum = Tensor::empty({n, out}, DType::f32, x.device());
@@ -63,7 +71,9 @@ void linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias, Acti
   parallel_for(n, epilogue_grain(out), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       float* row = s + r * out;
-      for (int64_t j = 0; j < out; ++j) row[j] += b[static_cast<size_t>(j)];
+      if (!b.empty()) {
+        for (int64_t j = 0; j < out; ++j) row[j] += b[static_cast<size_t>(j)];
+      }
       if (pp) {
         round_to_bf16_run(row, pp + r * out, out);
         unary_forward_run<float>(kernel::UnaryOp::gelu, row, out, row, 1.0f);
