@@ -118,17 +118,12 @@ class TaskRows {
   std::vector<Out> outs_;
 };
 
-// The GEMM-shaped products of a kernel on T rows: C = α op(A) op(B) + β C, row-major with leading
-// dimensions, through cpu::gemm in T (f32 for bf16 tensors: see the top of the file). One per thread.
-template <class E>
-class Products {
- public:
-  using T = compute_t<E>;
-
-  void operator()(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const T* a, int64_t lda,
-                  const T* b, int64_t ldb, double beta, T* c, int64_t ldc) {
-    gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
-};
+// The GEMM-shaped products of a kernel on T rows (its `mm` calls): C = α op(A) op(B) + β C, row-major with
+// leading dimensions, through cpu::gemm in T (f32 for bf16 tensors: see the top of the file).
+template <class T>
+void mm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const T* a, int64_t lda, const T* b,
+        int64_t ldb, double beta, T* c, int64_t ldc) {
+  gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
 
 }  // namespace seqlab::cpu

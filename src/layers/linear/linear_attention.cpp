@@ -163,7 +163,6 @@ void forward(const Tensor& fq_t, const Tensor& fk_t, const Tensor& v_t, const Te
   {
     std::vector<T> A(static_cast<size_t>(p.form == LinearAttentionForm::chunkwise ? C * C : 1));
     TaskRows<E> io;
-    Products<E> mm;
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < g.tasks(); ++task) {
       io.begin();
@@ -274,7 +273,6 @@ void backward(const Tensor& fq_t, const Tensor& fk_t, const Tensor& v_t, const T
       delta.resize(static_cast<size_t>(Tn));
     }
     TaskRows<E> io;
-    Products<E> mm;
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < g.tasks(); ++task) {
       io.begin();

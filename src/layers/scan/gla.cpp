@@ -452,7 +452,6 @@ void chunk_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   {
     ChunkScratch<T> w(C, c, dk, dv);
     TaskRows<E> io;
-    Products<E> mm;
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t bi = task / G.H, h = task % G.H;
@@ -626,7 +625,6 @@ void chunk_backward(const Tensor& dout, const Tensor& dfinal, const Tensor& q, c
     ChunkScratch<T> w(C, c, dk, dv);
     GateScratch gw(C, dk, dv);
     TaskRows<E> io;
-    Products<E> mm;
     std::vector<T> states, dS(static_cast<size_t>(SZ));
     std::vector<T> to(static_cast<size_t>(need_gv ? c * dv : 0));  // [c, dv]: Ã ṽ of a query sub-chunk
 #pragma omp for schedule(dynamic)

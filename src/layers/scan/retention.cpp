@@ -156,7 +156,6 @@ void forward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tens
       Kd.resize(Qd.size());
     }
     TaskRows<E> io;
-    Products<E> mm;
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < g.tasks(); ++task) {
       const double gamma = p.gammas[static_cast<size_t>(task % g.H)];
@@ -241,7 +240,6 @@ void backward(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Ten
       states.resize(static_cast<size_t>(NC * Dk * Dv));
     }
     TaskRows<E> io;
-    Products<E> mm;
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < g.tasks(); ++task) {
       const double gamma = p.gammas[static_cast<size_t>(task % g.H)];

@@ -12,7 +12,6 @@
 // bias was copied into every row and the GEMM added onto it, and bf16 took three more passes over the
 // f32 sums: a copy to pre, GELU in place, a copy to y.)
 #include <algorithm>
-#include <type_traits>
 #include <vector>
 
 #include "tensor/bf16_convert.h"
@@ -86,10 +85,7 @@ void linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias, Acti
 void linear_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& pre,
                 const Tensor& y) {
   if (y.dtype() == DType::bf16) return linear_bf16(x, weight, bias, act, pre, y);
-  dispatch_float_or_bf16(y.dtype(), "linear", [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (!std::is_same_v<T, bf16>) linear_same_dtype<T>(x, weight, bias, act, pre, y);
-  });
+  dispatch_float(y.dtype(), "linear", [&](auto tag) { linear_same_dtype<decltype(tag)>(x, weight, bias, act, pre, y); });
 }
 
 }  // namespace
