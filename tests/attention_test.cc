@@ -108,7 +108,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"cross_T_gt_S_bidirectional", 2, 6, 4, 2, 1, 3, 2, 3, false},
                       Case{"block_of_one_causal", 1, 4, 5, 2, 2, 3, 3, 1, true},
                       Case{"many_blocks_causal", 2, 37, 45, 4, 2, 16, 8, 8, true},  // several tasks and threads
-                      Case{"many_blocks_bidirectional", 2, 37, 45, 4, 2, 16, 8, 8, false}),
+                      Case{"many_blocks_bidirectional", 2, 37, 45, 4, 2, 16, 8, 8, false},
+                      // head dims past a multiple of 8: the f32 transposes' 8 × 8 blocks and their edges
+                      Case{"many_blocks_odd_head_dims_causal", 1, 37, 45, 2, 1, 12, 10, 8, true}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // ---- finite differences (f64), through both outputs and through lse alone ----

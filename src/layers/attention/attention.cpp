@@ -6,8 +6,9 @@
 //   the CPU's bf16 instructions: at least 128, kNativeBf16Block). Each tile's products (S = Q Kᵀ, then
 //   P V in the forward; S, dP = dO Vᵀ, Pᵀ dO, dS K, dSᵀ Q in the backward) are GEMMs through the GEMM
 //   slot, single-threaded inside the parallel loop over tasks, all of them of the forms A B and Aᵀ B
-//   (Kᵀ and Vᵀ are transposed once; see transpose_into for why); only the softmax in between is
-//   elementwise (a vectorised exp). A key block that no row of a tile sees (beyond the causal limit)
+//   (Kᵀ and Vᵀ are transposed once; see transpose_into for why; bf16 on oneDNN reads K and V
+//   transposed instead, KeysTransposed); only the softmax in between is elementwise, its row loops
+//   (max, exp, sum) those of tensor/softmax_rows.h. A key block that no row of a tile sees (beyond the causal limit)
 //   is never visited; inside a block, a row's future keys get probability 0. Scratch is a few
 //   block × block tiles per thread and one Kᵀ (Vᵀ), never T × S.
 // - Forward: online softmax. A task owns one query tile; each row keeps a running max m and sum ℓ;
@@ -30,6 +31,10 @@
 //   dv and dbias once, at the end. So the CPU stays the reference for the GPU's bf16 attention.
 #include "layers/attention/attention.h"
 
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -44,6 +49,7 @@
 #include "layers/variant_inputs.h"
 #include "tensor/blas_rows.h"
 #include "tensor/parallel.h"
+#include "tensor/softmax_rows.h"
 #include "tensor/elementwise_math.h"
 #include "tensor/kernels.h"
 
@@ -253,40 +259,6 @@ Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
   return g;
 }
 
-// max_c x_c over c < n (−∞ when n ≤ 0), with eight running maxima so that the loop vectorises
-// (a max is exact, so their order does not matter).
-template <class A>
-A row_max(const A* x, int64_t n) {
-  constexpr A kNegInf = -std::numeric_limits<A>::infinity();
-  A acc[8] = {kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf};
-  int64_t c = 0;
-  for (; c + 8 <= n; c += 8) {
-    for (int u = 0; u < 8; ++u) acc[u] = x[c + u] > acc[u] ? x[c + u] : acc[u];
-  }
-  for (; c < n; ++c) acc[0] = x[c] > acc[0] ? x[c] : acc[0];
-  for (int u = 1; u < 8; ++u) acc[0] = acc[u] > acc[0] ? acc[u] : acc[0];
-  return acc[0];
-}
-
-// x_c ← exp(x_c − shift) for c < n; returns Σ_c x_c, summed in eight partial sums as `dot` does (a
-// single running sum would make every add wait for the previous one).
-template <class A>
-A exp_shifted_sum(A* x, int64_t n, A shift) {
-  A acc[8] = {};
-  int64_t c = 0;
-  for (; c + 8 <= n; c += 8) {
-    for (int u = 0; u < 8; ++u) {
-      x[c + u] = math::exp_vec_nonpositive(x[c + u] - shift);
-      acc[u] += x[c + u];
-    }
-  }
-  for (; c < n; ++c) {
-    x[c] = math::exp_vec_nonpositive(x[c] - shift);
-    acc[0] += x[c];
-  }
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
 // A tile of n sums as the operand of a GEMM of T rows: the tile itself when T is the sum type; for
 // bf16, its values rounded to bf16 into `rounded` (P and dS are rounded before their products, as the
 // CUDA kernels and flash attention round them).
@@ -307,6 +279,29 @@ void gemm_acc(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, doubl
   gemm<T, Acc<T>>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+#ifdef __AVX__
+// dst[c·ldd + r] = src[r·ld + c] for r, c < 8, through registers: rows are interleaved in pairs
+// (unpack), pairs of pairs (shuffle), then the 128-bit halves are exchanged.
+inline void transpose8x8(const float* src, int64_t ld, float* dst, int64_t ldd) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+#endif
+
 // Why the kernels transpose K and V first: a GEMM C = A Bᵀ (B stored row-major, "NT") of a tile's size
 // takes OpenBLAS's general path, which packs both operands on every call (its small-matrix kernels
 // skip that form once C has more than 1200 elements), and measured about 3× slower here than the same
@@ -315,18 +310,66 @@ void gemm_acc(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, doubl
 //
 // dst[c·rows + r] = src[r·ld + c] for r < rows, c < cols: the rows × cols matrix at src transposed into
 // contiguous cols × rows.
+// f32 on AVX goes 8 × 8 blocks at a time in registers (the compiler leaves the scalar loop scalar:
+// its reads are strided), the rest element by element; a copy either way, so the same values.
 template <class T>
 void transpose_into(const T* src, int64_t ld, int64_t rows, int64_t cols, T* dst) {
-  constexpr int64_t kTile = 16;  // tiles of 16 × 16, so both sides stay in cache lines already loaded
-  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
-    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-      const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
-      for (int64_t c = c0; c < c1; ++c) {
-        for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = src[r * ld + c];
-      }
+  int64_t rows_done = 0, cols_done = 0;  // the leading rows_done × cols_done block is written by blocks
+#ifdef __AVX__
+  if constexpr (std::is_same_v<T, float>) {
+    rows_done = rows / 8 * 8;
+    cols_done = cols / 8 * 8;
+    for (int64_t r0 = 0; r0 < rows_done; r0 += 8) {
+      for (int64_t c0 = 0; c0 < cols_done; c0 += 8) transpose8x8(src + r0 * ld + c0, ld, dst + c0 * rows + r0, rows);
     }
   }
+#endif
+  auto scalar = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    constexpr int64_t kTile = 16;  // tiles of 16 × 16, so both sides stay in cache lines already loaded
+    for (int64_t rt = r0; rt < r1; rt += kTile) {
+      for (int64_t ct = c0; ct < c1; ct += kTile) {
+        for (int64_t c = ct; c < std::min(c1, ct + kTile); ++c) {
+          for (int64_t r = rt; r < std::min(r1, rt + kTile); ++r) dst[c * rows + r] = src[r * ld + c];
+        }
+      }
+    }
+  };
+  scalar(0, rows_done, cols_done, cols);  // the columns right of the blocks
+  scalar(rows_done, rows, 0, cols);       // the rows below them
 }
+
+// Kᵀ (or Vᵀ) of one kv head as the B operand of the products that read it, D × S with key j in
+// column j: a transposed copy (see transpose_into), or, for bf16 on the CPU's bf16 instructions, the
+// rows of K themselves read transposed: oneDNN packs B into its own layout on every call whatever its
+// strides, so a copy would only add a pass (it took a third of the bf16 kernels' own time at T 256).
+template <class T>
+class KeysTransposed {
+ public:
+  // At least one row, so that a column offset into the copy is a valid pointer even for a zero-width head.
+  KeysTransposed(int64_t D, int64_t S)
+      : copied_(!(std::is_same_v<T, bf16> && kernel::cpu_bf16_gemm_native())),
+        copy_(copied_ ? static_cast<size_t>(std::max<int64_t>(D, 1) * S) : 0) {}
+  // The S × D rows at `rows` (leading dimension ld).
+  void set(const T* rows, int64_t ld, int64_t S, int64_t D) {
+    if (copied_) {
+      transpose_into(rows, ld, S, D, copy_.data());
+      base_ = copy_.data();
+      ld_ = S;
+    } else {
+      base_ = rows;
+      ld_ = ld;
+    }
+  }
+  const T* columns_from(int64_t j0) const { return copied_ ? base_ + j0 : base_ + j0 * ld_; }
+  int64_t ld() const { return ld_; }
+  bool trans() const { return !copied_; }  // whether the GEMM reads B transposed
+
+ private:
+  bool copied_;
+  std::vector<T> copy_;
+  const T* base_ = nullptr;
+  int64_t ld_ = 0;
+};
 
 // Where a kernel sums the rows of an output: the output itself (leading dimension ld) when T is the
 // sum type; otherwise a scratch of `rows` × n sums (ld = n) that `store` rounds into the output once.
@@ -384,10 +427,9 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionM
   const int64_t qtiles = g.tiles(g.T), tasks = g.B * g.H * qtiles;
 #pragma omp parallel if (g.parallel(tasks))
   {
-    // Kᵀ of the kv head (b, hk) = kt_of (−1: none yet), key j at column j of the Dk × S matrix. A thread's
-    // tasks come in order, so it transposes each kv head it meets about once, into a tile that stays in cache.
-    // At least one row, so that a column offset into it is a valid pointer even for a zero-width head.
-    std::vector<T> kt(static_cast<size_t>(std::max<int64_t>(g.Dk, 1) * g.S));
+    // Kᵀ of the kv head (b, hk) = kt_of (−1: none yet). A thread's tasks come in order, so it transposes
+    // each kv head it meets about once, into a tile that stays in cache.
+    KeysTransposed<T> kt(g.Dk, g.S);
     int64_t kt_of = -1;
     std::vector<A> s(static_cast<size_t>(g.block * g.block)), m(g.block), l(g.block);
     std::vector<A> acc(static_cast<size_t>(g.block * g.Dv));  // o's sums, row r at r·Dv
@@ -402,13 +444,13 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionM
       const int64_t live = g.live_rows(b, i0, rows);
       const int64_t tile_key_end = live > 0 ? g.key_end(b, i0 + live - 1) : 0;  // its last live row sees the most
       if (tile_key_end > 0 && kt_of != b * g.Hk + hk) {
-        transpose_into(K + g.kv_row(b, 0, hk) * g.Dk, ldk, g.S, g.Dk, kt.data());
+        kt.set(K + g.kv_row(b, 0, hk) * g.Dk, ldk, g.S, g.Dk);
         kt_of = b * g.Hk + hk;
       }
       for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
         const int64_t nk = std::min(j0 + g.block, tile_key_end) - j0;
-        gemm_acc<T>(false, false, live, nk, g.Dk, p.scale, Q + g.q_row(b, i0, h) * g.Dk, ldq, kt.data() + j0, g.S,
-                    0.0, s.data(), nk);
+        gemm_acc<T>(false, kt.trans(), live, nk, g.Dk, p.scale, Q + g.q_row(b, i0, h) * g.Dk, ldq,
+                    kt.columns_from(j0), kt.ld(), 0.0, s.data(), nk);
         for (int64_t r = 0; r < live; ++r) {
           A* sr = s.data() + r * nk;
           // The keys of the block this row sees: [0, seen), its future (or padding) past them.
@@ -511,17 +553,14 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
   {
     std::vector<A> pt(static_cast<size_t>(g.block * g.block)), ds(pt.size());  // P, dP then dS
     std::vector<T> p_rounded(kRounds ? pt.size() : 0), ds_rounded(p_rounded.size());
-    // Kᵀ, Vᵀ; at least one row each, so that a column offset into them is a valid pointer even for a
-    // zero-width head.
-    std::vector<T> kt(static_cast<size_t>(std::max<int64_t>(g.Dk, 1) * g.S)),
-        vt(static_cast<size_t>(std::max<int64_t>(g.Dv, 1) * g.S));
+    KeysTransposed<T> kt(g.Dk, g.S), vt(g.Dv, g.S);
     std::vector<A> dk_sums(kRounds && dK ? g.S * g.Dk : 0), dv_sums(kRounds && dV ? g.S * g.Dv : 0);
     std::vector<A> dq_sums(kRounds && dQ ? g.block * g.Dk : 0);
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / g.Hk, hk = task % g.Hk;
-      transpose_into(K + g.kv_row(b, 0, hk) * g.Dk, ldk, g.S, g.Dk, kt.data());
-      transpose_into(V + g.kv_row(b, 0, hk) * g.Dv, ldv, g.S, g.Dv, vt.data());
+      kt.set(K + g.kv_row(b, 0, hk) * g.Dk, ldk, g.S, g.Dk);
+      vt.set(V + g.kv_row(b, 0, hk) * g.Dv, ldv, g.S, g.Dv);
       SumRows<T> dk_rows{dK ? dK + g.kv_row(b, 0, hk) * g.Dk : nullptr, ldk, g.S, g.Dk, dk_sums};
       SumRows<T> dv_rows{dV ? dV + g.kv_row(b, 0, hk) * g.Dv : nullptr, ldv, g.S, g.Dv, dv_sums};
       if (dK) dk_rows.zero();
@@ -537,7 +576,8 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
           const int64_t tile_key_end = live > 0 ? g.key_end(b, i0 + live - 1) : 0;
           for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
             const int64_t nk = std::min(j0 + g.block, tile_key_end) - j0;
-            gemm_acc<T>(false, false, live, nk, g.Dk, p.scale, Qt, ldq, kt.data() + j0, g.S, 0.0, pt.data(), nk);
+            gemm_acc<T>(false, kt.trans(), live, nk, g.Dk, p.scale, Qt, ldq, kt.columns_from(j0), kt.ld(), 0.0, pt.data(),
+                        nk);
             for (int64_t r = 0; r < live; ++r) {
               A* pr = pt.data() + r * nk;
               const A lse_r = LSE[g.q_row(b, i0 + r, h)];
@@ -547,14 +587,15 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
                 const T* br = Bias + g.bias_row(b, h, i0 + r) + j0;
                 for (int64_t c = 0; c < seen; ++c) pr[c] += widen(br[c]);
               }
-              for (int64_t c = 0; c < seen; ++c) pr[c] = math::exp_vec_nonpositive(pr[c] - lse_r);
+              exp_shifted(pr, seen, lse_r);
               std::fill(pr + seen, pr + nk, A(0));
             }
             const T* p_op = gemm_operand<T>(pt.data(), live * nk, p_rounded);
             if (dV) gemm_acc<T>(true, false, nk, g.Dv, live, 1.0, p_op, nk, dOt, ldo, 1.0,
                                 dv_rows.sums() + j0 * dv_rows.ld(), dv_rows.ld());
             if (!dQ && !dK && !dB) continue;
-            gemm_acc<T>(false, false, live, nk, g.Dv, 1.0, dOt, ldo, vt.data() + j0, g.S, 0.0, ds.data(), nk);  // dP
+            gemm_acc<T>(false, vt.trans(), live, nk, g.Dv, 1.0, dOt, ldo, vt.columns_from(j0), vt.ld(), 0.0, ds.data(),
+                        nk);  // dP
             for (int64_t r = 0; r < live; ++r) {
               const A dr = delta[g.q_row(b, i0 + r, h)];
               const A* pr = pt.data() + r * nk;

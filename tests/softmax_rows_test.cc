@@ -1,0 +1,214 @@
+// The softmax row loops (tensor/softmax_rows.h): the AVX-512 path gives the plain loops' bits, for
+// floats spread over every exponent and sign (and NaN and ±∞), and for rows of every length around the
+// vector widths with the sum's order, ±0 maxima and masked values; and the plain loops against
+// std::exp in double. Where the CPU has no AVX-512 the comparisons are skipped, saying so.
+#include "tensor/softmax_rows.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace seqlab {
+namespace {
+
+using cpu::exp_shifted;
+using cpu::exp_shifted_sum;
+using cpu::row_max;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+uint32_t bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+// Runs fn with the AVX-512 path on or off, leaving it as it found it.
+template <class Fn>
+auto with_avx512(bool on, Fn&& fn) {
+  const bool before = cpu::softmax_rows_avx512();
+  cpu::set_softmax_rows_avx512(on);
+  auto result = fn();
+  cpu::set_softmax_rows_avx512(before);
+  return result;
+}
+
+bool cpu_has_avx512() {
+  const bool before = cpu::softmax_rows_avx512();
+  cpu::set_softmax_rows_avx512(true);
+  const bool has = cpu::softmax_rows_avx512();
+  cpu::set_softmax_rows_avx512(before);
+  return has;
+}
+
+#define SKIP_WITHOUT_AVX512() \
+  if (!cpu_has_avx512()) GTEST_SKIP() << "this CPU has no AVX-512: only the plain loops run here"
+
+// One float in every `stride` of the 2³² bit patterns (the stride is odd, so every exponent and both
+// signs are visited, each with varied mantissas), then the edges of exp_vec_nonpositive's range; given
+// to fn in chunks. SEQLAB_SOFTMAX_ROWS_EVERY_FLOAT=1 takes every bit pattern (about 30 s).
+template <class Fn>
+void for_each_sweep_chunk(Fn&& fn) {
+  const char* every = std::getenv("SEQLAB_SOFTMAX_ROWS_EVERY_FLOAT");
+  const uint64_t stride = every != nullptr && std::strcmp(every, "1") == 0 ? 1 : 251;
+  constexpr size_t kChunk = size_t{1} << 22;
+  std::vector<float> xs;
+  xs.reserve(kChunk);
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += stride) {
+    float x;
+    const uint32_t b = static_cast<uint32_t>(u);
+    std::memcpy(&x, &b, sizeof x);
+    xs.push_back(x);
+    if (xs.size() == kChunk) {
+      fn(xs);
+      xs.clear();
+    }
+  }
+  for (float x : {0.0f, -0.0f, -87.33654f, std::nextafter(-87.33654f, 0.0f), std::nextafter(-87.33654f, -kInf),
+                  -87.34f, -103.98f, 88.0f, 88.5f, -kInf, kInf, kNaN, -kNaN, 1e-30f, -1e-30f, -0.34657359f}) {
+    xs.push_back(x);
+  }
+  fn(xs);
+}
+
+TEST(SoftmaxRows, ExponentialGivesThePlainBitsForEveryExponent) {
+  SKIP_WITHOUT_AVX512();
+  int64_t differ = 0, total = 0;
+  for_each_sweep_chunk([&](const std::vector<float>& xs) {
+    const auto run = [&](bool on) {
+      return with_avx512(on, [&] {
+        std::vector<float> y = xs;
+        exp_shifted(y.data(), static_cast<int64_t>(y.size()), 0.0f);
+        return y;
+      });
+    };
+    const std::vector<float> fast = run(true), plain = run(false);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (bits(fast[i]) != bits(plain[i]) && differ++ < 5) {
+        ADD_FAILURE() << "exp(" << xs[i] << "): AVX-512 " << fast[i] << ", plain " << plain[i];
+      }
+    }
+    total += static_cast<int64_t>(xs.size());
+  });
+  EXPECT_EQ(differ, 0) << "of " << total << " floats";
+}
+
+TEST(SoftmaxRows, PlainExponentialMatchesStdExp) {
+  // exp_vec_nonpositive: about 2 ulp where eˣ is a normal float, 0 below, NaN kept.
+  with_avx512(false, [] {
+    std::vector<float> xs;
+    for (float x = -87.0f; x <= 0.0f; x += 0.0137f) xs.push_back(x);
+    std::vector<float> y = xs;
+    exp_shifted(y.data(), static_cast<int64_t>(y.size()), 0.0f);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const double want = std::exp(static_cast<double>(xs[i]));
+      EXPECT_NEAR(y[i], want, 4e-7 * want) << xs[i];
+    }
+    float edge[3] = {-kInf, -90.0f, kNaN};
+    exp_shifted(edge, 3, 0.0f);
+    EXPECT_EQ(edge[0], 0.0f);
+    EXPECT_EQ(edge[1], 0.0f);
+    EXPECT_TRUE(std::isnan(edge[2]));
+    return 0;
+  });
+}
+
+// A row of n scores: normal values around a shift, with some −∞ (masked keys), very negative values,
+// zeros of both signs and, when asked, a NaN.
+std::vector<float> make_row(int64_t n, std::mt19937& gen, bool with_nan) {
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  std::uniform_int_distribution<int> pick(0, 19);
+  std::vector<float> row(static_cast<size_t>(n));
+  for (float& x : row) {
+    switch (pick(gen)) {
+      case 0: x = -kInf; break;
+      case 1: x = -95.0f; break;
+      case 2: x = 0.0f; break;
+      case 3: x = -0.0f; break;
+      default: x = normal(gen);
+    }
+  }
+  if (with_nan && n > 0) row[static_cast<size_t>(n / 2)] = kNaN;
+  return row;
+}
+
+TEST(SoftmaxRows, RowsOfEveryLengthGiveThePlainBits) {
+  SKIP_WITHOUT_AVX512();
+  std::mt19937 gen(7);
+  std::vector<int64_t> lengths;
+  for (int64_t n = 0; n <= 40; ++n) lengths.push_back(n);
+  for (int64_t n : {47, 48, 63, 64, 65, 100, 127, 128, 129, 256}) lengths.push_back(n);
+  for (int64_t n : lengths) {
+    for (bool with_nan : {false, true}) {
+      const std::vector<float> row = make_row(n, gen, with_nan);
+      struct Out {
+        float max, sum;
+        std::vector<float> exps, exps_nosum;
+      };
+      const auto run = [&](bool on) {
+        return with_avx512(on, [&] {
+          Out o;
+          o.max = row_max(row.data(), n);
+          const float shift = std::isfinite(o.max) ? o.max : 0.0f;
+          o.exps = row;
+          o.sum = exp_shifted_sum(o.exps.data(), n, shift);
+          o.exps_nosum = row;
+          exp_shifted(o.exps_nosum.data(), n, shift);
+          return o;
+        });
+      };
+      const Out fast = run(true), plain = run(false);
+      SCOPED_TRACE("n = " + std::to_string(n) + (with_nan ? ", with a NaN" : ""));
+      EXPECT_EQ(bits(fast.max), bits(plain.max)) << fast.max << " against " << plain.max;
+      EXPECT_EQ(bits(fast.sum), bits(plain.sum)) << fast.sum << " against " << plain.sum;
+      for (int64_t c = 0; c < n; ++c) {
+        EXPECT_EQ(bits(fast.exps[c]), bits(plain.exps[c])) << "entry " << c;
+        EXPECT_EQ(bits(fast.exps_nosum[c]), bits(plain.exps[c])) << "entry " << c << " (no sum)";
+      }
+    }
+  }
+}
+
+TEST(SoftmaxRows, MaxAndSumFollowTheirDefinitions) {
+  for (bool on : {false, true}) {
+    with_avx512(on, [] {
+      // The max skips NaN; −∞ for an empty or all −∞ row; which zero it returns is the first seen in its lane.
+      const float a[5] = {-3.0f, kNaN, 2.5f, -kInf, 1.0f};
+      EXPECT_EQ(row_max(a, 5), 2.5f);
+      EXPECT_EQ(row_max(a, 0), -kInf);
+      const float all_masked[9] = {-kInf, -kInf, -kInf, -kInf, -kInf, -kInf, -kInf, -kInf, -kInf};
+      EXPECT_EQ(row_max(all_masked, 9), -kInf);
+      // The sum of the exponentials it wrote, to float rounding.
+      std::vector<float> x(37);
+      double want = 0;
+      for (size_t c = 0; c < x.size(); ++c) {
+        x[c] = -static_cast<float>(c % 5) * 0.69314718056f;  // e^x = 2^−(c mod 5), to 2 ulp
+        want += std::exp(static_cast<double>(x[c]));
+      }
+      const float sum = exp_shifted_sum(x.data(), static_cast<int64_t>(x.size()), 0.0f);
+      EXPECT_NEAR(sum, want, 1e-5);
+      EXPECT_EQ(exp_shifted_sum(x.data(), 0, 0.0f), 0.0f);
+      return 0;
+    });
+  }
+}
+
+TEST(SoftmaxRows, DoubleRowsUseStdExp) {
+  double x[3] = {-1.0, -2.0, -kInf};
+  EXPECT_EQ(row_max(x, 3), -1.0);
+  const double sum = exp_shifted_sum(x, 3, -1.0);
+  EXPECT_EQ(x[0], 1.0);
+  EXPECT_EQ(x[1], std::exp(-1.0));
+  EXPECT_EQ(x[2], 0.0);
+  EXPECT_EQ(sum, 1.0 + std::exp(-1.0));
+}
+
+}  // namespace
+}  // namespace seqlab
