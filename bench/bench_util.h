@@ -65,6 +65,25 @@ inline void parse_flags(int argc, char** argv, std::initializer_list<std::pair<c
   }
 }
 
+// The positional integer arguments of a benchmark (`name [a] [b] ...`): argv[i] for the i-th of
+// `defaults` where given, else its default; each must be a whole number ≥ 1, and there may be no more
+// of them than defaults. Otherwise prints "NAME: why" and the usage line to stderr and exits with 2.
+inline std::vector<int64_t> positional_counts(int argc, char** argv, std::vector<int64_t> defaults,
+                                              const char* usage_line) {
+  auto fail = [&](const std::string& why) {
+    std::fprintf(stderr, "%s\nusage: %s\n", why.c_str(), usage_line);
+    std::exit(2);
+  };
+  if (argc - 1 > static_cast<int>(defaults.size())) fail(std::string("too many arguments: ") + argv[defaults.size() + 1]);
+  for (int i = 1; i < argc; ++i) {
+    char* end = nullptr;
+    const long long v = std::strtoll(argv[i], &end, 10);
+    if (end == argv[i] || *end != '\0' || v < 1) fail(std::string("not a whole number >= 1: ") + argv[i]);
+    defaults[static_cast<size_t>(i - 1)] = v;
+  }
+  return defaults;
+}
+
 inline double seconds_of(const std::function<void()>& fn) {
   auto t0 = std::chrono::steady_clock::now();
   fn();

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "bench/bench_util.h"
 #include "tensor/kernels.h"
@@ -23,8 +24,10 @@ void report(const char* name, double bytes, const bench::PairTiming& t) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int64_t n = argc > 1 ? std::atoll(argv[1]) : (int64_t{1} << 24);
-  const int runs = argc > 2 ? std::atoi(argv[2]) : 9;
+  const std::vector<int64_t> args =
+      bench::positional_counts(argc, argv, {int64_t{1} << 24, 9}, "elementwise_bench [elements] [runs]");
+  const int64_t n = args[0];
+  const int runs = static_cast<int>(args[1]);
   Generator gen(0);
   Tensor x = Tensor::randn({n}, gen, DType::f32), y = Tensor::randn({n}, gen, DType::f32);
   Tensor out = Tensor::empty({n}, DType::f32);

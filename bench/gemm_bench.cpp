@@ -55,7 +55,7 @@ void settle(const std::function<void()>& fn, double seconds) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int runs = argc > 1 ? std::atoi(argv[1]) : 9;
+  int runs = static_cast<int>(bench::positional_counts(argc, argv, {9}, "gemm_bench [runs]")[0]);
   std::printf("# median of %d runs each; ratio = seqlab throughput / direct OpenBLAS throughput\n", runs);
   Generator gen(0);
   std::vector<Case> cases;

@@ -93,8 +93,10 @@ double peer_seconds(int64_t T, int runs, int threads, const std::string& root) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int runs = argc > 1 ? std::atoi(argv[1]) : 3;
-  const int64_t max_T = argc > 2 ? std::atoll(argv[2]) : 8192;
+  const std::vector<int64_t> args =
+      bench::positional_counts(argc, argv, {3, 8192}, "selective_scan_bench [runs] [max_T]");
+  const int runs = static_cast<int>(args[0]);
+  const int64_t max_T = args[1];
   const char* root_env = std::getenv("SEQLAB_ROOT");
   const std::string root = root_env != nullptr ? root_env : ".";
   int threads = 1;

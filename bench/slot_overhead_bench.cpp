@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <vector>
+
 #include "bench/bench_util.h"
 #include "tensor/kernels.h"
 #include "tensor/profile.h"
@@ -14,12 +16,10 @@
 using namespace seqlab;
 
 int main(int argc, char** argv) {
-  const int64_t calls = argc > 1 ? std::atoll(argv[1]) : 2000000;
-  const int runs = argc > 2 ? std::atoi(argv[2]) : 9;
-  if (calls < 1 || runs < 1) {
-    std::fprintf(stderr, "usage: slot_overhead_bench [calls per run >= 1] [runs >= 1]\n");
-    return 2;
-  }
+  const std::vector<int64_t> args =
+      bench::positional_counts(argc, argv, {2000000, 9}, "slot_overhead_bench [calls per run] [runs]");
+  const int64_t calls = args[0];
+  const int runs = static_cast<int>(args[1]);
   Tensor t = Tensor::empty({1}, DType::f32);
   const Device cpu = cpu_device();
   const auto direct = kernel::fill_kernel.impl[static_cast<int>(DeviceType::CPU)];

@@ -57,8 +57,9 @@ Measure measure(const std::function<void()>& fn, int runs) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int runs = argc > 1 ? std::atoi(argv[1]) : 3;
-  const int64_t max_T = argc > 2 ? std::atoll(argv[2]) : 8192;
+  const std::vector<int64_t> args = bench::positional_counts(argc, argv, {3, 8192}, "ssd_bench [runs] [max_T]");
+  const int runs = static_cast<int>(args[0]);
+  const int64_t max_T = args[1];
   std::printf("# SSD forward+backward, B=%ld H=%ld P=%ld G=%ld N=%ld f32, median of %d runs; ratio = time / chunkwise "
               "time;\n# peak = allocator peak above live bytes during one call\n",
               static_cast<long>(kB), static_cast<long>(kH), static_cast<long>(kP), static_cast<long>(kG),

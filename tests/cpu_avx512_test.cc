@@ -1,9 +1,8 @@
-// The softmax row loops (tensor/softmax_rows.h): the AVX-512 path gives the plain loops' bits, for
-// floats spread over every exponent and sign (and NaN and ±∞), and for rows of every length around the
-// vector widths with the sum's order, ±0 maxima and masked values; and the plain loops against
-// std::exp in double. Where the CPU has no AVX-512 the comparisons are skipped, saying so.
-#include "tensor/softmax_rows.h"
-
+// The CPU kernels' AVX-512 loops (tensor/cpu/avx512.h) give the plain loops' bits: the softmax rows
+// (tensor/softmax_rows.h) and GELU forward and backward through the unary kernels, for floats spread
+// over every exponent and sign (and NaN and ±∞), on f32 and bf16 tensors, and rows of every length
+// around the vector widths with the sum's order, ±0 maxima and masked values; then the plain loops
+// against std::exp in double. Where the CPU has no AVX-512 the comparisons are skipped, saying so.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,7 +11,12 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
+#include <utility>
 #include <vector>
+
+#include "tensor/kernels.h"
+#include "tensor/softmax_rows.h"
 
 namespace seqlab {
 namespace {
@@ -30,22 +34,18 @@ uint32_t bits(float x) {
   return u;
 }
 
-// Runs fn with the AVX-512 path on or off, leaving it as it found it.
+// Runs fn with the AVX-512 paths on or off, leaving them as it found them.
 template <class Fn>
 auto with_avx512(bool on, Fn&& fn) {
-  const bool before = cpu::softmax_rows_avx512();
-  cpu::set_softmax_rows_avx512(on);
+  const bool before = kernel::cpu_avx512();
+  kernel::set_cpu_avx512(on);
   auto result = fn();
-  cpu::set_softmax_rows_avx512(before);
+  kernel::set_cpu_avx512(before);
   return result;
 }
 
 bool cpu_has_avx512() {
-  const bool before = cpu::softmax_rows_avx512();
-  cpu::set_softmax_rows_avx512(true);
-  const bool has = cpu::softmax_rows_avx512();
-  cpu::set_softmax_rows_avx512(before);
-  return has;
+  return with_avx512(true, [] { return kernel::cpu_avx512(); });
 }
 
 #define SKIP_WITHOUT_AVX512() \
@@ -53,10 +53,10 @@ bool cpu_has_avx512() {
 
 // One float in every `stride` of the 2³² bit patterns (the stride is odd, so every exponent and both
 // signs are visited, each with varied mantissas), then the edges of exp_vec_nonpositive's range; given
-// to fn in chunks. SEQLAB_SOFTMAX_ROWS_EVERY_FLOAT=1 takes every bit pattern (about 30 s).
+// to fn in chunks. SEQLAB_CPU_AVX512_EVERY_FLOAT=1 takes every bit pattern (about two minutes).
 template <class Fn>
 void for_each_sweep_chunk(Fn&& fn) {
-  const char* every = std::getenv("SEQLAB_SOFTMAX_ROWS_EVERY_FLOAT");
+  const char* every = std::getenv("SEQLAB_CPU_AVX512_EVERY_FLOAT");
   const uint64_t stride = every != nullptr && std::strcmp(every, "1") == 0 ? 1 : 251;
   constexpr size_t kChunk = size_t{1} << 22;
   std::vector<float> xs;
@@ -78,7 +78,7 @@ void for_each_sweep_chunk(Fn&& fn) {
   fn(xs);
 }
 
-TEST(SoftmaxRows, ExponentialGivesThePlainBitsForEveryExponent) {
+TEST(CpuAvx512, SoftmaxExponentialGivesThePlainBitsForEveryExponent) {
   SKIP_WITHOUT_AVX512();
   int64_t differ = 0, total = 0;
   for_each_sweep_chunk([&](const std::vector<float>& xs) {
@@ -96,6 +96,43 @@ TEST(SoftmaxRows, ExponentialGivesThePlainBitsForEveryExponent) {
       }
     }
     total += static_cast<int64_t>(xs.size());
+  });
+  EXPECT_EQ(differ, 0) << "of " << total << " floats";
+}
+
+// GELU and its gradient through the unary kernels (f32, and bf16 on the same values rounded): the
+// AVX-512 loop against the plain one. The gradient's dy varies too, so that its last product is checked.
+TEST(CpuAvx512, GeluGivesThePlainBitsForEveryExponent) {
+  SKIP_WITHOUT_AVX512();
+  int64_t differ = 0, total = 0;
+  for_each_sweep_chunk([&](const std::vector<float>& xs) {
+    const int64_t n = static_cast<int64_t>(xs.size());
+    std::vector<double> xd(xs.begin(), xs.end()), dyd(xs.size());
+    for (size_t i = 0; i < dyd.size(); ++i) dyd[i] = 0.25 + 0.001 * static_cast<double>(i % 997);
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const Tensor x = Tensor::from_vector(xd, {n}, dtype), dy = Tensor::from_vector(dyd, {n}, dtype);
+      const auto run = [&](bool on) {
+        return with_avx512(on, [&] {
+          const Tensor y = kernel::unary(kernel::UnaryOp::gelu, x);
+          return std::pair{y, kernel::unary_backward(kernel::UnaryOp::gelu, dy, x, y)};
+        });
+      };
+      const auto fast = run(true), plain = run(false);
+      for (const auto& [f, p, what] : {std::tuple{fast.first, plain.first, "gelu"},
+                                       std::tuple{fast.second, plain.second, "gelu backward"}}) {
+        const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
+        if (std::memcmp(f.raw_data(), p.raw_data(), bytes) == 0) continue;
+        const Tensor f32 = kernel::to_dtype(f, DType::f32), p32 = kernel::to_dtype(p, DType::f32);
+        for (int64_t i = 0; i < n; ++i) {
+          const float a = f32.data<float>()[i], b = p32.data<float>()[i];
+          if (bits(a) != bits(b) && differ++ < 5) {
+            ADD_FAILURE() << what << " (" << dtype_name(dtype) << ") at x = " << xs[static_cast<size_t>(i)]
+                          << ": AVX-512 " << a << ", plain " << b;
+          }
+        }
+      }
+    }
+    total += n;
   });
   EXPECT_EQ(differ, 0) << "of " << total << " floats";
 }
@@ -139,7 +176,7 @@ std::vector<float> make_row(int64_t n, std::mt19937& gen, bool with_nan) {
   return row;
 }
 
-TEST(SoftmaxRows, RowsOfEveryLengthGiveThePlainBits) {
+TEST(CpuAvx512, SoftmaxRowsOfEveryLengthGiveThePlainBits) {
   SKIP_WITHOUT_AVX512();
   std::mt19937 gen(7);
   std::vector<int64_t> lengths;

@@ -1,0 +1,227 @@
+// The CPU kernels' AVX-512 loops (see avx512.h) and the switch that turns them on.
+#include "tensor/cpu/avx512.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "tensor/elementwise_math.h"
+#include "tensor/kernels.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define SEQLAB_BUILD_AVX512 1
+#endif
+
+namespace seqlab::cpu {
+namespace {
+
+bool cpu_has_avx512() {
+#ifdef SEQLAB_BUILD_AVX512
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+#else
+  return false;
+#endif
+}
+
+// 1: on; 0: off; −1: not decided yet (the CPU and SEQLAB_CPU_AVX512 decide on first use).
+std::atomic<int> state{-1};
+
+}  // namespace
+
+bool avx512_on() {
+  int s = state.load(std::memory_order_relaxed);
+  if (s < 0) {
+    const char* env = std::getenv("SEQLAB_CPU_AVX512");
+    const bool off = env != nullptr && std::strcmp(env, "off") == 0;
+    s = cpu_has_avx512() && !off ? 1 : 0;
+    state.store(s, std::memory_order_relaxed);
+  }
+  return s == 1;
+}
+
+#ifdef SEQLAB_BUILD_AVX512
+namespace {
+
+#define SEQLAB_AVX512 __attribute__((target("avx512f")))
+
+// The steps both exponentials share, for a clamped, finite x (math::exp_reduced): n = round(x/ln2) by
+// the magic-number add, r = x − n·ln2 in two parts, Cephes' polynomial, p·r·r + r + 1; returns eʳ and n.
+SEQLAB_AVX512 inline __m512 exp_reduced16(__m512 xc, __m512& n) {
+  const __m512 magic = _mm512_set1_ps(12582912.0f);
+  n = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504f), magic), magic);
+  const __m512 r =
+      _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc));
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  return _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+}
+
+// math::exp_vec: 0 below −103.97, +∞ above 88, NaN kept, subnormal results rounded once.
+SEQLAB_AVX512 inline __m512 exp16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-103.972084f), hi = _mm512_set1_ps(88.0f);
+  __m512 n;
+  const __m512 p = exp_reduced16(_mm512_min_ps(_mm512_max_ps(x, lo), hi), n);
+  __m512 y = _mm512_scalef_ps(p, n);
+  y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), y);                         // x < lo: 0
+  y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ), _mm512_set1_ps(HUGE_VALF));  // x > hi: +∞
+  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);                    // NaN: x
+}
+
+// math::exp_vec_nonpositive: 0 below −87.34 (where exp16 gives subnormals), NaN kept.
+SEQLAB_AVX512 inline __m512 exp_nonpositive16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.33654f);
+  __m512 n;
+  const __m512 p = exp_reduced16(_mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.0f)), n);
+  const __m512 y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), _mm512_scalef_ps(p, n));
+  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+
+// The mask of the first k ≤ 16 lanes.
+SEQLAB_AVX512 inline __mmask16 first(int64_t k) { return static_cast<__mmask16>((1u << k) - 1u); }
+
+// The first k < 16 entries at x ← exp(x − shift), the rest untouched.
+SEQLAB_AVX512 inline __m512 exp_shifted_partial(float* x, int64_t k, __m512 shift) {
+  const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(first(k), x), shift));
+  _mm512_mask_storeu_ps(x, first(k), e);
+  return e;
+}
+
+// The tree both paths add the eight partial sums in.
+float sum_tree(const float* s) { return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])); }
+
+SEQLAB_AVX512 float exp_shifted_sum16(float* x, int64_t n, float shift) {
+  const __m512 s = _mm512_set1_ps(shift);
+  // Lane u of the 8-wide sum takes entry c + u, then c + 8 + u: the plain loop's order.
+  __m256 acc = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) {
+    const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(x + c), s));
+    _mm512_storeu_ps(x + c, e);
+    acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+    acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+  }
+  if (c < n) {
+    const __m512 e = exp_shifted_partial(x + c, n - c, s);
+    if (n - c >= 8) {
+      acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+      c += 8;
+    }
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  for (; c < n; ++c) lanes[0] += x[c];  // the tail's exponentials, written above, into sum 0
+  return sum_tree(lanes);
+}
+
+SEQLAB_AVX512 void exp_shifted16(float* x, int64_t n, float shift) {
+  const __m512 s = _mm512_set1_ps(shift);
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) _mm512_storeu_ps(x + c, exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(x + c), s)));
+  if (c < n) exp_shifted_partial(x + c, n - c, s);
+}
+
+// vmaxps(x, acc) is x > acc ? x : acc exactly (it returns its second operand for NaN and for two
+// zeros), so even the sign of a zero maximum is the plain loop's.
+SEQLAB_AVX512 float row_max8(const float* x, int64_t n) {
+  __m256 acc = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) acc = _mm256_max_ps(_mm256_loadu_ps(x + c), acc);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  for (; c < n; ++c) lanes[0] = x[c] > lanes[0] ? x[c] : lanes[0];
+  for (int u = 1; u < 8; ++u) lanes[0] = lanes[u] > lanes[0] ? lanes[u] : lanes[0];
+  return lanes[0];
+}
+
+// GELU's exponent −2·√(2/π)·(x + a·x³), with the plain loop's fusion: x + ((a·x)·x)·x as one fma.
+SEQLAB_AVX512 inline __m512 gelu_exponent16(__m512 x) {
+  const __m512 inner = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(float(math::kGeluA)), x), x), x, x);
+  return _mm512_mul_ps(_mm512_set1_ps(float(-2 * math::kGeluC)), inner);
+}
+
+// y = x / (1 + e^(−2u)) on the first k lanes.
+SEQLAB_AVX512 inline void gelu_forward16(float* y, const float* x, __mmask16 k) {
+  const __m512 v = _mm512_maskz_loadu_ps(k, x);
+  const __m512 e = exp16(gelu_exponent16(v));
+  _mm512_mask_storeu_ps(y, k, _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+}
+
+// s = σ(2u), du = √(2/π)(1 + 3a·x²), dx = dy · (s + 2x·s·(1 − s)·du), with the plain loop's fusions, on
+// the first k lanes.
+SEQLAB_AVX512 inline void gelu_backward16(float* dx, const float* dy, const float* x, __mmask16 k) {
+  const __m512 one = _mm512_set1_ps(1.0f), v = _mm512_maskz_loadu_ps(k, x);
+  const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, exp16(gelu_exponent16(v))));
+  const __m512 du = _mm512_mul_ps(_mm512_set1_ps(float(math::kGeluC)),
+                                  _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(float(3 * math::kGeluA)), v), v, one));
+  const __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), v), s), _mm512_sub_ps(one, s));
+  _mm512_mask_storeu_ps(dx, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, dy), _mm512_fmadd_ps(t, du, s)));
+}
+
+SEQLAB_AVX512 void gelu_forward_loop(float* y, int64_t n, const float* x) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) gelu_forward16(y + i, x + i, 0xFFFF);
+  if (i < n) gelu_forward16(y + i, x + i, first(n - i));
+}
+
+SEQLAB_AVX512 void gelu_backward_loop(float* dx, int64_t n, const float* dy, const float* x) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) gelu_backward16(dx + i, dy + i, x + i, 0xFFFF);
+  if (i < n) gelu_backward16(dx + i, dy + i, x + i, first(n - i));
+}
+
+#undef SEQLAB_AVX512
+
+}  // namespace
+
+bool exp_shifted_sum_avx512(float* x, int64_t n, float shift, float& sum) {
+  if (!avx512_on()) return false;
+  sum = exp_shifted_sum16(x, n, shift);
+  return true;
+}
+bool exp_shifted_avx512(float* x, int64_t n, float shift) {
+  if (!avx512_on()) return false;
+  exp_shifted16(x, n, shift);
+  return true;
+}
+bool row_max_avx512(const float* x, int64_t n, float& max) {
+  if (!avx512_on()) return false;
+  max = row_max8(x, n);
+  return true;
+}
+bool gelu_forward_avx512(float* y, int64_t n, const float* x) {
+  if (!avx512_on()) return false;
+  gelu_forward_loop(y, n, x);
+  return true;
+}
+bool gelu_backward_avx512(float* dx, int64_t n, const float* dy, const float* x) {
+  if (!avx512_on()) return false;
+  gelu_backward_loop(dx, n, dy, x);
+  return true;
+}
+
+#else  // a build for another CPU: the plain loops run
+
+bool exp_shifted_sum_avx512(float*, int64_t, float, float&) { return false; }
+bool exp_shifted_avx512(float*, int64_t, float) { return false; }
+bool row_max_avx512(const float*, int64_t, float&) { return false; }
+bool gelu_forward_avx512(float*, int64_t, const float*) { return false; }
+bool gelu_backward_avx512(float*, int64_t, const float*, const float*) { return false; }
+
+#endif  // SEQLAB_BUILD_AVX512
+
+}  // namespace seqlab::cpu
+
+namespace seqlab::kernel {
+
+void set_cpu_avx512(bool on) { cpu::state.store(on && cpu::cpu_has_avx512() ? 1 : 0, std::memory_order_relaxed); }
+bool cpu_avx512() { return cpu::avx512_on(); }
+
+}  // namespace seqlab::kernel

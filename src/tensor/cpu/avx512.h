@@ -1,0 +1,34 @@
+// The CPU kernels' AVX-512 loops: f32 loops that take most of a training step's time outside the GEMMs
+// (the softmax rows of attention, GELU and its gradient), written with AVX-512 intrinsics so that eˣ
+// costs about 15 instructions per 16 floats (vscalefps multiplies by 2ⁿ) instead of 25 per 8.
+//
+// Each gives the same bits as the plain loop it stands for, for every input: it is math::exp_vec's
+// (or exp_vec_nonpositive's) own steps, the same range reduction, polynomial and fused multiply-adds
+// where the compiler fuses them in the plain loop, and vscalefps rounds p·2ⁿ once as the plain loop's
+// product by 2ⁿ (or by 2ⁿ⁺⁶⁴ then 2⁻⁶⁴, for subnormal results) does. So a run's results do not depend
+// on the CPU it ran on; tests/cpu_avx512_test.cc compares the two paths on floats of every exponent
+// (SEQLAB_CPU_AVX512_EVERY_FLOAT=1: on every float, about a minute). They run where the CPU has
+// AVX512F (checked once at run time) unless SEQLAB_CPU_AVX512=off or kernel::set_cpu_avx512(false).
+// Each returns whether it ran: false where the path is off, the CPU lacks AVX512F or the build is for
+// another CPU; the caller then runs its plain loop.
+#pragma once
+
+#include <cstdint>
+
+namespace seqlab::cpu {
+
+bool avx512_on();
+
+// x_c ← exp_vec_nonpositive(x_c − shift) for c < n; `sum` = Σ x_c in eight partial sums (entry c in sum
+// c mod 8, the tail's in sum 0) added as ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7)).
+bool exp_shifted_sum_avx512(float* x, int64_t n, float shift, float& sum);
+// The same without the sum.
+bool exp_shifted_avx512(float* x, int64_t n, float shift);
+// `max` = max_c x_c in eight lanes (x > acc ? x : acc), the tail into lane 0, the lanes combined in order.
+bool row_max_avx512(const float* x, int64_t n, float& max);
+
+// y = gelu(x) and dx = dy · gelu'(x), as math::unary_forward / unary_backward (UnaryOp::gelu).
+bool gelu_forward_avx512(float* y, int64_t n, const float* x);
+bool gelu_backward_avx512(float* dx, int64_t n, const float* dy, const float* x);
+
+}  // namespace seqlab::cpu
