@@ -53,7 +53,7 @@ bool cpu_has_avx512() {
 
 // One float in every `stride` of the 2³² bit patterns (the stride is odd, so every exponent and both
 // signs are visited, each with varied mantissas), then the edges of exp_vec_nonpositive's range; given
-// to fn in chunks. SEQLAB_CPU_AVX512_EVERY_FLOAT=1 takes every bit pattern (about two minutes).
+// to fn in chunks. SEQLAB_CPU_AVX512_EVERY_FLOAT=1 takes every bit pattern (about four minutes).
 template <class Fn>
 void for_each_sweep_chunk(Fn&& fn) {
   const char* every = std::getenv("SEQLAB_CPU_AVX512_EVERY_FLOAT");

@@ -7,7 +7,7 @@
 // where the compiler fuses them in the plain loop, and vscalefps rounds p·2ⁿ once as the plain loop's
 // product by 2ⁿ (or by 2ⁿ⁺⁶⁴ then 2⁻⁶⁴, for subnormal results) does. So a run's results do not depend
 // on the CPU it ran on; tests/cpu_avx512_test.cc compares the two paths on floats of every exponent
-// (SEQLAB_CPU_AVX512_EVERY_FLOAT=1: on every float, about a minute). They run where the CPU has
+// (SEQLAB_CPU_AVX512_EVERY_FLOAT=1: on every float, about four minutes). They run where the CPU has
 // AVX512F (checked once at run time) unless SEQLAB_CPU_AVX512=off or kernel::set_cpu_avx512(false).
 // Each returns whether it ran: false where the path is off, the CPU lacks AVX512F or the build is for
 // another CPU; the caller then runs its plain loop.
