@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "tensor/kernels.h"
+#include "tensor/lane_sum.h"
 
 namespace seqlab::cpu {
 
@@ -20,7 +21,7 @@ inline T dot(const T* a, const T* b, int64_t n) {
     for (int u = 0; u < 8; ++u) acc[u] += a[d + u] * b[d + u];
   }
   for (; d < n; ++d) acc[0] += a[d] * b[d];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  return dot_tree(acc);
 }
 
 // y += a · x

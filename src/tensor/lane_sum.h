@@ -24,4 +24,12 @@ inline Acc lane_sum(int64_t n, Term&& term) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+// The tree in which `dot` (tensor/blas_rows.h) and the softmax rows (tensor/softmax_rows.h) add their
+// eight partial sums, each the sum of the entries ≡ l mod 8 with any tail in sum 0 (lane_sum above
+// spreads its tail over the lanes and adds neighbours first).
+template <class A>
+inline A dot_tree(const A* s) {
+  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
 }  // namespace seqlab

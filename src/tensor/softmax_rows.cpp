@@ -5,6 +5,7 @@
 
 #include "tensor/cpu/avx512.h"
 #include "tensor/elementwise_math.h"
+#include "tensor/lane_sum.h"
 
 namespace seqlab::cpu {
 namespace {
@@ -22,12 +23,6 @@ A row_max_plain(const A* x, int64_t n) {
   return acc[0];
 }
 
-// The tree both paths add the eight partial sums in.
-template <class A>
-A sum_tree(const A* acc) {
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
 template <class A>
 A exp_shifted_sum_plain(A* x, int64_t n, A shift) {
   A acc[8] = {};
@@ -42,7 +37,7 @@ A exp_shifted_sum_plain(A* x, int64_t n, A shift) {
     x[c] = math::exp_vec_nonpositive(x[c] - shift);
     acc[0] += x[c];
   }
-  return sum_tree(acc);
+  return dot_tree(acc);
 }
 
 template <class A>

@@ -9,6 +9,7 @@
 
 #include "tensor/elementwise_math.h"
 #include "tensor/kernels.h"
+#include "tensor/lane_sum.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -94,9 +95,6 @@ SEQLAB_AVX512 inline __m512 exp_shifted_partial(float* x, int64_t k, __m512 shif
   return e;
 }
 
-// The tree both paths add the eight partial sums in.
-float sum_tree(const float* s) { return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])); }
-
 SEQLAB_AVX512 float exp_shifted_sum16(float* x, int64_t n, float shift) {
   const __m512 s = _mm512_set1_ps(shift);
   // Lane u of the 8-wide sum takes entry c + u, then c + 8 + u: the plain loop's order.
@@ -118,7 +116,7 @@ SEQLAB_AVX512 float exp_shifted_sum16(float* x, int64_t n, float shift) {
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, acc);
   for (; c < n; ++c) lanes[0] += x[c];  // the tail's exponentials, written above, into sum 0
-  return sum_tree(lanes);
+  return dot_tree(lanes);
 }
 
 SEQLAB_AVX512 void exp_shifted16(float* x, int64_t n, float shift) {
