@@ -71,8 +71,8 @@ void for_each_sweep_chunk(Fn&& fn) {
       xs.clear();
     }
   }
-  for (float x : {0.0f, -0.0f, -87.33654f, std::nextafter(-87.33654f, 0.0f), std::nextafter(-87.33654f, -kInf),
-                  -87.34f, -103.98f, 88.0f, 88.5f, -kInf, kInf, kNaN, -kNaN, 1e-30f, -1e-30f, -0.34657359f}) {
+  for (float x : {0.0f, -0.0f, -87.33654f, std::nextafter(-87.33654f, 0.0f), std::nextafter(-87.33654f, -kInf), -87.34f,
+                  -103.98f, 88.0f, 88.5f, -kInf, kInf, kNaN, -kNaN, 1e-30f, -1e-30f, -0.34657359f}) {
     xs.push_back(x);
   }
   fn(xs);
@@ -100,34 +100,39 @@ TEST(CpuAvx512, SoftmaxExponentialGivesThePlainBitsForEveryExponent) {
   EXPECT_EQ(differ, 0) << "of " << total << " floats";
 }
 
-// GELU and its gradient through the unary kernels (f32, and bf16 on the same values rounded): the
-// AVX-512 loop against the plain one. The gradient's dy varies too, so that its last product is checked.
-TEST(CpuAvx512, GeluGivesThePlainBitsForEveryExponent) {
+// GELU, SiLU, the sigmoid and softplus (whose gradient is the sigmoid's) and their gradients through the
+// unary kernels (f32, and bf16 on the same values rounded): the AVX-512 loops against the plain ones.
+// The gradient's dy varies too, so that its last product is checked.
+TEST(CpuAvx512, UnaryOpsGiveThePlainBitsForEveryExponent) {
   SKIP_WITHOUT_AVX512();
   int64_t differ = 0, total = 0;
   for_each_sweep_chunk([&](const std::vector<float>& xs) {
     const int64_t n = static_cast<int64_t>(xs.size());
     std::vector<double> xd(xs.begin(), xs.end()), dyd(xs.size());
     for (size_t i = 0; i < dyd.size(); ++i) dyd[i] = 0.25 + 0.001 * static_cast<double>(i % 997);
-    for (DType dtype : {DType::f32, DType::bf16}) {
-      const Tensor x = Tensor::from_vector(xd, {n}, dtype), dy = Tensor::from_vector(dyd, {n}, dtype);
-      const auto run = [&](bool on) {
-        return with_avx512(on, [&] {
-          const Tensor y = kernel::unary(kernel::UnaryOp::gelu, x);
-          return std::pair{y, kernel::unary_backward(kernel::UnaryOp::gelu, dy, x, y)};
-        });
-      };
-      const auto fast = run(true), plain = run(false);
-      for (const auto& [f, p, what] : {std::tuple{fast.first, plain.first, "gelu"},
-                                       std::tuple{fast.second, plain.second, "gelu backward"}}) {
-        const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
-        if (std::memcmp(f.raw_data(), p.raw_data(), bytes) == 0) continue;
-        const Tensor f32 = kernel::to_dtype(f, DType::f32), p32 = kernel::to_dtype(p, DType::f32);
-        for (int64_t i = 0; i < n; ++i) {
-          const float a = f32.data<float>()[i], b = p32.data<float>()[i];
-          if (bits(a) != bits(b) && differ++ < 5) {
-            ADD_FAILURE() << what << " (" << dtype_name(dtype) << ") at x = " << xs[static_cast<size_t>(i)]
-                          << ": AVX-512 " << a << ", plain " << b;
+    for (kernel::UnaryOp op :
+         {kernel::UnaryOp::gelu, kernel::UnaryOp::silu, kernel::UnaryOp::sigmoid, kernel::UnaryOp::softplus}) {
+      for (DType dtype : {DType::f32, DType::bf16}) {
+        const Tensor x = Tensor::from_vector(xd, {n}, dtype), dy = Tensor::from_vector(dyd, {n}, dtype);
+        const auto run = [&](bool on) {
+          return with_avx512(on, [&] {
+            const Tensor y = kernel::unary(op, x);
+            return std::pair{y, kernel::unary_backward(op, dy, x, y)};
+          });
+        };
+        const auto fast = run(true), plain = run(false);
+        const std::string name = kernel::unary_name(op);
+        for (const auto& [f, p, what] :
+             {std::tuple{fast.first, plain.first, name}, std::tuple{fast.second, plain.second, name + " backward"}}) {
+          const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
+          if (std::memcmp(f.raw_data(), p.raw_data(), bytes) == 0) continue;
+          const Tensor f32 = kernel::to_dtype(f, DType::f32), p32 = kernel::to_dtype(p, DType::f32);
+          for (int64_t i = 0; i < n; ++i) {
+            const float a = f32.data<float>()[i], b = p32.data<float>()[i];
+            if (bits(a) != bits(b) && differ++ < 5) {
+              ADD_FAILURE() << what << " (" << dtype_name(dtype) << ") at x = " << xs[static_cast<size_t>(i)]
+                            << ": AVX-512 " << a << ", plain " << b;
+            }
           }
         }
       }
@@ -165,11 +170,20 @@ std::vector<float> make_row(int64_t n, std::mt19937& gen, bool with_nan) {
   std::vector<float> row(static_cast<size_t>(n));
   for (float& x : row) {
     switch (pick(gen)) {
-      case 0: x = -kInf; break;
-      case 1: x = -95.0f; break;
-      case 2: x = 0.0f; break;
-      case 3: x = -0.0f; break;
-      default: x = normal(gen);
+      case 0:
+        x = -kInf;
+        break;
+      case 1:
+        x = -95.0f;
+        break;
+      case 2:
+        x = 0.0f;
+        break;
+      case 3:
+        x = -0.0f;
+        break;
+      default:
+        x = normal(gen);
     }
   }
   if (with_nan && n > 0) row[static_cast<size_t>(n / 2)] = kNaN;

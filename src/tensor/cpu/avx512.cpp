@@ -2,6 +2,7 @@
 #include "tensor/cpu/avx512.h"
 
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -71,9 +72,9 @@ SEQLAB_AVX512 inline __m512 exp16(__m512 x) {
   __m512 n;
   const __m512 p = exp_reduced16(_mm512_min_ps(_mm512_max_ps(x, lo), hi), n);
   __m512 y = _mm512_scalef_ps(p, n);
-  y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), y);                         // x < lo: 0
+  y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), y);                           // x < lo: 0
   y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ), _mm512_set1_ps(HUGE_VALF));  // x > hi: +∞
-  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);                    // NaN: x
+  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);                      // NaN: x
 }
 
 // math::exp_vec_nonpositive: 0 below −87.34 (where exp16 gives subnormals), NaN kept.
@@ -145,34 +146,66 @@ SEQLAB_AVX512 inline __m512 gelu_exponent16(__m512 x) {
   return _mm512_mul_ps(_mm512_set1_ps(float(-2 * math::kGeluC)), inner);
 }
 
-// y = x / (1 + e^(−2u)) on the first k lanes.
-SEQLAB_AVX512 inline void gelu_forward16(float* y, const float* x, __mmask16 k) {
-  const __m512 v = _mm512_maskz_loadu_ps(k, x);
-  const __m512 e = exp16(gelu_exponent16(v));
-  _mm512_mask_storeu_ps(y, k, _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+// σ(x) = 1 / (1 + e^(−x)) for x ≥ 0, e^x / (1 + e^x) below (math::sigmoid: the exponent −|x|, by a
+// sign flip, never overflows).
+SEQLAB_AVX512 inline __m512 sigmoid16(__m512 x) {
+  const __mmask16 ge = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ);
+  const __m512 minus_x = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN)));
+  const __m512 e = exp16(_mm512_mask_mov_ps(x, ge, minus_x));
+  const __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+  return _mm512_mask_mov_ps(_mm512_mul_ps(e, r), ge, r);
 }
 
-// s = σ(2u), du = √(2/π)(1 + 3a·x²), dx = dy · (s + 2x·s·(1 − s)·du), with the plain loop's fusions, on
-// the first k lanes.
-SEQLAB_AVX512 inline void gelu_backward16(float* dx, const float* dy, const float* x, __mmask16 k) {
-  const __m512 one = _mm512_set1_ps(1.0f), v = _mm512_maskz_loadu_ps(k, x);
-  const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, exp16(gelu_exponent16(v))));
-  const __m512 du = _mm512_mul_ps(_mm512_set1_ps(float(math::kGeluC)),
-                                  _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(float(3 * math::kGeluA)), v), v, one));
-  const __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), v), s), _mm512_sub_ps(one, s));
-  _mm512_mask_storeu_ps(dx, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, dy), _mm512_fmadd_ps(t, du, s)));
+// op(x) for the ops of avx512_unary_forward.
+SEQLAB_AVX512 inline __m512 forward16(kernel::UnaryOp op, __m512 x) {
+  switch (op) {
+    case kernel::UnaryOp::gelu:  // x / (1 + e^(−2u))
+      return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(gelu_exponent16(x))));
+    case kernel::UnaryOp::silu:
+      return _mm512_mul_ps(x, sigmoid16(x));
+    default:
+      return sigmoid16(x);
+  }
 }
 
-SEQLAB_AVX512 void gelu_forward_loop(float* y, int64_t n, const float* x) {
+// dy · op'(x) for the ops of avx512_unary_backward, with the plain loop's fusions:
+//   gelu: s = σ(2u), du = √(2/π)(1 + 3a·x²), dy · (s + 2x·s·(1 − s)·du);
+//   silu: s = σ(x), dy · (s + x·s·(1 − s));  softplus: dy · σ(x).
+SEQLAB_AVX512 inline __m512 backward16(kernel::UnaryOp op, __m512 dy, __m512 x) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  switch (op) {
+    case kernel::UnaryOp::gelu: {
+      const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, exp16(gelu_exponent16(x))));
+      const __m512 du =
+          _mm512_mul_ps(_mm512_set1_ps(float(math::kGeluC)),
+                        _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(float(3 * math::kGeluA)), x), x, one));
+      const __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), x), s), _mm512_sub_ps(one, s));
+      return _mm512_mul_ps(dy, _mm512_fmadd_ps(t, du, s));
+    }
+    case kernel::UnaryOp::silu: {
+      const __m512 s = sigmoid16(x);
+      return _mm512_mul_ps(dy, _mm512_fmadd_ps(_mm512_mul_ps(x, s), _mm512_sub_ps(one, s), s));
+    }
+    default:
+      return _mm512_mul_ps(dy, sigmoid16(x));
+  }
+}
+
+SEQLAB_AVX512 void forward_loop(kernel::UnaryOp op, float* y, int64_t n, const float* x) {
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) gelu_forward16(y + i, x + i, 0xFFFF);
-  if (i < n) gelu_forward16(y + i, x + i, first(n - i));
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, forward16(op, _mm512_loadu_ps(x + i)));
+  if (i < n) _mm512_mask_storeu_ps(y + i, first(n - i), forward16(op, _mm512_maskz_loadu_ps(first(n - i), x + i)));
 }
 
-SEQLAB_AVX512 void gelu_backward_loop(float* dx, int64_t n, const float* dy, const float* x) {
+SEQLAB_AVX512 void backward_loop(kernel::UnaryOp op, float* dx, int64_t n, const float* dy, const float* x) {
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) gelu_backward16(dx + i, dy + i, x + i, 0xFFFF);
-  if (i < n) gelu_backward16(dx + i, dy + i, x + i, first(n - i));
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(dx + i, backward16(op, _mm512_loadu_ps(dy + i), _mm512_loadu_ps(x + i)));
+  }
+  if (i < n) {
+    const __mmask16 k = first(n - i);
+    _mm512_mask_storeu_ps(dx + i, k, backward16(op, _mm512_maskz_loadu_ps(k, dy + i), _mm512_maskz_loadu_ps(k, x + i)));
+  }
 }
 
 #undef SEQLAB_AVX512
@@ -194,14 +227,14 @@ bool row_max_avx512(const float* x, int64_t n, float& max) {
   max = row_max8(x, n);
   return true;
 }
-bool gelu_forward_avx512(float* y, int64_t n, const float* x) {
-  if (!avx512_on()) return false;
-  gelu_forward_loop(y, n, x);
+bool unary_forward_avx512(kernel::UnaryOp op, float* y, int64_t n, const float* x) {
+  if (!avx512_unary_forward(op) || !avx512_on()) return false;
+  forward_loop(op, y, n, x);
   return true;
 }
-bool gelu_backward_avx512(float* dx, int64_t n, const float* dy, const float* x) {
-  if (!avx512_on()) return false;
-  gelu_backward_loop(dx, n, dy, x);
+bool unary_backward_avx512(kernel::UnaryOp op, float* dx, int64_t n, const float* dy, const float* x) {
+  if (!avx512_unary_backward(op) || !avx512_on()) return false;
+  backward_loop(op, dx, n, dy, x);
   return true;
 }
 
@@ -210,8 +243,8 @@ bool gelu_backward_avx512(float* dx, int64_t n, const float* dy, const float* x)
 bool exp_shifted_sum_avx512(float*, int64_t, float, float&) { return false; }
 bool exp_shifted_avx512(float*, int64_t, float) { return false; }
 bool row_max_avx512(const float*, int64_t, float&) { return false; }
-bool gelu_forward_avx512(float*, int64_t, const float*) { return false; }
-bool gelu_backward_avx512(float*, int64_t, const float*, const float*) { return false; }
+bool unary_forward_avx512(kernel::UnaryOp, float*, int64_t, const float*) { return false; }
+bool unary_backward_avx512(kernel::UnaryOp, float*, int64_t, const float*, const float*) { return false; }
 
 #endif  // SEQLAB_BUILD_AVX512
 

@@ -1,6 +1,6 @@
 // The CPU kernels' AVX-512 loops: f32 loops that take most of a training step's time outside the GEMMs
-// (the softmax rows of attention, GELU and its gradient), written with AVX-512 intrinsics so that eˣ
-// costs about 15 instructions per 16 floats (vscalefps multiplies by 2ⁿ) instead of 25 per 8.
+// (the softmax rows of attention; GELU, SiLU and the sigmoid, and their gradients), written with AVX-512 intrinsics so
+// that eˣ costs about 15 instructions per 16 floats (vscalefps multiplies by 2ⁿ) instead of 25 per 8.
 //
 // Each gives the same bits as the plain loop it stands for, for every input: it is math::exp_vec's
 // (or exp_vec_nonpositive's) own steps, the same range reduction, polynomial and fused multiply-adds
@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "tensor/kernels.h"
+
 namespace seqlab::cpu {
 
 bool avx512_on();
@@ -27,8 +29,17 @@ bool exp_shifted_avx512(float* x, int64_t n, float shift);
 // `max` = max_c x_c in eight lanes (x > acc ? x : acc), the tail into lane 0, the lanes combined in order.
 bool row_max_avx512(const float* x, int64_t n, float& max);
 
-// y = gelu(x) and dx = dy · gelu'(x), as math::unary_forward / unary_backward (UnaryOp::gelu).
-bool gelu_forward_avx512(float* y, int64_t n, const float* x);
-bool gelu_backward_avx512(float* dx, int64_t n, const float* dy, const float* x);
+// y = op(x), as math::unary_forward, for the ops avx512_unary_forward names.
+constexpr bool avx512_unary_forward(kernel::UnaryOp op) {
+  return op == kernel::UnaryOp::gelu || op == kernel::UnaryOp::silu || op == kernel::UnaryOp::sigmoid;
+}
+bool unary_forward_avx512(kernel::UnaryOp op, float* y, int64_t n, const float* x);
+
+// dx = dy · op'(x), as math::unary_backward, for the ops avx512_unary_backward names (those whose
+// gradient reads x alone and takes an exponential: the sigmoid's reads y and takes none).
+constexpr bool avx512_unary_backward(kernel::UnaryOp op) {
+  return op == kernel::UnaryOp::gelu || op == kernel::UnaryOp::silu || op == kernel::UnaryOp::softplus;
+}
+bool unary_backward_avx512(kernel::UnaryOp op, float* dx, int64_t n, const float* dy, const float* x);
 
 }  // namespace seqlab::cpu

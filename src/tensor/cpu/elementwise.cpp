@@ -49,16 +49,16 @@ void with_scalar(ScalarOp op, Fn&& fn) {
 // the f32 kernel then run one compiled loop, so they agree to the bit by construction.
 template <class Op, class S>
 [[gnu::noinline]] void unary_run(Op op, S* y, int64_t n, const S* x, S a) {
-  // f32 GELU on AVX-512 where the CPU has it: the same bits (cpu/avx512.h), twice as fast.
-  if constexpr (Op::value == UnaryOp::gelu && std::is_same_v<S, float>) {
-    if (gelu_forward_avx512(y, n, x)) return;
+  // f32 GELU, SiLU and sigmoid on AVX-512 where the CPU has it: the same bits (cpu/avx512.h), twice as fast.
+  if constexpr (avx512_unary_forward(Op::value) && std::is_same_v<S, float>) {
+    if (unary_forward_avx512(Op::value, y, n, x)) return;
   }
   for (int64_t i = 0; i < n; ++i) y[i] = math::unary_forward(op(), x[i], a);
 }
 template <class Op, class S>
 [[gnu::noinline]] void unary_backward_run(Op op, S* dx, int64_t n, const S* dy, const S* x, const S* y, S a) {
-  if constexpr (Op::value == UnaryOp::gelu && std::is_same_v<S, float>) {
-    if (gelu_backward_avx512(dx, n, dy, x)) return;
+  if constexpr (avx512_unary_backward(Op::value) && std::is_same_v<S, float>) {
+    if (unary_backward_avx512(Op::value, dx, n, dy, x)) return;
   }
   for (int64_t i = 0; i < n; ++i) dx[i] = math::unary_backward(op(), dy[i], x[i], y[i], a);
 }
