@@ -74,7 +74,9 @@ inline std::vector<int64_t> positional_counts(int argc, char** argv, std::vector
     std::fprintf(stderr, "%s\nusage: %s\n", why.c_str(), usage_line);
     std::exit(2);
   };
-  if (argc - 1 > static_cast<int>(defaults.size())) fail(std::string("too many arguments: ") + argv[defaults.size() + 1]);
+  if (argc - 1 > static_cast<int>(defaults.size())) {
+    fail(std::string("too many arguments: ") + argv[defaults.size() + 1]);
+  }
   for (int i = 1; i < argc; ++i) {
     char* end = nullptr;
     const long long v = std::strtoll(argv[i], &end, 10);

@@ -576,8 +576,8 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
           const int64_t tile_key_end = live > 0 ? g.key_end(b, i0 + live - 1) : 0;
           for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
             const int64_t nk = std::min(j0 + g.block, tile_key_end) - j0;
-            gemm_acc<T>(false, kt.trans(), live, nk, g.Dk, p.scale, Qt, ldq, kt.columns_from(j0), kt.ld(), 0.0, pt.data(),
-                        nk);
+            gemm_acc<T>(false, kt.trans(), live, nk, g.Dk, p.scale, Qt, ldq, kt.columns_from(j0), kt.ld(), 0.0,
+                        pt.data(), nk);
             for (int64_t r = 0; r < live; ++r) {
               A* pr = pt.data() + r * nk;
               const A lse_r = LSE[g.q_row(b, i0 + r, h)];
