@@ -15,6 +15,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "autograd/ops.h"
@@ -76,6 +77,15 @@ TEST(Bf16OnCpu, KernelsAreTheF32KernelsRoundedOnce) {
   const kernel::LinearOutput l16 = kernel::linear(x, y, Tensor(), kernel::Activation::none),
                              l32 = kernel::linear(f32(x), f32(y), Tensor(), kernel::Activation::none);
   expect_same_bf16(l16.y, rounded(l32.y), "linear without bias");
+  // With a bias and no activation: y is the GELU path's pre, the f32 sums plus the bias rounded once, also
+  // where the GEMM splits a long k.
+  for (const auto& [rows, in, out] : {std::tuple{6, 10, 6}, std::tuple{37, 1024, 301}, std::tuple{1, 300, 64}}) {
+    const Tensor xb = bf16_randn({rows, in}, gen), wb = bf16_randn({out, in}, gen), bb = bf16_randn({out}, gen);
+    expect_same_bf16(kernel::linear(xb, wb, bb, kernel::Activation::none).y,
+                     kernel::linear(xb, wb, bb, kernel::Activation::gelu).pre,
+                     "linear with bias, " + std::to_string(rows) + " x " + std::to_string(in) + " x " +
+                         std::to_string(out));
+  }
   // A kernel with a struct of outputs, and one that reads and writes one tensor in place.
   const kernel::NormGrads g16 = kernel::layer_norm_backward(y, x, w, n16.mean, n16.rstd, true, true, true);
   EXPECT_EQ(n16.rstd.dtype(), DType::f32);  // statistics stay f32, the same values as the f32 kernel's
