@@ -2,8 +2,8 @@
 // attention's forward and backward): a row's maximum, and x ← exp(x − shift) with or without the sum.
 //
 // f32 rows run on AVX-512 where the CPU has it (tensor/cpu/avx512.h: the same bits as the plain loops
-// for every input, so a run's result does not depend on the CPU it ran on; 1.9× faster on 64-element
-// rows); elsewhere, and for f64, they are plain C++ loops that the compiler vectorises on the build's
+// for every input, so a run's result does not depend on the CPU it ran on; docs/perf.md measures what it
+// gains); elsewhere, and for f64, they are plain C++ loops that the compiler vectorises on the build's
 // instruction set.
 #pragma once
 
