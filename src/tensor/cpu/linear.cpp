@@ -8,9 +8,7 @@
 // writes its f32 sums into an f32 scratch; the epilogue adds b there in f32, rounds pre from it, applies
 // GELU in f32 and rounds y: pre and y rounded once each from the f32 values, which are
 // those of the f32 layer on the same bf16 values (tests/mixed_precision_test.cc).
-// The bias is added after the products (not by starting the GEMM from it), in every dtype. (Before, the
-// bias was copied into every row and the GEMM added onto it, and bf16 took three more passes over the
-// f32 sums: a copy to pre, GELU in place, a copy to y.)
+// The bias is added after the products (not by starting the GEMM from it), in every dtype.
 #include <algorithm>
 #include <vector>
 
@@ -85,7 +83,8 @@ void linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias, Acti
 void linear_cpu(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& pre,
                 const Tensor& y) {
   if (y.dtype() == DType::bf16) return linear_bf16(x, weight, bias, act, pre, y);
-  dispatch_float(y.dtype(), "linear", [&](auto tag) { linear_same_dtype<decltype(tag)>(x, weight, bias, act, pre, y); });
+  dispatch_float(y.dtype(), "linear",
+                 [&](auto tag) { linear_same_dtype<decltype(tag)>(x, weight, bias, act, pre, y); });
 }
 
 }  // namespace
