@@ -79,7 +79,9 @@ TEST(Bf16OnCpu, KernelsAreTheF32KernelsRoundedOnce) {
   expect_same_bf16(l16.y, rounded(l32.y), "linear without bias");
   // With a bias and no activation: y is the GELU path's pre, the f32 sums plus the bias rounded once, also
   // where the GEMM splits a long k.
-  for (const auto& [rows, in, out] : {std::tuple{6, 10, 6}, std::tuple{37, 1024, 301}, std::tuple{1, 300, 64}}) {
+  // (1536 × 1400 is a weight past linear.cpp's kRowBlockWeightBytes: one GEMM over all rows, not row blocks.)
+  for (const auto& [rows, in, out] : {std::tuple{6, 10, 6}, std::tuple{37, 1024, 301}, std::tuple{1, 300, 64},
+                                      std::tuple{600, 64, 40}, std::tuple{3, 1536, 1400}}) {
     const Tensor xb = bf16_randn({rows, in}, gen), wb = bf16_randn({out, in}, gen), bb = bf16_randn({out}, gen);
     expect_same_bf16(kernel::linear(xb, wb, bb, kernel::Activation::none).y,
                      kernel::linear(xb, wb, bb, kernel::Activation::gelu).pre,
@@ -143,8 +145,10 @@ TEST(Bf16OnCpu, GemmOnBf16InstructionsMatchesTheWidenedGemm) {
     }
   }
   // linear: f32 sums, bias added in f32, pre and y each rounded once; a single row and a wide one.
-  for (const int64_t rows : {1, 45}) {
-    const Tensor x = bf16_randn({rows, 33}, gen), w = bf16_randn({21, 33}, gen), bias = bf16_randn({21}, gen);
+  // 1100 rows: several threads' ranges of row blocks; 1536 × 1400: one GEMM over all rows.
+  for (const auto& [rows, in, out] : {std::tuple{1, 33, 21}, std::tuple{45, 33, 21}, std::tuple{1100, 40, 48},
+                                      std::tuple{4, 1536, 1400}}) {
+    const Tensor x = bf16_randn({rows, in}, gen), w = bf16_randn({out, in}, gen), bias = bf16_randn({out}, gen);
     kernel::LinearOutput want;
     {
       const WidenedBf16Gemm widened;
