@@ -110,7 +110,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"many_blocks_causal", 2, 37, 45, 4, 2, 16, 8, 8, true},  // several tasks and threads
                       Case{"many_blocks_bidirectional", 2, 37, 45, 4, 2, 16, 8, 8, false},
                       // head dims past a multiple of 8: the f32 transposes' 8 × 8 blocks and their edges
-                      Case{"many_blocks_odd_head_dims_causal", 1, 37, 45, 2, 1, 12, 10, 8, true}),
+                      Case{"many_blocks_odd_head_dims_causal", 1, 37, 45, 2, 1, 12, 10, 8, true},
+                      // tiles of 128 rows: causal diagonal blocks split into two row segments (row_segments)
+                      Case{"wide_blocks_causal", 1, 300, 300, 2, 1, 8, 8, 128, true},
+                      Case{"wide_blocks_cache_causal", 1, 270, 300, 2, 2, 8, 4, 128, true}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // ---- finite differences (f64), through both outputs and through lse alone ----
@@ -919,6 +922,10 @@ INSTANTIATE_TEST_SUITE_P(
             // Past one 128-key tile of the native path, at the default block.
             Bf16Case{"long_causal", {1, 300, 300, 2, 1, 64, 64, true, 0.0}, 64},
             Bf16Case{"long_bidirectional", {1, 150, 290, 2, 2, 32, 48, false, 0.0}, 64},
+            // Causal diagonal blocks split into two row segments (row_segments), against a cache (T < S), with
+            // a query length that ends inside a tile, a key length that cuts the keys, and a bias.
+            Bf16Case{"long_cache_causal_masks", {2, 200, 260, 2, 1, 32, 16, true, 0.0, false, {200, 150}, {260, 190}, 1},
+                     64},
             Bf16Case{"masks_causal", {2, 45, 45, 2, 1, 16, 12, true, 0.0, false, {45, 30}, {45, 33}, 1}, 16},
             Bf16Case{"masks_bidirectional_empty_row", {2, 21, 33, 2, 2, 8, 8, false, 0.0, false, {21, 9}, {33, 0}, 2},
                      8}),

@@ -8,9 +8,11 @@
 //   slot, single-threaded inside the parallel loop over tasks, all of them of the forms A B and Aᵀ B
 //   (Kᵀ and Vᵀ are transposed once; see transpose_into for why; bf16 on oneDNN reads K and V
 //   transposed instead, KeysTransposed); only the softmax in between is elementwise, its row loops
-//   (max, exp, sum) those of tensor/softmax_rows.h. A key block that no row of a tile sees (beyond the causal limit)
-//   is never visited; inside a block, a row's future keys get probability 0. Scratch is a few
-//   block × block tiles per thread and one Kᵀ (Vᵀ), never T × S.
+//   (max, exp, sum) those of tensor/softmax_rows.h. A key block that no row of a tile sees (beyond the causal
+//   limit) is never visited; inside a block, a row's future keys get probability 0. On a causal diagonal
+//   block of a tile of at least 128 rows, the first half of the rows runs its products over the keys it
+//   can see only (row_segments), which leaves out most of the triangle above the diagonal. Scratch is a
+//   few block × block tiles per thread and one Kᵀ (Vᵀ), never T × S.
 // - Forward: online softmax. A task owns one query tile; each row keeps a running max m and sum ℓ;
 //   its output sums are rescaled by exp(m_old − m_new) whenever a block raises the max, divided by ℓ
 //   at the end. Saves lse = m + log ℓ.
@@ -206,6 +208,14 @@ T narrow(Acc<T> x) {
   return T(x);
 }
 
+// Rows [r0, r1) of a tile and the first nk keys of a key block: a product's extent (Geometry::row_segments).
+struct RowSegment {
+  int64_t r0, r1, nk;
+};
+// A tile is split into segments only where each half keeps at least this many rows: smaller GEMMs run
+// further from the GEMM rate than the triangle they leave out saves.
+constexpr int64_t kMinSegmentRows = 64;
+
 // Geometry of one call: row numbers in the [B, T, H, ·] and [B, S, Hk, ·] layouts (times the head
 // dim gives the element offset), row strides of a head's matrix in them, the causal and padding
 // limits, and where a row of scores starts in the [Bb, H, T, S] bias and the [B, H, T, S] dbias.
@@ -234,6 +244,28 @@ struct Geometry {
   int64_t bias_row(int64_t b, int64_t h, int64_t i) const { return ((bias_shared ? 0 : b) * H + h) * T * S + i * S; }
   int64_t dbias_row(int64_t b, int64_t h, int64_t i) const { return (b * H + h) * T * S + i * S; }
   int64_t tiles(int64_t n) const { return (n + block - 1) / block; }
+  // The live rows of the tile at query i0 against the key block [j0, j0 + nk), as one or two segments of
+  // rows, each with the keys of the block its last row sees: on a causal diagonal block the first half
+  // of the rows sees at most about half of the keys, so its products leave out most of the triangle
+  // above the diagonal. Rows outside every segment see none of the block's keys. Returns the number of
+  // segments written to seg.
+  int row_segments(int64_t b, int64_t i0, int64_t live, int64_t j0, int64_t nk, RowSegment seg[2]) const {
+    const int64_t half = live / 2;
+    if (half >= kMinSegmentRows) {
+      const int64_t nk_first = std::clamp<int64_t>(key_end(b, i0 + half - 1) - j0, 0, nk);
+      if (nk_first == 0) {  // the first half sees none of these keys: its rows enter no product
+        seg[0] = {half, live, nk};
+        return 1;
+      }
+      if (nk_first < nk) {
+        seg[0] = {0, half, nk_first};
+        seg[1] = {half, live, nk};
+        return 2;
+      }
+    }
+    seg[0] = {0, live, nk};
+    return 1;
+  }
   // Whether the T×S work is worth a thread team.
   bool parallel(int64_t tasks) const { return tasks > 1 && T * S * (Dk + Dv) > kParallelGrain; }
 };
@@ -449,8 +481,13 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionM
       }
       for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
         const int64_t nk = std::min(j0 + g.block, tile_key_end) - j0;
-        gemm_acc<T>(false, kt.trans(), live, nk, g.Dk, p.scale, Q + g.q_row(b, i0, h) * g.Dk, ldq,
-                    kt.columns_from(j0), kt.ld(), 0.0, s.data(), nk);
+        RowSegment seg[2];
+        const int segments = g.row_segments(b, i0, live, j0, nk, seg);
+        for (int e = 0; e < segments; ++e) {
+          gemm_acc<T>(false, kt.trans(), seg[e].r1 - seg[e].r0, seg[e].nk, g.Dk, p.scale,
+                      Q + g.q_row(b, i0 + seg[e].r0, h) * g.Dk, ldq, kt.columns_from(j0), kt.ld(), 0.0,
+                      s.data() + seg[e].r0 * nk, nk);
+        }
         for (int64_t r = 0; r < live; ++r) {
           A* sr = s.data() + r * nk;
           // The keys of the block this row sees: [0, seen), its future (or padding) past them.
@@ -470,8 +507,11 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionM
           l[r] += exp_shifted_sum(sr, seen, m[r] == kNegInf ? A(0) : m[r]);
           std::fill(sr + seen, sr + nk, A(0));  // P = 0 for the keys the row does not see
         }
-        gemm_acc<T>(false, false, live, g.Dv, nk, 1.0, gemm_operand<T>(s.data(), live * nk, p_rounded), nk,
-                    V + g.kv_row(b, j0, hk) * g.Dv, ldv, 1.0, acc.data(), g.Dv);
+        const T* p_op = gemm_operand<T>(s.data(), live * nk, p_rounded);
+        for (int e = 0; e < segments; ++e) {  // a segment's P is 0 past its keys
+          gemm_acc<T>(false, false, seg[e].r1 - seg[e].r0, g.Dv, seg[e].nk, 1.0, p_op + seg[e].r0 * nk, nk,
+                      V + g.kv_row(b, j0, hk) * g.Dv, ldv, 1.0, acc.data() + seg[e].r0 * g.Dv, g.Dv);
+        }
       }
       for (int64_t r = 0; r < rows; ++r) {
         T* orow = O + g.q_row(b, i0 + r, h) * g.Dv;
@@ -576,8 +616,12 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
           const int64_t tile_key_end = live > 0 ? g.key_end(b, i0 + live - 1) : 0;
           for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
             const int64_t nk = std::min(j0 + g.block, tile_key_end) - j0;
-            gemm_acc<T>(false, kt.trans(), live, nk, g.Dk, p.scale, Qt, ldq, kt.columns_from(j0), kt.ld(), 0.0,
-                        pt.data(), nk);
+            RowSegment seg[2];
+            const int segments = g.row_segments(b, i0, live, j0, nk, seg);
+            for (int e = 0; e < segments; ++e) {
+              gemm_acc<T>(false, kt.trans(), seg[e].r1 - seg[e].r0, seg[e].nk, g.Dk, p.scale, Qt + seg[e].r0 * ldq,
+                          ldq, kt.columns_from(j0), kt.ld(), 0.0, pt.data() + seg[e].r0 * nk, nk);
+            }
             for (int64_t r = 0; r < live; ++r) {
               A* pr = pt.data() + r * nk;
               const A lse_r = LSE[g.q_row(b, i0 + r, h)];
@@ -591,16 +635,22 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
               std::fill(pr + seen, pr + nk, A(0));
             }
             const T* p_op = gemm_operand<T>(pt.data(), live * nk, p_rounded);
-            if (dV) gemm_acc<T>(true, false, nk, g.Dv, live, 1.0, p_op, nk, dOt, ldo, 1.0,
-                                dv_rows.sums() + j0 * dv_rows.ld(), dv_rows.ld());
+            for (int e = 0; dV && e < segments; ++e) {
+              const int64_t r0 = seg[e].r0;
+              gemm_acc<T>(true, false, seg[e].nk, g.Dv, seg[e].r1 - r0, 1.0, p_op + r0 * nk, nk, dOt + r0 * ldo, ldo,
+                          1.0, dv_rows.sums() + j0 * dv_rows.ld(), dv_rows.ld());
+            }
             if (!dQ && !dK && !dB) continue;
-            gemm_acc<T>(false, vt.trans(), live, nk, g.Dv, 1.0, dOt, ldo, vt.columns_from(j0), vt.ld(), 0.0, ds.data(),
-                        nk);  // dP
-            for (int64_t r = 0; r < live; ++r) {
-              const A dr = delta[g.q_row(b, i0 + r, h)];
-              const A* pr = pt.data() + r * nk;
-              A* dsr = ds.data() + r * nk;
-              for (int64_t c = 0; c < nk; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
+            for (int e = 0; e < segments; ++e) {  // dP, and dS over the segment's keys
+              const int64_t r0 = seg[e].r0, r1 = seg[e].r1, n_keys = seg[e].nk;
+              gemm_acc<T>(false, vt.trans(), r1 - r0, n_keys, g.Dv, 1.0, dOt + r0 * ldo, ldo, vt.columns_from(j0),
+                          vt.ld(), 0.0, ds.data() + r0 * nk, nk);
+              for (int64_t r = r0; r < r1; ++r) {
+                const A dr = delta[g.q_row(b, i0 + r, h)];
+                const A* pr = pt.data() + r * nk;
+                A* dsr = ds.data() + r * nk;
+                for (int64_t c = 0; c < n_keys; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
+              }
             }
             if (dB) {  // dbias_ij = dS_ij for the keys the row sees; the rest of the row stays 0
               for (int64_t r = 0; r < live; ++r) {
@@ -611,10 +661,14 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
             }
             if (!dQ && !dK) continue;
             const T* ds_op = gemm_operand<T>(ds.data(), live * nk, ds_rounded);
-            if (dQ) gemm_acc<T>(false, false, live, g.Dk, nk, p.scale, ds_op, nk, K + g.kv_row(b, j0, hk) * g.Dk, ldk,
-                                1.0, dq_rows.sums(), dq_rows.ld());
-            if (dK) gemm_acc<T>(true, false, nk, g.Dk, live, p.scale, ds_op, nk, Qt, ldq, 1.0,
-                                dk_rows.sums() + j0 * dk_rows.ld(), dk_rows.ld());
+            for (int e = 0; e < segments; ++e) {
+              const int64_t r0 = seg[e].r0, rows_e = seg[e].r1 - r0, n_keys = seg[e].nk;
+              if (dQ) gemm_acc<T>(false, false, rows_e, g.Dk, n_keys, p.scale, ds_op + r0 * nk, nk,
+                                  K + g.kv_row(b, j0, hk) * g.Dk, ldk, 1.0, dq_rows.sums() + r0 * dq_rows.ld(),
+                                  dq_rows.ld());
+              if (dK) gemm_acc<T>(true, false, n_keys, g.Dk, rows_e, p.scale, ds_op + r0 * nk, nk, Qt + r0 * ldq, ldq,
+                                  1.0, dk_rows.sums() + j0 * dk_rows.ld(), dk_rows.ld());
+            }
           }
           if (dQ) dq_rows.store();
         }
