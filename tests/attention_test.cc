@@ -961,5 +961,40 @@ TEST(AttentionBf16, ThroughAutogradMatchesF32) {
   expect_bf16_close(grad_of(v), want.dv, "dv");
 }
 
+// q, k, v as the attention mixer makes them: head splits of one [B, T, H + 2Hk, D] projection, which the CPU
+// kernels read in place and whose gradients they write side by side, so the split's backward takes them
+// without a copy. Against contiguous copies of q, k, v: the same outputs and gradients, bit for bit (the
+// same arithmetic on the same values), with GQA, several tiles, a padded query length, and in f64 and bf16.
+TEST(Attention, HeadSplitsOfOneProjection) {
+  const int64_t B = 2, T = 150, H = 4, Hk = 2, D = 16;
+  for (const DType dtype : {DType::f64, DType::bf16}) {
+    Generator gen(41);
+    const Tensor packed = Tensor::randn({B, T, H + 2 * Hk, D}, gen, dtype);
+    const Tensor dout = Tensor::randn({B, T, H, D}, gen, dtype);
+    AttentionOptions opts;
+    opts.q_lengths = Tensor::from_indices({150, 97}, {B});
+    opts.k_lengths = opts.q_lengths;
+    // In place: the split's views.
+    Tensor x = set_requires_grad(packed.detach());
+    const std::vector<Tensor> parts = split(x, {H, Hk, Hk}, 2);
+    ASSERT_FALSE(parts[0].is_contiguous());
+    const Tensor o = attention(parts[0], parts[1], parts[2], opts);
+    backward({o}, {dout});
+    // Copied: three contiguous leaves.
+    Tensor q = set_requires_grad(kernel::contiguous(kernel::narrow(packed, 2, 0, H)));
+    Tensor k = set_requires_grad(kernel::contiguous(kernel::narrow(packed, 2, H, Hk)));
+    Tensor v = set_requires_grad(kernel::contiguous(kernel::narrow(packed, 2, H + Hk, Hk)));
+    const Tensor o_ref = attention(q, k, v, opts);
+    backward({o_ref}, {dout});
+    const std::string what = dtype_name(dtype);
+    EXPECT_EQ(o.to_doubles(), o_ref.to_doubles()) << what;
+    const Tensor dx = grad_of(x);
+    ASSERT_EQ(dx.shape(), packed.shape()) << what;
+    EXPECT_EQ(kernel::narrow(dx, 2, 0, H).to_doubles(), grad_of(q).to_doubles()) << what << " dq";
+    EXPECT_EQ(kernel::narrow(dx, 2, H, Hk).to_doubles(), grad_of(k).to_doubles()) << what << " dk";
+    EXPECT_EQ(kernel::narrow(dx, 2, H + Hk, Hk).to_doubles(), grad_of(v).to_doubles()) << what << " dv";
+  }
+}
+
 }  // namespace
 }  // namespace seqlab

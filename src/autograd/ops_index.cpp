@@ -95,6 +95,25 @@ Tensor concat_raw(const std::vector<Tensor>& xs, int64_t d) {
   return out;
 }
 
+// The xs laid end to end along d as split's gradient: when they already lie so in one buffer, in the
+// layout of the result (the attention backward writes dq, dk, dv that way for q, k, v split from one
+// projection), a view of it; otherwise concat_raw's copy.
+Tensor join_grads(const std::vector<Tensor>& xs, int64_t d) {
+  Shape shape = xs[0].shape();
+  shape[static_cast<size_t>(d)] = 0;
+  for (const Tensor& x : xs) shape[static_cast<size_t>(d)] += x.shape()[static_cast<size_t>(d)];
+  const Shape strides = contiguous_strides(shape);
+  int64_t offset = xs[0].offset();
+  bool end_to_end = true;
+  for (const Tensor& x : xs) {
+    end_to_end = end_to_end && x.storage() == xs[0].storage() && x.dtype() == xs[0].dtype() &&
+                 x.strides() == strides && x.offset() == offset;
+    offset += x.shape()[static_cast<size_t>(d)] * strides[static_cast<size_t>(d)];
+  }
+  if (end_to_end) return Tensor::make_view(xs[0].storage(), shape, strides, xs[0].offset(), xs[0].dtype());
+  return concat_raw(xs, d);
+}
+
 }  // namespace
 
 // y = [x_0, x_1, ...] along dim;  dx_i = dy[..., offset_i : offset_i + n_i, ...]
@@ -116,7 +135,8 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t dim) {
 }
 
 // y_i = x[..., offset_i : offset_i + sizes_i, ...] (views of x);  dx = [dy_0, dy_1, ...] along dim,
-// with zeros for pieces that received no gradient (the engine supplies those).
+// with zeros for pieces that received no gradient (the engine supplies those); no copy when the dy_i
+// already lie end to end in one buffer (join_grads).
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
   if (!x.defined()) throw std::invalid_argument("split: undefined tensor");
   const int64_t d = kernel::normalize_dim(dim, x.dim(), "split");
@@ -137,7 +157,7 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   }
   std::vector<Tensor*> outs;
   for (Tensor& y : ys) outs.push_back(&y);
-  record("split", {x}, outs, {}, [d](const Grads& g, const Grads&, const Needs&) { return Grads{concat_raw(g, d)}; });
+  record("split", {x}, outs, {}, [d](const Grads& g, const Grads&, const Needs&) { return Grads{join_grads(g, d)}; });
   return ys;
 }
 

@@ -132,6 +132,31 @@ AttentionMasks check_masks(const Tensor& q, const Tensor& k, const Tensor& v, co
   return m;
 }
 
+// t itself on the CPU where each token holds its heads × D contiguously ([B, N, heads, D] with strides
+// [·, ·, D, 1]: a head split of a projection, as the attention mixer makes q, k, v), which the CPU kernels
+// read in place (HeadRows); a contiguous copy otherwise, and on other devices, whose kernels take
+// contiguous tensors only.
+Tensor as_head_rows(const Tensor& t) {
+  if (t.is_contiguous() || !t.device().is_cpu() || t.dim() != 4) return kernel::contiguous(t);
+  const Shape &n = t.shape(), &st = t.strides();
+  const bool rows = (n[3] == 1 || st[3] == 1) && (n[2] == 1 || st[2] == n[3]) && st[0] >= 0 && st[1] >= 0;
+  return rows ? t : kernel::contiguous(t);
+}
+
+// Whether q, k, v are the three parts of one contiguous [B, T, H + 2Hk, D] tensor on the CPU, in that order
+// (the attention mixer's split of its qkv projection). Then dq, dk, dv are written into one such tensor
+// likewise, so that the split's backward finds them end to end and takes it without a copy (split,
+// src/autograd/ops_index.cpp).
+bool packed_parts(const Tensor& q, const Tensor& k, const Tensor& v, const Dims& d) {
+  if (!q.device().is_cpu() || d.Dk != d.Dv || d.T != d.S || q.storage() != k.storage() ||
+      q.storage() != v.storage()) {
+    return false;
+  }
+  const Shape strides = contiguous_strides({d.B, d.T, d.H + 2 * d.Hk, d.Dk});
+  return q.strides() == strides && k.strides() == strides && v.strides() == strides &&
+         k.offset() == q.offset() + d.H * d.Dk && v.offset() == k.offset() + d.Hk * d.Dk;
+}
+
 void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* what) {
   if (!t.defined() || t.shape() != shape || t.dtype() != dtype) {
     throw std::invalid_argument(std::string("attention backward: ") + what + " is " +
@@ -149,8 +174,7 @@ AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor
   const AttentionParams p = resolve(opts, d);
   AttentionOutput out{Tensor::empty({d.B, d.T, d.H, d.Dv}, q.dtype(), q.device()),
                       Tensor::empty({d.B, d.T, d.H}, accumulate_dtype(q.dtype()), q.device())};
-  attention_forward_kernel(q.device(), kernel::contiguous(q), kernel::contiguous(k), kernel::contiguous(v), masks, p,
-                           out.o, out.lse);
+  attention_forward_kernel(q.device(), as_head_rows(q), as_head_rows(k), as_head_rows(v), masks, p, out.o, out.lse);
   return out;
 }
 
@@ -167,15 +191,22 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& dlse, const 
   check_like(lse, lse_shape, accumulate_dtype(q.dtype()), "lse");
   if (dlse.defined()) check_like(dlse, lse_shape, accumulate_dtype(q.dtype()), "dlse");
   AttentionGrads g;
-  if (need_dq) g.dq = Tensor::empty(q.shape(), q.dtype(), q.device());
-  if (need_dk) g.dk = Tensor::empty(k.shape(), k.dtype(), k.device());
-  if (need_dv) g.dv = Tensor::empty(v.shape(), v.dtype(), v.device());
+  if (need_dq && need_dk && need_dv && packed_parts(q, k, v, d)) {
+    const Tensor packed = Tensor::empty({d.B, d.T, d.H + 2 * d.Hk, d.Dk}, q.dtype(), q.device());
+    g.dq = kernel::narrow(packed, 2, 0, d.H);
+    g.dk = kernel::narrow(packed, 2, d.H, d.Hk);
+    g.dv = kernel::narrow(packed, 2, d.H + d.Hk, d.Hk);
+  } else {
+    if (need_dq) g.dq = Tensor::empty(q.shape(), q.dtype(), q.device());
+    if (need_dk) g.dk = Tensor::empty(k.shape(), k.dtype(), k.device());
+    if (need_dv) g.dv = Tensor::empty(v.shape(), v.dtype(), v.device());
+  }
   if (need_dbias) g.dbias = Tensor::empty({d.B, d.H, d.T, d.S}, q.dtype(), q.device());
   if (!need_dq && !need_dk && !need_dv && !need_dbias) return g;
   Tensor dl =
       dlse.defined() ? kernel::contiguous(dlse) : Tensor::zeros(lse_shape, accumulate_dtype(q.dtype()), q.device());
-  attention_backward_kernel(q.device(), kernel::contiguous(dout), dl, kernel::contiguous(q), kernel::contiguous(k),
-                            kernel::contiguous(v), masks, kernel::contiguous(out), kernel::contiguous(lse), p, g);
+  attention_backward_kernel(q.device(), kernel::contiguous(dout), dl, as_head_rows(q), as_head_rows(k), as_head_rows(v),
+                            masks, kernel::contiguous(out), kernel::contiguous(lse), p, g);
   // A bias shared by the batch rows (Bb = 1 < B) gets the sum of their gradients.
   if (need_dbias && bias.size(0) != d.B) g.dbias = kernel::sum(g.dbias, {0}, true);
   return g;
@@ -208,6 +239,18 @@ T narrow(Acc<T> x) {
   return T(x);
 }
 
+// Where a (batch, token, head) row of q, k or v (or of dq, dk, dv) starts: a [B, N, heads, D] tensor whose
+// tokens hold their heads × D contiguously, with any batch and token strides (q, k, v may be views of
+// one packed projection, kernel::head_rows).
+struct HeadRows {
+  int64_t batch, token, d;
+  int64_t at(int64_t b, int64_t i, int64_t h) const { return b * batch + i * token + h * d; }
+};
+HeadRows head_rows(const Tensor& t) {
+  if (!t.defined()) return {0, 0, 0};
+  return {t.strides()[0], t.strides()[1], t.size(3)};
+}
+
 // Rows [r0, r1) of a tile and the first nk keys of a key block: a product's extent (Geometry::row_segments).
 struct RowSegment {
   int64_t r0, r1, nk;
@@ -216,9 +259,10 @@ struct RowSegment {
 // further from the GEMM rate than the triangle they leave out saves.
 constexpr int64_t kMinSegmentRows = 64;
 
-// Geometry of one call: row numbers in the [B, T, H, ·] and [B, S, Hk, ·] layouts (times the head
-// dim gives the element offset), row strides of a head's matrix in them, the causal and padding
-// limits, and where a row of scores starts in the [Bb, H, T, S] bias and the [B, H, T, S] dbias.
+// Geometry of one call: row numbers in the contiguous [B, T, H, ·] layouts of o, dO, lse and δ (times
+// the head dim gives the element offset; q, k, v and their gradients are placed by HeadRows), the
+// causal and padding limits, and where a row of scores starts in the [Bb, H, T, S] bias and the
+// [B, H, T, S] dbias.
 struct Geometry {
   int64_t B, T, S, H, Hk, Dk, Dv, group, block;
   bool causal;
@@ -227,7 +271,6 @@ struct Geometry {
   bool bias_shared = false;        // bias [1, H, T, S], read by every batch row
 
   int64_t q_row(int64_t b, int64_t i, int64_t h) const { return (b * T + i) * H + h; }
-  int64_t kv_row(int64_t b, int64_t j, int64_t hk) const { return (b * S + j) * Hk + hk; }
   // Query i of batch row b sees keys [0, key_end(b, i)); none when it is padding. Over the rows that
   // see any key, key_end never decreases with i (the backward's transposed tiles rely on it).
   int64_t key_end(int64_t b, int64_t i) const {
@@ -455,7 +498,8 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionM
   constexpr A kNegInf = -std::numeric_limits<A>::infinity();
   T* O = o.data<T>();
   A* LSE = lse.data<A>();
-  const int64_t ldq = g.H * g.Dk, ldk = g.Hk * g.Dk, ldv = g.Hk * g.Dv;
+  const HeadRows qr = head_rows(q), kr = head_rows(k), vr = head_rows(v);
+  const int64_t ldq = qr.token, ldk = kr.token, ldv = vr.token;
   const int64_t qtiles = g.tiles(g.T), tasks = g.B * g.H * qtiles;
 #pragma omp parallel if (g.parallel(tasks))
   {
@@ -476,7 +520,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionM
       const int64_t live = g.live_rows(b, i0, rows);
       const int64_t tile_key_end = live > 0 ? g.key_end(b, i0 + live - 1) : 0;  // its last live row sees the most
       if (tile_key_end > 0 && kt_of != b * g.Hk + hk) {
-        kt.set(K + g.kv_row(b, 0, hk) * g.Dk, ldk, g.S, g.Dk);
+        kt.set(K + kr.at(b, 0, hk), ldk, g.S, g.Dk);
         kt_of = b * g.Hk + hk;
       }
       for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
@@ -485,7 +529,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionM
         const int segments = g.row_segments(b, i0, live, j0, nk, seg);
         for (int e = 0; e < segments; ++e) {
           gemm_acc<T>(false, kt.trans(), seg[e].r1 - seg[e].r0, seg[e].nk, g.Dk, p.scale,
-                      Q + g.q_row(b, i0 + seg[e].r0, h) * g.Dk, ldq, kt.columns_from(j0), kt.ld(), 0.0,
+                      Q + qr.at(b, i0 + seg[e].r0, h), ldq, kt.columns_from(j0), kt.ld(), 0.0,
                       s.data() + seg[e].r0 * nk, nk);
         }
         for (int64_t r = 0; r < live; ++r) {
@@ -510,7 +554,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionM
         const T* p_op = gemm_operand<T>(s.data(), live * nk, p_rounded);
         for (int e = 0; e < segments; ++e) {  // a segment's P is 0 past its keys
           gemm_acc<T>(false, false, seg[e].r1 - seg[e].r0, g.Dv, seg[e].nk, 1.0, p_op + seg[e].r0 * nk, nk,
-                      V + g.kv_row(b, j0, hk) * g.Dv, ldv, 1.0, acc.data() + seg[e].r0 * g.Dv, g.Dv);
+                      V + vr.at(b, j0, hk), ldv, 1.0, acc.data() + seg[e].r0 * g.Dv, g.Dv);
         }
       }
       for (int64_t r = 0; r < rows; ++r) {
@@ -586,7 +630,9 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
   T* dK = grads.dk.defined() ? grads.dk.data<T>() : nullptr;
   T* dV = grads.dv.defined() ? grads.dv.data<T>() : nullptr;
   T* dB = grads.dbias.defined() ? grads.dbias.data<T>() : nullptr;
-  const int64_t ldq = g.H * g.Dk, ldo = g.H * g.Dv, ldk = g.Hk * g.Dk, ldv = g.Hk * g.Dv;
+  const HeadRows qr = head_rows(q), kr = head_rows(k), vr = head_rows(v);
+  const HeadRows dqr = head_rows(grads.dq), dkr = head_rows(grads.dk), dvr = head_rows(grads.dv);
+  const int64_t ldq = qr.token, ldo = g.H * g.Dv, ldk = kr.token, ldv = vr.token;
   const int64_t qtiles = g.tiles(g.T), tasks = g.B * g.Hk;
   constexpr bool kRounds = !std::is_same_v<T, A>;
 #pragma omp parallel if (g.parallel(tasks))
@@ -599,18 +645,18 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / g.Hk, hk = task % g.Hk;
-      kt.set(K + g.kv_row(b, 0, hk) * g.Dk, ldk, g.S, g.Dk);
-      vt.set(V + g.kv_row(b, 0, hk) * g.Dv, ldv, g.S, g.Dv);
-      SumRows<T> dk_rows{dK ? dK + g.kv_row(b, 0, hk) * g.Dk : nullptr, ldk, g.S, g.Dk, dk_sums};
-      SumRows<T> dv_rows{dV ? dV + g.kv_row(b, 0, hk) * g.Dv : nullptr, ldv, g.S, g.Dv, dv_sums};
+      kt.set(K + kr.at(b, 0, hk), ldk, g.S, g.Dk);
+      vt.set(V + vr.at(b, 0, hk), ldv, g.S, g.Dv);
+      SumRows<T> dk_rows{dK ? dK + dkr.at(b, 0, hk) : nullptr, dkr.token, g.S, g.Dk, dk_sums};
+      SumRows<T> dv_rows{dV ? dV + dvr.at(b, 0, hk) : nullptr, dvr.token, g.S, g.Dv, dv_sums};
       if (dK) dk_rows.zero();
       if (dV) dv_rows.zero();
       for (int64_t h = hk * g.group; h < (hk + 1) * g.group; ++h) {
         if (dB) std::fill_n(dB + g.dbias_row(b, h, 0), g.T * g.S, T(A(0)));
         for (int64_t tile = 0; tile < qtiles; ++tile) {
           const int64_t i0 = tile * g.block, i1 = std::min(g.T, i0 + g.block), rows = i1 - i0;
-          const T *Qt = Q + g.q_row(b, i0, h) * g.Dk, *dOt = dO + g.q_row(b, i0, h) * g.Dv;
-          SumRows<T> dq_rows{dQ ? dQ + g.q_row(b, i0, h) * g.Dk : nullptr, ldq, rows, g.Dk, dq_sums};
+          const T *Qt = Q + qr.at(b, i0, h), *dOt = dO + g.q_row(b, i0, h) * g.Dv;
+          SumRows<T> dq_rows{dQ ? dQ + dqr.at(b, i0, h) : nullptr, dqr.token, rows, g.Dk, dq_sums};
           if (dQ) dq_rows.zero();
           const int64_t live = g.live_rows(b, i0, rows);
           const int64_t tile_key_end = live > 0 ? g.key_end(b, i0 + live - 1) : 0;
@@ -664,7 +710,7 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
             for (int e = 0; e < segments; ++e) {
               const int64_t r0 = seg[e].r0, rows_e = seg[e].r1 - r0, n_keys = seg[e].nk;
               if (dQ) gemm_acc<T>(false, false, rows_e, g.Dk, n_keys, p.scale, ds_op + r0 * nk, nk,
-                                  K + g.kv_row(b, j0, hk) * g.Dk, ldk, 1.0, dq_rows.sums() + r0 * dq_rows.ld(),
+                                  K + kr.at(b, j0, hk), ldk, 1.0, dq_rows.sums() + r0 * dq_rows.ld(),
                                   dq_rows.ld());
               if (dK) gemm_acc<T>(true, false, n_keys, g.Dk, rows_e, p.scale, ds_op + r0 * nk, nk, Qt + r0 * ldq, ldq,
                                   1.0, dk_rows.sums() + j0 * dk_rows.ld(), dk_rows.ld());
@@ -716,7 +762,8 @@ SEQLAB_REGISTER_KERNEL_TAKING_BF16(attention_backward_kernel, DeviceType::CPU, &
 AttentionOutput attention_with_lse(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
                                    const Tensor& bias) {
   kernel::check_inputs(q, k, v, opts.causal);
-  const Tensor qc = kernel::contiguous(q), kc = kernel::contiguous(k), vc = kernel::contiguous(v);
+  // Saved as the kernels read them: views of a packed projection stay views (kernel::as_head_rows).
+  const Tensor qc = kernel::as_head_rows(q), kc = kernel::as_head_rows(k), vc = kernel::as_head_rows(v);
   const Tensor bc = bias.defined() ? kernel::contiguous(bias) : bias;
   AttentionOutput out = kernel::attention_forward(qc, kc, vc, opts, bc);
   record("attention", {q, k, v, bias}, {&out.o, &out.lse}, {qc, kc, vc, out.o, out.lse, bc},

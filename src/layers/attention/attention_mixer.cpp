@@ -118,14 +118,13 @@ class AttentionMixer : public Mixer {
     const Tensor& x = in.x;
     const int64_t B = x.shape()[0], T = x.shape()[1];
     const int64_t start = state != nullptr ? state->position : 0;
-    // [q | k | v] = x W_qkvᵀ + b, split along the feature dimension into H, Hk, Hk heads of D.
-    // One split (its backward writes dq, dk, dv side by side), not three narrows (each a zero-filled
-    // gradient of the whole of qkv, then summed).
-    const std::vector<Tensor> parts =
-        split(qkv_->forward(x), {heads_ * head_dim_, kv_heads_ * head_dim_, kv_heads_ * head_dim_}, 2);
-    Tensor q = reshape(parts[0], {B, T, heads_, head_dim_});
-    Tensor k = reshape(parts[1], {B, T, kv_heads_, head_dim_});
-    Tensor v = reshape(parts[2], {B, T, kv_heads_, head_dim_});
+    // [q | k | v] = x W_qkvᵀ + b as [B, T, H + 2Hk, D], split along the heads into H, Hk, Hk: views of the
+    // projection, which the CPU kernels read in place. One split, not three narrows (each a zero-filled
+    // gradient of the whole of qkv, then summed); the CPU backward writes dq, dk, dv side by side, so the
+    // split's backward takes them without a copy.
+    const Tensor qkv = reshape(qkv_->forward(x), {B, T, heads_ + 2 * kv_heads_, head_dim_});
+    const std::vector<Tensor> parts = split(qkv, {heads_, kv_heads_, kv_heads_}, 2);
+    Tensor q = parts[0], k = parts[1], v = parts[2];
     if (const SequenceGroup* sp = state == nullptr ? sequence_group() : nullptr) {
       // Sequence-parallel: this rank's two chunks, rotated at their global positions, attend to the whole
       // sequence's keys and values as they travel around the ring.
@@ -153,8 +152,9 @@ class AttentionMixer : public Mixer {
         k = concat({state->keys, k}, 1);
         v = concat({state->values, v}, 1);
       }
-      state->keys = k;
-      state->values = v;
+      // Contiguous, so that the cache does not keep the whole projection (q's heads too) alive.
+      state->keys = contiguous(k);
+      state->values = contiguous(v);
     }
     // A causal row never sees a padded key (padding is at the end); bidirectional rows must be masked.
     const Tensor lengths = in.causal ? Tensor() : in.lengths;

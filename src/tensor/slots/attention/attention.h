@@ -41,7 +41,9 @@ struct AttentionGrads {
 };
 inline auto tensor_fields(AttentionGrads& g) { return std::tie(g.dq, g.dk, g.dv, g.dbias); }
 
-// All tensors contiguous, one dtype (lse and dlse: its accumulate_dtype; the lengths: i64), shapes as above. The
+// All tensors contiguous, one dtype (lse and dlse: its accumulate_dtype; the lengths: i64), shapes as above;
+// except that the CPU kernels also take q, k, v, dq, dk, dv whose tokens hold their heads × D contiguously
+// (strides [·, ·, D, 1], e.g. head splits of one projection), which the entry points pass on the CPU. The
 // forward writes every element of o and lse. The backward reads dout [B, T, H, Dv] and dlse [B, T, H] (zeros when
 // unused) and writes every element of each defined gradient in `grads`; undefined ones are skipped.
 SEQLAB_DECLARE_KERNEL(attention_forward_kernel,
