@@ -19,10 +19,12 @@ SEQLAB_CLANG_PACKAGES=(clang libclang-rt-14-dev libomp-dev)
 # (scripts/python_env.sh).
 SEQLAB_TEST_PACKAGES=(redis-server python3-venv)
 
-# OpenMP threads sleep when idle instead of spinning: on a machine shared with other work, spinning
-# threads steal the cores the busy ones need (a GPT step measured 2-4x slower under load with the
-# default), and on a quiet machine it costs nothing measurable (docs/perf.md). Override by setting it.
+# Idle OpenMP threads spin only briefly, then sleep: on a machine shared with other work, threads that
+# keep spinning steal the cores the busy ones need (a GPT step measured 2-4x slower under load with
+# libgomp's default), while a short spin (GOMP_SPINCOUNT, libgomp's) catches the next parallel region of a
+# training step without a wake-up (docs/perf.md, "Idle OpenMP threads"). Override by setting either.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
+export GOMP_SPINCOUNT="${GOMP_SPINCOUNT:-3000}"
 
 seqlab_say() { printf 'seqlab: %s\n' "$*" >&2; }
 
