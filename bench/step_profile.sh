@@ -49,9 +49,9 @@ if ! [[ "$steps" =~ ^[0-9]+$ ]] || [ "$steps" -lt 2 ]; then
   exit 2
 fi
 [ -x "$build/seqlab" ] || { echo "step_profile.sh: no $build/seqlab (build it: source scripts/setup.sh && seqlab_build seqlab)" >&2; exit 2; }
-# As ./train runs: idle OpenMP threads sleep (scripts/setup.sh, docs/perf.md).
+# As ./train runs: idle OpenMP threads spin briefly, then sleep (scripts/setup.sh, docs/perf.md).
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
-export GOMP_SPINCOUNT="${GOMP_SPINCOUNT:-3000}"  # as ./train sets them (scripts/setup.sh)
+export GOMP_SPINCOUNT="${GOMP_SPINCOUNT:-3000}"
 mkdir -p "$out"
 runs=()
 for recipe in gpt_small gla_small; do
