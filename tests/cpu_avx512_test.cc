@@ -227,6 +227,38 @@ TEST(CpuAvx512, SoftmaxRowsOfEveryLengthGiveThePlainBits) {
   }
 }
 
+// The unary kernels on bf16 tensors of every length 1–40 and around the vector width (one thread takes
+// them all): the AVX-512 loops' last partial vector, and their rounding in registers, against the plain
+// loops' blocks.
+TEST(CpuAvx512, Bf16UnaryOpsOfEveryLengthGiveThePlainBits) {
+  SKIP_WITHOUT_AVX512();
+  std::mt19937 gen(11);
+  std::vector<int64_t> lengths;
+  for (int64_t n = 1; n <= 40; ++n) lengths.push_back(n);
+  for (int64_t n : {47, 48, 63, 64, 65, 100, 127, 128, 129, 513}) lengths.push_back(n);
+  for (int64_t n : lengths) {
+    const std::vector<float> row = make_row(n, gen, n % 3 == 0);
+    const std::vector<double> xd(row.begin(), row.end());
+    std::vector<double> dyd(xd.size());
+    for (size_t i = 0; i < dyd.size(); ++i) dyd[i] = 0.5 - 0.37 * static_cast<double>(i % 7);
+    const Tensor x = Tensor::from_vector(xd, {n}, DType::bf16), dy = Tensor::from_vector(dyd, {n}, DType::bf16);
+    for (kernel::UnaryOp op :
+         {kernel::UnaryOp::gelu, kernel::UnaryOp::silu, kernel::UnaryOp::sigmoid, kernel::UnaryOp::softplus}) {
+      const auto run = [&](bool on) {
+        return with_avx512(on, [&] {
+          const Tensor y = kernel::unary(op, x);
+          return std::pair{y, kernel::unary_backward(op, dy, x, y)};
+        });
+      };
+      const auto fast = run(true), plain = run(false);
+      SCOPED_TRACE(std::string(kernel::unary_name(op)) + ", n = " + std::to_string(n));
+      EXPECT_EQ(std::memcmp(fast.first.raw_data(), plain.first.raw_data(), static_cast<size_t>(n) * 2), 0);
+      EXPECT_EQ(std::memcmp(fast.second.raw_data(), plain.second.raw_data(), static_cast<size_t>(n) * 2), 0)
+          << "backward";
+    }
+  }
+}
+
 TEST(SoftmaxRows, MaxAndSumFollowTheirDefinitions) {
   for (bool on : {false, true}) {
     with_avx512(on, [] {

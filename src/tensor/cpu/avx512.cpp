@@ -1,6 +1,7 @@
 // The CPU kernels' AVX-512 loops (see avx512.h) and the switch that turns them on.
 #include "tensor/cpu/avx512.h"
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cmath>
@@ -208,6 +209,45 @@ SEQLAB_AVX512 void backward_loop(kernel::UnaryOp op, float* dx, int64_t n, const
   }
 }
 
+// 16 bf16 values widened to f32 (exact: the bits shifted up), as widen_bf16_run.
+SEQLAB_AVX512 inline __m512 widen16(const bf16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// 16 floats rounded to bf16 as bf16(float) (tensor/dtype.h): (u + 0x7fff + bit 16 of u) >> 16, to nearest
+// even; a NaN keeps its top bits with the quiet bit set.
+SEQLAB_AVX512 inline void round16(bf16* p, __m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+
+SEQLAB_AVX512 void forward_loop_bf16(kernel::UnaryOp op, bf16* y, int64_t n, const bf16* x) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) round16(y + i, forward16(op, widen16(x + i)));
+  if (i == n) return;
+  bf16 xt[16] = {}, yt[16];
+  std::copy(x + i, x + n, xt);
+  round16(yt, forward16(op, widen16(xt)));
+  std::copy(yt, yt + (n - i), y + i);
+}
+
+SEQLAB_AVX512 void backward_loop_bf16(kernel::UnaryOp op, bf16* dx, int64_t n, const bf16* dy, const bf16* x) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) round16(dx + i, backward16(op, widen16(dy + i), widen16(x + i)));
+  if (i == n) return;
+  bf16 dyt[16] = {}, xt[16] = {}, dxt[16];
+  std::copy(dy + i, dy + n, dyt);
+  std::copy(x + i, x + n, xt);
+  round16(dxt, backward16(op, widen16(dyt), widen16(xt)));
+  std::copy(dxt, dxt + (n - i), dx + i);
+}
+
 #undef SEQLAB_AVX512
 
 }  // namespace
@@ -237,6 +277,16 @@ bool unary_backward_avx512(kernel::UnaryOp op, float* dx, int64_t n, const float
   backward_loop(op, dx, n, dy, x);
   return true;
 }
+bool unary_forward_avx512(kernel::UnaryOp op, bf16* y, int64_t n, const bf16* x) {
+  if (!avx512_unary_forward(op) || !avx512_on()) return false;
+  forward_loop_bf16(op, y, n, x);
+  return true;
+}
+bool unary_backward_avx512(kernel::UnaryOp op, bf16* dx, int64_t n, const bf16* dy, const bf16* x) {
+  if (!avx512_unary_backward(op) || !avx512_on()) return false;
+  backward_loop_bf16(op, dx, n, dy, x);
+  return true;
+}
 
 #else  // a build for another CPU: the plain loops run
 
@@ -245,6 +295,8 @@ bool exp_shifted_avx512(float*, int64_t, float) { return false; }
 bool row_max_avx512(const float*, int64_t, float&) { return false; }
 bool unary_forward_avx512(kernel::UnaryOp, float*, int64_t, const float*) { return false; }
 bool unary_backward_avx512(kernel::UnaryOp, float*, int64_t, const float*, const float*) { return false; }
+bool unary_forward_avx512(kernel::UnaryOp, bf16*, int64_t, const bf16*) { return false; }
+bool unary_backward_avx512(kernel::UnaryOp, bf16*, int64_t, const bf16*, const bf16*) { return false; }
 
 #endif  // SEQLAB_BUILD_AVX512
 

@@ -42,4 +42,9 @@ constexpr bool avx512_unary_backward(kernel::UnaryOp op) {
 }
 bool unary_backward_avx512(kernel::UnaryOp op, float* dx, int64_t n, const float* dy, const float* x);
 
+// The same on bf16 tensors, widened and rounded in registers: the bits of the f32 loop on widened values,
+// each result rounded once (to nearest even, NaN kept quiet), as map_runs' blocks give (bf16_convert.h).
+bool unary_forward_avx512(kernel::UnaryOp op, bf16* y, int64_t n, const bf16* x);
+bool unary_backward_avx512(kernel::UnaryOp op, bf16* dx, int64_t n, const bf16* dy, const bf16* x);
+
 }  // namespace seqlab::cpu

@@ -83,7 +83,13 @@ void unary_cpu(UnaryOp op_value, const Tensor& x, double alpha, const Tensor& ou
       T* o = out.data<T>();
       const S a = static_cast<S>(alpha);
       auto loop = [&](S* yo, int64_t n, const S* xi) { unary_run(op, yo, n, xi, a); };
-      parallel_for(x.numel(), kParallelGrain / 8, [&](int64_t begin, int64_t end) { map_runs(begin, end, o, loop, in); });
+      parallel_for(x.numel(), kParallelGrain / 8, [&](int64_t begin, int64_t end) {
+        // bf16 GELU, SiLU and sigmoid on AVX-512: widened and rounded in registers, the same bits.
+        if constexpr (std::is_same_v<T, bf16> && avx512_unary_forward(std::decay_t<decltype(op)>::value)) {
+          if (unary_forward_avx512(op(), o + begin, end - begin, in + begin)) return;
+        }
+        map_runs(begin, end, o, loop, in);
+      });
     });
   });
 }
@@ -112,6 +118,9 @@ void unary_backward_cpu(UnaryOp op_value, const Tensor& dy, const Tensor& x, con
           auto loop = [&](S* dxo, int64_t n, const S* dyi, const S* xy) {
             unary_backward_run(op, dxo, n, dyi, xy, xy, a);
           };
+          if constexpr (std::is_same_v<T, bf16> && avx512_unary_backward(std::decay_t<decltype(op)>::value)) {
+            if (unary_backward_avx512(op(), d + begin, end - begin, g + begin, in + begin)) return;
+          }
           map_runs(begin, end, d, loop, g, reads_y ? out : in);
         }
       });
