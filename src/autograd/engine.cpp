@@ -31,10 +31,14 @@ Edge edge_of(const Tensor& t) {
   return Edge{meta->accumulator, 0};
 }
 
-// leaf.grad += g, in place once a gradient exists (so references to it stay valid).
+// leaf.grad += g, in place once a gradient exists (so references to it stay valid). The first gradient
+// is taken as it is when nothing else refers to its memory (the engine drops its own reference next),
+// else copied, so that the later in-place adds never write into memory another tensor reads.
 void accumulate_into_leaf(const std::shared_ptr<AutogradMeta>& meta, const Tensor& g) {
   if (!meta->grad.defined()) {
-    meta->grad = kernel::clone(g);
+    const bool sole = g.storage().use_count() == 1 && g.is_contiguous() && g.offset() == 0 &&
+                      g.nbytes() == g.storage()->nbytes();
+    meta->grad = sole ? g : kernel::clone(g);
   } else {
     kernel::binary_kernel(g.device(), kernel::BinaryOp::add, meta->grad, kernel::contiguous(g), meta->grad);
   }
