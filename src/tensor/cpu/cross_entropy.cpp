@@ -1,6 +1,7 @@
 // CPU cross-entropy fused with log-softmax, over rows of contiguous logits [N, V]. Targets were
-// range-checked by the entry point, so the kernels index with them directly. Row sums accumulate
-// in double. bf16 logits are read as f32 and dlogits rounded once on store (tensor/bf16_convert.h);
+// range-checked by the entry point, so the kernels index with them directly. The exponentials are the
+// softmax rows' (tensor/softmax_rows.h: vectorised, AVX-512 where the CPU has it; std::exp for f64) and
+// row sums accumulate in double (tensor/lane_sum.h). bf16 logits are read as f32 and dlogits rounded once on store (tensor/bf16_convert.h);
 // lse and the losses are f32 for them (accumulate_dtype).
 #include <algorithm>
 #include <cmath>
@@ -9,7 +10,9 @@
 
 #include "tensor/bf16_convert.h"
 #include "tensor/kernels.h"
+#include "tensor/lane_sum.h"
 #include "tensor/parallel.h"
+#include "tensor/softmax_rows.h"
 
 namespace seqlab::cpu {
 namespace {
@@ -33,12 +36,14 @@ void cross_entropy_cpu(const Tensor& logits, const Tensor& targets, int64_t igno
       const I* t = targets.data<I>();
       S *loss = losses.data<S>(), *l = lse.data<S>();
       parallel_for(n, row_grain(v), [&](int64_t begin, int64_t end) {
+        std::vector<S> e(static_cast<size_t>(v));  // the row's exp(x − m)
         for (int64_t r = begin; r < end; ++r) {
           const T* xr = x + r * v;
           S m = from_storage(xr[0]);  // the first maximum, as std::max_element finds it
           for (int64_t i = 1; i < v; ++i) m = std::max(m, from_storage(xr[i]));
-          double s = 0;
-          for (int64_t i = 0; i < v; ++i) s += std::exp(from_storage(xr[i]) - m);
+          for (int64_t i = 0; i < v; ++i) e[static_cast<size_t>(i)] = from_storage(xr[i]);
+          exp_shifted(e.data(), v, m);
+          const double s = lane_sum<double>(v, [&](int64_t i) { return double(e[static_cast<size_t>(i)]); });
           const double lse_r = static_cast<double>(m) + std::log(s);
           l[r] = static_cast<S>(lse_r);
           const int64_t target = static_cast<int64_t>(t[r]);
@@ -86,7 +91,9 @@ void cross_entropy_backward_cpu(double scale, const Tensor& logits, const Tensor
           } else {
             row = scratch.data();
           }
-          for (int64_t i = 0; i < v; ++i) row[i] = k * std::exp(from_storage(xr[i]) - l[r]);
+          for (int64_t i = 0; i < v; ++i) row[i] = from_storage(xr[i]);
+          exp_shifted(row, v, l[r]);  // x − lse ≤ 0
+          for (int64_t i = 0; i < v; ++i) row[i] *= k;
           row[target] -= k;
           if constexpr (!std::is_same_v<T, S>) {
             for (int64_t i = 0; i < v; ++i) dr[i] = to_storage<T>(row[i]);
