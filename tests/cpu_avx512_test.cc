@@ -1,8 +1,8 @@
 // The CPU kernels' AVX-512 loops (tensor/cpu/avx512.h) give the plain loops' bits: the softmax rows
-// (tensor/softmax_rows.h) and GELU forward and backward through the unary kernels, for floats spread
-// over every exponent and sign (and NaN and ±∞), on f32 and bf16 tensors, and rows of every length
-// around the vector widths with the sum's order, ±0 maxima and masked values; then the plain loops
-// against std::exp in double. Where the CPU has no AVX-512 the comparisons are skipped, saying so.
+// (tensor/softmax_rows.h), GELU forward and backward through the unary kernels, and the bf16 rounding,
+// for floats spread over every exponent and sign (and NaN and ±∞), on f32 and bf16 tensors, and rows of
+// every length around the vector widths with the sum's order, ±0 maxima and masked values; then the
+// plain loops against std::exp in double. Where the CPU has no AVX-512 the comparisons are skipped, saying so.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "tensor/bf16_convert.h"
 #include "tensor/kernels.h"
 #include "tensor/softmax_rows.h"
 
@@ -224,6 +225,46 @@ TEST(CpuAvx512, SoftmaxRowsOfEveryLengthGiveThePlainBits) {
         EXPECT_EQ(bits(fast.exps_nosum[c]), bits(plain.exps[c])) << "entry " << c << " (no sum)";
       }
     }
+  }
+}
+
+// The f32 → bf16 rounding (round_to_bf16_run, which every bf16 kernel's stores go through): the AVX-512
+// loop against bf16(float) for floats of every exponent and sign, NaN payloads and ±∞ included, then on
+// runs of every length 0–40 and around the vector width.
+TEST(CpuAvx512, Bf16RoundingGivesThePlainBits) {
+  SKIP_WITHOUT_AVX512();
+  int64_t differ = 0, total = 0;
+  const auto round_run = [](const std::vector<float>& xs, size_t n, bool on) {
+    std::vector<bf16> out(n);
+    with_avx512(on, [&] {
+      round_to_bf16_run(xs.data(), out.data(), static_cast<int64_t>(n));
+      return 0;
+    });
+    return out;
+  };
+  for_each_sweep_chunk([&](const std::vector<float>& xs) {
+    const std::vector<bf16> fast = round_run(xs, xs.size(), true);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (fast[i].bits != bf16(xs[i]).bits && differ++ < 5) {
+        ADD_FAILURE() << "x = " << xs[i] << " (bits " << bits(xs[i]) << "): AVX-512 " << fast[i].bits << ", plain "
+                      << bf16(xs[i]).bits;
+      }
+    }
+    total += static_cast<int64_t>(xs.size());
+  });
+  EXPECT_EQ(differ, 0) << "of " << total << " floats";
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (size_t n : {0, 1, 2, 7, 8, 15, 16, 17, 31, 32, 33, 40, 47, 48, 63, 64, 65, 100}) {
+    std::vector<float> xs(n + 3, kNaN);  // the run, then guards that must stay unwritten
+    for (size_t i = 0; i < n; ++i) xs[i] = u(gen);
+    std::vector<bf16> fast(n + 3, bf16(7.0f));
+    with_avx512(true, [&] {
+      round_to_bf16_run(xs.data(), fast.data(), static_cast<int64_t>(n));
+      return 0;
+    });
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(fast[i].bits, bf16(xs[i]).bits) << "n = " << n << ", entry " << i;
+    for (size_t i = n; i < n + 3; ++i) EXPECT_EQ(fast[i].bits, bf16(7.0f).bits) << "n = " << n << ": wrote past the run";
   }
 }
 

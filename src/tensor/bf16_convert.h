@@ -2,10 +2,10 @@
 // CPU kernels that take bf16 tensors themselves.
 //
 // Conversions. widen: f = bits << 16 (exact). round: RNE with NaN kept quiet, exactly bf16(float) of
-// tensor/dtype.h, whose selects GCC turns into vector blends: the loops below vectorise, 8 floats per
-// AVX2 instruction at the library's -march=x86-64-v3 (portable C++, so a CPU without AVX-512, or
-// without AVX2 under another SEQLAB_CPU_ARCH, runs the same code). Both are memory bound (6 bytes
-// per element). The copy kernel (tensor/cpu/copy.cpp) runs them on each contiguous run: a
+// tensor/dtype.h, whose selects GCC turns into vector blends: the loops vectorise, 8 floats per AVX2
+// instruction at the library's -march=x86-64-v3 (portable C++, so a CPU without AVX-512, or without
+// AVX2 under another SEQLAB_CPU_ARCH, runs the same code); the rounding takes 16 at a time on AVX-512
+// where the CPU has it, with the same bits. Both are memory bound (6 bytes per element). The copy kernel (tensor/cpu/copy.cpp) runs them on each contiguous run: a
 // contiguous tensor as one block split over the OpenMP team, a strided one row by row.
 //
 // Native bf16 kernels. The semantics of a bf16 CPU kernel are fixed by the dispatch layer
@@ -38,10 +38,9 @@ inline void widen_bf16_run(const bf16* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
-// dst[i] = bf16(src[i]) for i < n (round to nearest even, NaN quiet).
-inline void round_to_bf16_run(const float* src, bf16* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = bf16(src[i]);
-}
+// dst[i] = bf16(src[i]) for i < n (round to nearest even, NaN quiet): on AVX-512 where the CPU has it
+// (tensor/cpu/avx512.h, the same bits), else a plain loop (bf16_convert.cpp).
+void round_to_bf16_run(const float* src, bf16* dst, int64_t n);
 
 // The largest run map_runs hands its loop at once for bf16: 4 rows of 512 floats stay in L1.
 constexpr int64_t kBf16Block = 512;

@@ -49,6 +49,7 @@
 #include "autograd/op_registry.h"
 #include "autograd/ops.h"
 #include "layers/variant_inputs.h"
+#include "tensor/bf16_convert.h"
 #include "tensor/blas_rows.h"
 #include "tensor/parallel.h"
 #include "tensor/softmax_rows.h"
@@ -342,7 +343,7 @@ const T* gemm_operand(const Acc<T>* x, int64_t n, std::vector<T>& rounded) {
   if constexpr (std::is_same_v<T, Acc<T>>) {
     return x;
   } else {
-    for (int64_t e = 0; e < n; ++e) rounded[e] = narrow<T>(x[e]);
+    round_to_bf16_run(x, rounded.data(), n);
     return rounded.data();
   }
 }

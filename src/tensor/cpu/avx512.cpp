@@ -248,6 +248,15 @@ SEQLAB_AVX512 void backward_loop_bf16(kernel::UnaryOp op, bf16* dx, int64_t n, c
   std::copy(dxt, dxt + (n - i), dx + i);
 }
 
+SEQLAB_AVX512 void round_loop(const float* src, bf16* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) round16(dst + i, _mm512_loadu_ps(src + i));
+  if (i == n) return;
+  bf16 t[16];
+  round16(t, _mm512_maskz_loadu_ps(first(n - i), src + i));
+  std::copy(t, t + (n - i), dst + i);
+}
+
 #undef SEQLAB_AVX512
 
 }  // namespace
@@ -277,6 +286,11 @@ bool unary_backward_avx512(kernel::UnaryOp op, float* dx, int64_t n, const float
   backward_loop(op, dx, n, dy, x);
   return true;
 }
+bool round_to_bf16_avx512(const float* src, bf16* dst, int64_t n) {
+  if (!avx512_on()) return false;
+  round_loop(src, dst, n);
+  return true;
+}
 bool unary_forward_avx512(kernel::UnaryOp op, bf16* y, int64_t n, const bf16* x) {
   if (!avx512_unary_forward(op) || !avx512_on()) return false;
   forward_loop_bf16(op, y, n, x);
@@ -295,6 +309,7 @@ bool exp_shifted_avx512(float*, int64_t, float) { return false; }
 bool row_max_avx512(const float*, int64_t, float&) { return false; }
 bool unary_forward_avx512(kernel::UnaryOp, float*, int64_t, const float*) { return false; }
 bool unary_backward_avx512(kernel::UnaryOp, float*, int64_t, const float*, const float*) { return false; }
+bool round_to_bf16_avx512(const float*, bf16*, int64_t) { return false; }
 bool unary_forward_avx512(kernel::UnaryOp, bf16*, int64_t, const bf16*) { return false; }
 bool unary_backward_avx512(kernel::UnaryOp, bf16*, int64_t, const bf16*, const bf16*) { return false; }
 

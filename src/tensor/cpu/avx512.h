@@ -47,4 +47,7 @@ bool unary_backward_avx512(kernel::UnaryOp op, float* dx, int64_t n, const float
 bool unary_forward_avx512(kernel::UnaryOp op, bf16* y, int64_t n, const bf16* x);
 bool unary_backward_avx512(kernel::UnaryOp op, bf16* dx, int64_t n, const bf16* dy, const bf16* x);
 
+// dst_c = bf16(src_c) for c < n: to nearest even, NaN kept quiet, as bf16(float) (tensor/dtype.h) rounds.
+bool round_to_bf16_avx512(const float* src, bf16* dst, int64_t n);
+
 }  // namespace seqlab::cpu
