@@ -156,7 +156,7 @@ std::string cpu_blas_config();
 bool cpu_bf16_gemm_native();
 void set_cpu_bf16_gemm_widened(bool widened);
 std::string cpu_bf16_gemm_config();  // oneDNN's version and which of the two paths bf16 GEMMs take
-// The CPU kernels' AVX-512 loops (tensor/cpu/avx512.h: attention's softmax rows; GELU, SiLU, sigmoid),
+// The CPU kernels' AVX-512 loops (tensor/cpu/avx512.h: attention's softmax rows; GELU, SiLU, sigmoid; bf16 rounding),
 // which give the plain loops' bits, run where the CPU has AVX512F unless turned off here or by
 // SEQLAB_CPU_AVX512=off.
 bool cpu_avx512();

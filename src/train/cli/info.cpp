@@ -89,7 +89,7 @@ std::string cuda_line() {
 std::string version_text() {
   return absl::StrCat("seqlab ", SEQLAB_VERSION, " (git ", SEQLAB_GIT_COMMIT, ")\n", blas_line(), "\n",
                       "CPU bf16: ", kernel::cpu_bf16_gemm_config(), "\n", "CPU AVX-512 loops: ",
-                      kernel::cpu_avx512() ? "on (softmax rows; GELU, SiLU, sigmoid)"
+                      kernel::cpu_avx512() ? "on (softmax rows; GELU, SiLU, sigmoid; bf16 rounding)"
                                            : "off (the CPU lacks AVX512F, or SEQLAB_CPU_AVX512=off)",
                       "\n",
                       "OpenMP: ", omp_get_max_threads(), " threads (OpenMP ", _OPENMP, ")\n", cuda_line(), "\n");
