@@ -191,13 +191,20 @@ std::vector<float> make_row(int64_t n, std::mt19937& gen, bool with_nan) {
   return row;
 }
 
+// Every length from `first` to 40, then lengths around 48, 64 and 128 (the vector widths' multiples), then
+// `longest`.
+std::vector<int64_t> lengths_around_vectors(int64_t first, int64_t longest) {
+  std::vector<int64_t> lengths;
+  for (int64_t n = first; n <= 40; ++n) lengths.push_back(n);
+  for (int64_t n : {47, 48, 63, 64, 65, 100, 127, 128, 129}) lengths.push_back(n);
+  lengths.push_back(longest);
+  return lengths;
+}
+
 TEST(CpuAvx512, SoftmaxRowsOfEveryLengthGiveThePlainBits) {
   SKIP_WITHOUT_AVX512();
   std::mt19937 gen(7);
-  std::vector<int64_t> lengths;
-  for (int64_t n = 0; n <= 40; ++n) lengths.push_back(n);
-  for (int64_t n : {47, 48, 63, 64, 65, 100, 127, 128, 129, 256}) lengths.push_back(n);
-  for (int64_t n : lengths) {
+  for (int64_t n : lengths_around_vectors(0, 256)) {
     for (bool with_nan : {false, true}) {
       const std::vector<float> row = make_row(n, gen, with_nan);
       struct Out {
@@ -274,10 +281,7 @@ TEST(CpuAvx512, Bf16RoundingGivesThePlainBits) {
 TEST(CpuAvx512, Bf16UnaryOpsOfEveryLengthGiveThePlainBits) {
   SKIP_WITHOUT_AVX512();
   std::mt19937 gen(11);
-  std::vector<int64_t> lengths;
-  for (int64_t n = 1; n <= 40; ++n) lengths.push_back(n);
-  for (int64_t n : {47, 48, 63, 64, 65, 100, 127, 128, 129, 513}) lengths.push_back(n);
-  for (int64_t n : lengths) {
+  for (int64_t n : lengths_around_vectors(1, 513)) {
     const std::vector<float> row = make_row(n, gen, n % 3 == 0);
     const std::vector<double> xd(row.begin(), row.end());
     std::vector<double> dyd(xd.size());
