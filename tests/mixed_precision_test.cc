@@ -80,8 +80,9 @@ TEST(Bf16OnCpu, KernelsAreTheF32KernelsRoundedOnce) {
   // With a bias and no activation: y is the GELU path's pre, the f32 sums plus the bias rounded once, also
   // where the GEMM splits a long k.
   // (1536 × 1400 is a weight past linear.cpp's kRowBlockWeightBytes: one GEMM over all rows, not row blocks.)
+  // (in = 0: the sums are 0, y the bias rounded.)
   for (const auto& [rows, in, out] : {std::tuple{6, 10, 6}, std::tuple{37, 1024, 301}, std::tuple{1, 300, 64},
-                                      std::tuple{600, 64, 40}, std::tuple{3, 1536, 1400}}) {
+                                      std::tuple{600, 64, 40}, std::tuple{3, 1536, 1400}, std::tuple{5, 0, 7}}) {
     const Tensor xb = bf16_randn({rows, in}, gen), wb = bf16_randn({out, in}, gen), bb = bf16_randn({out}, gen);
     expect_same_bf16(kernel::linear(xb, wb, bb, kernel::Activation::none).y,
                      kernel::linear(xb, wb, bb, kernel::Activation::gelu).pre,

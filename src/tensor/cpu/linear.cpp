@@ -88,7 +88,7 @@ void linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias, Acti
       round_to_bf16_run(row, yp + (r0 + r) * out, out);
     }
   };
-  if (2 * in * out <= kRowBlockWeightBytes) {
+  if (in > 0 && 2 * in * out <= kRowBlockWeightBytes) {  // (in = 0: matmul_into writes the zero sums)
     const bf16 *xp = x.data<bf16>(), *wp = weight.data<bf16>();
     parallel_for(n, epilogue_grain(out), [&](int64_t begin, int64_t end) {
       const int64_t block = std::min(kRowBlock, end - begin);
