@@ -924,7 +924,8 @@ INSTANTIATE_TEST_SUITE_P(
             Bf16Case{"long_bidirectional", {1, 150, 290, 2, 2, 32, 48, false, 0.0}, 64},
             // Causal diagonal blocks split into two row segments (row_segments), against a cache (T < S), with
             // a query length that ends inside a tile, a key length that cuts the keys, and a bias.
-            Bf16Case{"long_cache_causal_masks", {2, 200, 260, 2, 1, 32, 16, true, 0.0, false, {200, 150}, {260, 190}, 1},
+            Bf16Case{"long_cache_causal_masks",
+                     {2, 200, 260, 2, 1, 32, 16, true, 0.0, false, {200, 150}, {260, 190}, 1},
                      64},
             Bf16Case{"masks_causal", {2, 45, 45, 2, 1, 16, 12, true, 0.0, false, {45, 30}, {45, 33}, 1}, 16},
             Bf16Case{"masks_bidirectional_empty_row", {2, 21, 33, 2, 2, 8, 8, false, 0.0, false, {21, 9}, {33, 0}, 2},

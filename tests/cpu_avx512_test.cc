@@ -271,7 +271,9 @@ TEST(CpuAvx512, Bf16RoundingGivesThePlainBits) {
       return 0;
     });
     for (size_t i = 0; i < n; ++i) EXPECT_EQ(fast[i].bits, bf16(xs[i]).bits) << "n = " << n << ", entry " << i;
-    for (size_t i = n; i < n + 3; ++i) EXPECT_EQ(fast[i].bits, bf16(7.0f).bits) << "n = " << n << ": wrote past the run";
+    for (size_t i = n; i < n + 3; ++i) {
+      EXPECT_EQ(fast[i].bits, bf16(7.0f).bits) << "n = " << n << ": wrote past the run";
+    }
   }
 }
 

@@ -5,8 +5,9 @@
 // tensor/dtype.h, whose selects GCC turns into vector blends: the loops vectorise, 8 floats per AVX2
 // instruction at the library's -march=x86-64-v3 (portable C++, so a CPU without AVX-512, or without
 // AVX2 under another SEQLAB_CPU_ARCH, runs the same code); the rounding takes 16 at a time on AVX-512
-// where the CPU has it, with the same bits. Both are memory bound (6 bytes per element). The copy kernel (tensor/cpu/copy.cpp) runs them on each contiguous run: a
-// contiguous tensor as one block split over the OpenMP team, a strided one row by row.
+// where the CPU has it, with the same bits. Both are memory bound (6 bytes per element). The copy
+// kernel (tensor/cpu/copy.cpp) runs them on each contiguous run: a contiguous tensor as one block split
+// over the OpenMP team, a strided one row by row.
 //
 // Native bf16 kernels. The semantics of a bf16 CPU kernel are fixed by the dispatch layer
 // (tensor/dispatch.h): widen every bf16 input to f32, run the f32 kernel, round each output once.

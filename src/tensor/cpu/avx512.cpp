@@ -192,23 +192,6 @@ SEQLAB_AVX512 inline __m512 backward16(kernel::UnaryOp op, __m512 dy, __m512 x) 
   }
 }
 
-SEQLAB_AVX512 void forward_loop(kernel::UnaryOp op, float* y, int64_t n, const float* x) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, forward16(op, _mm512_loadu_ps(x + i)));
-  if (i < n) _mm512_mask_storeu_ps(y + i, first(n - i), forward16(op, _mm512_maskz_loadu_ps(first(n - i), x + i)));
-}
-
-SEQLAB_AVX512 void backward_loop(kernel::UnaryOp op, float* dx, int64_t n, const float* dy, const float* x) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    _mm512_storeu_ps(dx + i, backward16(op, _mm512_loadu_ps(dy + i), _mm512_loadu_ps(x + i)));
-  }
-  if (i < n) {
-    const __mmask16 k = first(n - i);
-    _mm512_mask_storeu_ps(dx + i, k, backward16(op, _mm512_maskz_loadu_ps(k, dy + i), _mm512_maskz_loadu_ps(k, x + i)));
-  }
-}
-
 // 16 bf16 values widened to f32 (exact: the bits shifted up), as widen_bf16_run.
 SEQLAB_AVX512 inline __m512 widen16(const bf16* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -227,34 +210,50 @@ SEQLAB_AVX512 inline void round16(bf16* p, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
 }
 
-SEQLAB_AVX512 void forward_loop_bf16(kernel::UnaryOp op, bf16* y, int64_t n, const bf16* x) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) round16(y + i, forward16(op, widen16(x + i)));
-  if (i == n) return;
-  bf16 xt[16] = {}, yt[16];
-  std::copy(x + i, x + n, xt);
-  round16(yt, forward16(op, widen16(xt)));
-  std::copy(yt, yt + (n - i), y + i);
+// The first k ≤ 16 values of a run as f32 lanes (the rest 0), and back: f32 through masked loads and
+// stores; bf16 widened and rounded in registers, a last partial vector through a copy padded with zeros.
+SEQLAB_AVX512 inline __m512 load16(const float* p, int64_t k) {
+  return k == 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(first(k), p);
+}
+SEQLAB_AVX512 inline void store16(float* p, __m512 v, int64_t k) {
+  if (k == 16) return _mm512_storeu_ps(p, v);
+  _mm512_mask_storeu_ps(p, first(k), v);
+}
+SEQLAB_AVX512 inline __m512 load16(const bf16* p, int64_t k) {
+  if (k == 16) return widen16(p);
+  bf16 t[16] = {};
+  std::copy(p, p + k, t);
+  return widen16(t);
+}
+SEQLAB_AVX512 inline void store16(bf16* p, __m512 v, int64_t k) {
+  if (k == 16) return round16(p, v);
+  bf16 t[16];
+  round16(t, v);
+  std::copy(t, t + k, p);
 }
 
-SEQLAB_AVX512 void backward_loop_bf16(kernel::UnaryOp op, bf16* dx, int64_t n, const bf16* dy, const bf16* x) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) round16(dx + i, backward16(op, widen16(dy + i), widen16(x + i)));
-  if (i == n) return;
-  bf16 dyt[16] = {}, xt[16] = {}, dxt[16];
-  std::copy(dy + i, dy + n, dyt);
-  std::copy(x + i, x + n, xt);
-  round16(dxt, backward16(op, widen16(dyt), widen16(xt)));
-  std::copy(dxt, dxt + (n - i), dx + i);
+// The loops over a run of n values, 16 at a time, on f32 or bf16 storage (T), computing in f32.
+template <class T>
+SEQLAB_AVX512 void forward_loop(kernel::UnaryOp op, T* y, int64_t n, const T* x) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const int64_t k = std::min<int64_t>(16, n - i);
+    store16(y + i, forward16(op, load16(x + i, k)), k);
+  }
+}
+
+template <class T>
+SEQLAB_AVX512 void backward_loop(kernel::UnaryOp op, T* dx, int64_t n, const T* dy, const T* x) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const int64_t k = std::min<int64_t>(16, n - i);
+    store16(dx + i, backward16(op, load16(dy + i, k), load16(x + i, k)), k);
+  }
 }
 
 SEQLAB_AVX512 void round_loop(const float* src, bf16* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) round16(dst + i, _mm512_loadu_ps(src + i));
-  if (i == n) return;
-  bf16 t[16];
-  round16(t, _mm512_maskz_loadu_ps(first(n - i), src + i));
-  std::copy(t, t + (n - i), dst + i);
+  for (int64_t i = 0; i < n; i += 16) {
+    const int64_t k = std::min<int64_t>(16, n - i);
+    store16(dst + i, load16(src + i, k), k);
+  }
 }
 
 #undef SEQLAB_AVX512
@@ -293,12 +292,12 @@ bool round_to_bf16_avx512(const float* src, bf16* dst, int64_t n) {
 }
 bool unary_forward_avx512(kernel::UnaryOp op, bf16* y, int64_t n, const bf16* x) {
   if (!avx512_unary_forward(op) || !avx512_on()) return false;
-  forward_loop_bf16(op, y, n, x);
+  forward_loop(op, y, n, x);
   return true;
 }
 bool unary_backward_avx512(kernel::UnaryOp op, bf16* dx, int64_t n, const bf16* dy, const bf16* x) {
   if (!avx512_unary_backward(op) || !avx512_on()) return false;
-  backward_loop_bf16(op, dx, n, dy, x);
+  backward_loop(op, dx, n, dy, x);
   return true;
 }
 

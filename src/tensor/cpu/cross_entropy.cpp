@@ -1,8 +1,8 @@
 // CPU cross-entropy fused with log-softmax, over rows of contiguous logits [N, V]. Targets were
 // range-checked by the entry point, so the kernels index with them directly. The exponentials are the
 // softmax rows' (tensor/softmax_rows.h: vectorised, AVX-512 where the CPU has it; std::exp for f64) and
-// row sums accumulate in double (tensor/lane_sum.h). bf16 logits are read as f32 and dlogits rounded once on store (tensor/bf16_convert.h);
-// lse and the losses are f32 for them (accumulate_dtype).
+// row sums accumulate in double (tensor/lane_sum.h). bf16 logits are read as f32 and dlogits rounded
+// once on store (tensor/bf16_convert.h); lse and the losses are f32 for them (accumulate_dtype).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
