@@ -156,6 +156,12 @@ std::string cpu_blas_config();
 bool cpu_bf16_gemm_native();
 void set_cpu_bf16_gemm_widened(bool widened);
 std::string cpu_bf16_gemm_config();  // oneDNN's version and which of the two paths bf16 GEMMs take
+// On the bf16 instructions, small products with f32 sums (the tiles of the fused kernels) run on seqlab's
+// own tile kernel (tensor/cpu/gemm_bf16_tiles.h) where the CPU has AVX512-BF16, the rest through oneDNN;
+// the tile kernel can be turned off (every bf16 GEMM through oneDNN) here or with
+// SEQLAB_CPU_BF16_GEMM=onednn. cpu_bf16_gemm_tiles says whether it runs.
+bool cpu_bf16_gemm_tiles();
+void set_cpu_bf16_gemm_tiles(bool on);
 // The CPU kernels' AVX-512 loops (tensor/cpu/avx512.h: attention's softmax rows; GELU, SiLU, sigmoid; bf16 rounding),
 // which give the plain loops' bits, run where the CPU has AVX512F unless turned off here or by
 // SEQLAB_CPU_AVX512=off.

@@ -10,8 +10,9 @@
 // Called from inside a parallel region (e.g. per-tile GEMMs of a fused kernel), it runs on the
 // calling thread alone.
 //
-// bf16 GEMMs (bf16 operands, f32 sums, C rounded once) run on the CPU's bf16 instructions through
-// oneDNN where it can (gemm_onednn.cpp), otherwise on widened f32 operands here.
+// bf16 GEMMs (bf16 operands, f32 sums, C rounded once) run on the CPU's bf16 instructions where it has
+// them: a small product with f32 sums (a fused kernel's tile) on the tile kernel (gemm_bf16_tiles.cpp),
+// any other through oneDNN (gemm_onednn.cpp); otherwise on widened f32 operands here.
 #include <cblas.h>
 #include <omp.h>
 
@@ -21,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tensor/cpu/gemm_bf16_tiles.h"
 #include "tensor/cpu/gemm_onednn.h"
 #include "tensor/kernels.h"
 
@@ -127,8 +129,18 @@ void gemm_bf16_widened(const kernel::GemmArgs& g) {
   for (int64_t i = 0; i < nc; ++i) out[i] = bf16(c[static_cast<size_t>(i)]);
 }
 
+// Up to this many multiply-adds a bf16 product with f32 sums runs on the tile kernel, on one thread: the
+// tiles of attention's kernels (64 or 128 rows and columns, k 64 or 128) are two to eight times under it.
+constexpr int64_t kTileMacs = int64_t{1} << 21;
+
+bool tile_sized(const kernel::GemmArgs& g) {
+  const int64_t macs = g.m * g.n * g.k;
+  const bool one_thread = omp_in_parallel() || omp_get_max_threads() == 1;  // else a large one is split
+  return g.batch == 1 && g.c_is_f32 && macs <= kTileMacs && (macs < kSplitMacs || one_thread);
+}
+
 void gemm_bf16(const kernel::GemmArgs& g) {
-  if (g.k > 0 && bf16_gemm_native() && onednn_bf16_gemm(g)) return;
+  if (g.k > 0 && bf16_gemm_native() && ((tile_sized(g) && tile_gemm_bf16(g)) || onednn_bf16_gemm(g))) return;
   gemm_bf16_widened(g);
 }
 
