@@ -2,7 +2,10 @@
 // fused with the residual add before them (s = x + residual written, then normalised).
 // Row statistics accumulate in double (an f32 sum over C terms would lose digits to the running
 // total); dweight and dbias are column sums over all rows, computed column-parallel so every
-// column is summed in row order and the result does not depend on the thread count.
+// column is summed in row order and the result does not depend on the thread count. The outputs
+// themselves (y, dx) are computed in compute_t<T> (float for f32 and bf16, double for f64) from the
+// statistics rounded to it: they need no more digits than they are stored with, and float lanes are
+// twice as many (the forward 1.3x, the backward 1.2x faster than in double, docs/perf.md).
 //
 // With x̂ = (x − μ)·rstd (layer) or x̂ = x·rstd (rms) and g = dy ⊙ w, the backward is
 //   layer:  dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂))
@@ -138,10 +141,13 @@ void norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
         rstd[r] = static_cast<S>(rs);
         T* yr = y + r * c;
         S* yv = row.values(yr);
+        // y in S (float for f32 and bf16) from the statistics rounded to S: x̂ and y need no more digits
+        // than the output has, and float lanes are twice as many as double ones.
+        const S mu_s = static_cast<S>(mu), rs_s = static_cast<S>(rs);
         if (b) {
-          for (int64_t i = 0; i < c; ++i) yv[i] = static_cast<S>(std::fma((xr[i] - mu) * rs, double(w[i]), b[i]));
+          for (int64_t i = 0; i < c; ++i) yv[i] = std::fma((xr[i] - mu_s) * rs_s, w[i], b[i]);
         } else {
-          for (int64_t i = 0; i < c; ++i) yv[i] = static_cast<S>((xr[i] - mu) * rs * w[i]);
+          for (int64_t i = 0; i < c; ++i) yv[i] = (xr[i] - mu_s) * rs_s * w[i];
         }
         row.store(yr, c);
       }
@@ -182,7 +188,10 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
           const double mean_gx = row_mean(c, gwx);
           T* dxr = dx + r * c;
           S* d = row.values(dxr);
-          for (int64_t i = 0; i < c; ++i) d[i] = static_cast<S>(rs_r * std::fma(-xhat(i), mean_gx, gw[i] - mean_g));
+          // dx in S from the statistics and the row means rounded to S (as y in the forward).
+          const S mu_s = static_cast<S>(mu_r), rs_s = static_cast<S>(rs_r), mg = static_cast<S>(mean_g),
+                  mgx = static_cast<S>(mean_gx);
+          for (int64_t i = 0; i < c; ++i) d[i] = rs_s * std::fma(-((xr[i] - mu_s) * rs_s), mgx, gr[i] * w[i] - mg);
           if (ds) {  // dnorm rounded to T, then + ds (rounded by store)
             const S* dsr = ds_in.values(ds + r * c, c);
             for (int64_t i = 0; i < c; ++i) d[i] = from_storage(to_storage<T>(d[i])) + dsr[i];
