@@ -4,7 +4,9 @@
 // Prints GFLOP/s of both and their ratio. Then bf16 against f32, both through the tensor API, at square
 // sizes and at gpt_small's projection shapes (B·T = 2048 rows, d 256, 3d, 4d): bf16 on the CPU's bf16
 // instructions through oneDNN, and bf16 widened to f32 (SEQLAB_CPU_BF16_GEMM=widened), each timed in
-// alternation with f32. Usage: gemm_bench [runs]
+// alternation with f32. Last, the tiles of attention's bf16 kernels (f32 sums, one thread, operands warm in
+// cache): seqlab's tile kernel against oneDNN (SEQLAB_CPU_BF16_GEMM=onednn), alternated.
+// Usage: gemm_bench [runs]
 #include <cblas.h>
 #include <omp.h>
 
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "tensor/blas_rows.h"
 #include "tensor/kernels.h"
 
 using namespace seqlab;
@@ -97,5 +100,45 @@ int main(int argc, char** argv) {
                 native ? "oneDNN" : "(widened)", flops / fast.a_seconds * 1e-9, fast.b_seconds / fast.a_seconds, flops / wide.a_seconds * 1e-9,
                 wide.b_seconds / wide.a_seconds);
   }
+
+  if (!kernel::cpu_bf16_gemm_tiles()) {
+    std::printf("# no bf16 tile kernel here (%s)\n", kernel::cpu_bf16_gemm_config().c_str());
+    return 0;
+  }
+  std::printf("# bf16 tiles, f32 sums, one thread: the tile kernel against oneDNN; ratio = tiles / oneDNN throughput\n");
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  struct Tile {
+    bool ta, tb;
+    int64_t m, n, k;
+    double beta;
+    const char* what;
+  };
+  for (const Tile& t : {Tile{false, true, 128, 128, 64, 0.0, "S = Q Kt"}, Tile{false, true, 64, 64, 64, 0.0, "S = Q Kt"},
+                        Tile{false, false, 128, 64, 128, 1.0, "O += P V"}, Tile{false, false, 64, 64, 64, 1.0, "O += P V"},
+                        Tile{true, false, 128, 64, 128, 1.0, "dV += Pt dO"}, Tile{true, false, 64, 64, 64, 1.0, "dV += Pt dO"}}) {
+    const Tensor a = kernel::to_dtype(Tensor::randn({t.ta ? t.k : t.m, t.ta ? t.m : t.k}, gen), DType::bf16);
+    const Tensor b = kernel::to_dtype(Tensor::randn({t.tb ? t.n : t.k, t.tb ? t.k : t.n}, gen), DType::bf16);
+    Tensor c = Tensor::zeros({t.m, t.n});
+    const auto product = [&] {
+      for (int rep = 0; rep < 50; ++rep) {
+        cpu::gemm<bf16, float>(t.ta, t.tb, t.m, t.n, t.k, 0.125, a.data<bf16>(), a.size(1), b.data<bf16>(), b.size(1),
+                               t.beta, c.data<float>(), t.n);
+      }
+    };
+    const auto tiles = [&] { product(); };
+    const auto onednn = [&] {
+      kernel::set_cpu_bf16_gemm_tiles(false);
+      product();
+      kernel::set_cpu_bf16_gemm_tiles(true);
+    };
+    const bench::PairTiming p = bench::time_pair(tiles, onednn, 2, runs);
+    const double flops = 50 * 2.0 * static_cast<double>(t.m) * static_cast<double>(t.n) * static_cast<double>(t.k);
+    std::printf("tile %-11s %s%s %4ldx%-4ldx%-4ld  tiles %7.1f GFLOP/s   oneDNN %7.1f GFLOP/s   ratio %.2f\n", t.what,
+                t.ta ? "At" : "A ", t.tb ? "Bt" : "B ", static_cast<long>(t.m), static_cast<long>(t.n),
+                static_cast<long>(t.k), flops / p.a_seconds * 1e-9, flops / p.b_seconds * 1e-9,
+                p.b_seconds / p.a_seconds);
+  }
+  omp_set_num_threads(threads);
   return 0;
 }

@@ -183,6 +183,7 @@ TEST_F(RecipeTest, GptSmallRecipeLoads) {
   EXPECT_EQ(r->train.seq_len, 256);
   EXPECT_EQ(r->train.batch_size, 8);
   EXPECT_EQ(r->train.steps, 1000);
+  EXPECT_EQ(r->train.dtype, "auto");  // bf16 where the CPU has bf16 instructions (docs/perf.md)
   EXPECT_EQ(r->optim.name, "adamw");
   EXPECT_EQ(r->optim.lr, 1e-3);
   EXPECT_EQ(r->optim.beta1, 0.9);

@@ -10,8 +10,9 @@
 //   transposed instead, KeysTransposed); only the softmax in between is elementwise, its row loops
 //   (max, exp, sum) those of tensor/softmax_rows.h. A key block that no row of a tile sees (beyond the causal
 //   limit) is never visited; inside a block, a row's future keys get probability 0. On a causal diagonal
-//   block of a tile of at least 128 rows, the first half of the rows runs its products over the keys it
-//   can see only (row_segments), which leaves out most of the triangle above the diagonal. Scratch is a
+//   block of a tile of at least 128 rows, the rows run their products in halves (quarters for bf16 on the
+//   tile kernel) over the keys each part's last row sees (row_segments), which leaves out most of the
+//   triangle above the diagonal. Scratch is a
 //   few block × block tiles per thread and one Kᵀ (Vᵀ), never T × S.
 // - Forward: online softmax. A task owns one query tile; each row keeps a running max m and sum ℓ;
 //   its output sums are rescaled by exp(m_old − m_new) whenever a block raises the max, divided by ℓ
@@ -256,9 +257,12 @@ HeadRows head_rows(const Tensor& t) {
 struct RowSegment {
   int64_t r0, r1, nk;
 };
-// A tile is split into segments only where each half keeps at least this many rows: smaller GEMMs run
-// further from the GEMM rate than the triangle they leave out saves.
+// A tile is split into segments only where each keeps at least this many rows: smaller GEMMs run further
+// from the GEMM rate than the triangle they leave out saves. bf16 tiles on the tile kernel
+// (tensor/cpu/gemm_bf16_tiles.h), which keeps its rate down to 32 rows, are split down to kMinTileSegmentRows.
 constexpr int64_t kMinSegmentRows = 64;
+constexpr int64_t kMinTileSegmentRows = 32;
+constexpr int kMaxSegments = 4;
 
 // Geometry of one call: row numbers in the contiguous [B, T, H, ·] layouts of o, dO, lse and δ (times
 // the head dim gives the element offset; q, k, v and their gradients are placed by HeadRows), the
@@ -267,6 +271,7 @@ constexpr int64_t kMinSegmentRows = 64;
 struct Geometry {
   int64_t B, T, S, H, Hk, Dk, Dv, group, block;
   bool causal;
+  int64_t min_segment_rows = kMinSegmentRows;
   const int64_t* q_len = nullptr;  // [B], or null: every query valid
   const int64_t* k_len = nullptr;  // [B], or null: every key valid
   bool bias_shared = false;        // bias [1, H, T, S], read by every batch row
@@ -288,27 +293,26 @@ struct Geometry {
   int64_t bias_row(int64_t b, int64_t h, int64_t i) const { return ((bias_shared ? 0 : b) * H + h) * T * S + i * S; }
   int64_t dbias_row(int64_t b, int64_t h, int64_t i) const { return (b * H + h) * T * S + i * S; }
   int64_t tiles(int64_t n) const { return (n + block - 1) / block; }
-  // The live rows of the tile at query i0 against the key block [j0, j0 + nk), as one or two segments of
-  // rows, each with the keys of the block its last row sees: on a causal diagonal block the first half
-  // of the rows sees at most about half of the keys, so its products leave out most of the triangle
-  // above the diagonal. Rows outside every segment see none of the block's keys. Returns the number of
-  // segments written to seg.
-  int row_segments(int64_t b, int64_t i0, int64_t live, int64_t j0, int64_t nk, RowSegment seg[2]) const {
-    const int64_t half = live / 2;
-    if (half >= kMinSegmentRows) {
-      const int64_t nk_first = std::clamp<int64_t>(key_end(b, i0 + half - 1) - j0, 0, nk);
-      if (nk_first == 0) {  // the first half sees none of these keys: its rows enter no product
-        seg[0] = {half, live, nk};
-        return 1;
-      }
-      if (nk_first < nk) {
-        seg[0] = {0, half, nk_first};
-        seg[1] = {half, live, nk};
-        return 2;
+  // The live rows of the tile at query i0 against the key block [j0, j0 + nk), as up to kMaxSegments
+  // segments of rows (halves, or quarters where each keeps min_segment_rows), each with the keys of the
+  // block its last row sees: on a causal diagonal block the first rows see few of the keys, so their
+  // products leave out most of the triangle above the diagonal. Neighbours that see the same keys are one
+  // segment; rows outside every segment see none of the block's keys. Returns the number written to seg.
+  int row_segments(int64_t b, int64_t i0, int64_t live, int64_t j0, int64_t nk, RowSegment seg[kMaxSegments]) const {
+    int parts = 1;
+    while (2 * parts <= kMaxSegments && live / (2 * parts) >= min_segment_rows) parts *= 2;
+    int n = 0;
+    for (int e = 0; e < parts; ++e) {
+      const int64_t r0 = live * e / parts, r1 = live * (e + 1) / parts;
+      const int64_t keys = e + 1 == parts ? nk : std::clamp<int64_t>(key_end(b, i0 + r1 - 1) - j0, 0, nk);
+      if (keys == 0) continue;  // these rows see none of the block's keys: they enter no product
+      if (n > 0 && seg[n - 1].nk == keys) {
+        seg[n - 1].r1 = r1;
+      } else {
+        seg[n++] = {r0, r1, keys};
       }
     }
-    seg[0] = {0, live, nk};
-    return 1;
+    return n;
   }
   // Whether the T×S work is worth a thread team.
   bool parallel(int64_t tasks) const { return tasks > 1 && T * S * (Dk + Dv) > kParallelGrain; }
@@ -329,6 +333,7 @@ Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
   }
   Geometry g{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3), 1, block, p.causal};
   g.group = g.H / g.Hk;
+  if (q.dtype() == DType::bf16 && kernel::cpu_bf16_gemm_tiles()) g.min_segment_rows = kMinTileSegmentRows;
   if (masks.q_lengths.defined()) g.q_len = masks.q_lengths.data<int64_t>();
   if (masks.k_lengths.defined()) g.k_len = masks.k_lengths.data<int64_t>();
   g.bias_shared = masks.bias.defined() && masks.bias.size(0) == 1;
@@ -526,7 +531,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionM
       }
       for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
         const int64_t nk = std::min(j0 + g.block, tile_key_end) - j0;
-        RowSegment seg[2];
+        RowSegment seg[kMaxSegments];
         const int segments = g.row_segments(b, i0, live, j0, nk, seg);
         for (int e = 0; e < segments; ++e) {
           gemm_acc<T>(false, kt.trans(), seg[e].r1 - seg[e].r0, seg[e].nk, g.Dk, p.scale,
@@ -663,7 +668,7 @@ void backward(const Tensor& dout, const Tensor& dlse, const Tensor& q, const Ten
           const int64_t tile_key_end = live > 0 ? g.key_end(b, i0 + live - 1) : 0;
           for (int64_t j0 = 0; j0 < tile_key_end; j0 += g.block) {
             const int64_t nk = std::min(j0 + g.block, tile_key_end) - j0;
-            RowSegment seg[2];
+            RowSegment seg[kMaxSegments];
             const int segments = g.row_segments(b, i0, live, j0, nk, seg);
             for (int e = 0; e < segments; ++e) {
               gemm_acc<T>(false, kt.trans(), seg[e].r1 - seg[e].r0, seg[e].nk, g.Dk, p.scale, Qt + seg[e].r0 * ldq,

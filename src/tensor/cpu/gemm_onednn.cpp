@@ -173,6 +173,10 @@ namespace seqlab::kernel {
 
 void set_cpu_bf16_gemm_widened(bool widened) { cpu::force_widened.store(widened ? 1 : 0); }
 bool cpu_bf16_gemm_native() { return cpu::bf16_gemm_native(); }
-std::string cpu_bf16_gemm_config() { return cpu::onednn_config(); }
+std::string cpu_bf16_gemm_config() {
+  if (!cpu::bf16_gemm_native()) return cpu::onednn_config();
+  return cpu::onednn_config() + (cpu_bf16_gemm_tiles() ? "; small products with f32 sums on seqlab's tile kernel"
+                                                       : "; every product through oneDNN");
+}
 
 }  // namespace seqlab::kernel

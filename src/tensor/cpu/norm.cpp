@@ -188,10 +188,12 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
           const double mean_gx = row_mean(c, gwx);
           T* dxr = dx + r * c;
           S* d = row.values(dxr);
-          // dx in S from the statistics and the row means rounded to S (as y in the forward).
-          const S mu_s = static_cast<S>(mu_r), rs_s = static_cast<S>(rs_r), mg = static_cast<S>(mean_g),
-                  mgx = static_cast<S>(mean_gx);
-          for (int64_t i = 0; i < c; ++i) d[i] = rs_s * std::fma(-((xr[i] - mu_s) * rs_s), mgx, gr[i] * w[i] - mg);
+          // dx in S from the statistics rounded to S (as y in the forward), but g − mean(g) in double from
+          // the exact g: it cancels, exactly so over one column (and a contracted g·w − mean(g) in S would not).
+          const S mu_s = static_cast<S>(mu_r), rs_s = static_cast<S>(rs_r), mgx = static_cast<S>(mean_gx);
+          for (int64_t i = 0; i < c; ++i) {
+            d[i] = rs_s * std::fma(-((xr[i] - mu_s) * rs_s), mgx, static_cast<S>(gw[i] - mean_g));
+          }
           if (ds) {  // dnorm rounded to T, then + ds (rounded by store)
             const S* dsr = ds_in.values(ds + r * c, c);
             for (int64_t i = 0; i < c; ++i) d[i] = from_storage(to_storage<T>(d[i])) + dsr[i];
