@@ -13,7 +13,7 @@
 // The products and their pairwise sums are those of vdpbf16ps (round to nearest even, subnormal inputs
 // and results flushed to zero), as in oneDNN's kernels; only the order of the f32 additions differs from
 // oneDNN's (and from the widened f32 path), as it does between any two GEMMs. β = 0 leaves C unread.
-// tests/cpu_avx512_test.cc checks every layout and edge size against a double-precision product.
+// tests/gemm_bf16_tiles_test.cc checks every layout and edge size against a double-precision product.
 #pragma once
 
 #include "tensor/kernels.h"
